@@ -1,0 +1,1 @@
+"""calc — SymPy parameter ledgers and n² memory / FLOP / time tables for real model configurations."""

@@ -1,0 +1,22 @@
+"""impl — scaled dot-product attention in NumPy, written to read like the maths.
+
+    attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V
+
+Shape codes in every docstring use the letters of :mod:`impl.attention`.
+"""
+
+from impl.attention import attention, softmax
+from impl.flash import flash_attention
+from impl.layers import multi_head_attention, self_attention
+from impl.masks import causal_mask, padding_mask, sliding_window_mask
+
+__all__ = [
+    "attention",
+    "causal_mask",
+    "flash_attention",
+    "multi_head_attention",
+    "padding_mask",
+    "self_attention",
+    "sliding_window_mask",
+    "softmax",
+]

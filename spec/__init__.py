@@ -1,0 +1,2 @@
+"""spec — the laws of scaled dot-product attention as Hypothesis properties, runnable against any
+implementation."""
