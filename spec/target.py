@@ -128,9 +128,12 @@ class Target:
     ) -> np.ndarray:  # [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v] -> [..., n_q, d_v]
         """Call ``fn`` on ``(..., n, d)`` arrays, translating the layout both ways.
 
-        ``mask=`` and ``scale=`` are passed only when given, so a plain callable never sees them.
+        ``causal=``, ``mask=`` and ``scale=`` are passed only when set, so a plain callable never
+        sees the last two.
         """
-        kwargs: dict[str, Any] = {"causal": causal}
+        kwargs: dict[str, Any] = {}
+        if causal:  # a target without a causal mode need not take the argument at all
+            kwargs["causal"] = True
         if mask is not None:
             kwargs["mask"] = mask
         if scale is not None:

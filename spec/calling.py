@@ -1,0 +1,99 @@
+"""Calling a target safely: fresh copies in, a deadline, and every misbehaviour turned into a
+failure the report can show (never a crash of the suite)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+from spec.target import Target
+
+
+class TargetFailed(AssertionError):
+    """The target raised, returned something that is not an array, or returned the wrong shape."""
+
+
+class TargetHung(BaseException):
+    """The target did not return within the deadline.
+
+    A ``BaseException`` on purpose: Hypothesis treats it like ``KeyboardInterrupt`` and stops at
+    once instead of shrinking, which would call the hanging target again many times.
+    """
+
+
+@contextmanager
+def _alarm(seconds: float) -> Iterator[None]:
+    """Interrupt the main thread after ``seconds`` by raising :class:`TargetHung` inside it."""
+
+    def ring(signum: int, frame: Any) -> None:
+        raise TargetHung(f"did not return within the {seconds:g} s deadline")
+
+    previous = signal.signal(signal.SIGALRM, ring)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def with_deadline(fn: Callable[[], Any], seconds: float | None) -> Any:
+    """``fn()``, or :class:`TargetHung` after ``seconds``.
+
+    In the main thread a SIGALRM interrupts a hanging Python loop or sleep; elsewhere the call runs
+    in a daemon thread that is abandoned if it overruns (it cannot be killed, but it cannot keep
+    the process alive either).
+    """
+    if seconds is None:
+        return fn()
+    if hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread():
+        with _alarm(seconds):
+            return fn()
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # handed back to the caller's thread below
+            box["error"] = e
+
+    worker = threading.Thread(target=run, daemon=True, name="spec-target-call")
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        raise TargetHung(f"did not return within the {seconds:g} s deadline")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def call(
+    target: Target, q: np.ndarray, k: np.ndarray, v: np.ndarray, *, deadline: float | None,
+    causal: bool = False, mask: np.ndarray | None = None, scale: float | None = None,
+    expect_shape: tuple[int, ...] | None = None,
+) -> np.ndarray:  # [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v] -> [..., n_q, d_v]
+    """Call the target on copies of the inputs (so a mutating target cannot corrupt the check)
+    and return its output as an ndarray of the expected shape."""
+    args = [np.array(x, copy=True) for x in (q, k, v)]
+    mask_copy = None if mask is None else np.array(mask, copy=True)
+    seconds = target.deadline_s if target.deadline_s is not None else deadline
+    try:
+        out = with_deadline(
+            lambda: target(*args, causal=causal, mask=mask_copy, scale=scale), seconds
+        )
+    except TargetHung:
+        raise
+    except Exception as e:
+        raise TargetFailed(f"the target raised {type(e).__name__}: {e}") from e
+    if not isinstance(out, np.ndarray) or out.dtype.kind not in "fiuVc":
+        raise TargetFailed(f"the target returned {type(out).__name__} of dtype {out.dtype}, not floats")
+    if expect_shape is None:
+        expect_shape = (*np.broadcast_shapes(q.shape[:-2], v.shape[:-2]), q.shape[-2], v.shape[-1])
+    if out.shape != expect_shape:
+        raise TargetFailed(f"the target returned shape {out.shape}, expected {expect_shape}")
+    return out
