@@ -1,0 +1,152 @@
+"""More laws, for what real kernels are asked to do: key padding, bottom-right (KV-cache) causal
+masks passed as ``mask=``, and long rows in low precision.
+
+Registered in :data:`spec.properties.PROPERTIES` by ``@law`` when this module is imported, like
+the laws of :mod:`spec.properties`; the comparisons use the same golden, baseline and floor
+(:mod:`spec.numerics`) but with visibilities that :class:`~spec.cases.Case` does not build.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from hypothesis import strategies as st
+
+from impl.masks import causal_mask, padding_mask
+from spec import numerics
+from spec.cases import Case, cases
+from spec.properties import law, needs_mask, observe, run, scale_of
+from spec.target import Target
+
+Array = np.ndarray
+
+
+def assert_close(
+    target: Target, case: Case, out: Array, q: Array, k: Array, v: Array, *, visible: Array, what: str,
+) -> numerics.Comparison:
+    """``out`` within the tolerance policy of the float64 golden for this visibility (rows that see
+    a key); the error ratio is reported per dtype."""
+    if case.kv_heads is not None:
+        k, v = numerics.repeat_kv(k, case.heads), numerics.repeat_kv(v, case.heads)
+    s = scale_of(case)
+    gold, _ = numerics.golden(q, k, v, visible=visible, scale=s)
+    base = numerics.baseline(q, k, v, visible=visible, scale=s)
+    rows = np.asarray(np.broadcast_to(visible, gold.shape[:-1] + visible.shape[-1:]).any(axis=-1))
+    cmp = numerics.compare(out, gold, base, rows=rows, tolerance=target.tolerance,
+                           floor_=numerics.floor(q, k, v, scale=s))
+    observe(f"error ratio {case.dtype}", cmp.ratio)
+    assert cmp.ok, f"{what} differs from the float64 golden: {cmp.explain()}"
+    return cmp
+
+
+def key_lengths(case: Case) -> Array:  # -> [batch] ints in [1, n_k]
+    """Real keys per sequence: one length per batch entry, at least one of them short."""
+    rng = case.rng(5)
+    lengths = rng.integers(1, case.n_k + 1, size=case.batch if case.ndim == 4 else 1)
+    lengths[rng.integers(0, lengths.size)] = rng.integers(1, max(2, case.n_k))
+    return lengths
+
+
+def padding(case: Case) -> Array:  # -> [batch, 1, 1, n_k] for 4-D, [1, n_k] otherwise
+    lengths = key_lengths(case)
+    if case.ndim == 4:
+        return padding_mask(lengths[:, None], case.n_k)  # one row broadcast over heads and queries
+    return padding_mask(lengths, case.n_k)[0]
+
+
+@law(strategy=lambda t: cases(t, n_k_min=2, values=("normal",)), needs=needs_mask)
+def padding_mask_is_truncation(target: Target, case: Case) -> None:
+    """A key-padding mask ``[batch, 1, 1, n_k]`` (broadcast over heads and queries) makes each
+    sequence's output what it would be with only its first L_b keys: within tolerance of the
+    golden, and bit-identical when the padded keys and values are replaced by others ×1e3 (within
+    tolerance if the target declares exact_masking=False).
+
+    Catches: a broadcast mask read along the wrong axis (lengths applied per head or per query
+    instead of per sequence); padding that is added as −1e4 to float16 scores of magnitude 1e4;
+    a kernel that only honours full-shape masks.
+    """
+    q, k, v = case.arrays()
+    mask = padding(case)
+    vis = np.broadcast_to(mask, (*case.lead(), case.n_q, case.n_k))
+    if case.causal:
+        vis = vis & causal_mask(case.n_q, case.n_k, align=target.causal_alignment or "top_left")
+    out = run(target, case, q, k, v, mask=mask)
+    assert_close(target, case, out, q, k, v, visible=vis, what="with key padding, the output")
+    # Replace what is padded, and nothing else.
+    kept = np.arange(case.n_k) < key_lengths(case)[:, None]  # [batch, n_k]
+    pad = ~kept[:, None, :, None] if case.ndim == 4 else ~kept[0][:, None]  # against [..., n_k, d]
+    rng = case.rng(6)
+    k2 = np.where(pad, (case.values_like(rng, k.shape) * 1e3).astype(case.dtype), k)
+    v2 = np.where(pad, (case.values_like(rng, v.shape) * 1e3).astype(case.dtype), v)
+    after = run(target, case, q, k2, v2, mask=mask)
+    rows = np.asarray(vis.any(axis=-1))[..., None]  # a row that sees nothing follows masked_rows, tested elsewhere
+    if target.exact_masking:
+        same = (after == out) | (np.isnan(after) & np.isnan(out)) | ~rows
+        if not same.all():
+            at = tuple(int(i) for i in np.argwhere(~same)[0])
+            raise AssertionError(
+                f"changing padded keys/values changed output {list(at)} from {float(out[at])!r} "
+                f"to {float(after[at])!r} (key lengths {key_lengths(case).tolist()})"
+            )
+    else:
+        assert_close(target, case, after, q, k, v, visible=vis,
+                     what="after changing padded keys/values, the output")
+
+
+def _decoding_cases(t: Target) -> st.SearchStrategy[Case]:
+    return cases(t, causal=(False,), n_max=48).filter(lambda c: c.n_k >= c.n_q)
+
+
+@law(strategy=_decoding_cases, needs=needs_mask)
+def bottom_right_causal_mask(target: Target, case: Case) -> None:
+    """``mask=causal_mask(n_q, n_k, align="bottom_right")`` (query i sees keys j ≤ i + n_k − n_q,
+    the alignment of decoding after n_k − n_q cached tokens) gives, in each row i, the output of a
+    call with that query alone and the keys 0..i + n_k − n_q, no mask: both within tolerance of the
+    golden.
+
+    Catches: a mask argument that is dropped in favour of the kernel's own top-left causal mode
+    (FlashAttention < 2.1 semantics, PyTorch's is_causal); a mask read transposed or shifted by
+    the cache length.
+    """
+    q, k, v = case.arrays()
+    mask = causal_mask(case.n_q, case.n_k, align="bottom_right")
+    vis = np.broadcast_to(mask, (*case.lead(), case.n_q, case.n_k))
+    out = run(target, case, q, k, v, mask=mask)
+    assert_close(target, case, out, q, k, v, visible=vis, what="with a bottom-right causal mask, the output")
+    i = int(case.rng(7).integers(0, case.n_q))
+    seen = i + case.n_k - case.n_q + 1
+    one = dataclasses.replace(case, n_q=1, n_k=seen, causal=False, mask="none")
+    alone = run(target, one, q[..., i:i + 1, :], k[..., :seen, :], v[..., :seen, :], mask=None)
+    assert_close(target, one, alone, q[..., i:i + 1, :], k[..., :seen, :], v[..., :seen, :],
+                 visible=np.ones((1, seen), dtype=bool),
+                 what=f"query {i} decoded alone over keys 0..{seen - 1}, the output")
+
+
+LONG_ROWS = (1024, 2048, 4096)
+
+
+def _long_row_cases(t: Target) -> st.SearchStrategy[Case]:
+    return st.builds(
+        Case, dtype=st.sampled_from(t.dtypes), ndim=st.just(2), batch=st.just(1), heads=st.just(1),
+        n_q=st.integers(1, 4), n_k=st.one_of(st.sampled_from(LONG_ROWS), st.integers(1025, 4096)),
+        d_k=st.sampled_from((8, 16, 64)), d_v=st.integers(1, 8), seed=st.integers(0, 2**32 - 1),
+        values=st.sampled_from(("normal", "ints")), amplitude=st.sampled_from((1e-4, 1e-2)),
+    )
+
+
+@law(strategy=_long_row_cases, needs=lambda t: None if 2 in t.ndims else "needs 2-D inputs (n, d)")
+def long_rows_every_dtype(target: Target, case: Case) -> None:
+    """Rows of 1,024–4,096 keys stay within the tolerance policy in every declared dtype (values
+    in [1, ∞) and small amplitudes, so the weights are near-uniform, ~1/n_k each: the hardest
+    sum); the worst error ratio is reported per dtype.
+
+    Catches: a softmax denominator or weighted sum accumulated one key at a time in float16 —
+    past 2,048 keys each weight of 1/4,096 is below half an ulp of the running sum 0.5 and is lost
+    (NumPy's pairwise float16 sum, the baseline's, keeps it).
+    """
+    q, k, v = case.arrays()
+    v = (1 + np.abs(v)).astype(case.dtype)  # values ≥ 1: the output is ~1.5, not a mean near 0
+    out = run(target, case, q, k, v, causal=False, mask=None)
+    assert_close(target, case, out, q, k, v, visible=np.ones((case.n_q, case.n_k), dtype=bool),
+                 what=f"over {case.n_k} keys in {case.dtype}, the output")
