@@ -80,7 +80,8 @@ def padding_mask_is_truncation(target: Target, case: Case) -> None:
     k2 = np.where(pad, (case.values_like(rng, k.shape) * 1e3).astype(case.dtype), k)
     v2 = np.where(pad, (case.values_like(rng, v.shape) * 1e3).astype(case.dtype), v)
     after = run(target, case, q, k2, v2, mask=mask)
-    rows = np.asarray(vis.any(axis=-1))[..., None]  # a row that sees nothing follows masked_rows, tested elsewhere
+    # A row that sees nothing follows the target's masked_rows policy, a law of its own.
+    rows = np.asarray(vis.any(axis=-1))[..., None]
     if target.exact_masking:
         same = (after == out) | (np.isnan(after) & np.isnan(out)) | ~rows
         if not same.all():

@@ -57,7 +57,7 @@ def _sequential_float16(q, k, v, *, causal=False):
 
 
 def test_padding_read_per_head_is_caught():
-    bad = Target(_pad_wrong_sequence, name="pad-wrong-sequence", supports_mask=True, supports_scale=True, ndims=(4,))
+    bad = Target(_pad_wrong_sequence, name="pad-wrong-sequence", supports_mask=True, ndims=(4,))
     assert "padding" in _failed(bad, "padding_mask_is_truncation", max_examples=40)
 
 
