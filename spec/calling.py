@@ -93,7 +93,11 @@ def call(
     if not isinstance(out, np.ndarray) or out.dtype.kind not in "fiuVc":
         raise TargetFailed(f"the target returned {type(out).__name__} of dtype {out.dtype}, not floats")
     if expect_shape is None:
-        expect_shape = (*np.broadcast_shapes(q.shape[:-2], v.shape[:-2]), q.shape[-2], v.shape[-1])
+        try:
+            lead = np.broadcast_shapes(q.shape[:-2], v.shape[:-2])
+        except ValueError:  # grouped K/V heads: the output has the query heads
+            lead = q.shape[:-2]
+        expect_shape = (*lead, q.shape[-2], v.shape[-1])
     if out.shape != expect_shape:
         raise TargetFailed(f"the target returned shape {out.shape}, expected {expect_shape}")
     return out

@@ -74,6 +74,19 @@ def floor(q: Array, k: Array, v: Array, *, scale: float) -> float:
     return eps(q.dtype) * vmax * (4 + np.sqrt(n_k) + (d_k + 2) * s_abs)
 
 
+def weight_sum_slack(dtype: np.dtype | str, n_k: int, max_score: float) -> float:
+    """How far from 1 a correct implementation's weights may sum: the n_k-term sum of the
+    denominator (≤ n_k·eps/2) plus the rounding of a log-sum-exp of size ~max|score| (a
+    log-space softmax, exp(s − lse), is off by eps·|lse|)."""
+    return eps(dtype) * (2 + n_k / 2 + max_score)
+
+
+def max_score(q: Array, k: Array, *, visible: Array, scale: float) -> float:
+    """max |q·k·scale| over the visible pairs (0 when none is visible)."""
+    s = np.abs((q.astype(np.float64) @ np.swapaxes(k.astype(np.float64), -1, -2)) * scale)
+    return float(np.max(np.where(visible, s, 0.0), initial=0.0))
+
+
 @dataclass(frozen=True)
 class Comparison:
     """How far an output is from the golden, against what the policy allows."""

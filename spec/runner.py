@@ -188,8 +188,13 @@ def counterexample(prop: Property, case: Case, source: str) -> dict[str, Any]:
         "case": case.describe(),
         "shapes": {name: list(shape) for name, shape in case.shapes().items()},
         "arrays": {name: x.tolist() for name, x in arrays.items() if x.size <= SMALL_ARRAY},
-        "reproduce": f"python -c {shlex.quote(code)}",
+        "reproduce": f"python -c {_quote(code)}",
     }
+
+
+def _quote(code: str) -> str:
+    """Shell quoting that stays readable: double quotes unless the code needs more."""
+    return f'"{code}"' if not any(c in code for c in '"$`\\!') else shlex.quote(code)
 
 
 def replay(target: str | Target | Any, name: str, **case: Any) -> None:
