@@ -176,6 +176,16 @@ def test_fully_masked_rows_give_zeros_and_zero_weights():
     np.testing.assert_allclose(w[2:].sum(-1), 1.0)
 
 
+def test_mask_may_carry_leading_dims_that_only_v_has():
+    q, k = np.ones((1, 2)), np.ones((3, 2))
+    v = np.arange(24.0).reshape(2, 3, 4)
+    mask = np.array([[[True, False, False]], [[True, True, True]]])  # [2, 1, 3]
+    out = attention(q, k, v, mask=mask)
+    assert out.shape == (2, 1, 4)
+    np.testing.assert_allclose(out[0], v[0, :1])
+    np.testing.assert_allclose(out[1], v[1].mean(0, keepdims=True))
+
+
 def test_padding_mask_ignores_padded_keys():
     rng = np.random.default_rng(6)
     q, k, v = qkv(rng, 4, 6, lead=(2,))
