@@ -6,11 +6,12 @@ three. The answer is the value paired with the question key. Chance is 1/8.
 
 Model (one head, six weight matrices, no positions — nothing here depends on order):
 
-    x_i   = E_key[key_i] + E_val[value_i]       pair tokens, i = 0, 1, 2        [d]
-    x_3   = E_key[question]                     the question token               [d]
-    q     = x_3 W_Q,  k_j = x_j W_K,  v_j = x_j W_V   for the 4 positions j = 0..3
-    o     = attention(q, k, v)                  one query, over the 3 pairs and itself  [d_h]
-    logits = o W_out                            the answer, read by a final matrix      [n_values]
+    x_i      = E_key[key_i] + E_val[value_i]   pair tokens, i = 0, 1, 2            [d]
+    x_3      = E_key[question]                 the question token                  [d]
+    q        = x_3 W_Q                         the one query, from the question    [d_h]
+    k_j, v_j = x_j W_K, x_j W_V                keys and values, j = 0, 1, 2, 3      [d_h]
+    o        = attention(q, k, v)              over the 3 pairs and the question   [d_h]
+    logits   = o W_out                         the answer, read by a final matrix  [n_values]
 
 The question token reuses the key embedding (a question *is* a key), so the six matrices are
 ``E_key [n_keys, d]``, ``E_val [n_values, d]``, ``W_Q [d, d_h]``, ``W_K [d, d_h]``,
@@ -22,6 +23,9 @@ in one thing: in ``uniform`` W_Q = W_K = 0, frozen, so every score is 0 and the 
 four positions. Then the output knows which keys and which values occur, but not which key goes
 with which value, and the best it can do is to guess the most repeated value: the ceiling
 :func:`recall_ceiling`, 29/64 for the article's sizes, derived by exact enumeration.
+(W_Q = W_K = 0 is also a stationary point — ∂loss/∂W_Q is proportional to the keys and
+∂loss/∂W_K to the query, both zero — so the two stay exactly zero even unfrozen; the freeze
+states the intent, as in the source article.)
 """
 
 from __future__ import annotations
