@@ -181,7 +181,9 @@ def test_same_seed_same_run_other_seed_other_run() -> None:
         (["--plot", "curves.jpg"], "--plot"),
     ],
 )
-def test_bad_arguments_exit_2_with_one_line(argv: list[str], words: str, capsys: pytest.CaptureFixture) -> None:
+def test_bad_arguments_exit_2_with_one_line(
+    argv: list[str], words: str, capsys: pytest.CaptureFixture
+) -> None:
     assert recall.main(argv) == 2
     out, err = capsys.readouterr()
     assert out == ""
