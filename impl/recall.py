@@ -56,6 +56,7 @@ ARTICLE = {
     "learned_accuracy": "≈100 % within 100 steps",
     "uniform_accuracy": "45.7 %",
     "ceiling": "45.3 %",
+    "matching_pair_weight": "not stated",
     "matching_pair_top_fraction": "100 %",
     "non_matching_pair_weight": "≈1 % each",
     "question_position_weight": "≈47 %",
@@ -373,6 +374,10 @@ def _pct(x: float) -> str:
     return f"{100 * x:.2f} %"
 
 
+def _standard_error(p: float, n: int) -> float:
+    return math.sqrt(p * (1 - p) / n)
+
+
 def _curve_rows(result: Result) -> Iterator[list[str]]:
     learned, uniform = dict(result.learned_curve), dict(result.uniform_curve)
     last = result.config.steps
@@ -394,13 +399,15 @@ def report(result: Result) -> str:
         tabulate(
             [
                 ["learned accuracy", _pct(result.learned_accuracy), ARTICLE["learned_accuracy"]],
-                ["  first step at ≥ 99 %", str(result.steps_to_99), "within 100"],
+                ["  first step at ≥ 99 %",
+                 "not reached" if result.steps_to_99 is None else str(result.steps_to_99), "within 100"],
                 ["uniform accuracy", _pct(result.uniform_accuracy), ARTICLE["uniform_accuracy"]],
                 ["ceiling, most repeated value", f"{result.ceiling} = {_pct(float(result.ceiling))}",
-                 "29/64 = 45.3125 %"],
+                 ARTICLE["ceiling"]],
                 ["matching pair has top weight", _pct(result.matching_pair_top_fraction),
                  ARTICLE["matching_pair_top_fraction"]],
-                ["weight on the matching pair", _pct(result.matching_pair_weight), ""],
+                ["weight on the matching pair", _pct(result.matching_pair_weight),
+                 ARTICLE["matching_pair_weight"]],
                 ["weight on each other pair", _pct(result.non_matching_pair_weight),
                  ARTICLE["non_matching_pair_weight"]],
                 ["weight on the question itself", _pct(result.question_position_weight),
@@ -410,6 +417,8 @@ def report(result: Result) -> str:
             ],
             headers=["", "this run", "article"], disable_numparse=True,
         ),
+        f"one standard error of an accuracy near the ceiling on {cfg.n_test:,} sequences: "
+        f"{100 * _standard_error(float(result.ceiling), cfg.n_test):.2f} points",
         "",
         "mean pattern of the learned head from the question position, by where the matching pair sits:",
         tabulate([[f"matching = pair {i}", *(_pct(x) for x in row)]
