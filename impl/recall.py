@@ -496,7 +496,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, metavar="FILE", help="write the figures as JSON")
     parser.add_argument("--plot", type=Path, metavar="FILE.png", help="accuracy curves and the pattern")
     try:
-        args = parser.parse_args(argv)
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as done:  # --help
+            return int(done.code or 0)
         if args.json is not None:
             _writable(args.json, "--json")
         if args.plot is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import doctest
 import json
 import math
 import subprocess
@@ -209,3 +210,7 @@ def test_cli_as_a_real_process() -> None:
     bad = subprocess.run([sys.executable, "-m", "impl.recall", "--steps", "-3"], capture_output=True,
                          text=True, check=False, cwd=Path(__file__).resolve().parents[1])
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--steps" in bad.stderr
+
+
+def test_docstring_examples() -> None:
+    assert doctest.testmod(recall).failed == 0
