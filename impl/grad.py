@@ -92,7 +92,7 @@ def attention_backward(
     work = compute_dtype(q.dtype)
     q_, k_, v_, do = (x.astype(work, copy=False) for x in (q, k, v, d_out))
     # Views at the full leading shape, so the pattern has the shape of d_out's rows even when
-    # only v carries a leading dim (the mask may carry it too).
+    # only v carries a leading dim.
     q_ = np.broadcast_to(q_, (*batch, *q.shape[-2:]))
     k_ = np.broadcast_to(k_, (*batch, *k.shape[-2:]))
 

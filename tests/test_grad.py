@@ -61,14 +61,7 @@ def _options(problem: dict) -> dict[str, Any]:
 def _loss(problem: dict):
     """L(q, k, v) = Σ d_out ∘ attention(q, k, v): its gradient is the backward of d_out."""
     def f(params):
-        q, k, v = params["q"], params["k"], params["v"]
-        # Give q and k the full leading shape (a view; the same function of q, k, v): the forward's
-        # scores take their leading dims from q and k alone, and a mask that carries a dim only v
-        # has does not broadcast to them.
-        batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-        q = np.broadcast_to(q, (*batch, *q.shape[-2:]))
-        k = np.broadcast_to(k, (*batch, *k.shape[-2:]))
-        out = attention(q, k, v, **_options(problem))
+        out = attention(params["q"], params["k"], params["v"], **_options(problem))
         return float(np.sum(out * problem["d_out"]))
     return f
 
