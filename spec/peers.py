@@ -74,7 +74,9 @@ def _to_torch(x: Array) -> Any:  # NumPy -> torch, same bits, its own memory
     import torch
 
     x = np.ascontiguousarray(x)
-    if x.dtype == _bfloat16():
+    bf16 = _bfloat16()
+    # (Not ``x.dtype == _bfloat16()``: np.dtype(None) is float64, so float64 == None is True.)
+    if bf16 is not None and x.dtype == bf16:
         # torch.from_numpy knows no bfloat16: move the 16-bit patterns and relabel them.
         return torch.from_numpy(x.view(np.int16).copy()).view(torch.bfloat16)
     return torch.from_numpy(x.copy())

@@ -171,3 +171,15 @@ def test_low_precision_within_the_tolerance_policy(name, dtype):
     base = np.abs(naive.astype(np.float64) - golden).max()
     eps = float(np.finfo(dt).eps) if dtype == "float16" else 2.0**-7
     assert err <= 2 * base + eps * np.abs(golden).max(), (err, base)
+
+
+def test_torch_adapter_works_without_ml_dtypes(monkeypatch):
+    """Without ml_dtypes (torch alone installs no bfloat16 for NumPy) float64 must stay float64."""
+    fn, _ = _peer("torch")
+    from spec import peers
+
+    monkeypatch.setattr(peers, "_bfloat16", lambda: None)
+    q, k, v = _qkv((3, 4), (5, 4), 2, dtype="float64")
+    out = fn(q, k, v)
+    assert out.dtype == np.float64
+    np.testing.assert_allclose(out, _golden(q, k, v), atol=1e-12)
