@@ -39,6 +39,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
+import sys
 import warnings
 from typing import Any
 
@@ -241,3 +243,61 @@ def jax_target() -> Target:
         exact_masking=True,
         supports_gqa=True,
     )
+
+
+# ------------------------------------------------------------------------- results per dtype
+
+_RATIO = re.compile(r"worst error ratio(?: \w+)? ([0-9.]+(?:e[-+]?\d+)?)")
+
+
+def dtype_rows(target: Target, dtypes: tuple[str, ...], *, profile: str = "ci",
+               max_examples: int | None = None) -> list[dict[str, Any]]:
+    """Run every property once per dtype (``target`` restricted to it) and summarise: how many
+    passed, which failed, and the worst error ratio (error / allowed of the tolerance policy;
+    ≤ 1 passes) over all properties that compare with the golden."""
+    from spec.runner import check
+
+    rows = []
+    for dtype in dtypes:
+        report = check(target.replace(dtypes=(dtype,)), profile, max_examples=max_examples)
+        ratios = [float(m) for r in report.results for m in _RATIO.findall(r.message)]
+        rows.append({
+            "target": target.name, "dtype": dtype, "declared": dtype in target.dtypes,
+            "passed": sum(r.status == "pass" for r in report.results),
+            "failed": ", ".join(r.name for r in report.failures) or "-",
+            "worst error ratio": max(ratios) if ratios else None,
+        })
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m spec.peers [torch] [jax] [--profile P] [--max-examples N]``: the per-dtype table.
+
+    float64 is run for JAX too, though not declared, to show the recorded deviation.
+    """
+    import argparse
+
+    from tabulate import tabulate
+
+    import spec.properties_masks  # noqa: F401  (registers its laws)
+
+    parser = argparse.ArgumentParser(prog="python -m spec.peers", description=main.__doc__)
+    parser.add_argument("peers", nargs="*", choices=["torch", "jax"], default=["torch", "jax"])
+    parser.add_argument("--profile", choices=["quick", "ci", "thorough"], default="ci")
+    parser.add_argument("--max-examples", type=int, default=None)
+    args = parser.parse_args(argv)
+    rows = []
+    for name in args.peers:
+        try:
+            target = torch_target() if name == "torch" else jax_target()
+        except ModuleNotFoundError as e:
+            print(f"{name}: not installed ({e.name})", file=sys.stderr)
+            return 2
+        rows += dtype_rows(target, ("float16", "float32", "float64"), profile=args.profile,
+                           max_examples=args.max_examples)
+    print(tabulate(rows, headers="keys", tablefmt="github", floatfmt=".3g"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
