@@ -31,8 +31,9 @@ float64                     yes                                float64 out (the 
                                                                accuracy, so float64 is not declared
 ==========================  =================================  =====================================
 
-Fully-masked rows were NaN in PyTorch's math kernel before 2.5; a target can record such a known
-deviation with ``masked_rows="nan"`` — the suite still checks that the declared behaviour holds.
+PyTorch's SDPA gave NaN for fully-masked rows in 2023 (pytorch/pytorch#103963); its math kernel
+now zeroes them (``_safe_softmax``). A target can record such a known deviation with
+``masked_rows="nan"`` — the suite then checks that the declared behaviour holds, never less.
 """
 
 from __future__ import annotations
