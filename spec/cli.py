@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             print(text)
         else:
             try:
-                with open(args.json, "w", encoding="utf-8") as f:
+                with open(args.json, "w", encoding="utf-8") as f:  # UTF-8: laws use √, ≤, −
                     f.write(text + "\n")
             except OSError as e:
                 print(f"python -m spec: error: cannot write --json {args.json}: {e.strerror}",

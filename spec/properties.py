@@ -41,6 +41,7 @@ class Property:
     check: Check
     strategy: Callable[[Target], st.SearchStrategy[Case]]
     needs: Callable[[Target], str | None]  # why the target cannot be tested, or None
+    reads_pattern: bool = False  # feeds V = I instead of the case's values
 
     @property
     def law(self) -> str:
@@ -63,6 +64,7 @@ PROPERTIES: dict[str, Property] = {}
 def law(
     strategy: Callable[[Target], st.SearchStrategy[Case]] | None = None,
     needs: Callable[[Target], str | None] | None = None,
+    reads_pattern: bool = False,
 ) -> Callable[[Check], Check]:
     """Register a property with the cases it is run on and the capability it needs."""
 
@@ -72,6 +74,7 @@ def law(
             check=fn,
             strategy=strategy or (lambda t: cases(t)),
             needs=needs or (lambda t: None),
+            reads_pattern=reads_pattern,
         )
         return fn
 
@@ -253,7 +256,7 @@ def matches_golden(target: Target, case: Case) -> None:
     assert_matches(target, case, run(target, case, q, k, v), q, k, v)
 
 
-@law(strategy=lambda t: cases(t, pattern=True, n_max=130))
+@law(strategy=lambda t: cases(t, pattern=True, n_max=130), reads_pattern=True)
 def rows_sum_to_one(target: Target, case: Case) -> None:
     """Every query row that sees a key has attention weights ≥ 0 summing to 1 (read via V = I).
 
@@ -314,7 +317,8 @@ def uniform_scores_average(target: Target, case: Case) -> None:
                    what="with all keys equal, the output")
 
 
-@law(strategy=lambda t: cases(t, pattern=True, n_k_min=2, n_max=64, values=("normal",), scale=True))
+@law(strategy=lambda t: cases(t, pattern=True, n_k_min=2, n_max=64, values=("normal",), scale=True),
+     reads_pattern=True)
 def scale_is_inv_sqrt_dk(target: Target, case: Case) -> None:
     """The scores are q·k times exactly 1/√d_k (or the scale= given): recovered from the pattern's
     log-ratios, log(P_ij / P_ij') = scale·q_i·(k_j − k_j'), by least squares.
@@ -366,7 +370,7 @@ def _score_variance_cases(t: Target) -> st.SearchStrategy[Case]:
     )
 
 
-@law(strategy=_score_variance_cases, needs=needs_ndim(3, 4))
+@law(strategy=_score_variance_cases, needs=needs_ndim(3, 4), reads_pattern=True)
 def score_variance(target: Target, case: Case) -> None:
     """For q, k with independent unit-variance entries the scaled scores have variance 1,
     whatever d_k. Measured on 4,096 independent heads, each one query against two keys:
