@@ -135,7 +135,8 @@ def max_before_mask(q: Array, k: Array, v: Array, *, causal: bool = False) -> Ar
     e = np.exp(s - np.max(s, axis=-1, keepdims=True))  # the max also sees future scores
     if causal:
         e = e * causal_mask(q.shape[-2], k.shape[-2])
-    w = e / e.sum(axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore"):  # every visible weight underflowed: 0/0
+        w = e / e.sum(axis=-1, keepdims=True)
     return (w @ v.astype(w.dtype)).astype(q.dtype)
 
 
