@@ -75,12 +75,13 @@ def with_deadline(fn: Callable[[], Any], seconds: float | None) -> Any:
 def call(
     target: Target, q: np.ndarray, k: np.ndarray, v: np.ndarray, *, deadline: float | None,
     causal: bool = False, mask: np.ndarray | None = None, scale: float | None = None,
-    expect_shape: tuple[int, ...] | None = None,
+    expect_shape: tuple[int, ...] | None = None, copy: bool = True,
 ) -> np.ndarray:  # [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v] -> [..., n_q, d_v]
-    """Call the target on copies of the inputs (so a mutating target cannot corrupt the check)
-    and return its output as an ndarray of the expected shape."""
-    args = [np.array(x, copy=True) for x in (q, k, v)]
-    mask_copy = None if mask is None else np.array(mask, copy=True)
+    """Call the target on copies of the inputs (so a mutating target cannot corrupt the check;
+    ``copy=False`` hands over the caller's arrays) and return its output as an ndarray of the
+    expected shape."""
+    args = [np.array(x, copy=copy) for x in (q, k, v)]
+    mask_copy = None if mask is None else np.array(mask, copy=copy)
     seconds = target.deadline_s if target.deadline_s is not None else deadline
     try:
         out = with_deadline(

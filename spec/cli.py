@@ -78,7 +78,12 @@ def list_properties(target_spec: str | None) -> str:
 
 
 def _first_sentence(text: str) -> str:
-    return text.split(": ", 1)[0] if len(text) > 160 else text
+    """A long law shortened to its first sentence (the docstring has the rest)."""
+    text = text.replace("``", "")
+    for stop in (". ", ": "):
+        if len(text) > 160 and stop in text:
+            text = text.split(stop, 1)[0] + "."
+    return text
 
 
 def table(report: Report) -> str:
@@ -147,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
             print(text)
         else:
             try:
-                with open(args.json, "w", encoding="utf-8") as f:
+                with open(args.json, "w", encoding="utf-8") as f:  # UTF-8: laws use √, ≤, −
                     f.write(text + "\n")
             except OSError as e:
                 print(f"python -m spec: error: cannot write --json {args.json}: {e.strerror}",

@@ -41,6 +41,7 @@ class Property:
     check: Check
     strategy: Callable[[Target], st.SearchStrategy[Case]]
     needs: Callable[[Target], str | None]  # why the target cannot be tested, or None
+    reads_pattern: bool = False  # feeds V = I instead of the case's values
 
     @property
     def law(self) -> str:
@@ -63,6 +64,7 @@ PROPERTIES: dict[str, Property] = {}
 def law(
     strategy: Callable[[Target], st.SearchStrategy[Case]] | None = None,
     needs: Callable[[Target], str | None] | None = None,
+    reads_pattern: bool = False,
 ) -> Callable[[Check], Check]:
     """Register a property with the cases it is run on and the capability it needs."""
 
@@ -72,6 +74,7 @@ def law(
             check=fn,
             strategy=strategy or (lambda t: cases(t)),
             needs=needs or (lambda t: None),
+            reads_pattern=reads_pattern,
         )
         return fn
 
@@ -142,6 +145,33 @@ def slack(target: Target, case: Case, q: Array, k: Array) -> float:
     return numerics.weight_sum_slack(case.dtype, case.n_k, top)
 
 
+def assert_same(
+    target: Target, case: Case, a: Array, b: Array, q: Array, k: Array, v: Array, *,
+    visible: Array | None = None, what: str,
+) -> None:
+    """Assert two outputs of the target agree within twice what the tolerance policy allows each
+    (they may round differently; they may not differ by more). NaN must match NaN."""
+    gold, weights, base, floor = expected(target, case, q, k, v, visible=visible)
+    rows = weights.sum(axis=-1) > 0
+    allowed = numerics.compare(gold, gold, base, rows=rows, tolerance=target.tolerance, floor_=floor).allowed
+    with np.errstate(invalid="ignore"):
+        diff = np.where(rows[..., None], np.abs(a - b), 0.0)
+    diff = np.where(np.isnan(a) & np.isnan(b), 0.0, np.where(np.isnan(diff), np.inf, diff))
+    if diff.size == 0:
+        return
+    at = np.unravel_index(int(np.argmax(diff)), diff.shape)
+    observe("error ratio", float(diff[at]) / (2 * allowed) if allowed > 0 else 0.0)
+    assert diff[at] <= 2 * allowed, (
+        f"{what}: entry {[int(i) for i in at]} is {float(b[at]):.6g} instead of {float(a[at]):.6g} "
+        f"(difference {float(diff[at]):.3g}, allowed {2 * allowed:.3g})"
+    )
+
+
+def _short(perm: Array) -> str:
+    items = perm.tolist()
+    return str(items) if len(items) <= 8 else str(items[:8])[:-1] + ", …]"
+
+
 def identity_values(case: Case) -> Array:  # -> [*kv_lead, n_k, n_k]
     """V = I: the output is then the attention pattern itself."""
     eye = np.eye(case.n_k, dtype=case.dtype)
@@ -207,8 +237,8 @@ def inputs_not_mutated(target: Target, case: Case) -> None:
     mask = case.mask_array()
     given = {"q": q, "k": k, "v": v} | ({} if mask is None else {"mask": mask})
     kept = {name: x.copy() for name, x in given.items()}
-    # Call the target directly on the caller's arrays (run() would pass copies).
-    target(q, k, v, causal=case.causal, mask=mask, scale=case.scale)
+    call(target, q, k, v, deadline=DEADLINE.get(), causal=case.causal, mask=mask, scale=case.scale,
+         copy=False)
     for name, x in given.items():
         assert np.array_equal(x, kept[name], equal_nan=x.dtype != bool), (
             f"the target changed its input {name} (first change at index {list(differs_at(x, kept[name]))})"
@@ -226,7 +256,7 @@ def matches_golden(target: Target, case: Case) -> None:
     assert_matches(target, case, run(target, case, q, k, v), q, k, v)
 
 
-@law(strategy=lambda t: cases(t, pattern=True, n_max=130))
+@law(strategy=lambda t: cases(t, pattern=True, n_max=130), reads_pattern=True)
 def rows_sum_to_one(target: Target, case: Case) -> None:
     """Every query row that sees a key has attention weights ≥ 0 summing to 1 (read via V = I).
 
@@ -287,7 +317,8 @@ def uniform_scores_average(target: Target, case: Case) -> None:
                    what="with all keys equal, the output")
 
 
-@law(strategy=lambda t: cases(t, pattern=True, n_k_min=2, n_max=64, values=("normal",), scale=True))
+@law(strategy=lambda t: cases(t, pattern=True, n_k_min=2, n_max=64, values=("normal",), scale=True),
+     reads_pattern=True)
 def scale_is_inv_sqrt_dk(target: Target, case: Case) -> None:
     """The scores are q·k times exactly 1/√d_k (or the scale= given): recovered from the pattern's
     log-ratios, log(P_ij / P_ij') = scale·q_i·(k_j − k_j'), by least squares.
@@ -339,7 +370,7 @@ def _score_variance_cases(t: Target) -> st.SearchStrategy[Case]:
     )
 
 
-@law(strategy=_score_variance_cases, needs=needs_ndim(3, 4))
+@law(strategy=_score_variance_cases, needs=needs_ndim(3, 4), reads_pattern=True)
 def score_variance(target: Target, case: Case) -> None:
     """For q, k with independent unit-variance entries the scaled scores have variance 1,
     whatever d_k. Measured on 4,096 independent heads, each one query against two keys:
@@ -375,8 +406,8 @@ def kv_permutation_invariance(target: Target, case: Case) -> None:
     out = run(target, case, q, k, v)
     moved = run(target, case, q, k[..., perm, :], v[..., perm, :],
                 mask=None if mask is None else mask[..., perm])
-    assert_matches(target, case, out, q, k, v, what="unpermuted output")
-    assert_matches(target, case, moved, q, k, v, what="output with keys/values permuted")
+    assert_same(target, case, out, moved, q, k, v,
+                what=f"with keys and values permuted by {_short(perm)}, the output")
 
 
 @law(strategy=lambda t: cases(t, causal=(False,), masks=("none", "random"), n_q_min=2))
@@ -389,13 +420,20 @@ def query_permutation_equivariance(target: Target, case: Case) -> None:
     q, k, v = case.arrays()
     mask = case.mask_array()
     perm = case.rng(2).permutation(case.n_q)
+    out = run(target, case, q, k, v)
     moved = run(target, case, q[..., perm, :], k, v, mask=None if mask is None else mask[..., perm, :])
     back = np.empty_like(moved)
     back[..., perm, :] = moved
-    assert_matches(target, case, back, q, k, v, what="output for permuted queries, un-permuted,")
+    assert_same(target, case, out, back, q, k, v,
+                what=f"with queries permuted by {_short(perm)}, the un-permuted output")
 
 
-@law(strategy=lambda t: cases(t, ndims=(3, 4), n_max=48), needs=needs_ndim(3, 4))
+def _several_slices(t: Target) -> st.SearchStrategy[Case]:
+    return cases(t, ndims=(3, 4), n_max=48, masks=("none", "random")).filter(
+        lambda c: c.batch * c.heads >= 2)
+
+
+@law(strategy=_several_slices, needs=needs_ndim(3, 4))
 def batch_head_independence(target: Target, case: Case) -> None:
     """Each (batch, head) slice of a batched call equals the call on that slice alone.
 
@@ -406,15 +444,11 @@ def batch_head_independence(target: Target, case: Case) -> None:
     mask = case.mask_array()
     out = run(target, case, q, k, v)
     vis = case.visible(target)
-    alone_case = dataclasses.replace(case, batch=1, heads=1, mask="none")
     for index in np.ndindex(*case.lead()):
         one = tuple(slice(i, i + 1) for i in index)  # keep the rank: (1, 1, n, d)
         alone = run(target, case, q[one], k[one], v[one], mask=None if mask is None else mask[one])
-        try:
-            for got, what in ((alone, "the slice alone"), (out[one], "the slice of the batched call")):
-                assert_matches(target, alone_case, got, q[one], k[one], v[one], visible=vis[one], what=what)
-        except AssertionError as e:
-            raise AssertionError(f"(batch, head) slice {list(index)}: {e}") from None
+        assert_same(target, case, out[one], alone, q[one], k[one], v[one], visible=vis[one],
+                    what=f"(batch, head) slice {list(index)} alone, against the batched call")
 
 
 @law(strategy=lambda t: cases(t, amplitudes=(1e2, 1e3, 1e4), values=("normal",), n_max=64))

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 
 from spec.calling import TargetHung
 from spec.cases import Case
-from spec.properties import DEADLINE, OBSERVED, PROPERTIES, Property
+from spec.properties import DEADLINE, OBSERVED, PROPERTIES, Property, identity_values
 from spec.target import Target, TargetError, load_target
 
 
@@ -81,7 +81,7 @@ class Report:
         }
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, allow_nan=False, default=_jsonable)
+        return json.dumps(self.to_dict(), indent=2, allow_nan=False, ensure_ascii=False, default=_jsonable)
 
 
 def _jsonable(x: Any) -> Any:
@@ -178,6 +178,8 @@ def _failure(
 def counterexample(prop: Property, case: Case, source: str) -> dict[str, Any]:
     """The shrunk case as plain values, its shapes, small arrays in full, and a reproduction line."""
     q, k, v = case.arrays()
+    if prop.reads_pattern:
+        v = identity_values(case)
     arrays = {"q": q, "k": k, "v": v}
     mask = case.mask_array()
     if mask is not None:

@@ -135,7 +135,8 @@ def max_before_mask(q: Array, k: Array, v: Array, *, causal: bool = False) -> Ar
     e = np.exp(s - np.max(s, axis=-1, keepdims=True))  # the max also sees future scores
     if causal:
         e = e * causal_mask(q.shape[-2], k.shape[-2])
-    w = e / e.sum(axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore"):  # every visible weight underflowed: 0/0
+        w = e / e.sum(axis=-1, keepdims=True)
     return (w @ v.astype(w.dtype)).astype(q.dtype)
 
 
@@ -274,8 +275,8 @@ class Broken:
     bug: str
 
 
-def _broken(fn: Any, catches: str, bug: str, **declared: Any) -> Broken:
-    return Broken(Target(fn, name=fn.__name__, **declared), catches, bug)
+def _broken(fn: Any, catches: str, bug: str, name: str = "", **declared: Any) -> Broken:
+    return Broken(Target(fn, name=name or fn.__name__, **declared), catches, bug)
 
 
 BROKEN = [
@@ -286,6 +287,8 @@ BROKEN = [
     _broken(ignores_scale_argument, "scale_is_inv_sqrt_dk", "scale= accepted and ignored",
             supports_scale=True),
     _broken(mask_off_by_one, "causal_no_leak", "causal mask j ≤ i + 1"),
+    _broken(mask_off_by_one, "causal_no_leak", "causal mask j ≤ i + 1, inexact masking declared",
+            name="mask_off_by_one_inexact", exact_masking=False),
     _broken(mask_strict, "uniform_scores_average", "causal mask j < i"),
     _broken(causal_ignored, "causal_no_leak", "causal=True ignored"),
     _broken(max_before_mask, "causal_no_leak", "row max taken before the causal mask"),
@@ -378,12 +381,25 @@ def additive_finfo_mask(q: Array, k: Array, v: Array, *, causal: bool = False,
     return (_softmax(s) @ v.astype(s.dtype)).astype(q.dtype)
 
 
+def additive_minus_1e9(q: Array, k: Array, v: Array, *, causal: bool = False,
+                       mask: Array | None = None) -> Array:
+    """The common additive mask of -1e9: exact enough for visible rows, unspecified for empty ones."""
+    s = _scores(q, k, 1 / math.sqrt(q.shape[-1]))
+    keep = np.ones(s.shape, dtype=bool) if mask is None else np.broadcast_to(mask, s.shape)
+    if causal:
+        keep = keep & causal_mask(q.shape[-2], k.shape[-2])
+    s = s + np.where(keep, 0, -1e9).astype(s.dtype)
+    return (_softmax(s) @ v.astype(s.dtype)).astype(q.dtype)
+
+
 CORRECT = [
     Target(grouped, name="grouped", supports_gqa=True, ndims=(2, 3, 4)),
     Target(sequence_major, name="sequence_major", layout="bnhd"),
     Target(bottom_right, name="bottom_right", causal_alignment="bottom_right"),
     Target(nan_for_masked_rows, name="nan_for_masked_rows_declared", supports_mask=True, masked_rows="nan"),
     Target(additive_finfo_mask, name="additive_finfo_mask", supports_mask=True, masked_rows="uniform"),
+    Target(additive_minus_1e9, name="additive_minus_1e9", supports_mask=True, masked_rows="any",
+           exact_masking=False),
     Target(reversed_summation, name="reversed_summation"),
     Target(log_space_softmax, name="log_space_softmax"),
     Target(tiled, name="tiled"),
