@@ -62,9 +62,8 @@ def padding_mask_is_truncation(target: Target, case: Case) -> None:
     golden, and bit-identical when the padded keys and values are replaced by others ×1e3 (within
     tolerance if the target declares exact_masking=False).
 
-    Catches: a broadcast mask read along the wrong axis (lengths applied per head or per query
-    instead of per sequence); padding that is added as −1e4 to float16 scores of magnitude 1e4;
-    a kernel that only honours full-shape masks.
+    Catches: a broadcast mask applied to the wrong sequence (a flattened (batch, heads) index
+    mapped back as f % batch instead of f // heads); a kernel that only honours full-shape masks.
     """
     q, k, v = case.arrays()
     mask = padding(case)
