@@ -143,6 +143,8 @@ def torch_target() -> Target:
         masked_rows="zeros",
         exact_masking=True,
         supports_gqa=True,
+        # Each new shape is an XLA compilation (~1 s here, several under load), not a hang.
+        deadline_s=60.0,
     )
 
 
@@ -243,6 +245,8 @@ def jax_target() -> Target:
         masked_rows="uniform",
         exact_masking=True,
         supports_gqa=True,
+        # Each new shape is an XLA compilation (~1 s here, several under load), not a hang.
+        deadline_s=60.0,
     )
 
 
