@@ -269,8 +269,9 @@ def dtype_rows(target: Target, dtypes: tuple[str, ...], *, profile: str = "ci",
         rows.append({
             "target": target.name, "dtype": dtype, "declared": dtype in target.dtypes,
             "passed": sum(r.status == "pass" for r in report.results),
-            "failed": ", ".join(r.name for r in report.failures) or "-",
+            "failed": len(report.failures),
             "worst error ratio": max(ratios) if ratios else None,
+            "failures": [(r.name, r.message) for r in report.failures],
         })
     return rows
 
@@ -300,7 +301,11 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         rows += dtype_rows(target, ("float16", "float32", "float64"), profile=args.profile,
                            max_examples=args.max_examples)
-    print(tabulate(rows, headers="keys", tablefmt="github", floatfmt=".3g"))
+    table = [{key: value for key, value in row.items() if key != "failures"} for row in rows]
+    print(tabulate(table, headers="keys", tablefmt="github", floatfmt=".3g"))
+    for row in rows:
+        for name, message in row["failures"]:
+            print(f"{row['dtype']} {name}: {message}")
     return 0
 
 
