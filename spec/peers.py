@@ -285,13 +285,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from tabulate import tabulate
 
-    import spec.properties_masks  # noqa: F401  (registers its laws)
-
     parser = argparse.ArgumentParser(prog="python -m spec.peers", description=main.__doc__)
     parser.add_argument("peers", nargs="*", choices=["torch", "jax"], default=["torch", "jax"])
     parser.add_argument("--profile", choices=["quick", "ci", "thorough"], default="ci")
     parser.add_argument("--max-examples", type=int, default=None)
     args = parser.parse_args(argv)
+    import spec.properties_masks  # noqa: F401  (registers its laws)
+
     rows = []
     for name in args.peers:
         try:

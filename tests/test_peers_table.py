@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from laws_fixture import masks_laws  # noqa: F401  (a fixture)
 
-import spec.properties_masks  # noqa: F401  (the table covers its laws too)
 from impl import attention
 from spec.peers import dtype_rows, main
 from spec.target import Target
@@ -18,6 +18,7 @@ def _half_inside(q, k, v, *, causal=False, mask=None, scale=None):
     return out.astype(q.dtype)
 
 
+@pytest.mark.usefixtures("masks_laws")
 def test_rows_per_dtype_name_the_failures():
     target = Target(_half_inside, name="half-inside", dtypes=("float16", "float32"),
                     supports_mask=True, supports_scale=True)
