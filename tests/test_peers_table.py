@@ -26,6 +26,8 @@ def test_rows_per_dtype_name_the_failures():
     assert fp16["dtype"] == "float16" and fp16["failed"] == 0 and fp16["worst error ratio"] <= 1
     assert "matches_golden" in [name for name, _ in fp32["failures"]]
     assert fp32["failed"] == len(fp32["failures"]) > 0
+    assert fp32["worst error ratio"] > 1  # the failures' ratios count, not only the passes'
+
     assert fp32["passed"] < fp16["passed"]
 
 
