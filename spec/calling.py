@@ -89,7 +89,7 @@ def call(
         )
     except TargetHung:
         raise
-    except Exception as e:
+    except (Exception, SystemExit) as e:  # a sys.exit() in the target must not end the suite
         raise TargetFailed(f"the target raised {type(e).__name__}: {e}") from e
     if not isinstance(out, np.ndarray) or out.dtype.kind not in "fiuVc":
         raise TargetFailed(f"the target returned {type(out).__name__} of dtype {out.dtype}, not floats")

@@ -27,6 +27,14 @@ def test_a_target_that_raises_is_a_failure_naming_the_exception():
     assert result.status == "fail" and "raised KeyError" in result.message
 
 
+def test_a_target_that_exits_is_a_failure_not_the_end_of_the_suite():
+    def quits(q, k, v, *, causal=False):
+        raise SystemExit(3)
+
+    result = _only(quits)
+    assert result.status == "fail" and "SystemExit" in result.message
+
+
 def test_a_target_returning_the_wrong_shape_is_reported_not_crashed_on():
     def first_row_only(q, k, v, *, causal=False):
         return attention(q, k, v, causal=causal)[..., :1, :]
