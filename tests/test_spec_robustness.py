@@ -85,7 +85,22 @@ def test_a_target_that_swallows_exceptions_still_cannot_hang_the_suite():
     assert result.status == "fail" and "deadline" in result.message
 
 
-def test_deadline_off_the_main_thread_abandons_the_call():
+def test_a_busy_loop_is_interrupted_not_left_spinning():
+    spinning = []
+
+    def spin(q, k, v, *, causal=False):
+        spinning.append(threading.current_thread())
+        while True:
+            pass
+
+    result = _only(Target(spin, deadline_s=0.2))
+    assert result.status == "fail" and "deadline" in result.message
+    (thread,) = spinning
+    thread.join(5)  # interrupted at its next bytecode
+    assert not thread.is_alive()
+
+
+def test_deadline_works_off_the_main_thread():
     box = {}
 
     def run():
