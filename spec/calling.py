@@ -3,10 +3,9 @@ failure the report can show (never a crash of the suite)."""
 
 from __future__ import annotations
 
-import signal
+import ctypes
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -26,34 +25,22 @@ class TargetHung(BaseException):
     """
 
 
-@contextmanager
-def _alarm(seconds: float) -> Iterator[None]:
-    """Interrupt the main thread after ``seconds`` by raising :class:`TargetHung` inside it."""
-
-    def ring(signum: int, frame: Any) -> None:
-        raise TargetHung(f"did not return within the {seconds:g} s deadline")
-
-    previous = signal.signal(signal.SIGALRM, ring)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+def _interrupt(thread: threading.Thread) -> None:
+    """Raise :class:`TargetHung` inside ``thread`` at its next Python instruction (best effort:
+    a thread blocked in C code stays blocked, and is abandoned)."""
+    if thread.ident is not None:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(TargetHung))
 
 
 def with_deadline(fn: Callable[[], Any], seconds: float | None) -> Any:
     """``fn()``, or :class:`TargetHung` after ``seconds``.
 
-    In the main thread a SIGALRM interrupts a hanging Python loop or sleep; elsewhere the call runs
-    in a daemon thread that is abandoned if it overruns (it cannot be killed, but it cannot keep
-    the process alive either).
+    The call runs in a daemon thread. One that overruns is interrupted if it is running Python
+    (a loop, a sleep) and abandoned if it is stuck in C code (a deadlocked kernel): either way the
+    suite goes on, and a stuck thread cannot keep the process alive.
     """
     if seconds is None:
         return fn()
-    if hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread():
-        with _alarm(seconds):
-            return fn()
     box: dict[str, Any] = {}
 
     def run() -> None:
@@ -66,6 +53,7 @@ def with_deadline(fn: Callable[[], Any], seconds: float | None) -> Any:
     worker.start()
     worker.join(seconds)
     if worker.is_alive():
+        _interrupt(worker)
         raise TargetHung(f"did not return within the {seconds:g} s deadline")
     if "error" in box:
         raise box["error"]
@@ -89,7 +77,7 @@ def call(
         )
     except TargetHung:
         raise
-    except Exception as e:
+    except (Exception, SystemExit) as e:  # a sys.exit() in the target must not end the suite
         raise TargetFailed(f"the target raised {type(e).__name__}: {e}") from e
     if not isinstance(out, np.ndarray) or out.dtype.kind not in "fiuVc":
         raise TargetFailed(f"the target returned {type(out).__name__} of dtype {out.dtype}, not floats")

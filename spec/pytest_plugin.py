@@ -54,7 +54,8 @@ class PropertyItem(pytest.Item):
                               max_examples=opt("attention_max_examples"), seed=opt("attention_seed"),
                               source=self.source)
         if result.status == "skip":
-            pytest.skip(result.message)
+            # Reported at the property (the item), not at this line of the plugin.
+            raise pytest.skip.Exception(result.message, _use_item_location=True)
         if result.status == "fail":
             raise PropertyFailed(result)
 
@@ -64,7 +65,9 @@ class PropertyItem(pytest.Item):
         return super().repr_failure(excinfo)
 
     def reportinfo(self) -> tuple[str, int | None, str]:
-        return "attention-spec", None, f"{self.prop.name} [{self.target.name}]"
+        """Where the property is written (skips and failures point there)."""
+        code = self.prop.check.__code__
+        return code.co_filename, code.co_firstlineno - 1, f"{self.prop.name} [{self.target.name}]"
 
 
 class PropertySuite(pytest.Collector):
@@ -74,7 +77,7 @@ class PropertySuite(pytest.Collector):
         super().__init__(**kwargs)
         self.target, self.source = target, source
 
-    def collect(self) -> list[PropertyItem]:
+    def collect(self) -> list[pytest.Item | pytest.Collector]:
         return [PropertyItem.from_parent(self, name=name, prop=prop, target=self.target, source=self.source)
                 for name, prop in PROPERTIES.items()]
 
@@ -90,4 +93,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         raise pytest.UsageError(f"--attention-target: {e}") from None
     suite = PropertySuite.from_parent(session, name="attention-spec", nodeid="attention-spec",
                                       target=target, source=source)
-    items.extend(suite.collect())
+    collected = suite.collect()
+    # Tell the reporters, so that "collected N items" counts the properties too.
+    config.hook.pytest_collectreport(report=pytest.CollectReport(suite.nodeid, "passed", None, collected))
+    items.extend(collected)

@@ -27,6 +27,14 @@ def test_a_target_that_raises_is_a_failure_naming_the_exception():
     assert result.status == "fail" and "raised KeyError" in result.message
 
 
+def test_a_target_that_exits_is_a_failure_not_the_end_of_the_suite():
+    def quits(q, k, v, *, causal=False):
+        raise SystemExit(3)
+
+    result = _only(quits)
+    assert result.status == "fail" and "SystemExit" in result.message
+
+
 def test_a_target_returning_the_wrong_shape_is_reported_not_crashed_on():
     def first_row_only(q, k, v, *, causal=False):
         return attention(q, k, v, causal=causal)[..., :1, :]
@@ -77,7 +85,22 @@ def test_a_target_that_swallows_exceptions_still_cannot_hang_the_suite():
     assert result.status == "fail" and "deadline" in result.message
 
 
-def test_deadline_off_the_main_thread_abandons_the_call():
+def test_a_busy_loop_is_interrupted_not_left_spinning():
+    spinning = []
+
+    def spin(q, k, v, *, causal=False):
+        spinning.append(threading.current_thread())
+        while True:
+            pass
+
+    result = _only(Target(spin, deadline_s=0.2))
+    assert result.status == "fail" and "deadline" in result.message
+    (thread,) = spinning
+    thread.join(5)  # interrupted at its next bytecode
+    assert not thread.is_alive()
+
+
+def test_deadline_works_off_the_main_thread():
     box = {}
 
     def run():
