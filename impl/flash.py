@@ -29,15 +29,16 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from typing import Any
 
 import numpy as np
 
 from impl.attention import Array, check_qkv, check_scale, compute_dtype
 
-# Query rows × keys per tile. A 512 × 2048 float32 score tile is 4 MiB: big enough that each
-# matmul is a full-speed sgemm, small enough that the tile stays in the last-level cache.
-DEFAULT_BLOCK = (512, 2048)
+# Query rows × keys per tile. A 256 × 2048 float32 score tile is 2 MiB: big enough that each matmul
+# runs at full sgemm speed and Python's per-tile cost vanishes, small enough to stay in cache.
+DEFAULT_BLOCK = (256, 2048)
 
 # Below this many scores in a call, threads cost more than they save.
 _THREADED_MIN_SCORES = 1 << 22
@@ -95,6 +96,20 @@ def _row_block(
     np.divide(acc, np.where(l == 0, work.type(1), l)[:, None], out=out[q0:q1])
 
 
+def _cores() -> int:
+    """CPUs this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _one_thread_blas() -> AbstractContextManager[Any] | None:
+    """A context in which BLAS runs single-threaded, or None without threadpoolctl."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # then BLAS keeps its own threads and row blocks run in turn
+        return None
+    return threadpool_limits(1, user_api="blas")
+
+
 def _jobs(n_heads: int, n_q: int, block_q: int, causal: bool) -> Iterator[tuple[int, int, int]]:
     """(head, q0, q1) for every row block, costliest first so threads finish together."""
     starts = range(0, n_q, block_q)
@@ -143,9 +158,14 @@ def flash_attention(
                    block_k=block_k)
 
     jobs = list(_jobs(len(heads), n_q, block_q, causal))
-    threads = min(os.cpu_count() or 1, len(jobs))
-    if threads > 1 and len(heads) * n_q * n_k >= _THREADED_MIN_SCORES:
-        with ThreadPoolExecutor(threads) as pool:
+    threads = min(_cores(), len(jobs))
+    big = len(heads) * n_q * n_k >= _THREADED_MIN_SCORES
+    one_thread_blas = _one_thread_blas() if threads > 1 and big else None
+    if one_thread_blas is not None:
+        # One thread per core, each with a one-thread BLAS: no core is oversubscribed (BLAS's own
+        # threads would be, and they wait on each other at every call), and one thread's exp
+        # overlaps another's matmul, since NumPy releases the GIL in both.
+        with one_thread_blas, ThreadPoolExecutor(threads) as pool:
             list(pool.map(run, jobs))  # list() re-raises a worker's exception here
     else:
         for job in jobs:
