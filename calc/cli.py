@@ -59,18 +59,18 @@ def _table_options(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
     parser.add_argument("--seq", type=positive_int, nargs="+", metavar="N",
-                        help="sequence lengths (default: 1,024 doubling to 4·n_ctx)")  # fmt: skip
+                        help="sequence lengths (default: 1,024 doubling to 4·n_ctx)")
     parser.add_argument("--dtype", choices=tuple(costs.DTYPE_BYTES), default="bf16",
-                        help="value type of the KV cache and time tables (default: bf16)")  # fmt: skip
+                        help="value type of the KV cache and time tables (default: bf16)")
     parser.add_argument("--peak-tflops", type=positive_float, default=costs.DEFAULT_PEAK_TFLOPS,
-                        help=f"peak compute for the time table (default: {costs.DEFAULT_PEAK_TFLOPS:g}, H100 SXM5)")  # fmt: skip
+                        help=f"peak TFLOP/s for the time table (default: {costs.DEFAULT_PEAK_TFLOPS:g})")
     parser.add_argument("--bandwidth-gbs", type=positive_float, default=costs.DEFAULT_BANDWIDTH_GBS,
-                        help=f"memory bandwidth, 10^9 bytes/s (default: {costs.DEFAULT_BANDWIDTH_GBS:g})")  # fmt: skip
+                        help=f"memory GB/s, 10^9 bytes (default: {costs.DEFAULT_BANDWIDTH_GBS:g})")
 
 
 def model_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m calc", description="Parameter ledgers and n² attention costs of a "
-                     "model. Also: 'python -m calc custom --help', 'python -m calc formulas'.")  # fmt: skip
+                     "model. Also: 'python -m calc custom --help', 'python -m calc formulas'.")
     parser.add_argument("model", nargs="?", help="a preset name (see --list)")
     parser.add_argument("--list", action="store_true", help="list the presets and their sources")
     _table_options(parser)
@@ -78,16 +78,16 @@ def model_parser() -> argparse.ArgumentParser:
 
 
 def custom_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m calc custom", description="Ledgers and costs of a configuration given by flags.")
+    parser = _Parser(prog="python -m calc custom", description="A config given by flags.")
     parser.add_argument("--d-model", type=positive_int, required=True, help="model width d")
     parser.add_argument("--n-heads", type=positive_int, required=True, help="query heads h")
     parser.add_argument("--n-layers", type=positive_int, required=True, help="layers L")
     parser.add_argument("--d-head", type=positive_int, help="head width d_k (default: d/h)")
     parser.add_argument("--n-kv-heads", type=positive_int, help="key/value heads g (default: h)")
-    parser.add_argument("--d-ff", type=positive_int, help="MLP width (default: 4d for gpt, Llama's 8d/3 rule)")
-    parser.add_argument("--vocab", type=positive_int, help="vocabulary size (default: 50,257 gpt, 32,000 llama)")
+    parser.add_argument("--d-ff", type=positive_int, help="MLP width (default: 4d gpt, Llama's 8d/3 rule)")
+    parser.add_argument("--vocab", type=positive_int, help="vocabulary (default: 50,257 gpt, 32,000 llama)")
     parser.add_argument("--n-ctx", type=positive_int, help="context length (default: 1,024 gpt, 4,096 llama)")
-    parser.add_argument("--arch", choices=ARCHS, default="gpt", help="layout of the checkpoint (default: gpt)")
+    parser.add_argument("--arch", choices=ARCHS, default="gpt", help="checkpoint layout (default: gpt)")
     tie = parser.add_mutually_exclusive_group()
     tie.add_argument("--tied", dest="tied", action="store_true", default=None, help="tie (default for gpt)")
     tie.add_argument("--untied", dest="tied", action="store_false", help="untie (default for llama)")
@@ -102,7 +102,7 @@ def list_presets(fmt: str) -> str:
         {"name": c.name, "arch": c.arch, "n_layers": c.n_layers, "d_model": c.d_model, "n_heads": c.n_heads,
          "d_head": c.d_head, "n_kv_heads": c.n_kv_heads, "params": checkpoint(c)["total"], "source": c.source}
         for c in PRESETS.values()
-    ]  # fmt: skip
+    ]
     if fmt == "json":
         import json
 
@@ -119,18 +119,18 @@ def list_presets(fmt: str) -> str:
     from tabulate import tabulate
 
     tablefmt = {"table": "simple", "github": "github", "latex": "latex"}[fmt]
-    cells = [(r["name"], r["arch"], r["n_layers"], f"{r['d_model']:,}", r["n_heads"], r["d_head"], r["n_kv_heads"],
-              f"{r['params']:,}", r["source"]) for r in rows]  # fmt: skip
-    return tabulate(cells, headers=("name", "arch", "L", "d", "h", "d_k", "g", "parameters", "source"),
-                    tablefmt=tablefmt, disable_numparse=True) + "\n\n'gpt3-175b' is 'gpt3'. Parameters: checkpoint count."  # fmt: skip
+    cells = [(r["name"], r["arch"], r["n_layers"], f"{r['d_model']:,}", r["n_heads"], r["d_head"],
+              r["n_kv_heads"], f"{r['params']:,}", r["source"]) for r in rows]
+    table = tabulate(cells, headers=("name", "arch", "L", "d", "h", "d_k", "g", "parameters", "source"),
+                     tablefmt=tablefmt, disable_numparse=True)
+    return table + "\n\n'gpt3-175b' is 'gpt3'. Parameters: the checkpoint count."
 
 
 def run(argv: Sequence[str]) -> str:
     """The text ``python -m calc *argv`` prints; raises UsageError, ConfigError or UnknownModel."""
     if argv[:1] == ["formulas"]:
-        _Parser(prog="python -m calc formulas", description="Print every formula and the two derivations.").parse_args(
-            argv[1:]
-        )
+        parser = _Parser(prog="python -m calc formulas", description="Every formula and the two derivations.")
+        parser.parse_args(argv[1:])
         from calc.derivations import formulas_text
 
         return formulas_text()
@@ -140,7 +140,7 @@ def run(argv: Sequence[str]) -> str:
             d_model=args.d_model, n_heads=args.n_heads, n_layers=args.n_layers, d_head=args.d_head,
             n_kv_heads=args.n_kv_heads, d_ff=args.d_ff, vocab_size=args.vocab, n_ctx=args.n_ctx,
             arch=args.arch, tied_embeddings=args.tied,
-        )  # fmt: skip
+        )
     else:
         args = model_parser().parse_args(argv)
         if args.list:
@@ -153,7 +153,7 @@ def run(argv: Sequence[str]) -> str:
     from calc.report import build, render
 
     report = build(config, seqs=args.seq, dtype=args.dtype, peak_tflops=args.peak_tflops,
-                   bandwidth_gbs=args.bandwidth_gbs)  # fmt: skip
+                   bandwidth_gbs=args.bandwidth_gbs)
     return render(report, args.format)
 
 

@@ -39,7 +39,7 @@ def _at(expr: Expr, config: Config, **extra: int) -> int:
     return int(f.evaluate(expr, env))
 
 
-def pattern_memory(config: Config, seqs: Sequence[int], *, block: int = DEFAULT_BLOCK) -> list[dict[str, Any]]:
+def pattern_memory(config: Config, seqs: Sequence[int], *, block: int = DEFAULT_BLOCK) -> list[dict]:
     """Entries of the n×n attention pattern and its bytes in fp32 and fp16/bf16, per head, layer and
     model (all stored at once, the naive upper bound), beside a tiled kernel's per-head working set."""
     rows = []
@@ -48,7 +48,7 @@ def pattern_memory(config: Config, seqs: Sequence[int], *, block: int = DEFAULT_
             scope: _at(expr, config, n=n)
             for scope, expr in (("head", f.entries_per_head), ("layer", f.entries_per_layer),
                                 ("model", f.entries_per_model))
-        }  # fmt: skip
+        }
         row: dict[str, Any] = {"n_tokens": n}
         row.update({f"entries_per_{scope}": count for scope, count in entries.items()})
         for scope, count in entries.items():
@@ -72,9 +72,9 @@ def flops(config: Config, seqs: Sequence[int]) -> list[dict[str, Any]]:
             "attention_flops_per_head": per_head,
             "attention_flops_per_layer": _at(f.attention_flops_per_layer, config, n=n),
             "attention_flops_per_model": _at(f.attention_flops_per_model, config, n=n),
-            "causal_flops_per_model": config.n_layers * config.n_heads * _at(f.causal_flops_per_head, config, n=n),
+            "causal_flops_per_model": _at(f.L * f.h * f.causal_flops_per_head, config, n=n),
             "ratio": None if previous is None else Rational(per_head, previous),
-        })  # fmt: skip
+        })
     return rows
 
 

@@ -51,14 +51,16 @@ def formulas_text() -> str:
     unit, unit_scaled = f.score_variance()
     cases = f.recall_cases()
     recall = tabulate(
-        [(" + ".join(map(str, pattern)), str(p), str(right), str(p * right)) for pattern, (p, right) in cases.items()],
+        [(" + ".join(map(str, pattern)), str(p), str(right), str(p * right))
+         for pattern, (p, right) in cases.items()],
         headers=("multiplicities", "P(draw)", "P(right | draw)", "product"),
         tablefmt="simple",
     )
     ceiling = f.recall_ceiling()
     return "\n".join([
-        "Symbols: d model width, h query heads, d_k head width, g key/value heads, d_ff MLP width, L layers,",
-        "V vocabulary, n tokens, n_ctx learned positions, b bytes per value, B tile side, N non-embedding params.",
+        "Symbols: d model width, h query heads, d_k head width, g key/value heads, d_ff MLP width,",
+        "L layers, V vocabulary, n tokens, n_ctx learned positions, b bytes per value, B tile side,",
+        "N non-embedding parameters.",
         "",
         table,
         "",
@@ -70,4 +72,4 @@ def formulas_text() -> str:
         "Associative-recall ceiling: 3 values drawn uniformly from 8, guess the most repeated (ties uniform)",
         recall,
         f"  P(right) = {ceiling} = {float(ceiling) * 100:g} %",
-    ])  # fmt: skip
+    ])

@@ -15,7 +15,7 @@ import itertools
 from collections import Counter
 from collections.abc import Mapping
 
-from sympy import Expr, Integer, Rational, Symbol, summation, symbols
+from sympy import Expr, Integer, Rational, Symbol, summation, symbols, sympify
 
 d, h, d_k, g, d_ff, L, V, n, n_ctx, b, B = symbols(
     "d h d_k g d_ff L V n n_ctx b B", positive=True, integer=True
@@ -98,7 +98,7 @@ def evaluate(expr: Expr, values: Mapping[Symbol, int]) -> Rational:
     return result
 
 
-def score_variance(mean: Expr = Integer(0), var: Expr = Integer(1)) -> tuple[Expr, Expr]:
+def score_variance(mean: Expr | int = 0, var: Expr | int = 1) -> tuple[Expr, Expr]:
     """Var(q·k) and Var(q·k / √d_k) when every q_m, k_m is independent with this mean and variance.
 
     Var(q_m k_m) = E[q_m²]·E[k_m²] − (E[q_m]·E[k_m])² by independence, with E[x²] = var + mean²;
@@ -107,6 +107,7 @@ def score_variance(mean: Expr = Integer(0), var: Expr = Integer(1)) -> tuple[Exp
     restores unit variance whatever d_k is.
     """
     m = Symbol("m", positive=True, integer=True)
+    mean, var = sympify(mean), sympify(var)
     second_moment = var + mean**2
     var_term = second_moment * second_moment - (mean * mean) ** 2
     var_score = summation(var_term, (m, 1, d_k)).expand()
@@ -124,7 +125,7 @@ def recall_cases(n_values: int = 8, n_pairs: int = 3) -> dict[tuple[int, ...], t
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     if n_values**n_pairs > 10**6:
-        raise ValueError(f"n_values**n_pairs = {n_values**n_pairs} draws is too many to enumerate (max 10**6)")
+        raise ValueError(f"{n_values}**{n_pairs} draws are too many to enumerate (at most 10**6)")
     count: Counter[tuple[int, ...]] = Counter()
     for draw in itertools.product(range(n_values), repeat=n_pairs):
         count[tuple(sorted(Counter(draw).values(), reverse=True))] += 1

@@ -19,7 +19,7 @@ def values(config: Config) -> dict[Symbol, int]:
     return {
         f.d: config.d_model, f.h: config.n_heads, f.d_k: config.d_head, f.g: config.n_kv_heads,
         f.d_ff: config.d_ff, f.L: config.n_layers, f.V: config.vocab_size, f.n_ctx: config.n_ctx,
-    }  # fmt: skip
+    }
 
 
 def _count(expr: Expr, config: Config) -> int:

@@ -21,7 +21,7 @@ from calc.presets import Config
 CONFIG_KEYS = (
     "arch", "n_layers", "d_model", "n_heads", "d_head", "n_kv_heads", "d_ff", "vocab_size", "n_ctx",
     "tied_embeddings",
-)  # fmt: skip
+)
 FORMATS = ("table", "github", "latex", "csv", "json")
 UNITS = "MiB = 2^20 bytes, GiB = 2^30 bytes; FLOPs count a multiply-add as 2"
 
@@ -99,7 +99,7 @@ def si(x: float, unit: str) -> str:
     if x == 0:
         return f"0 {unit}"
     for exponent, prefix in ((18, "E"), (15, "P"), (12, "T"), (9, "G"), (6, "M"), (3, "k"), (0, ""),
-                             (-3, "m"), (-6, "µ"), (-9, "n")):  # fmt: skip
+                             (-3, "m"), (-6, "µ"), (-9, "n")):
         if abs(x) >= 10**exponent:
             return f"{x / 10**exponent:.3g} {prefix}{unit}"
     return f"{x:.3g} {unit}"
@@ -120,25 +120,26 @@ class Table:
 
     title: str
     headers: tuple[str, ...]
-    rows: list[tuple[str, ...]]
+    rows: Sequence[tuple[str, ...]]
     raw_headers: tuple[str, ...]
-    raw_rows: list[tuple[Any, ...]]
+    raw_rows: Sequence[tuple[Any, ...]]
     notes: tuple[str, ...] = ()
 
 
 def tables(report: dict[str, Any]) -> list[Table]:
     """The report as tables, in reading order."""
     return [_ledger(report), _checkpoint(report), _memory(report), _flops(report), _per_token(report),
-            _kv(report), _time(report)]  # fmt: skip
+            _kv(report), _time(report)]
 
 
 def _ledger(report: dict[str, Any]) -> Table:
     led = report["ledger"]
     total = led["total"]
-    names = ("attention_per_head", "attention_per_layer", "attention", "mlp", "embedding", "unembedding", "total")
-    shares = {k: percent(Rational(int(led[k]), total)) for k in ("attention", "mlp", "embedding", "unembedding", "total")}
+    parts = ("attention", "mlp", "embedding", "unembedding", "total")
+    names = ("attention_per_head", "attention_per_layer", *parts)
+    shares = {k: percent(Rational(int(led[k]), total)) for k in parts}
     rows = [(k.replace("_", " "), f"{float(led[k]):,.1f}" if not _is_int(led[k]) else count(int(led[k])),
-             shares.get(k, "")) for k in names]  # fmt: skip
+             shares.get(k, "")) for k in names]
     cfg = report["config"]
     mlp = "2·d·d_ff" if cfg["arch"] == "gpt" else "3·d·d_ff (gate, up, down)"
     return Table(
@@ -149,7 +150,7 @@ def _ledger(report: dict[str, Any]) -> Table:
         raw_rows=[(k, led[k]) for k in names],
         notes=(f"attention per layer = 2·d·h·d_k + 2·d·g·d_k; mlp per layer = {mlp}; attention share = "
                f"{percent(led['attention_share'])} (exactly {led['attention_share']})",),
-    )  # fmt: skip
+    )
 
 
 def _is_int(x: Any) -> bool:
@@ -186,8 +187,9 @@ def _memory(report: dict[str, Any]) -> Table:
             f"at n_ctx = {count(cfg['n_ctx'])}: {billions(r['entries_per_model'])} entries in the model's "
             f"patterns, {binary_bytes(r['bytes_per_model']['fp16'])} at 2 bytes if all were stored at once"
         )
-    notes.append(f"tiled: one {costs.DEFAULT_BLOCK}×{costs.DEFAULT_BLOCK} score tile and 2 running values per "
-                 "query, fp32, per head at work (FlashAttention); " + UNITS)  # fmt: skip
+    block = costs.DEFAULT_BLOCK
+    notes.append(f"tiled: one {block}×{block} score tile and 2 running values per query, fp32, per head "
+                 "at work (FlashAttention); " + UNITS)
     return Table(
         title="Attention pattern memory (n×n entries; naive = every pattern stored at once)",
         headers=("n", "entries/head", "entries/model", "fp32/head", "fp16/head", "fp32/layer",
@@ -204,7 +206,7 @@ def _memory(report: dict[str, Any]) -> Table:
                    r["bytes_per_head"]["fp32"], r["bytes_per_head"]["fp16"], r["bytes_per_model"]["fp32"],
                    r["bytes_per_model"]["fp16"], r["tiled_bytes_per_head"]) for r in rows],
         notes=tuple(notes),
-    )  # fmt: skip
+    )
 
 
 def _ratio(x: Rational | None) -> str:
@@ -214,7 +216,7 @@ def _ratio(x: Rational | None) -> str:
 def _flops(report: dict[str, Any]) -> Table:
     rows = report["flops"]
     keys = ("attention_flops_per_head", "attention_flops_per_layer", "attention_flops_per_model",
-            "causal_flops_per_model")  # fmt: skip
+            "causal_flops_per_model")
     return Table(
         title="Attention FLOPs of one forward pass: QKᵀ (2·n²·d_k) + AV (2·n²·d_k) per head",
         headers=("n", "per head", "per layer", "per model", "causal, per model", "ratio"),
@@ -224,7 +226,7 @@ def _flops(report: dict[str, Any]) -> Table:
                   for r in rows],
         notes=("causal: query i sees i + 1 keys, n(n+1)/2 of the n² entries; ratio: per head, to the "
                "row above (n² → 4 per doubling of n)",),
-    )  # fmt: skip
+    )
 
 
 def _per_token(report: dict[str, Any]) -> Table:
@@ -241,7 +243,7 @@ def _per_token(report: dict[str, Any]) -> Table:
                "embeddings). Kaplan et al. 2020, Table 1, count QKᵀ only; PaLM (Chowdhery et al. 2022, "
                "App. B: 6N + 12·L·H·Q·T for training, a third of it forward) counts QKᵀ and AV: the "
                "attention terms differ by 2×.",),
-    )  # fmt: skip
+    )
 
 
 def _kv(report: dict[str, Any]) -> Table:
@@ -257,7 +259,7 @@ def _kv(report: dict[str, Any]) -> Table:
         notes=(f"{count(kv['bytes_per_token'])} bytes ({binary_bytes(kv['bytes_per_token'])}) per token; "
                f"{binary_bytes(kv['bytes_per_context'])} for the full context of {count(kv['n_ctx'])} "
                f"(g = {cfg['n_kv_heads']} key/value heads of {cfg['n_heads']})",),
-    )  # fmt: skip
+    )
 
 
 def _time(report: dict[str, Any]) -> Table:
@@ -276,7 +278,7 @@ def _time(report: dict[str, Any]) -> Table:
         notes=("time = max(FLOPs / peak, bytes / bandwidth); naive writes and reads back every pattern, "
                "tiled moves only Q, K, V and O; GB = 10^9 bytes. Defaults: NVIDIA H100 SXM5 datasheet "
                "(dense BF16); set --peak-tflops and --bandwidth-gbs for other hardware.",),
-    )  # fmt: skip
+    )
 
 
 def header_lines(report: dict[str, Any]) -> list[str]:
@@ -312,6 +314,6 @@ def render(report: dict[str, Any], fmt: str = "table") -> str:
     for table in tables(report):
         title = f"### {table.title}" if fmt == "github" else prefix + table.title
         body = tabulate(table.rows, headers=table.headers, tablefmt=tablefmt, disable_numparse=True,
-                        colalign=("left", *("right",) * (len(table.headers) - 1)))  # fmt: skip
+                        colalign=("left", *("right",) * (len(table.headers) - 1)))
         blocks.append("\n".join([title, "", body, "", *(prefix + note for note in table.notes)]))
     return "\n\n".join(blocks)

@@ -28,7 +28,7 @@ def test_gpt3_table_shows_the_source_figures(capsys):
     assert (code, err) == (0, "")
     for figure in ("6,291,456", "603,979,776", "57,982,058,496", "175,181,291,520", "33.1 %",
                    "16 MiB", "64 MiB", "256 MiB", "38,654,705,664", "38.7 billion", "72 GiB", "×4.00",
-                   "MiB = 2^20 bytes", "GiB = 2^30 bytes"):  # fmt: skip
+                   "MiB = 2^20 bytes", "GiB = 2^30 bytes"):
         assert figure in out, figure
 
 
@@ -47,18 +47,20 @@ def test_json_carries_the_contract_keys(capsys):
     code, out, _ = run(capsys, "gpt3", "--format", "json", "--seq", "2048", "4096")
     assert code == 0
     report = json.loads(out)
-    assert set(report["config"]) >= {"arch", "n_layers", "d_model", "n_heads", "d_head", "n_kv_heads", "d_ff",
-                                     "vocab_size", "n_ctx", "tied_embeddings"}  # fmt: skip
-    assert set(report["ledger"]) >= {"attention_per_head", "attention_per_layer", "attention", "mlp", "embedding",
-                                     "unembedding", "total", "attention_share"}  # fmt: skip
+    assert set(report["config"]) >= {"arch", "n_layers", "d_model", "n_heads", "d_head", "n_kv_heads",
+                                     "d_ff", "vocab_size", "n_ctx", "tied_embeddings"}
+    assert set(report["ledger"]) >= {"attention_per_head", "attention_per_layer", "attention", "mlp",
+                                     "embedding", "unembedding", "total", "attention_share"}
     assert report["ledger"]["total"] == 175_181_291_520
     assert round(report["ledger"]["attention_share"], 3) == 0.331
     assert report["params"]["total"] == 174_604_259_328
     memory = report["pattern_memory"]
     assert [m["n_tokens"] for m in memory] == [2048, 4096]
     for row in memory:
-        assert set(row) >= {"n_tokens", "entries_per_head", "entries_per_model", "bytes_per_head", "bytes_per_model"}
-        assert set(row["bytes_per_head"]) >= {"fp32", "fp16"} and set(row["bytes_per_model"]) >= {"fp32", "fp16"}
+        assert set(row) >= {"n_tokens", "entries_per_head", "entries_per_model", "bytes_per_head",
+                            "bytes_per_model"}
+        assert set(row["bytes_per_head"]) >= {"fp32", "fp16"}
+        assert set(row["bytes_per_model"]) >= {"fp32", "fp16"}
     assert memory[0]["bytes_per_head"]["fp32"] == 16 * 2**20
     assert memory[0]["bytes_per_model"]["fp16"] == 72 * 2**30
     flops = report["flops"]
@@ -86,8 +88,9 @@ def test_csv_blocks_parse_with_exact_numbers(capsys):
 
 def test_seq_and_dtype_and_peak(capsys):
     code, out, _ = run(capsys, "llama2-7b", "--seq", "100", "--dtype", "fp32", "--peak-tflops", "1",
-                       "--format", "json")  # fmt: skip
+                       "--format", "json")
     report = json.loads(out)
+    assert code == 0
     assert [r["n_tokens"] for r in report["pattern_memory"]] == [100]
     assert report["kv_cache"]["bytes_per_token"] == 2 * 32 * 32 * 128 * 4
     assert report["time"]["peak_tflops"] == 1.0
@@ -113,14 +116,17 @@ def test_formulas_prints_4d2_and_both_derivations(capsys):
 
 def test_custom_with_defaults(capsys):
     code, out, _ = run(capsys, "custom", "--d-model", "4096", "--n-heads", "32", "--n-layers", "1",
-                       "--format", "json")  # fmt: skip
+                       "--format", "json")
+    assert code == 0
     report = json.loads(out)
     assert report["config"]["d_head"] == 128
     assert report["ledger"]["attention_per_layer"] == 67_108_864
     code, out, _ = run(capsys, "custom", "--d-model", "4096", "--n-heads", "32", "--n-kv-heads", "8",
-                       "--n-layers", "2", "--arch", "llama", "--tied", "--format", "json")  # fmt: skip
+                       "--n-layers", "2", "--arch", "llama", "--tied", "--format", "json")
+    assert code == 0
     config = json.loads(out)["config"]
-    assert (config["arch"], config["n_kv_heads"], config["tied_embeddings"], config["d_ff"]) == ("llama", 8, True, 11008)
+    assert (config["arch"], config["n_kv_heads"], config["d_ff"]) == ("llama", 8, 11008)
+    assert config["tied_embeddings"] is True
 
 
 def test_help_exits_0(capsys):
@@ -148,18 +154,18 @@ CUSTOM = ["custom", "--d-model", "64", "--n-heads", "4", "--n-layers", "2"]
         (["--list", "gpt3"], "--list takes no MODEL"),
         (["formulas", "extra"], "unrecognized arguments: extra"),
         (["custom", "--n-heads", "4", "--n-layers", "2"], "--d-model"),
-        (["custom", "--d-model", "0", "--n-heads", "4", "--n-layers", "2"], "argument --d-model: must be a positive"),
+        (["custom", "--d-model", "0", "--n-heads", "4", "--n-layers", "2"], "argument --d-model: must be"),
         (["custom", "--d-model", "-64", "--n-heads", "4", "--n-layers", "2"], "argument --d-model"),
         (["custom", "--d-model", "64", "--n-heads", "four", "--n-layers", "2"], "argument --n-heads"),
         (["custom", "--d-model", "64", "--n-heads", "4", "--n-layers", "2.0"], "argument --n-layers"),
         ([*CUSTOM, "--n-kv-heads", "3"], "--n-kv-heads: 4 query heads cannot share 3 key/value heads"),
         ([*CUSTOM, "--n-kv-heads", "8"], "--n-kv-heads"),
-        (["custom", "--d-model", "100", "--n-heads", "3", "--n-layers", "2"], "--n-heads: d_model 100 is not divisible"),
+        (["custom", "--d-model", "100", "--n-heads", "3", "--n-layers", "2"], "--n-heads: d_model 100"),
         ([*CUSTOM, "--vocab", "0"], "argument --vocab"),
         ([*CUSTOM, "--tied", "--untied"], "not allowed with argument"),
         ([*CUSTOM, "--arch", "bert"], "argument --arch"),
     ],
-)  # fmt: skip
+)
 def test_bad_input_exits_2_with_one_line(capsys, argv, expected):
     code, out, err = run(capsys, *argv)
     assert code == 2
@@ -170,10 +176,10 @@ def test_bad_input_exits_2_with_one_line(capsys, argv, expected):
 
 def test_subprocess_run_and_error():
     done = subprocess.run([sys.executable, "-m", "calc", "gpt3", "--format", "json"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+                          capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["ledger"]["attention_per_head"] == 6_291_456
     bad = subprocess.run([sys.executable, "-m", "calc", "gpt-3"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=60, check=False)  # fmt: skip
+                         timeout=60, check=False)
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr == "python -m calc: error: unknown model 'gpt-3'; did you mean 'gpt3'?\n"
