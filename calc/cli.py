@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -170,7 +171,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(str(err.args[0]))
     except ConfigError as err:
         return _fail(f"{FLAGS.get(err.field, '--' + err.field.replace('_', '-'))}: {err.message}")
-    print(text)
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:  # `python -m calc gpt3 | head`: the reader left; stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 

@@ -109,15 +109,11 @@ def custom(
     )
 
 
-GPT2_SOURCE = (
-    "Radford et al. 2019, Language Models are Unsupervised Multitask Learners, Table 2; "
-    "config.json of Hugging Face openai-community/{repo}"
-)
-GPT3_SOURCE = (
-    "Brown et al. 2020, Language Models are Few-Shot Learners, Table 2.1 (n_ctx 2048, d_ff = 4d, "
-    "GPT-2 architecture and BPE vocabulary of 50,257)"
-)
+GPT2_SOURCE = "Radford et al. 2019 (GPT-2), Table 2; Hugging Face openai-community/{repo} config.json"
+GPT3_SOURCE = "Brown et al. 2020 (GPT-3), Table 2.1 and §2.1"
 GPT3_NOTES = (
+    "GPT-3 uses GPT-2's architecture and BPE vocabulary (V = 50,257) with n_ctx = 2,048 and d_ff = 4·d "
+    "(§2.1); no checkpoint was released, so the checkpoint count follows GPT-2's layout.",
     "GPT-3 alternates dense and locally banded sparse attention layers (§2.1); every table here "
     "treats all layers as dense, as the parameter count does not change.",
 )
@@ -156,9 +152,9 @@ def _llama(
     )
 
 
-LLAMA2 = "Touvron et al. 2023, Llama 2, Table 1; config.json of Hugging Face meta-llama/{repo}"
-LLAMA3 = "Llama Team 2024, The Llama 3 Herd of Models, Table 3; config.json of Hugging Face meta-llama/{repo}"
-MISTRAL = "Jiang et al. 2023, Mistral 7B, Table 1; config.json of Hugging Face mistralai/Mistral-7B-v0.1"
+LLAMA2 = "Touvron et al. 2023 (Llama 2), Table 1; Hugging Face meta-llama/{repo} config.json"
+LLAMA3 = "Llama Team 2024 (Llama 3 Herd), Table 3; Hugging Face meta-llama/{repo} config.json"
+MISTRAL = "Jiang et al. 2023 (Mistral 7B), Table 1; Hugging Face mistralai/Mistral-7B-v0.1 config.json"
 
 PRESETS: dict[str, Config] = {
     c.name: c

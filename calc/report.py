@@ -165,7 +165,8 @@ def _checkpoint(report: dict[str, Any]) -> Table:
         verdict = "equal to" if params["published"] == total else "DIFFERENT from"
         note = f"{verdict} the released checkpoint's {count(params['published'])}"
     else:
-        note = f"no checkpoint was released; the paper gives {params['paper_size'] / 1e9:g} B"
+        off = total / params["paper_size"] - 1
+        note = f"no checkpoint was released; the paper gives {params['paper_size'] / 1e9:g} B ({off:+.1%})"
     return Table(
         title="Checkpoint: every stored parameter (biases, norms, positions, tied embeddings once)",
         headers=("component", "parameters", "share"),

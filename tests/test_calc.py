@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import sys
 from collections import Counter
 
 import pytest
@@ -301,3 +302,11 @@ def test_report_is_consistent_with_the_ledgers():
     assert report["params"]["total"] == ledger.checkpoint(GPT3)["total"]
     assert report["ledger"]["total"] == 175_181_291_520
     assert report["config"]["d_head"] == 128
+
+
+def test_bench_times_a_fresh_interpreter():
+    from calc.bench import time_run
+
+    wall, cpu = time_run([sys.executable, "-c", "pass"])
+    assert wall > 0 and cpu > 0
+    assert wall < 60
