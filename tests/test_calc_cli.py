@@ -183,3 +183,12 @@ def test_subprocess_run_and_error():
                          timeout=60, check=False)
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr == "python -m calc: error: unknown model 'gpt-3'; did you mean 'gpt3'?\n"
+
+
+@pytest.mark.parametrize("argv", [["gpt3"]])
+def test_readme_shows_the_real_output(capsys, argv):
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    shown = readme.split(f"$ python -m calc {' '.join(argv)}\n", 1)[1].split("\n```", 1)[0]
+    code, out, _ = run(capsys, *argv)
+    assert code == 0
+    assert out.rstrip("\n") == shown
