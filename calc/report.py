@@ -189,23 +189,24 @@ def _memory(report: dict[str, Any]) -> Table:
             f"patterns, {binary_bytes(r['bytes_per_model']['fp16'])} at 2 bytes if all were stored at once"
         )
     block = costs.DEFAULT_BLOCK
-    notes.append(f"tiled: one {block}×{block} score tile and 2 running values per query, fp32, per head "
-                 "at work (FlashAttention); " + UNITS)
+    notes.append(f"fp16 and bf16 take 2 bytes, fp32 4. Tiled: one {block}×{block} score tile and 2 running "
+                 "values per query, fp32, for the head at work (FlashAttention). " + UNITS)
+    scopes = ("head", "layer", "model")
     return Table(
         title="Attention pattern memory (n×n entries; naive = every pattern stored at once)",
-        headers=("n", "entries/head", "entries/model", "fp32/head", "fp16/head", "fp32/layer",
-                 "fp32/model", "fp16/model", "tiled/head"),
-        rows=[(count(r["n_tokens"]), count(r["entries_per_head"]), count(r["entries_per_model"]),
-               binary_bytes(r["bytes_per_head"]["fp32"]), binary_bytes(r["bytes_per_head"]["fp16"]),
-               binary_bytes(r["bytes_per_layer"]["fp32"]), binary_bytes(r["bytes_per_model"]["fp32"]),
-               binary_bytes(r["bytes_per_model"]["fp16"]), binary_bytes(r["tiled_bytes_per_head"]))
+        headers=("n", *(f"entries/{s}" for s in scopes), *(f"{s}: fp32 | fp16" for s in scopes),
+                 "tiled/head"),
+        rows=[(count(r["n_tokens"]), *(count(r[f"entries_per_{s}"]) for s in scopes),
+               *(f"{binary_bytes(r[f'bytes_per_{s}']['fp32'])} | {binary_bytes(r[f'bytes_per_{s}']['fp16'])}"
+                 for s in scopes),
+               binary_bytes(r["tiled_bytes_per_head"]))
               for r in rows],
-        raw_headers=("n_tokens", "entries_per_head", "entries_per_layer", "entries_per_model",
-                     "bytes_per_head_fp32", "bytes_per_head_fp16", "bytes_per_model_fp32",
-                     "bytes_per_model_fp16", "tiled_bytes_per_head"),
-        raw_rows=[(r["n_tokens"], r["entries_per_head"], r["entries_per_layer"], r["entries_per_model"],
-                   r["bytes_per_head"]["fp32"], r["bytes_per_head"]["fp16"], r["bytes_per_model"]["fp32"],
-                   r["bytes_per_model"]["fp16"], r["tiled_bytes_per_head"]) for r in rows],
+        raw_headers=("n_tokens", *(f"entries_per_{s}" for s in scopes),
+                     *(f"bytes_per_{s}_{t}" for s in scopes for t in ("fp32", "fp16")),
+                     "tiled_bytes_per_head"),
+        raw_rows=[(r["n_tokens"], *(r[f"entries_per_{s}"] for s in scopes),
+                   *(r[f"bytes_per_{s}"][t] for s in scopes for t in ("fp32", "fp16")),
+                   r["tiled_bytes_per_head"]) for r in rows],
         notes=tuple(notes),
     )
 
@@ -216,11 +217,11 @@ def _ratio(x: Rational | None) -> str:
 
 def _flops(report: dict[str, Any]) -> Table:
     rows = report["flops"]
-    keys = ("attention_flops_per_head", "attention_flops_per_layer", "attention_flops_per_model",
-            "causal_flops_per_model")
+    keys = ("qk_flops_per_head", "av_flops_per_head", "attention_flops_per_head", "attention_flops_per_layer",
+            "attention_flops_per_model", "causal_flops_per_model")
     return Table(
         title="Attention FLOPs of one forward pass: QKᵀ (2·n²·d_k) + AV (2·n²·d_k) per head",
-        headers=("n", "per head", "per layer", "per model", "causal, per model", "ratio"),
+        headers=("n", "QKᵀ/head", "AV/head", "per head", "per layer", "per model", "causal/model", "ratio"),
         rows=[(count(r["n_tokens"]), *(si(r[k], "FLOP") for k in keys), _ratio(r["ratio"])) for r in rows],
         raw_headers=("n_tokens", *keys, "ratio"),
         raw_rows=[(r["n_tokens"], *(r[k] for k in keys), "" if r["ratio"] is None else float(r["ratio"]))
@@ -241,9 +242,9 @@ def _per_token(report: dict[str, Any]) -> Table:
         raw_headers=("n_tokens", "non_embedding_params", "kaplan", "palm"),
         raw_rows=[(r["n_tokens"], r["non_embedding_params"], r["kaplan"], r["palm"]) for r in rows],
         notes=(f"N = {count(big_n)} non-embedding parameters (checkpoint less token and position "
-               "embeddings). Kaplan et al. 2020, Table 1, count QKᵀ only; PaLM (Chowdhery et al. 2022, "
-               "App. B: 6N + 12·L·H·Q·T for training, a third of it forward) counts QKᵀ and AV: the "
-               "attention terms differ by 2×.",),
+               "embeddings). Kaplan et al. 2020, Table 1: C_forward = 2N + 2·n_layer·n_ctx·d_attn. PaLM "
+               "(Chowdhery et al. 2022, App. B): 6N + 12·L·H·Q·T per token for training, a third of it "
+               "forward; its attention term, twice Kaplan's, is QKᵀ + AV of the FLOPs table per token.",),
     )
 
 
