@@ -59,18 +59,19 @@ def build(
     }
 
 
+def plain(x: Any) -> Any:
+    """``x`` with SymPy numbers made Python ints (whole) or floats, through dicts, lists and tuples."""
+    if isinstance(x, dict):
+        return {k: plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(plain(v) for v in x)
+    if isinstance(x, Rational):
+        return int(x) if x.is_Integer else float(x)
+    return x
+
+
 def to_json(report: dict[str, Any]) -> str:
     """The report as JSON: Rationals become floats (``attention_share`` also as an exact string)."""
-
-    def plain(x: Any) -> Any:
-        if isinstance(x, dict):
-            return {k: plain(v) for k, v in x.items()}
-        if isinstance(x, list):
-            return [plain(v) for v in x]
-        if isinstance(x, Rational):
-            return int(x) if x.is_Integer else float(x)
-        return x
-
     out = plain(report)
     out["ledger"]["attention_share_exact"] = str(report["ledger"]["attention_share"])
     return json.dumps(out, indent=2)
@@ -164,9 +165,11 @@ def _checkpoint(report: dict[str, Any]) -> Table:
     if params["published"] is not None:
         verdict = "equal to" if params["published"] == total else "DIFFERENT from"
         note = f"{verdict} the released checkpoint's {count(params['published'])}"
-    else:
+    elif params["paper_size"] is not None:
         off = total / params["paper_size"] - 1
         note = f"no checkpoint was released; the paper gives {params['paper_size'] / 1e9:g} B ({off:+.1%})"
+    else:
+        note = "no published count to compare with"
     return Table(
         title="Checkpoint: every stored parameter (biases, norms, positions, tied embeddings once)",
         headers=("component", "parameters", "share"),
@@ -305,7 +308,7 @@ def render(report: dict[str, Any], fmt: str = "table") -> str:
         for table in tables(report):
             out.write(f"# {table.title}\n")
             writer.writerow(table.raw_headers)
-            writer.writerows(table.raw_rows)
+            writer.writerows(plain(list(table.raw_rows)))
             out.write("\n")
         return out.getvalue().rstrip("\n")
     from tabulate import tabulate

@@ -129,6 +129,22 @@ def test_custom_with_defaults(capsys):
     assert config["tied_embeddings"] is True
 
 
+@pytest.mark.parametrize("fmt", ["table", "github", "latex", "csv", "json"])
+def test_custom_renders_in_every_format(capsys, fmt):
+    # A GQA config whose per-head share is fractional: 2·d·d_k·(1 + g/h) = 2.5.
+    code, out, err = run(capsys, "custom", "--d-model", "1", "--n-heads", "4", "--n-kv-heads", "1",
+                         "--d-head", "1", "--n-layers", "1", "--vocab", "3", "--n-ctx", "4", "--format", fmt)
+    assert (code, err) == (0, "")
+    assert "2.5" in out
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_every_preset_renders(capsys, name):
+    code, out, err = run(capsys, name, "--seq", "1024")
+    assert (code, err) == (0, "")
+    assert f"{PRESETS[name].n_layers}" in out
+
+
 def test_help_exits_0(capsys):
     assert main(["--help"]) == 0
     assert "--format" in capsys.readouterr().out
