@@ -16,8 +16,9 @@ from calc.ledger import non_embedding, values
 from calc.presets import Config
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
-# FlashAttention-2's usual tile side on current GPUs; the tiled column is per head, in fp32 (the
-# running statistics and the score tile are kept in fp32 whatever the input dtype).
+# A common FlashAttention tile side (impl.flash's default too, not imported so that NumPy stays out of
+# the CLI's start-up). The tiled column is per head, in fp32: the running statistics and the score
+# tile are kept in fp32 whatever the input dtype.
 DEFAULT_BLOCK = 128
 # NVIDIA H100 SXM5 datasheet: 989 TFLOP/s dense BF16/FP16 tensor core, 3.35 TB/s HBM3.
 DEFAULT_PEAK_TFLOPS = 989.0
@@ -36,7 +37,7 @@ def default_seqs(n_ctx: int) -> list[int]:
 def _at(expr: Expr, config: Config, **extra: int) -> int:
     env = values(config)
     env.update({getattr(f, name): value for name, value in extra.items()})
-    return int(f.evaluate(expr, env))
+    return f.evaluate_count(expr, env)
 
 
 def pattern_memory(config: Config, seqs: Sequence[int], *, block: int = DEFAULT_BLOCK) -> list[dict]:

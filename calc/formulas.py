@@ -98,6 +98,14 @@ def evaluate(expr: Expr, values: Mapping[Symbol, int]) -> Rational:
     return result
 
 
+def evaluate_count(expr: Expr, values: Mapping[Symbol, int]) -> int:
+    """``expr`` at ``values`` as an int; a count that comes out fractional is an error, never rounded."""
+    result = evaluate(expr, values)
+    if not result.is_Integer:
+        raise ValueError(f"{expr} is not a whole number at {dict(values)}: {result}")
+    return int(result)
+
+
 def score_variance(mean: Expr | int = 0, var: Expr | int = 1) -> tuple[Expr, Expr]:
     """Var(q·k) and Var(q·k / √d_k) when every q_m, k_m is independent with this mean and variance.
 

@@ -23,10 +23,7 @@ def values(config: Config) -> dict[Symbol, int]:
 
 
 def _count(expr: Expr, config: Config) -> int:
-    value = f.evaluate(expr, values(config))
-    if not value.is_Integer:
-        raise ValueError(f"{expr} is not a whole number of parameters for {config.name}: {value}")
-    return int(value)
+    return f.evaluate_count(expr, values(config))
 
 
 def source_ledger(config: Config) -> dict[str, int | Rational]:

@@ -52,6 +52,14 @@ def test_evaluate_refuses_missing_symbols():
         f.evaluate(f.attention_per_layer, {f.d: 4, f.h: 2})
 
 
+def test_evaluate_count_refuses_fractions_instead_of_rounding():
+    values = {f.d: 1, f.d_k: 1, f.g: 1, f.h: 4}
+    assert f.evaluate(f.attention_per_head, values) == Rational(5, 2)
+    with pytest.raises(ValueError, match="not a whole number"):
+        f.evaluate_count(f.attention_per_head, values)
+    assert f.evaluate_count(f.attention_per_layer, values) == 10
+
+
 # --- the two derivations ----------------------------------------------------------------------------
 def test_score_variance_is_d_k_and_one_after_scaling():
     assert f.score_variance() == (f.d_k, 1)
