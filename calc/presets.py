@@ -46,7 +46,7 @@ class Config:
     n_ctx: int  # context length the model was trained for
     tied_embeddings: bool  # unembedding = embedding transposed (GPT-2) or a matrix of its own (Llama)
     name: str = "custom"
-    source: str = "given on the command line"
+    source: str = "a custom configuration"
     published: int | None = None  # exact parameter count of the released checkpoint
     paper_size: float | None = None  # the rounded size the paper prints, where nothing was released
     notes: tuple[str, ...] = field(default=())
@@ -56,6 +56,8 @@ class Config:
             raise ConfigError("arch", f"must be one of {', '.join(ARCHS)}, got {self.arch!r}")
         for name in ("n_layers", "d_model", "n_heads", "d_head", "n_kv_heads", "d_ff", "vocab_size", "n_ctx"):
             _check_positive(name, getattr(self, name))
+        if not isinstance(self.tied_embeddings, bool):
+            raise ConfigError("tied_embeddings", f"must be True or False, got {self.tied_embeddings!r}")
         if self.n_heads % self.n_kv_heads:
             raise ConfigError(
                 "n_kv_heads",

@@ -251,7 +251,7 @@ def _fields(**overrides):
 @pytest.mark.parametrize(
     ("field", "value"),
     [("n_layers", 0), ("d_model", -4), ("n_heads", 2.5), ("d_head", True), ("vocab_size", None),
-     ("n_ctx", "32"), ("arch", "bert"), ("n_kv_heads", 3), ("n_kv_heads", 8)],
+     ("n_ctx", "32"), ("arch", "bert"), ("n_kv_heads", 3), ("n_kv_heads", 8), ("tied_embeddings", 1)],
 )
 def test_config_refuses_bad_fields(field, value):
     with pytest.raises(ConfigError) as err:
