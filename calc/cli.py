@@ -13,6 +13,9 @@ Exit status 0 on success; 2 on a usage error, with one line on stderr naming the
 from __future__ import annotations
 
 import argparse
+import csv
+import io
+import json
 import math
 import os
 import sys
@@ -20,7 +23,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from calc import costs
+from calc.derivations import formulas_text
+from calc.ledger import checkpoint
 from calc.presets import ARCHS, PRESETS, ConfigError, UnknownModel, custom, preset
+from calc.report import FORMATS, build, render
 
 FLAGS = {"vocab_size": "--vocab", "tied_embeddings": "--tied/--untied"}
 
@@ -56,8 +62,6 @@ def positive_float(text: str) -> float:
 
 
 def _table_options(parser: argparse.ArgumentParser) -> None:
-    from calc.report import FORMATS
-
     parser.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
     parser.add_argument("--seq", type=positive_int, nargs="+", metavar="N",
                         help="sequence lengths (default: 1,024 doubling to 4·n_ctx)")
@@ -97,21 +101,14 @@ def custom_parser() -> argparse.ArgumentParser:
 
 
 def list_presets(fmt: str) -> str:
-    from calc.ledger import checkpoint
-
     rows = [
         {"name": c.name, "arch": c.arch, "n_layers": c.n_layers, "d_model": c.d_model, "n_heads": c.n_heads,
          "d_head": c.d_head, "n_kv_heads": c.n_kv_heads, "params": checkpoint(c)["total"], "source": c.source}
         for c in PRESETS.values()
     ]
     if fmt == "json":
-        import json
-
         return json.dumps(rows, indent=2)
     if fmt == "csv":
-        import csv
-        import io
-
         out = io.StringIO()
         writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
         writer.writeheader()
@@ -132,8 +129,6 @@ def run(argv: Sequence[str]) -> str:
     if argv[:1] == ["formulas"]:
         parser = _Parser(prog="python -m calc formulas", description="Every formula and the two derivations.")
         parser.parse_args(argv[1:])
-        from calc.derivations import formulas_text
-
         return formulas_text()
     if argv[:1] == ["custom"]:
         args = custom_parser().parse_args(argv[1:])
@@ -151,8 +146,6 @@ def run(argv: Sequence[str]) -> str:
         if args.model is None:
             raise UsageError("give a MODEL (see --list), 'custom ...' or 'formulas'")
         config = preset(args.model)
-    from calc.report import build, render
-
     report = build(config, seqs=args.seq, dtype=args.dtype, peak_tflops=args.peak_tflops,
                    bandwidth_gbs=args.bandwidth_gbs)
     return render(report, args.format)
