@@ -7,13 +7,16 @@ Shape codes in every docstring use the letters of :mod:`impl.attention`.
 
 from impl.attention import attention, softmax
 from impl.flash import flash_attention
+from impl.grad import attention_backward, gradcheck
 from impl.layers import multi_head_attention, self_attention
 from impl.masks import causal_mask, padding_mask, sliding_window_mask
 
 __all__ = [
     "attention",
+    "attention_backward",
     "causal_mask",
     "flash_attention",
+    "gradcheck",
     "multi_head_attention",
     "padding_mask",
     "self_attention",

@@ -197,7 +197,8 @@ def attention(
     q_, k_, v_ = (x.astype(work, copy=False) for x in (q, k, v))
 
     scores = (q_ @ np.swapaxes(k_, -1, -2)) * work.type(scale)  # [..., n_q, n_k]
-    keep = visible(n_q, n_k, causal=causal, mask=mask, shape=scores.shape)
+    # The mask may carry leading dims that only v has, so broadcast to the full output batch.
+    keep = visible(n_q, n_k, causal=causal, mask=mask, shape=shape)
     if keep is not None:
         scores = np.where(keep, scores, -np.inf)
     weights = softmax(scores, axis=-1)
