@@ -59,14 +59,14 @@ def _tile_shape(block: Any) -> tuple[int, int]:
 
 def _row_block(
     q: Array, k: Array, v: Array, out: Array, q0: int, q1: int, *, causal: bool, scale: float,
-    block_k: int,
+    block_k: int, skip_masked: bool,
 ) -> None:  # [n_q, d_k], [n_k, d_k], [n_k, d_v] -> writes out[q0:q1]: [q1 - q0, d_v]
     """Attention for query rows ``q0:q1`` of one head, one key tile at a time (the law above)."""
     work = out.dtype
     n_k, d_v = v.shape
     rows = q1 - q0
     # Under the causal mask no key after the block's last query is visible: those tiles are skipped.
-    k_end = min(n_k, q1) if causal else n_k
+    k_end = min(n_k, q1) if causal and skip_masked else n_k
     q_t = q[q0:q1] * work.type(scale)  # [rows, d_k]; the scale folded in once
     m = np.full(rows, -np.inf, dtype=work)  # running row max
     l = np.zeros(rows, dtype=work)  # running softmax denominator
@@ -151,11 +151,16 @@ def flash_attention(
     heads = list(np.ndindex(*batch))
     qs, ks, vs = (np.broadcast_to(x.astype(work, copy=False), (*batch, *x.shape[-2:])) for x in (q, k, v))
 
+    # Skipping the tiles above the diagonal is exact for finite values. A NaN or Inf value behind
+    # the mask still reaches every row in impl.attention (weight 0 · Inf = NaN); then compute those
+    # tiles too, so the result never depends on the tiling.
+    skip_masked = bool(np.isfinite(v).all())
+
     def run(job: tuple[int, int, int]) -> None:
         h, q0, q1 = job
         idx = heads[h]
         _row_block(qs[idx], ks[idx], vs[idx], out[idx], q0, q1, causal=causal, scale=scale,
-                   block_k=block_k)
+                   block_k=block_k, skip_masked=skip_masked)
 
     jobs = list(_jobs(len(heads), n_q, block_q, causal))
     threads = min(_cores(), len(jobs))
