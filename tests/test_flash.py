@@ -150,6 +150,21 @@ def test_an_inf_value_behind_the_mask_gives_what_attention_gives_at_any_tiling(b
     np.testing.assert_allclose(got[np.isfinite(want)], want[np.isfinite(want)], **TOL[np.float64])
 
 
+@pytest.mark.parametrize("block", [1, (2, 3), 64])
+def test_a_row_whose_every_score_is_minus_inf_gives_zeros_like_attention(block):
+    # q·k = −Inf for every key (an Inf in q, negative keys): impl.attention's softmax gives that
+    # row zeros; the online update must not compute −Inf − (−Inf) = NaN on the way.
+    q, k, v = qkv(np.random.default_rng(17), 6, 6, 2, 3)
+    k[:, 0] = -np.abs(k[:, 0]) - 0.5
+    k[:, 1] = 0.0
+    q[3] = [np.inf, 0.0]
+    for causal in (False, True):
+        got = flash_attention(q, k, v, causal=causal, block=block)
+        want = attention(q, k, v, causal=causal)
+        assert (want[3] == 0).all()
+        np.testing.assert_allclose(got, want, **TOL[np.float64])
+
+
 def test_rows_with_no_visible_key_get_zeros():
     q, k, v = qkv(np.random.default_rng(7), 5, 0, 4, 3, lead_q=(2,), lead_kv=(2,))
     for causal in (False, True):
@@ -181,12 +196,12 @@ def test_threaded_path_gives_blas_its_threads_back(threaded):
     threadpoolctl = pytest.importorskip("threadpoolctl")
 
     def blas_threads():
-        return [lib["num_threads"] for lib in threadpoolctl.threadpool_info() if lib["user_api"] == "blas"]
+        return {lib["num_threads"] for lib in threadpoolctl.threadpool_info() if lib["user_api"] == "blas"}
 
-    before = blas_threads()
     q, k, v = qkv(np.random.default_rng(10), 64, 64, dtype=np.float32)
-    flash_attention(q, k, v, block=16)
-    assert blas_threads() == before
+    with threadpoolctl.threadpool_limits(3, user_api="blas"):  # a count no default would give
+        flash_attention(q, k, v, block=16)
+        assert blas_threads() == {3}
 
 
 def test_a_failing_row_block_raises_in_the_caller(threaded, monkeypatch):
