@@ -41,6 +41,7 @@ JSON (``--json FILE``), for other tools; keys are kept, more may be added:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -102,13 +103,23 @@ def _torch_impl() -> Attention | None:
     return run
 
 
-def implementations() -> dict[str, Attention]:
-    """The implementations available here, by name (``torch`` only when installed)."""
-    found: dict[str, Attention] = {"naive": _naive, "flash": _flash}
-    torch_run = _torch_impl()
-    if torch_run is not None:
-        found["torch"] = torch_run
-    return found
+def available_names() -> list[str]:
+    """The implementations installed here; torch is looked up, not imported (that takes seconds)."""
+    try:
+        has_torch = importlib.util.find_spec("torch") is not None
+    except ValueError:  # a torch module without a spec, e.g. one stubbed out
+        has_torch = False
+    return ["naive", "flash", *(["torch"] if has_torch else [])]
+
+
+def implementation(name: str) -> Attention:
+    """The implementation called ``name``: naive, flash or torch (imported only when asked for)."""
+    if name == "torch":
+        torch_run = _torch_impl()
+        if torch_run is None:
+            raise ValueError("torch is not installed")
+        return torch_run
+    return {"naive": _naive, "flash": _flash}[name]
 
 
 def _inputs(name: str, n: int, d_k: int, d_v: int) -> tuple[Any, Any, Any]:
@@ -139,8 +150,9 @@ def peak_traced_bytes(fn: Callable[[], Any]) -> int:
         tracemalloc.stop()
 
 
-def sgemm_seconds(size: int = SGEMM_SIZE) -> float:
+def sgemm_seconds(size: int | None = None) -> float:
     """Wall seconds of one float32 ``size³`` matrix product: the machine's plain BLAS rate."""
+    size = SGEMM_SIZE if size is None else size
     a = np.ones((size, size), dtype=np.float32)
     return timed(lambda: a @ a)
 
@@ -153,14 +165,13 @@ def _blas_name() -> str:
         return "unknown"
 
 
-def _machine() -> dict[str, Any]:
-    try:
+def _machine(names: Sequence[str]) -> dict[str, Any]:
+    torch_version: str | None = None
+    torch_threads: int | None = None
+    if "torch" in names:
         import torch
 
-        torch_version: str | None = torch.__version__
-        torch_threads: int | None = torch.get_num_threads()
-    except ImportError:
-        torch_version = torch_threads = None
+        torch_version, torch_threads = torch.__version__, torch.get_num_threads()
     return {
         "cpu_count": os.cpu_count(),
         "numpy": np.__version__,
@@ -182,8 +193,8 @@ def run_benchmark(
     naive_max: int = NAIVE_MAX,
 ) -> dict[str, Any]:
     """Time ``names`` over ``sizes``, interleaved round by round; return the JSON record."""
-    available = implementations()
-    machine = {**_machine(), "load_before": list(os.getloadavg())}
+    available = {name: implementation(name) for name in names}
+    machine = {**_machine(names), "load_before": list(os.getloadavg())}
     inputs = {(name, n): _inputs(name, n, d_k, d_v) for name in names for n in sizes}
 
     def skip_reason(name: str, n: int) -> str | None:
@@ -214,7 +225,7 @@ def run_benchmark(
                     times[name, n].append(timed(call(name, n)))
     machine["load_after"] = list(os.getloadavg())
 
-    sgemm_rate = 2 * SGEMM_SIZE**3 / statistics.median(sgemm)
+    sgemm_rate = 2 * SGEMM_SIZE**3 / statistics.median(sgemm)  # FLOP/s
     results = []
     for name in names:
         previous = None
@@ -379,8 +390,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _check(args: argparse.Namespace) -> list[str]:
     """Refuse what would fail only after minutes of timing."""
-    available = implementations()
-    names = args.impls or list(available)
+    available = available_names()
+    names = args.impls or available
     for name in names:
         if name not in ("naive", "flash", "torch"):
             raise UsageError(f"--impl: unknown implementation {name!r} (choose naive, flash, torch)")
