@@ -15,6 +15,8 @@ Method:
 * Rounds interleave everything — for each round, for each size, each implementation and the
   floor run back to back — so a machine shared with other work slows all of them alike and the
   ratios stay meaningful. ``os.getloadavg()`` before and after is recorded.
+* Each timed call starts after a pause (``--pause``, 0.2 s): BLAS and OpenMP worker threads spin
+  for a while after a call before they sleep, and would otherwise steal the next call's cores.
 * Peak memory: one extra (untimed, warm-up) call per size under :mod:`tracemalloc`, which sees
   NumPy's buffers; the inputs are made before tracing starts, so the figure is what the call
   itself allocates, output included. PyTorch's allocator is invisible to tracemalloc, so its
@@ -24,7 +26,7 @@ Method:
 
 JSON (``--json FILE``), for other tools; keys are kept, more may be added:
 
-* ``config.{sizes, d_k, d_v, dtype, causal, repeat, naive_max, implementations}``
+* ``config.{sizes, d_k, d_v, dtype, causal, repeat, naive_max, pause_s, implementations}``
 * ``machine.{cpu_count, load_before, load_after, numpy, blas, torch, torch_threads, openblas_env}``
   — ``load_*`` are the 1/5/15-minute load averages; ``openblas_env`` holds OPENBLAS_CORETYPE and
   OPENBLAS_L2_SIZE as set (null when unset).
@@ -43,6 +45,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import statistics
 import sys
@@ -59,6 +62,7 @@ from impl.flash import flash_attention
 DEFAULT_SIZES = (512, 1024, 2048, 4096, 8192, 16384)
 SGEMM_SIZE = 2048
 NAIVE_MAX = 8192
+PAUSE_S = 0.2
 MIB = 1 << 20
 
 Attention = Callable[[Any, Any, Any, bool], Any]
@@ -191,6 +195,7 @@ def run_benchmark(
     d_k: int = 128,
     d_v: int = 128,
     naive_max: int = NAIVE_MAX,
+    pause: float = PAUSE_S,
 ) -> dict[str, Any]:
     """Time ``names`` over ``sizes``, interleaved round by round; return the JSON record."""
     available = {name: implementation(name) for name in names}
@@ -201,6 +206,10 @@ def run_benchmark(
         if name == "naive" and n > naive_max:
             return f"naive skipped above --naive-max {naive_max}: its n×n pattern needs ≥ 1 GiB at 16384"
         return None
+
+    def timed_call(name: str, n: int) -> float:
+        time.sleep(pause)
+        return timed(call(name, n))
 
     def call(name: str, n: int) -> Callable[[], Any]:
         q, k, v = inputs[name, n]
@@ -218,11 +227,12 @@ def run_benchmark(
     times: dict[tuple[str, int], list[float]] = {key: [] for key in peak}
     sgemm: list[float] = []
     for _ in range(repeat):
+        time.sleep(pause)
         sgemm.append(sgemm_seconds())
         for n in sizes:
             for name in names:
                 if (name, n) in times:
-                    times[name, n].append(timed(call(name, n)))
+                    times[name, n].append(timed_call(name, n))
     machine["load_after"] = list(os.getloadavg())
 
     sgemm_rate = 2 * SGEMM_SIZE**3 / statistics.median(sgemm)  # FLOP/s
@@ -248,7 +258,7 @@ def run_benchmark(
     return {
         "config": {
             "sizes": list(sizes), "d_k": d_k, "d_v": d_v, "dtype": "float32", "causal": causal,
-            "repeat": repeat, "naive_max": naive_max, "implementations": list(names),
+            "repeat": repeat, "naive_max": naive_max, "pause_s": pause, "implementations": list(names),
         },
         "machine": machine,
         "sgemm": {"size": SGEMM_SIZE, "times_s": sgemm, "gflops": sgemm_rate / 1e9},
@@ -370,6 +380,16 @@ def _positive(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= 60:
+        raise argparse.ArgumentTypeError(f"expected seconds between 0 and 60, got {text!r}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m impl.bench", description=__doc__.splitlines()[0])
     p.add_argument("--sizes", nargs="+", type=_positive, default=list(DEFAULT_SIZES), metavar="N",
@@ -383,6 +403,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="an implementation to run: naive, flash, torch (repeatable; default all found)")
     p.add_argument("--naive-max", type=_positive, default=NAIVE_MAX,
                    help=f"largest n for the naive path (default {NAIVE_MAX}; it needs O(n²) memory)")
+    p.add_argument("--pause", type=_seconds, default=PAUSE_S, metavar="SECONDS",
+                   help=f"sleep before each timed call, so idle worker threads settle (default {PAUSE_S})")
     p.add_argument("--json", metavar="FILE", help="write the record as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="write a log-log plot (needs matplotlib)")
     return p
@@ -419,7 +441,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as done:  # --help
         return int(done.code or 0)
     record = run_benchmark(args.sizes, names=names, repeat=args.repeat, causal=args.causal,
-                           d_k=args.d_k, d_v=args.d_v, naive_max=args.naive_max)
+                           d_k=args.d_k, d_v=args.d_v, naive_max=args.naive_max, pause=args.pause)
     print(format_report(record))
     if args.json:
         with open(args.json, "w") as f:

@@ -14,7 +14,8 @@ import impl.bench
 from impl.bench import main, useful_flops, visible_pairs
 from impl.masks import causal_mask
 
-FAST = ["--repeat", "2", "--impl", "naive", "--impl", "flash"]
+QUICK = ["--repeat", "1", "--pause", "0"]
+FAST = ["--repeat", "2", "--impl", "naive", "--impl", "flash", "--pause", "0"]
 
 
 @pytest.mark.parametrize(("n_q", "n_k"), [(1, 1), (4, 4), (5, 3), (3, 5), (0, 4), (7, 0)])
@@ -49,7 +50,7 @@ def test_json_has_the_documented_keys(record):
     assert set(data) >= {"config", "machine", "sgemm", "memory_method", "results", "floor"}
     assert data["config"] == {
         "sizes": [16, 32, 64], "d_k": 128, "d_v": 128, "dtype": "float32", "causal": True,
-        "repeat": 2, "naive_max": 32, "implementations": ["naive", "flash"],
+        "repeat": 2, "naive_max": 32, "pause_s": 0.0, "implementations": ["naive", "flash"],
     }
     assert set(data["machine"]) >= {"cpu_count", "load_before", "load_after", "numpy", "blas", "openblas_env"}
     assert len(data["machine"]["load_before"]) == 3
@@ -97,7 +98,7 @@ def test_the_report_shows_both_tables_and_the_load(record):
 
 def test_no_causal_counts_every_pair(tmp_path, capsys):
     path = tmp_path / "b.json"
-    assert main(["--sizes", "8", "--no-causal", "--repeat", "1", "--impl", "flash", "--json", str(path)]) == 0
+    assert main(["--sizes", "8", "--no-causal", *QUICK, "--impl", "flash", "--json", str(path)]) == 0
     data = json.loads(path.read_text())
     assert data["config"]["causal"] is False
     assert data["results"][0]["flops"] == 2 * 256 * 64
@@ -107,7 +108,7 @@ def test_no_causal_counts_every_pair(tmp_path, capsys):
 def test_torch_is_timed_but_its_memory_not_traced(tmp_path, capsys):
     pytest.importorskip("torch")
     path = tmp_path / "b.json"
-    assert main(["--sizes", "8", "--repeat", "1", "--impl", "torch", "--json", str(path)]) == 0
+    assert main(["--sizes", "8", *QUICK, "--impl", "torch", "--json", str(path)]) == 0
     (row,) = json.loads(path.read_text())["results"]
     assert row["time_s"] > 0 and row["peak_bytes"] is None and row["skipped"] is None
 
@@ -115,7 +116,7 @@ def test_torch_is_timed_but_its_memory_not_traced(tmp_path, capsys):
 def test_plot_is_a_png(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     path = tmp_path / "bench.png"
-    assert main(["--sizes", "8", "16", "--repeat", "1", "--impl", "flash", "--plot", str(path)]) == 0
+    assert main(["--sizes", "8", "16", *QUICK, "--impl", "flash", "--plot", str(path)]) == 0
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -125,6 +126,8 @@ def test_plot_is_a_png(tmp_path, capsys):
         (["--sizes", "0"], "--sizes: expected a positive integer, got '0'"),
         (["--sizes", "1e3"], "--sizes: expected a positive integer, got '1e3'"),
         (["--repeat", "-1"], "--repeat: expected a positive integer"),
+        (["--pause", "nan"], "--pause: expected seconds between 0 and 60, got 'nan'"),
+        (["--pause", "-1"], "--pause: expected seconds between 0 and 60"),
         (["--impl", "cuda"], "--impl: unknown implementation 'cuda'"),
         (["--json", "/no/such/dir/b.json"], "--json: no such directory"),
         (["--plot", "/no/such/dir/b.png"], "--plot: no such directory"),
