@@ -26,6 +26,7 @@ Speed in NumPy comes from doing as little per score as possible outside BLAS:
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -40,8 +41,8 @@ from impl.attention import Array, check_qkv, check_scale, compute_dtype
 # runs at full sgemm speed and Python's per-tile cost vanishes, small enough to stay in cache.
 DEFAULT_BLOCK = (256, 2048)
 
-# Below this many scores in a call, threads cost more than they save.
-_THREADED_MIN_SCORES = 1 << 22
+# Below this many scores (512², a few ms of work) a thread pool costs more than it saves.
+_THREADED_MIN_SCORES = 1 << 18
 
 
 def _tile_shape(block: Any) -> tuple[int, int]:
@@ -101,13 +102,20 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def _one_thread_blas() -> AbstractContextManager[Any] | None:
-    """A context in which BLAS runs single-threaded, or None without threadpoolctl."""
+@functools.cache
+def _blas_controller() -> Any:
+    """threadpoolctl's handle on the loaded BLAS (found once: the search takes a millisecond), or None."""
     try:
-        from threadpoolctl import threadpool_limits
+        from threadpoolctl import ThreadpoolController
     except ImportError:  # then BLAS keeps its own threads and row blocks run in turn
         return None
-    return threadpool_limits(1, user_api="blas")
+    return ThreadpoolController()
+
+
+def _one_thread_blas() -> AbstractContextManager[Any] | None:
+    """A context in which BLAS runs single-threaded, or None without threadpoolctl."""
+    controller = _blas_controller()
+    return None if controller is None else controller.limit(limits=1, user_api="blas")
 
 
 def _jobs(n_heads: int, n_q: int, block_q: int, causal: bool) -> Iterator[tuple[int, int, int]]:
