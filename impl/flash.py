@@ -20,8 +20,12 @@ Speed in NumPy comes from doing as little per score as possible outside BLAS:
 * under the causal mask, tiles entirely above the diagonal are never computed, and only the tiles
   that cross it are masked;
 * the per-score work — max, subtract, exp, sum — runs in place in one preallocated buffer;
-* row blocks are independent, so they are shared among threads: NumPy's ufuncs and BLAS release
-  the GIL, so one thread's exp overlaps another's matmul.
+* row blocks are independent, so each core takes its own, in a thread running a single-threaded
+  BLAS (through threadpoolctl when installed): NumPy's ufuncs and BLAS release the GIL, so one
+  thread's exp overlaps another's matmul, and no core is shared by two busy threads.
+
+What remains is BLAS time plus about one exp per visible score: ``python -m impl.bench``
+measures it against PyTorch and against the sgemm floor.
 """
 
 from __future__ import annotations
