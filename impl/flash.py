@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
@@ -47,6 +48,10 @@ DEFAULT_BLOCK = (256, 2048)
 
 # Below this many scores (512², a few ms of work) a thread pool costs more than it saves.
 _THREADED_MIN_SCORES = 1 << 18
+
+# BLAS's thread count is process-wide: calls that lower and restore it take turns, or two of them
+# interleaving would restore each other's lowered value and leave BLAS single-threaded.
+_blas_turn = threading.Lock()
 
 
 def _tile_shape(block: Any) -> tuple[int, int]:
@@ -116,10 +121,9 @@ def _blas_controller() -> Any:
     return ThreadpoolController()
 
 
-def _one_thread_blas() -> AbstractContextManager[Any] | None:
-    """A context in which BLAS runs single-threaded, or None without threadpoolctl."""
-    controller = _blas_controller()
-    return None if controller is None else controller.limit(limits=1, user_api="blas")
+def _one_thread_blas() -> AbstractContextManager[Any]:
+    """A context in which BLAS runs single-threaded; needs threadpoolctl (``_blas_controller()``)."""
+    return _blas_controller().limit(limits=1, user_api="blas")
 
 
 def _jobs(n_heads: int, n_q: int, block_q: int, causal: bool) -> Iterator[tuple[int, int, int]]:
@@ -177,12 +181,11 @@ def flash_attention(
     jobs = list(_jobs(len(heads), n_q, block_q, causal))
     threads = min(_cores(), len(jobs))
     big = len(heads) * n_q * n_k >= _THREADED_MIN_SCORES
-    one_thread_blas = _one_thread_blas() if threads > 1 and big else None
-    if one_thread_blas is not None:
+    if threads > 1 and big and _blas_controller() is not None:
         # One thread per core, each with a one-thread BLAS: no core is oversubscribed (BLAS's own
         # threads would be, and they wait on each other at every call), and one thread's exp
         # overlaps another's matmul, since NumPy releases the GIL in both.
-        with one_thread_blas, ThreadPoolExecutor(threads) as pool:
+        with _blas_turn, _one_thread_blas(), ThreadPoolExecutor(threads) as pool:
             list(pool.map(run, jobs))  # list() re-raises a worker's exception here
     else:
         for job in jobs:

@@ -1,5 +1,9 @@
 """impl.flash_attention: equal to impl.attention at every tiling, and the tiling's own promises."""
 
+import concurrent.futures
+import contextlib
+import threading
+import time
 import tracemalloc
 
 import numpy as np
@@ -28,7 +32,7 @@ def threaded(monkeypatch):
 @pytest.fixture
 def serial(monkeypatch):
     """Row blocks in turn, as without threadpoolctl."""
-    monkeypatch.setattr(impl.flash, "_one_thread_blas", lambda: None)
+    monkeypatch.setattr(impl.flash, "_blas_controller", lambda: None)
 
 
 # --- equal to the reference ---------------------------------------------------------------------
@@ -202,6 +206,34 @@ def test_threaded_path_gives_blas_its_threads_back(threaded):
     with threadpoolctl.threadpool_limits(3, user_api="blas"):  # a count no default would give
         flash_attention(q, k, v, block=16)
         assert blas_threads() == {3}
+
+
+def test_concurrent_calls_take_turns_with_the_blas_thread_count(threaded, monkeypatch):
+    # Each call lowers BLAS to one thread and restores it after; two calls overlapping would
+    # restore each other's lowered count. They must not overlap.
+    if impl.flash._blas_controller() is None:
+        pytest.skip("the threaded path needs threadpoolctl")
+    log = []
+
+    @contextlib.contextmanager
+    def recorded():
+        log.append("lower")
+        time.sleep(0.05)  # time enough for the other call to overlap, if it may
+        yield
+        log.append("restore")
+
+    monkeypatch.setattr(impl.flash, "_one_thread_blas", recorded)
+    q, k, v = qkv(np.random.default_rng(18), 64, 64, dtype=np.float32)
+    start = threading.Barrier(2)
+
+    def call():
+        start.wait()
+        return flash_attention(q, k, v, block=16)
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        outs = list(pool.map(lambda _: call(), range(2)))
+    assert log == ["lower", "restore", "lower", "restore"]
+    np.testing.assert_array_equal(outs[0], outs[1])
 
 
 def test_a_failing_row_block_raises_in_the_caller(threaded, monkeypatch):
