@@ -1,7 +1,7 @@
 """``python -m impl.bench``: attention's n² cost, measured — naive, tiled (flash) and PyTorch.
 
 One head, float32, d_k = d_v = 128 by default, n doubling from 512 to 16,384 tokens. For each
-implementation and size it reports the median wall time over ``--repeat`` runs, the useful
+implementation and size it reports the median wall time over ``--repeat`` samples, the useful
 GFLOP/s, the time ratio per doubling (pure n² gives 4) and the peak traced memory.
 
 Method:
@@ -15,8 +15,11 @@ Method:
 * Rounds interleave everything — for each round, for each size, each implementation and the
   floor run back to back — so a machine shared with other work slows all of them alike and the
   ratios stay meaningful. ``os.getloadavg()`` before and after is recorded.
-* Each timed call starts after a pause (``--pause``, 0.2 s): BLAS and OpenMP worker threads spin
-  for a while after a call before they sleep, and would otherwise steal the next call's cores.
+* A sample is as many back-to-back calls as last at least 0.05 s (one call from 2048 tokens up;
+  as timeit's autorange), so a scheduler hiccup on a busy machine is not a whole millisecond-long
+  measurement. Each sample starts after a pause (``--pause``, 0.2 s): BLAS and OpenMP worker
+  threads spin for a while after a call before they sleep, and would otherwise steal the next
+  sample's cores.
 * Peak memory: one extra (untimed, warm-up) call per size under :mod:`tracemalloc`, which sees
   NumPy's buffers; the inputs are made before tracing starts, so the figure is what the call
   itself allocates, output included. PyTorch's allocator is invisible to tracemalloc, so its
@@ -33,10 +36,11 @@ JSON (``--json FILE``), for other tools; keys are kept, more may be added:
 * ``sgemm.{size, times_s, gflops}`` — the floor's reference product, its times per round, its
   median rate.
 * ``memory_method`` — how ``peak_bytes`` was measured, in words.
-* ``results[].{implementation, n_tokens, flops, times_s, time_s, gflops, ratio, peak_bytes,
-  skipped}`` — one entry per implementation and size: the useful FLOPs (exact), every timed run,
-  their median, the median rate, ``time_s`` over the previous size's (null for the first),
-  the peak traced bytes (null when not measured) and, for a size not run, the reason (else null).
+* ``results[].{implementation, n_tokens, flops, times_s, calls_per_sample, time_s, gflops, ratio,
+  peak_bytes, skipped}`` — one entry per implementation and size: the useful FLOPs (exact), the
+  seconds per call of every timed sample, the calls in each sample, their median, the median rate,
+  ``time_s`` over the previous size's (null for the first), the peak traced bytes (null when not
+  measured) and, for a size not run, the reason (else null).
 * ``floor[].{n_tokens, flops, time_s}`` — the sgemm floor per size.
 """
 
@@ -63,6 +67,7 @@ DEFAULT_SIZES = (512, 1024, 2048, 4096, 8192, 16384)
 SGEMM_SIZE = 2048
 NAIVE_MAX = 8192
 PAUSE_S = 0.2
+MIN_SAMPLE_S = 0.05
 MIB = 1 << 20
 
 Attention = Callable[[Any, Any, Any, bool], Any]
@@ -207,22 +212,27 @@ def run_benchmark(
             return f"naive skipped above --naive-max {naive_max}: its n×n pattern needs ≥ 1 GiB at 16384"
         return None
 
-    def timed_call(name: str, n: int) -> float:
-        time.sleep(pause)
-        return timed(call(name, n))
-
     def call(name: str, n: int) -> Callable[[], Any]:
         q, k, v = inputs[name, n]
         return lambda: available[name](q, k, v, causal)
 
-    # Warm-up and memory: one untimed call per size; tracemalloc sees NumPy's buffers only.
+    def timed_call(name: str, n: int) -> float:
+        """Seconds per call, over a sample of ``calls[name, n]`` calls."""
+        fn, count = call(name, n), calls[name, n]
+        time.sleep(pause)
+        return timed(lambda: [fn() for _ in range(count)]) / count
+
+    # Warm-up and memory: one untimed call per size; tracemalloc sees NumPy's buffers only. Then
+    # one call sets how many calls make a sample of at least MIN_SAMPLE_S (as timeit's autorange).
     peak: dict[tuple[str, int], int | None] = {}
+    calls: dict[tuple[str, int], int] = {}
     for n in sizes:
         for name in names:
             if skip_reason(name, n) is None:
                 peak[name, n] = None if name == "torch" else peak_traced_bytes(call(name, n))
                 if name == "torch":
                     call(name, n)()
+                calls[name, n] = max(1, math.ceil(MIN_SAMPLE_S / max(timed(call(name, n)), 1e-9)))
 
     times: dict[tuple[str, int], list[float]] = {key: [] for key in peak}
     sgemm: list[float] = []
@@ -248,6 +258,7 @@ def run_benchmark(
                 "n_tokens": n,
                 "flops": flops,
                 "times_s": runs or [],
+                "calls_per_sample": calls.get((name, n)),
                 "time_s": median,
                 "gflops": flops / median / 1e9 if median else None,
                 "ratio": median / previous if median and previous else None,
@@ -316,7 +327,7 @@ def format_report(record: dict[str, Any]) -> str:
     machine = record["machine"]
     lines = [
         f"one head, float32, d_k = {config['d_k']}, d_v = {config['d_v']}, {mask}; "
-        f"median of {config['repeat']} interleaved runs",
+        f"median of {config['repeat']} interleaved samples",
         "",
         tabulate(time_rows, time_head, tablefmt="github", disable_numparse=True),
         "",
@@ -394,7 +405,7 @@ def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m impl.bench", description=__doc__.splitlines()[0])
     p.add_argument("--sizes", nargs="+", type=_positive, default=list(DEFAULT_SIZES), metavar="N",
                    help="numbers of tokens (default: 512 … 16384, doubling)")
-    p.add_argument("--repeat", type=_positive, default=3, help="timed runs per size (default 3)")
+    p.add_argument("--repeat", type=_positive, default=5, help="timed samples per size (default 5)")
     p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True,
                    help="causal mask (default on)")
     p.add_argument("--d-k", type=_positive, default=128, help="query/key width (default 128)")

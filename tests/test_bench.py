@@ -55,8 +55,8 @@ def test_json_has_the_documented_keys(record):
     assert set(data["machine"]) >= {"cpu_count", "load_before", "load_after", "numpy", "blas", "openblas_env"}
     assert len(data["machine"]["load_before"]) == 3
     for row in data["results"]:
-        assert set(row) == {"implementation", "n_tokens", "flops", "times_s", "time_s", "gflops", "ratio",
-                            "peak_bytes", "skipped"}
+        assert set(row) == {"implementation", "n_tokens", "flops", "times_s", "calls_per_sample", "time_s",
+                            "gflops", "ratio", "peak_bytes", "skipped"}
 
 
 def test_each_result_is_the_median_of_its_runs_and_ratios_divide_neighbours(record):
@@ -70,6 +70,17 @@ def test_each_result_is_the_median_of_its_runs_and_ratios_divide_neighbours(reco
         assert isinstance(r["peak_bytes"], int) and r["peak_bytes"] > 0
     assert flash[0]["ratio"] is None
     assert flash[2]["ratio"] == pytest.approx(flash[2]["time_s"] / flash[1]["time_s"])
+
+
+@pytest.mark.parametrize(("min_sample_s", "more_than_one"), [(0.0, False), (0.5, True)])
+def test_a_sample_repeats_quick_calls_until_it_lasts_long_enough(monkeypatch, tmp_path, min_sample_s,
+                                                                 more_than_one):
+    monkeypatch.setattr(impl.bench, "MIN_SAMPLE_S", min_sample_s)
+    path = tmp_path / "b.json"
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["--sizes", "8", *QUICK, "--impl", "flash", "--json", str(path)]) == 0
+    (row,) = json.loads(path.read_text())["results"]
+    assert (row["calls_per_sample"] > 1) == more_than_one  # an 8-token call takes far less than 0.25 s
 
 
 def test_floor_is_the_useful_flops_at_the_sgemm_rate(record):
