@@ -10,8 +10,8 @@ Method:
   add for each entry of q·k and of weight·v), ``n(n+1)/2`` pairs under the causal mask, ``n²``
   without it. Every implementation is credited the same count, so GFLOP/s compares like with like.
 * The sgemm floor is the time those FLOPs take at the rate of one plain float32 matrix product
-  (2048 × 2048 × 2048, NumPy's BLAS), measured in every round: no attention can beat it on the
-  same BLAS without doing less arithmetic.
+  (2048 × 2048 × 2048, NumPy's BLAS), timed just before each size in every round: no attention
+  can beat it on the same BLAS without doing less arithmetic.
 * Rounds interleave everything — for each round, for each size, each implementation and the
   floor run back to back — so a machine shared with other work slows all of them alike and the
   ratios stay meaningful. ``os.getloadavg()`` before and after is recorded.
@@ -33,15 +33,19 @@ JSON (``--json FILE``), for other tools; keys are kept, more may be added:
 * ``machine.{cpu_count, load_before, load_after, numpy, blas, torch, torch_threads, openblas_env}``
   — ``load_*`` are the 1/5/15-minute load averages; ``openblas_env`` holds OPENBLAS_CORETYPE and
   OPENBLAS_L2_SIZE as set (null when unset).
-* ``sgemm.{size, times_s, gflops}`` — the floor's reference product, its times per round, its
-  median rate.
+* ``sgemm.{size, times_s, gflops}`` — the floor's reference product, all its timed samples (size
+  by size, round by round), its median rate.
 * ``memory_method`` — how ``peak_bytes`` was measured, in words.
 * ``results[].{implementation, n_tokens, flops, times_s, calls_per_sample, time_s, gflops, ratio,
   peak_bytes, skipped}`` — one entry per implementation and size: the useful FLOPs (exact), the
   seconds per call of every timed sample, the calls in each sample, their median, the median rate,
   ``time_s`` over the previous size's (null for the first), the peak traced bytes (null when not
   measured) and, for a size not run, the reason (else null).
-* ``floor[].{n_tokens, flops, time_s}`` — the sgemm floor per size.
+* ``floor[].{n_tokens, flops, times_s, time_s}`` — the sgemm floor per size: the useful FLOPs at the
+  rate of the sgemm timed just before that size, per round, and their median.
+* ``paired[].{n_tokens, flash_over_torch, flash_over_floor}`` — per size, the median over rounds of
+  flash's time over torch's and over the floor's in the same round (null when one is missing):
+  samples taken seconds apart share the machine's load, so these ratios are the steadiest figures.
 """
 
 from __future__ import annotations
@@ -234,18 +238,26 @@ def run_benchmark(
                     call(name, n)()
                 calls[name, n] = max(1, math.ceil(MIN_SAMPLE_S / max(timed(call(name, n)), 1e-9)))
 
+    # Each round times, per size, the reference sgemm and then every implementation, back to back.
     times: dict[tuple[str, int], list[float]] = {key: [] for key in peak}
-    sgemm: list[float] = []
+    sgemm: dict[int, list[float]] = {n: [] for n in sizes}
     for _ in range(repeat):
-        time.sleep(pause)
-        sgemm.append(sgemm_seconds())
         for n in sizes:
+            time.sleep(pause)
+            sgemm[n].append(sgemm_seconds())
             for name in names:
                 if (name, n) in times:
                     times[name, n].append(timed_call(name, n))
     machine["load_after"] = list(os.getloadavg())
 
-    sgemm_rate = 2 * SGEMM_SIZE**3 / statistics.median(sgemm)  # FLOP/s
+    all_sgemm = [t for n in sizes for t in sgemm[n]]
+    sgemm_flops = 2 * SGEMM_SIZE**3
+    floor = {n: [useful_flops(n, d_k, d_v, causal=causal) * t / sgemm_flops for t in sgemm[n]] for n in sizes}
+
+    def paired(top: list[float] | None, bottom: list[float] | None) -> float | None:
+        """Median of the per-round ratios of two back-to-back samples."""
+        return statistics.median(a / b for a, b in zip(top, bottom, strict=True)) if top and bottom else None
+
     results = []
     for name in names:
         previous = None
@@ -272,16 +284,25 @@ def run_benchmark(
             "repeat": repeat, "naive_max": naive_max, "pause_s": pause, "implementations": list(names),
         },
         "machine": machine,
-        "sgemm": {"size": SGEMM_SIZE, "times_s": sgemm, "gflops": sgemm_rate / 1e9},
+        "sgemm": {
+            "size": SGEMM_SIZE,
+            "times_s": all_sgemm,
+            "gflops": sgemm_flops / statistics.median(all_sgemm) / 1e9,
+        },
         "memory_method": (
             "tracemalloc peak during one call, inputs made before tracing (NumPy paths only; "
             "PyTorch's allocator is not traced)"
         ),
         "results": results,
         "floor": [
-            {"n_tokens": n, "flops": flops, "time_s": flops / sgemm_rate}
+            {"n_tokens": n, "flops": useful_flops(n, d_k, d_v, causal=causal), "times_s": floor[n],
+             "time_s": statistics.median(floor[n])}
             for n in sizes
-            for flops in [useful_flops(n, d_k, d_v, causal=causal)]
+        ],
+        "paired": [
+            {"n_tokens": n, "flash_over_torch": paired(times.get(("flash", n)), times.get(("torch", n))),
+             "flash_over_floor": paired(times.get(("flash", n)), floor[n])}
+            for n in sizes
         ],
     }
 
@@ -301,17 +322,14 @@ def format_report(record: dict[str, Any]) -> str:
     config, names = record["config"], record["config"]["implementations"]
     by = {(r["implementation"], r["n_tokens"]): r for r in record["results"]}
     floor = {f["n_tokens"]: f["time_s"] for f in record["floor"]}
+    pairs = {p["n_tokens"]: p for p in record["paired"]}
     time_rows, rate_rows = [], []
     for n in config["sizes"]:
         row: list[Any] = [n]
         row += [_ms(by[name, n]["time_s"]) for name in names] + [_ms(floor[n])]
         row += [_fmt(by[name, n]["ratio"], ".2f") for name in names]
-        flash = by.get(("flash", n), {}).get("time_s")
-        for other in ("torch",):
-            if other in names:
-                t = by[other, n]["time_s"]
-                row.append(_fmt(flash / t if flash and t else None, ".2f"))
-        row.append(_fmt(flash / floor[n] if flash else None, ".2f"))
+        row += [_fmt(pairs[n]["flash_over_torch"], ".2f")] if "torch" in names else []
+        row += [_fmt(pairs[n]["flash_over_floor"], ".2f")]
         time_rows.append(row)
         rate = [n] + [_fmt(by[name, n]["gflops"], ".1f") for name in names]
         rate += [
@@ -333,8 +351,9 @@ def format_report(record: dict[str, Any]) -> str:
         "",
         tabulate(rate_rows, rate_head, tablefmt="github", disable_numparse=True),
         "",
-        f"floor: useful FLOPs at the sgemm rate, {record['sgemm']['gflops']:.1f} GFLOP/s "
-        f"({SGEMM_SIZE}³ float32, {machine['blas']})",
+        f"floor: useful FLOPs at the rate of a {record['sgemm']['size']}³ float32 sgemm timed before "
+        f"each size (median {record['sgemm']['gflops']:.1f} GFLOP/s, {machine['blas']})",
+        "flash/x columns: median over rounds of the ratio of back-to-back samples",
         f"memory: {record['memory_method']}; MiB = 2²⁰ bytes",
     ]
     skipped = [r for r in record["results"] if r["skipped"]]

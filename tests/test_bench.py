@@ -47,7 +47,7 @@ def record(tmp_path_factory):
 
 def test_json_has_the_documented_keys(record):
     data, _ = record
-    assert set(data) >= {"config", "machine", "sgemm", "memory_method", "results", "floor"}
+    assert set(data) >= {"config", "machine", "sgemm", "memory_method", "results", "floor", "paired"}
     assert data["config"] == {
         "sizes": [16, 32, 64], "d_k": 128, "d_v": 128, "dtype": "float32", "causal": True,
         "repeat": 2, "naive_max": 32, "pause_s": 0.0, "implementations": ["naive", "flash"],
@@ -83,13 +83,29 @@ def test_a_sample_repeats_quick_calls_until_it_lasts_long_enough(monkeypatch, tm
     assert (row["calls_per_sample"] > 1) == more_than_one  # an 8-token call takes far less than 0.25 s
 
 
-def test_floor_is_the_useful_flops_at_the_sgemm_rate(record):
+def test_floor_is_the_useful_flops_at_the_rate_of_the_sgemm_timed_beside_it(record):
     data, _ = record
-    rate = data["sgemm"]["gflops"] * 1e9
     assert data["sgemm"]["size"] == 256
-    assert rate == pytest.approx(2 * 256**3 / statistics.median(data["sgemm"]["times_s"]))
-    for f in data["floor"]:
-        assert f["time_s"] == pytest.approx(useful_flops(f["n_tokens"], 128, 128, causal=True) / rate)
+    sgemm = data["sgemm"]["times_s"]  # size by size, round by round
+    assert len(sgemm) == 2 * 3
+    assert data["sgemm"]["gflops"] == pytest.approx(2 * 256**3 / statistics.median(sgemm) / 1e9)
+    for j, f in enumerate(data["floor"]):
+        flops = useful_flops(f["n_tokens"], 128, 128, causal=True)
+        assert f["flops"] == flops
+        assert f["times_s"] == pytest.approx([flops * sgemm[j * 2 + r] / (2 * 256**3) for r in range(2)])
+        assert f["time_s"] == statistics.median(f["times_s"])
+
+
+def test_paired_ratios_are_medians_of_same_round_ratios(record):
+    data, out = record
+    flash = {r["n_tokens"]: r["times_s"] for r in data["results"] if r["implementation"] == "flash"}
+    floor = {f["n_tokens"]: f["times_s"] for f in data["floor"]}
+    for p in data["paired"]:
+        n = p["n_tokens"]
+        want = statistics.median(a / b for a, b in zip(flash[n], floor[n], strict=True))
+        assert p["flash_over_floor"] == pytest.approx(want)
+        assert p["flash_over_torch"] is None  # torch not run
+    assert "| flash/torch" not in out and "| flash/floor" in out  # no column for what was not run
 
 
 def test_naive_above_its_cap_is_skipped_with_the_reason_said(record):
@@ -120,8 +136,10 @@ def test_torch_is_timed_but_its_memory_not_traced(tmp_path, capsys):
     pytest.importorskip("torch")
     path = tmp_path / "b.json"
     assert main(["--sizes", "8", *QUICK, "--impl", "torch", "--json", str(path)]) == 0
-    (row,) = json.loads(path.read_text())["results"]
+    data = json.loads(path.read_text())
+    (row,) = data["results"]
     assert row["time_s"] > 0 and row["peak_bytes"] is None and row["skipped"] is None
+    assert data["paired"][0]["flash_over_torch"] is None  # flash not run
 
 
 def test_plot_is_a_png(tmp_path, capsys):
