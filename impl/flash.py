@@ -43,7 +43,7 @@ import numpy as np
 from impl.attention import Array, check_qkv, check_scale, compute_dtype
 
 # Query rows × keys per tile. A 256 × 2048 float32 score tile is 2 MiB: big enough that each matmul
-# runs at full sgemm speed and Python's per-tile cost vanishes, small enough to stay in cache.
+# runs near full sgemm speed and Python's per-tile cost vanishes, small enough to stay in cache.
 DEFAULT_BLOCK = (256, 2048)
 
 # Below this many scores (512², a few ms of work) a thread pool costs more than it saves.
@@ -87,7 +87,7 @@ def _row_block(
         k1 = min(k0 + block_k, k_end)
         s = scores[:, : k1 - k0]
         np.matmul(q_t, k[k0:k1].T, out=s)  # [rows, d_k] @ [d_k, k1 - k0]
-        if causal and k1 - 1 > q0:  # the tile crosses the diagonal: hide keys j > i
+        if causal and k1 - 1 > q0:  # the tile reaches past the diagonal: hide keys j > i
             c0 = max(k0, q0 + 1)
             above = np.arange(c0, k1)[None, :] > np.arange(q0, q1)[:, None]
             np.copyto(s[:, c0 - k0 :], -np.inf, where=above)
@@ -102,7 +102,8 @@ def _row_block(
         acc *= rescale[:, None]
         acc += np.matmul(s, v[k0:k1], out=pv)  # [rows, k1-k0] @ [k1-k0, d_v]
         m = m_new
-    # l is exactly 0 only for rows that saw no key at all; they get zeros, as in impl.attention.
+    # l is exactly 0 only for rows that saw no key (or only −Inf scores); they get zeros, as in
+    # impl.attention.
     np.divide(acc, np.where(l == 0, work.type(1), l)[:, None], out=out[q0:q1])
 
 
