@@ -1,2 +1,27 @@
 """spec — the laws of scaled dot-product attention as Hypothesis properties, runnable against any
-implementation."""
+implementation.
+
+>>> import spec
+>>> report = spec.check("reference", profile="quick", only=["rows_sum_to_one"])
+>>> report.ok, [(r.name, r.status) for r in report.results]
+(True, [('rows_sum_to_one', 'pass')])
+"""
+
+from spec.properties import PROPERTIES, Property
+from spec.runner import PROFILES, Report, Result, check, replay
+from spec.target import BUILTIN, Target, TargetError, as_target, load_target
+
+__all__ = [
+    "BUILTIN",
+    "PROFILES",
+    "PROPERTIES",
+    "Property",
+    "Report",
+    "Result",
+    "Target",
+    "TargetError",
+    "as_target",
+    "check",
+    "load_target",
+    "replay",
+]

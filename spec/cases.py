@@ -1,0 +1,171 @@
+"""Test cases: a few small numbers that determine every array a property feeds a target.
+
+A :class:`Case` holds shapes, dtype, flags and a seed; :meth:`Case.arrays` turns it into q, k, v
+deterministically. Hypothesis searches and shrinks over cases, so a counterexample is a short,
+printable record that replays exactly (``spec.replay``), and no time goes into drawing arrays
+element by element.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+
+from impl.masks import causal_mask
+from spec.target import Target
+
+# Widths worth hitting on purpose: perfect squares (where √d_k is exact) and their neighbours.
+WIDTHS = (1, 2, 3, 4, 7, 8, 9, 16, 17, 31, 32, 63, 64, 100, 128)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One example: ``q [*lead, n_q, d_k]``, ``k [*kv_lead, n_k, d_k]``, ``v [*kv_lead, n_k, d_v]``."""
+
+    dtype: str
+    ndim: int  # 2: (n, d); 3: (heads, n, d); 4: (batch, heads, n, d)
+    batch: int
+    heads: int
+    n_q: int
+    n_k: int
+    d_k: int
+    d_v: int
+    seed: int
+    causal: bool = False
+    kv_heads: int | None = None  # fewer K/V heads than query heads: grouped-query attention
+    values: str = "normal"  # "normal": N(0, 1); "ints": integers in [-3, 3] (ties, exact sums)
+    amplitude: float = 1.0  # q and k are multiplied by √amplitude, so scores scale by amplitude
+    mask: str = "none"  # "none"; "random": every row keeps a key; "rows": some rows see nothing
+    scale: float | None = None  # passed as scale= (targets that declare supports_scale)
+
+    def lead(self, heads: int | None = None) -> tuple[int, ...]:
+        h = self.heads if heads is None else heads
+        return {2: (), 3: (h,), 4: (self.batch, h)}[self.ndim]
+
+    @property
+    def kv_lead(self) -> tuple[int, ...]:
+        return self.lead(self.kv_heads)
+
+    def rng(self, stream: int = 0) -> np.random.Generator:
+        """Randomness for this case; ``stream`` separates independent uses (permutations, changes)."""
+        return np.random.default_rng([self.seed, stream])
+
+    def values_like(self, rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+        if self.values == "ints":
+            return rng.integers(-3, 4, size=shape).astype(self.dtype)
+        return rng.standard_normal(shape).astype(self.dtype)
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """q, k, v in ``dtype``, always the same for the same case."""
+        rng = self.rng()
+        root = np.sqrt(self.amplitude)
+        q = (self.values_like(rng, (*self.lead(), self.n_q, self.d_k)) * root).astype(self.dtype)
+        k = (self.values_like(rng, (*self.kv_lead, self.n_k, self.d_k)) * root).astype(self.dtype)
+        v = self.values_like(rng, (*self.kv_lead, self.n_k, self.d_v))
+        return q, k, v
+
+    def mask_array(self) -> np.ndarray | None:  # -> [*lead, n_q, n_k] bool, True = may attend
+        """The ``mask=`` argument, or None. "random" keeps at least one key in every row;
+        "rows" also empties some rows (at least one), to exercise the fully-masked policy."""
+        if self.mask == "none":
+            return None
+        rng = self.rng(1)
+        shape = (*self.lead(), self.n_q, self.n_k)
+        keep = rng.random(shape) < 0.7
+        # One guaranteed key per row, so a row is empty only when "rows" empties it.
+        pick = rng.integers(0, self.n_k, size=shape[:-1])
+        np.put_along_axis(keep, pick[..., None], True, axis=-1)
+        if self.mask == "rows":
+            empty = rng.random(shape[:-1]) < 0.3
+            empty.reshape(-1)[rng.integers(0, empty.size)] = True
+            keep &= ~empty[..., None]
+        return keep
+
+    def visible(self, target: Target) -> np.ndarray:  # -> [*lead, n_q, n_k] bool
+        """What each query may see: the target's causal alignment ANDed with the mask."""
+        keep = np.ones((*self.lead(), self.n_q, self.n_k), dtype=bool)
+        if self.causal:
+            align = target.causal_alignment or "top_left"
+            keep &= causal_mask(self.n_q, self.n_k, align=align)
+        mask = self.mask_array()
+        return keep if mask is None else keep & mask
+
+    def describe(self) -> dict[str, Any]:
+        """The case as plain values, defaults left out (for reports and reproduction lines)."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.default is dataclasses.MISSING or value != f.default:
+                out[f.name] = value
+        return out
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {
+            "q": (*self.lead(), self.n_q, self.d_k),
+            "k": (*self.kv_lead, self.n_k, self.d_k),
+            "v": (*self.kv_lead, self.n_k, self.d_v),
+        }
+
+
+def lengths(n_max: int, n_min: int = 1) -> st.SearchStrategy[int]:
+    """Mostly short (fast, easy to read when shrunk), sometimes long enough to cross tile edges."""
+    return st.one_of(st.integers(n_min, max(n_min, 12)), st.integers(n_min, n_max))
+
+
+def widths(d_max: int = 128) -> st.SearchStrategy[int]:
+    return st.one_of(st.sampled_from([w for w in WIDTHS if w <= d_max]), st.integers(1, d_max))
+
+
+@st.composite
+def cases(
+    draw: st.DrawFn,
+    target: Target,
+    *,
+    ndims: tuple[int, ...] = (2, 3, 4),
+    causal: tuple[bool, ...] = (False, True),
+    n_max: int = 160,
+    n_k_min: int = 1,
+    n_q_min: int = 1,
+    pattern: bool = False,
+    masks: tuple[str, ...] = ("none",),
+    values: tuple[str, ...] = ("normal", "ints"),
+    amplitudes: tuple[float, ...] = (1.0,),
+    gqa: bool = False,
+    scale: bool = False,
+) -> Case:
+    """Cases the target accepts. ``pattern``: d_v = n_k, so that V = I reads the pattern out."""
+    ranks = [r for r in target.ndims if r in ndims]
+    ndim = draw(st.sampled_from(ranks))
+    dtype = draw(st.sampled_from(target.dtypes))
+    batch = draw(st.integers(1, 3)) if ndim == 4 else 1
+    kv_heads = None
+    if gqa:
+        g, group = draw(st.integers(1, 3)), draw(st.integers(2, 3))
+        heads, kv_heads = g * group, g
+    else:
+        heads = draw(st.integers(1, 4)) if ndim >= 3 else 1
+    n_q = draw(lengths(n_max, n_q_min))
+    n_k = n_q if n_q >= n_k_min and draw(st.booleans()) else draw(lengths(n_max, n_k_min))
+    d_k = draw(widths())
+    d_v = n_k if pattern else (d_k if draw(st.booleans()) else draw(widths()))
+    return Case(
+        dtype=dtype,
+        ndim=ndim,
+        batch=batch,
+        heads=heads,
+        n_q=n_q,
+        n_k=n_k,
+        d_k=d_k,
+        d_v=d_v,
+        seed=draw(st.integers(0, 2**32 - 1)),
+        causal=draw(st.sampled_from(causal)) if target.causal_alignment else False,
+        kv_heads=kv_heads,
+        values=draw(st.sampled_from(values)),
+        amplitude=draw(st.sampled_from(amplitudes)),
+        mask=draw(st.sampled_from(masks)) if target.supports_mask else "none",
+        scale=draw(st.one_of(st.none(), st.floats(0.05, 2.0))) if scale and target.supports_scale else None,
+    )

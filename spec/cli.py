@@ -1,0 +1,168 @@
+"""``python -m spec check TARGET``: the conformance suite from the command line.
+
+Exit 0: the target conforms. Exit 1: at least one property failed. Exit 2: usage error or a
+target that does not load — one line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
+import time
+from typing import NoReturn
+
+from tabulate import tabulate
+
+from spec.properties import PROPERTIES
+from spec.runner import PROFILES, Report, Result, run_property, select
+from spec.target import TargetError, load_target
+
+
+class UsageError(Exception):
+    """A command line that cannot run: the message is the whole of what the user sees."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line instead of usage + error
+        raise UsageError(message)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    top = _Parser(prog="python -m spec", description="Check an attention implementation against the laws "
+                  "of scaled dot-product attention.")
+    commands = top.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    check = commands.add_parser("check", help="run the properties against a target")
+    check.add_argument("target", nargs="?",
+                       help="built-in name (reference, flash, torch, jax) or package.module:attr")
+    check.add_argument("--profile", choices=list(PROFILES), default="ci",
+                       help="quick: 10 examples per property; ci: 40, derandomized (default); thorough: 400")
+    check.add_argument("--max-examples", type=_positive, metavar="N", help="examples per property")
+    check.add_argument("--seed", type=_seed, metavar="N",
+                       help="random seed (changes the example stream; without it ci and quick are fixed)")
+    check.add_argument("--only", nargs="+", action="extend", metavar="NAME",
+                       help="run only these properties (repeatable)")
+    check.add_argument("--json", metavar="FILE", help="also write the report as JSON ('-' for stdout only)")
+    check.add_argument("--list", action="store_true", help="list the properties (and, with TARGET, "
+                       "which it would skip) and exit")
+    return top
+
+
+def list_properties(target_spec: str | None) -> str:
+    target = load_target(target_spec) if target_spec else None
+    rows = []
+    for name, prop in PROPERTIES.items():
+        skip = prop.needs(target) if target else None
+        rows.append([name, ("skipped: " + skip) if skip else _first_sentence(prop.law)])
+    return tabulate(rows, headers=["property", "law"], tablefmt="simple", maxcolwidths=[None, 80])
+
+
+def _first_sentence(text: str) -> str:
+    """A long law shortened to its first sentence (the docstring has the rest)."""
+    text = text.replace("``", "")
+    for stop in (". ", ": "):
+        if len(text) > 160 and stop in text:
+            text = text.split(stop, 1)[0] + "."
+    return text
+
+
+def table(report: Report) -> str:
+    rows = [[r.name, r.status.upper() if r.status == "fail" else r.status, r.examples, f"{r.seconds:.2f}",
+             _note(r)] for r in report.results]
+    return tabulate(rows, headers=["property", "status", "examples", "seconds", "note"],
+                    tablefmt="simple", colalign=("left", "left", "right", "right", "left"),
+                    maxcolwidths=[None, None, None, None, 60])
+
+
+def _note(result: Result) -> str:
+    return "" if result.status == "fail" else result.message
+
+
+def failure(result: Result) -> str:
+    """What a failure shows: the law, what broke, the shrunk case, small arrays, a reproduction."""
+    wrap = textwrap.TextWrapper(width=100, initial_indent="  ", subsequent_indent="    ")
+    lines = [f"FAIL {result.name}", wrap.fill("law: " + result.law), wrap.fill("broken: " + result.message)]
+    example = result.counterexample
+    if example:
+        case = " ".join(f"{key}={value}" for key, value in example["case"].items())
+        lines.append(wrap.fill("case: " + case))
+        shapes = ", ".join(f"{name} {tuple(shape)}" for name, shape in example["shapes"].items())
+        lines.append(f"  shapes: {shapes}")
+        for name, values in example["arrays"].items():
+            lines.append(f"  {name} = {values}")
+        lines.append(f"  reproduce: {example['reproduce']}")
+    return "\n".join(lines)
+
+
+def summary(report: Report, seconds: float) -> str:
+    counts = {s: sum(r.status == s for r in report.results) for s in ("pass", "fail", "skip")}
+    verdict = "conforms" if report.ok else "DOES NOT CONFORM"
+    seed = "" if report.seed is None else f", seed {report.seed}"
+    return (f"{report.target}: {verdict} — {counts['pass']} passed, {counts['fail']} failed, "
+            f"{counts['skip']} skipped in {seconds:.1f} s (profile {report.profile}{seed})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = parser().parse_args(argv)
+        if args.list:
+            print(list_properties(args.target))
+            return 0
+        if not args.target:
+            raise UsageError("check needs a TARGET (a built-in name or package.module:attr)")
+        props = select(args.only)
+        target = load_target(args.target)
+    except (UsageError, TargetError, ValueError) as e:
+        print(f"python -m spec: error: {e}", file=sys.stderr)
+        return 2
+    to_stdout = args.json == "-"
+    report = Report(target=target.name, profile=args.profile, seed=args.seed)
+    start = time.perf_counter()
+    for prop in props:
+        result = run_property(prop, target, profile=args.profile, max_examples=args.max_examples,
+                              seed=args.seed, source=args.target)
+        report.results.append(result)
+        if not to_stdout:
+            status = result.status.upper() if result.status == "fail" else result.status
+            print(f"  {result.name} … {status}", file=sys.stderr, flush=True)
+    elapsed = time.perf_counter() - start
+    if args.json:
+        text = report.to_json()
+        if to_stdout:
+            print(text)
+        else:
+            try:
+                with open(args.json, "w", encoding="utf-8") as f:  # UTF-8: laws use √, ≤, −
+                    f.write(text + "\n")
+            except OSError as e:
+                print(f"python -m spec: error: cannot write --json {args.json}: {e.strerror}",
+                      file=sys.stderr)
+                return 2
+    if not to_stdout:
+        print(table(report))
+        for result in report.failures:
+            print()
+            print(failure(result))
+        print()
+        print(summary(report, elapsed))
+    return 0 if report.ok else 1

@@ -1,0 +1,138 @@
+"""The golden, the baseline and the tolerance policy.
+
+Golden: attention computed in float64 from the target's own inputs, written here independently
+of :mod:`impl` (log-sum-exp form, so it shares no code path with the reference under test).
+Baseline: the naive formula computed in the target's dtype — what a plain, correct
+implementation at that precision gets. A target passes when
+
+    max|out − golden| ≤ k·max|baseline − golden| + floor
+
+with k the target's tolerance factor (2 by default) and the floor the a-priori forward error of
+a correct computation at that precision:
+
+    floor = eps·max|V|·(4 + √n_k + (d_k + 2)·S),   S = |scale|·max_ij Σ_l |q_il|·|k_jl|
+
+(rounding of the d_k-term dot products moves each score by at most ~d_k·eps·S/2, which moves
+the softmax weights by twice that; the weighted sum of n_k values adds ~√n_k·eps·max|V|). The
+floor keeps a lucky, error-free baseline from failing a correct target; the baseline term
+tracks the conditioning of each example. NaN or Inf where the golden is finite always fails.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+Array = np.ndarray
+
+
+def eps(dtype: np.dtype | str) -> float:
+    return float(np.finfo(np.dtype(dtype)).eps)
+
+
+def repeat_kv(x: Array, heads: int) -> Array:  # [..., g, n, d] -> [..., h, n, d]
+    """K/V heads repeated so that query head i reads K/V head i // (h // g)."""
+    return np.repeat(x, heads // x.shape[-3], axis=-3)
+
+
+def golden(q: Array, k: Array, v: Array, *, visible: Array, scale: float) -> tuple[Array, Array]:
+    """Attention in float64 and its pattern; a row with nothing visible gives zeros.
+
+    [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v], [..., n_q, n_k] -> [..., n_q, d_v], [..., n_q, n_k]
+    """
+    q64, k64, v64 = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    scores = np.where(visible, (q64 @ np.swapaxes(k64, -1, -2)) * scale, -np.inf)
+    top = np.max(scores, axis=-1, keepdims=True)
+    top = np.where(np.isfinite(top), top, 0.0)
+    with np.errstate(divide="ignore"):  # log(0) = -inf for empty rows, handled below
+        log_z = top + np.log(np.sum(np.exp(scores - top), axis=-1, keepdims=True))
+    weights = np.where(visible, np.exp(scores - np.where(np.isfinite(log_z), log_z, 0.0)), 0.0)
+    return weights @ v64, weights
+
+
+def baseline(q: Array, k: Array, v: Array, *, visible: Array, scale: float) -> Array:
+    """The textbook computation in the inputs' dtype: max-shifted softmax, then weights @ V."""
+    dtype = q.dtype
+    scores = (q @ np.swapaxes(k, -1, -2)) * dtype.type(scale)
+    scores = np.where(visible, scores, dtype.type(-np.inf))
+    top = np.max(scores, axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore", over="ignore"):
+        e = np.exp(scores - np.where(np.isfinite(top), top, dtype.type(0)))
+        total = np.sum(e, axis=-1, keepdims=True)
+        return ((e / np.where(total > 0, total, dtype.type(1))) @ v).astype(dtype)
+
+
+def floor(q: Array, k: Array, v: Array, *, scale: float) -> float:
+    """The a-priori error of a correct computation in q's dtype (see the module docstring)."""
+    if v.size == 0 or q.size == 0 or k.size == 0:
+        return 0.0
+    d_k, n_k = q.shape[-1], k.shape[-2]
+    q64, k64 = np.abs(q.astype(np.float64)), np.abs(k.astype(np.float64))
+    s_abs = abs(scale) * float(np.max(q64 @ np.swapaxes(k64, -1, -2)))
+    vmax = float(np.max(np.abs(v.astype(np.float64))))
+    return eps(q.dtype) * vmax * (4 + np.sqrt(n_k) + (d_k + 2) * s_abs)
+
+
+def weight_sum_slack(dtype: np.dtype | str, n_k: int, max_score: float) -> float:
+    """How far from 1 a correct implementation's weights may sum: the n_k-term sum of the
+    denominator (≤ n_k·eps/2) plus the rounding of a log-sum-exp of size ~max|score| (a
+    log-space softmax, exp(s − lse), is off by eps·|lse|)."""
+    return eps(dtype) * (2 + n_k / 2 + max_score)
+
+
+def max_score(q: Array, k: Array, *, visible: Array, scale: float) -> float:
+    """max |q·k·scale| over the visible pairs (0 when none is visible)."""
+    s = np.abs((q.astype(np.float64) @ np.swapaxes(k.astype(np.float64), -1, -2)) * scale)
+    return float(np.max(np.where(visible, s, 0.0), initial=0.0))
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """How far an output is from the golden, against what the policy allows."""
+
+    error: float  # max|out − golden| over the compared rows (inf when out is NaN/Inf there)
+    baseline_error: float  # max|baseline − golden| over the same rows
+    allowed: float  # k·baseline_error + floor
+    where: tuple[int, ...]  # index of the worst entry
+
+    @property
+    def ratio(self) -> float:
+        """error / allowed: ≤ 1 passes."""
+        if self.error == 0:
+            return 0.0
+        return self.error / self.allowed if self.allowed > 0 else float("inf")
+
+    @property
+    def ok(self) -> bool:
+        return self.ratio <= 1.0
+
+    def explain(self) -> str:
+        return (
+            f"max|out − golden| = {self.error:.3g} at index {list(self.where)}, allowed {self.allowed:.3g} "
+            f"(baseline error {self.baseline_error:.3g}); ratio {self.ratio:.3g}"
+        )
+
+
+def compare(
+    out: Array, gold: Array, base: Array, *, rows: Array, tolerance: float, floor_: float
+) -> Comparison:
+    """Compare ``out`` with the golden on the query rows selected by ``rows`` [..., n_q] (bool)."""
+    sel = np.broadcast_to(rows[..., None], gold.shape)
+    out64 = np.asarray(out, dtype=np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.where(sel, np.abs(out64 - gold), 0.0)
+        base_diff = np.where(sel, np.abs(base.astype(np.float64) - gold), 0.0)
+    diff = np.where(sel & ~np.isfinite(diff), np.inf, diff)
+    if diff.size == 0:
+        return Comparison(0.0, 0.0, floor_, ())
+    worst = np.unravel_index(int(np.argmax(diff)), diff.shape)
+    base_err = float(np.max(base_diff))
+    if not np.isfinite(base_err):  # the naive baseline overflowed: fall back on the floor
+        base_err = 0.0
+    return Comparison(
+        error=float(diff[worst]),
+        baseline_error=base_err,
+        allowed=tolerance * base_err + floor_,
+        where=tuple(int(i) for i in worst),
+    )

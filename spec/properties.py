@@ -1,0 +1,580 @@
+"""The laws of attention, one named function each.
+
+Every property takes ``(target, case)``, builds its inputs from the case, calls the target and
+raises ``AssertionError`` saying what broke. Its docstring says the law (first paragraph) and a
+real bug it catches (the paragraph starting "Catches"). ``@law`` registers it together with the
+cases it wants and the capability it needs; :mod:`spec.runner` hands it to Hypothesis.
+
+An output-only target is read through identity values: with ``V = I`` (n_k × n_k) the output
+row i *is* the pattern row softmax(q_i Kᵀ·scale), so no target needs to return its weights.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+
+from spec import numerics
+from spec.calling import call
+from spec.cases import Case, cases
+from spec.target import Target
+
+Array = np.ndarray
+Check = Callable[[Target, Case], None]
+
+DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("DEADLINE", default=None)
+"""Per-call deadline in seconds, set by the runner for the property being run."""
+OBSERVED: contextvars.ContextVar[dict[str, float] | None] = contextvars.ContextVar("OBSERVED", default=None)
+"""Worst values a property saw (e.g. the error ratio), collected by the runner for the report."""
+
+
+@dataclass(frozen=True)
+class Property:
+    name: str
+    check: Check
+    strategy: Callable[[Target], st.SearchStrategy[Case]]
+    needs: Callable[[Target], str | None]  # why the target cannot be tested, or None
+    reads_pattern: bool = False  # feeds V = I instead of the case's values
+
+    @property
+    def law(self) -> str:
+        return _paragraphs(self.check)[0]
+
+    @property
+    def catches(self) -> str:
+        found = [p for p in _paragraphs(self.check) if p.startswith("Catches")]
+        return found[0] if found else ""
+
+
+def _paragraphs(fn: Callable[..., Any]) -> list[str]:
+    doc = (fn.__doc__ or "").strip()
+    return [" ".join(line.strip() for line in p.splitlines()) for p in doc.split("\n\n")]
+
+
+PROPERTIES: dict[str, Property] = {}
+
+
+def law(
+    strategy: Callable[[Target], st.SearchStrategy[Case]] | None = None,
+    needs: Callable[[Target], str | None] | None = None,
+    reads_pattern: bool = False,
+) -> Callable[[Check], Check]:
+    """Register a property with the cases it is run on and the capability it needs."""
+
+    def register(fn: Check) -> Check:
+        PROPERTIES[fn.__name__] = Property(
+            name=fn.__name__,
+            check=fn,
+            strategy=strategy or (lambda t: cases(t)),
+            needs=needs or (lambda t: None),
+            reads_pattern=reads_pattern,
+        )
+        return fn
+
+    return register
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+_FROM_CASE: Any = object()
+
+
+def run(
+    target: Target, case: Case, q: Array, k: Array, v: Array, *,
+    causal: bool | None = None, mask: Any = _FROM_CASE, scale: Any = _FROM_CASE,
+) -> Array:  # -> [..., n_q, d_v], float64
+    """The target's output for these inputs (flags from the case unless given), as float64."""
+    out = call(
+        target, q, k, v, deadline=DEADLINE.get(),
+        causal=case.causal if causal is None else causal,
+        mask=case.mask_array() if mask is _FROM_CASE else mask,
+        scale=case.scale if scale is _FROM_CASE else scale,
+    )
+    return out.astype(np.float64)
+
+
+def observe(key: str, value: float) -> None:
+    seen = OBSERVED.get()
+    if seen is not None and (key not in seen or value > seen[key]):
+        seen[key] = value
+
+
+def scale_of(case: Case) -> float:
+    return 1.0 / math.sqrt(case.d_k) if case.scale is None else case.scale
+
+
+def expected(
+    target: Target, case: Case, q: Array, k: Array, v: Array, *, visible: Array | None = None
+) -> tuple[Array, Array, Array, float]:
+    """Golden, its pattern, the baseline and the floor for these inputs (K/V heads repeated for GQA)."""
+    if case.kv_heads is not None:
+        k, v = numerics.repeat_kv(k, case.heads), numerics.repeat_kv(v, case.heads)
+    vis = case.visible(target) if visible is None else visible
+    s = scale_of(case)
+    gold, weights = numerics.golden(q, k, v, visible=vis, scale=s)
+    base = numerics.baseline(q, k, v, visible=vis, scale=s)
+    return gold, weights, base, numerics.floor(q, k, v, scale=s)
+
+
+def assert_matches(
+    target: Target, case: Case, out: Array, q: Array, k: Array, v: Array, *,
+    rows: Array | None = None, visible: Array | None = None, what: str = "output",
+) -> numerics.Comparison:
+    """Assert ``out`` is within the tolerance policy of the golden on rows that see a key."""
+    gold, weights, base, floor = expected(target, case, q, k, v, visible=visible)
+    seen = weights.sum(axis=-1) > 0
+    rows = seen if rows is None else rows & seen
+    cmp = numerics.compare(out, gold, base, rows=rows, tolerance=target.tolerance, floor_=floor)
+    observe("error ratio", cmp.ratio)
+    assert cmp.ok, f"{what} differs from the float64 golden: {cmp.explain()}"
+    return cmp
+
+
+def slack(target: Target, case: Case, q: Array, k: Array) -> float:
+    """Tolerance on the weights' sum for this case (see numerics.weight_sum_slack)."""
+    if case.kv_heads is not None:
+        k = numerics.repeat_kv(k, case.heads)
+    top = numerics.max_score(q, k, visible=case.visible(target), scale=scale_of(case))
+    return numerics.weight_sum_slack(case.dtype, case.n_k, top)
+
+
+def assert_same(
+    target: Target, case: Case, a: Array, b: Array, q: Array, k: Array, v: Array, *,
+    visible: Array | None = None, what: str,
+) -> None:
+    """Assert two outputs of the target agree within twice what the tolerance policy allows each
+    (they may round differently; they may not differ by more). NaN must match NaN."""
+    gold, weights, base, floor = expected(target, case, q, k, v, visible=visible)
+    rows = weights.sum(axis=-1) > 0
+    allowed = numerics.compare(gold, gold, base, rows=rows, tolerance=target.tolerance, floor_=floor).allowed
+    with np.errstate(invalid="ignore"):
+        diff = np.where(rows[..., None], np.abs(a - b), 0.0)
+    diff = np.where(np.isnan(a) & np.isnan(b), 0.0, np.where(np.isnan(diff), np.inf, diff))
+    if diff.size == 0:
+        return
+    at = np.unravel_index(int(np.argmax(diff)), diff.shape)
+    observe("error ratio", float(diff[at]) / (2 * allowed) if allowed > 0 else 0.0)
+    assert diff[at] <= 2 * allowed, (
+        f"{what}: entry {[int(i) for i in at]} is {float(b[at]):.6g} instead of {float(a[at]):.6g} "
+        f"(difference {float(diff[at]):.3g}, allowed {2 * allowed:.3g})"
+    )
+
+
+def _short(perm: Array) -> str:
+    items = perm.tolist()
+    return str(items) if len(items) <= 8 else str(items[:8])[:-1] + ", …]"
+
+
+def identity_values(case: Case) -> Array:  # -> [*kv_lead, n_k, n_k]
+    """V = I: the output is then the attention pattern itself."""
+    eye = np.eye(case.n_k, dtype=case.dtype)
+    return np.ascontiguousarray(np.broadcast_to(eye, (*case.kv_lead, case.n_k, case.n_k)))
+
+
+def pattern(target: Target, case: Case) -> tuple[Array, Array, Array]:
+    """(pattern read through V = I, q, k)."""
+    q, k, _ = case.arrays()
+    return run(target, case, q, k, identity_values(case)), q, k
+
+
+def sees_any(target: Target, case: Case) -> Array:  # -> [*lead, n_q] bool
+    return np.asarray(case.visible(target).any(axis=-1))
+
+
+def needs_ndim(*ranks: int) -> Callable[[Target], str | None]:
+    def need(t: Target) -> str | None:
+        if any(r in t.ndims for r in ranks):
+            return None
+        return f"needs inputs of rank {' or '.join(map(str, ranks))} (target declares ndims={t.ndims})"
+
+    return need
+
+
+def needs_causal(t: Target) -> str | None:
+    return None if t.causal_alignment else "needs a causal mode (target declares causal_alignment=None)"
+
+
+def needs_mask(t: Target) -> str | None:
+    return None if t.supports_mask else "needs mask= (target declares supports_mask=False)"
+
+
+def differs_at(a: Array, b: Array) -> tuple[int, ...]:
+    bad = ~((a == b) | (np.isnan(a) & np.isnan(b)))
+    return tuple(int(i) for i in np.argwhere(bad)[0])
+
+
+# --- the laws ------------------------------------------------------------------------------
+
+
+@law()
+def output_shape_dtype(target: Target, case: Case) -> None:
+    """The output has shape (..., n_q, d_v) and the inputs' dtype.
+
+    Catches: weights @ K instead of weights @ V (width d_k, wrong whenever d_v ≠ d_k); a result
+    silently upcast to float64 from float32 inputs, doubling memory downstream.
+    """
+    q, k, v = case.arrays()
+    out = call(target, q, k, v, deadline=DEADLINE.get(), causal=case.causal,
+               mask=case.mask_array(), scale=case.scale)
+    assert out.dtype == q.dtype, f"output dtype is {out.dtype}, inputs are {q.dtype}"
+
+
+@law(strategy=lambda t: cases(t, masks=("none", "random")))
+def inputs_not_mutated(target: Target, case: Case) -> None:
+    """q, k, v (and mask) are bit-for-bit the same after the call.
+
+    Catches: an in-place ``q *= scale`` or ``scores.masked_fill_`` on a view of the caller's
+    array — the next layer then reads scaled queries.
+    """
+    q, k, v = case.arrays()
+    mask = case.mask_array()
+    given = {"q": q, "k": k, "v": v} | ({} if mask is None else {"mask": mask})
+    kept = {name: x.copy() for name, x in given.items()}
+    call(target, q, k, v, deadline=DEADLINE.get(), causal=case.causal, mask=mask, scale=case.scale,
+         copy=False)
+    for name, x in given.items():
+        assert np.array_equal(x, kept[name], equal_nan=x.dtype != bool), (
+            f"the target changed its input {name} (first change at index {list(differs_at(x, kept[name]))})"
+        )
+
+
+@law(strategy=lambda t: cases(t, masks=("none", "random"), scale=True))
+def matches_golden(target: Target, case: Case) -> None:
+    """The output equals an independent float64 attention within the tolerance policy.
+
+    Catches: tiling that drops the last (partial) block of keys; an online softmax that forgets to
+    rescale the accumulator when the running maximum grows; any error that no single law names.
+    """
+    q, k, v = case.arrays()
+    assert_matches(target, case, run(target, case, q, k, v), q, k, v)
+
+
+@law(strategy=lambda t: cases(t, pattern=True, n_max=130), reads_pattern=True)
+def rows_sum_to_one(target: Target, case: Case) -> None:
+    """Every query row that sees a key has attention weights ≥ 0 summing to 1 (read via V = I).
+
+    Catches: softmax over the wrong axis (columns sum to 1, rows do not); masking applied after the
+    softmax without renormalising (rows sum to less than 1).
+    """
+    p, q, k = pattern(target, case)
+    rows = sees_any(target, case)
+    tol = target.tolerance * slack(target, case, q, k)
+    sums = p.sum(axis=-1)
+    bad = rows & ~(np.abs(sums - 1) <= tol)
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise AssertionError(f"row {list(at)} of the pattern sums to {float(sums[at])!r}, not 1 (±{tol:.2g})")
+    low = float(np.min(np.where(rows[..., None], p, 0.0), initial=0.0))
+    assert low >= -tol, f"a pattern entry is negative: {low!r}"
+
+
+@law(strategy=lambda t: cases(t, masks=("none", "random")))
+def convex_combination(target: Target, case: Case) -> None:
+    """Each output coordinate lies between the min and max of that coordinate over the *visible*
+    values (the output is a convex combination of them).
+
+    Catches: a softmax that is never normalised (outputs scale with the number of keys); masked
+    scores multiplied by 0 instead of set to −∞ (invisible values get weight e⁰ = 1).
+    """
+    q, k, v = case.arrays()
+    out = run(target, case, q, k, v)
+    vis = case.visible(target)
+    v64 = np.broadcast_to(v.astype(np.float64)[..., None, :, :], (*vis.shape, case.d_v))
+    hidden = ~vis[..., None]
+    lo = np.min(np.where(hidden, np.inf, v64), axis=-2)  # [..., n_q, d_v]
+    hi = np.max(np.where(hidden, -np.inf, v64), axis=-2)
+    vmax = float(np.max(np.abs(v64), initial=0.0))
+    tol = target.tolerance * slack(target, case, q, k) * vmax
+    rows = sees_any(target, case)[..., None]
+    with np.errstate(invalid="ignore"):
+        bad = rows & ~((out >= lo - tol) & (out <= hi + tol))
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise AssertionError(
+            f"output {list(at)} = {out[at]:.6g} lies outside [{lo[at]:.6g}, {hi[at]:.6g}], "
+            "the range of the values that query sees"
+        )
+
+
+@law(strategy=lambda t: cases(t, masks=("none", "random")))
+def uniform_scores_average(target: Target, case: Case) -> None:
+    """When every key is the same, all scores in a row tie and the output is the plain mean of
+    the visible values (under the causal mask: the running mean v_0..v_i).
+
+    Catches: a causal mask off by one in either direction (j < i: query 0 sees nothing; j ≤ i+1:
+    the mean includes the next value); dividing by n_k instead of the number of visible keys.
+    """
+    q, k, v = case.arrays()
+    k = np.ascontiguousarray(np.broadcast_to(k[..., :1, :], k.shape))
+    assert_matches(target, case, run(target, case, q, k, v), q, k, v,
+                   what="with all keys equal, the output")
+
+
+@law(strategy=lambda t: cases(t, pattern=True, n_k_min=2, n_max=64, values=("normal",), scale=True),
+     reads_pattern=True)
+def scale_is_inv_sqrt_dk(target: Target, case: Case) -> None:
+    """The scores are q·k times exactly 1/√d_k (or the scale= given): recovered from the pattern's
+    log-ratios, log(P_ij / P_ij') = scale·q_i·(k_j − k_j'), by least squares.
+
+    Catches: scaling by 1/d_k, by 1/√d_v or by 1/√(h·d_k) (the model width) instead of 1/√d_k;
+    no scaling at all; a ``scale=`` argument that is accepted and ignored.
+    """
+    p, q, k = pattern(target, case)
+    vis = case.visible(target)
+    q64, k64 = q.astype(np.float64), k.astype(np.float64)
+    if case.kv_heads is not None:
+        k64 = numerics.repeat_kv(k64, case.heads)
+    raw = q64 @ np.swapaxes(k64, -1, -2)  # q·k without any scale
+    # Compare each key with the row's most likely one; keep entries well above underflow.
+    top = np.argmax(np.where(vis, p, -np.inf), axis=-1)[..., None]
+    p_top = np.take_along_axis(p, top, axis=-1)
+    # Subnormal weights carry few significant bits: keep only normal numbers.
+    usable = vis & (p > 1e-3 * p_top) & (p >= 16 * float(np.finfo(case.dtype).tiny))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        y = np.log(p) - np.log(p_top)
+    x = raw - np.take_along_axis(raw, top, axis=-1)
+    x, y = x[usable], y[usable]
+    if float(np.sum(x * x)) < 1e-6:
+        return  # no two distinguishable visible keys: nothing to recover (rare: n_k ≥ 2 is drawn)
+    recovered = float(np.sum(x * y) / np.sum(x * x))
+    want = scale_of(case)
+    # Each log-ratio carries the relative error of two weights; least squares spreads it over |x|.
+    dtype_eps = numerics.eps(case.dtype)
+    s_abs = abs(want) * float(np.max(np.abs(q64) @ np.swapaxes(np.abs(k64), -1, -2)))
+    rel_err = dtype_eps * (8 + (case.d_k + 2) * s_abs)
+    tol = target.tolerance * 2 * rel_err * float(np.sum(np.abs(x)) / np.sum(x * x))
+    assert abs(recovered - want) <= tol, (
+        f"recovered scale {recovered:.6g} (1/√{1 / recovered**2:.4g}), expected {want:.6g} "
+        f"({'1/√d_k' if case.scale is None else 'scale='}) for d_k = {case.d_k}; tolerance {tol:.2g}"
+    )
+
+
+SCORE_SAMPLES = 4096
+SCORE_VARIANCE_BAND = 0.25
+
+
+def _score_variance_cases(t: Target) -> st.SearchStrategy[Case]:
+    rank = 4 if 4 in t.ndims else 3
+    return st.builds(
+        Case, dtype=st.sampled_from(t.dtypes), ndim=st.just(rank), batch=st.just(64),
+        heads=st.just(SCORE_SAMPLES // 64 if rank == 4 else SCORE_SAMPLES), n_q=st.just(1),
+        n_k=st.just(2), d_k=st.one_of(st.sampled_from((1, 2, 8, 64, 128)), st.integers(1, 128)),
+        d_v=st.just(2), seed=st.integers(0, 2**32 - 1),
+    )
+
+
+@law(strategy=_score_variance_cases, needs=needs_ndim(3, 4), reads_pattern=True)
+def score_variance(target: Target, case: Case) -> None:
+    """For q, k with independent unit-variance entries the scaled scores have variance 1,
+    whatever d_k. Measured on 4,096 independent heads, each one query against two keys:
+    x = log(P_1/P_0) = s_1 − s_0 has E[x²] = 2, so v̂ = mean(x²)/2 must lie within 1 ± 0.25.
+    The standard deviation of v̂ is √((8 + 24/d_k)/4096)/2 ≤ 0.044, so the band is ≥ 5.6σ wide:
+    a correct target fails with probability below 1e-7 per example (normal approximation; the
+    worst case is d_k = 1), i.e. about once in 10⁵ CI runs of 40 examples.
+
+    Catches: scaling by 1/d_k (variance 1/d_k) or not at all (variance d_k) for d_k ≥ 2; a scale
+    taken from the model width h·d_k instead of the head width.
+    """
+    p, _, _ = pattern(target, case)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        x = np.log(p[..., 0, 1]) - np.log(p[..., 0, 0])
+    estimate = float(np.mean(x * x) / 2)
+    want = 1.0 if case.scale is None else case.scale**2 * case.d_k
+    assert abs(estimate - want) <= SCORE_VARIANCE_BAND, (
+        f"variance of the scaled scores is {estimate:.4g} for d_k = {case.d_k}, expected 1 ± "
+        f"{SCORE_VARIANCE_BAND}"
+    )
+
+
+@law(strategy=lambda t: cases(t, causal=(False,), masks=("none", "random"), n_k_min=2))
+def kv_permutation_invariance(target: Target, case: Case) -> None:
+    """Without a causal mask, permuting the keys together with their values (and the mask's
+    columns) leaves the output unchanged: attention sees a set, not a sequence.
+
+    Catches: a causal mask (or position bias) applied even when ``causal=False``.
+    """
+    q, k, v = case.arrays()
+    mask = case.mask_array()
+    perm = case.rng(2).permutation(case.n_k)
+    out = run(target, case, q, k, v)
+    moved = run(target, case, q, k[..., perm, :], v[..., perm, :],
+                mask=None if mask is None else mask[..., perm])
+    assert_same(target, case, out, moved, q, k, v,
+                what=f"with keys and values permuted by {_short(perm)}, the output")
+
+
+@law(strategy=lambda t: cases(t, causal=(False,), masks=("none", "random"), n_q_min=2))
+def query_permutation_equivariance(target: Target, case: Case) -> None:
+    """Without a causal mask, permuting the queries permutes the output rows the same way.
+
+    Catches: a position-dependent transform of the queries inside the kernel (rotary embedding
+    applied twice); output tiles written back at the wrong row offset.
+    """
+    q, k, v = case.arrays()
+    mask = case.mask_array()
+    perm = case.rng(2).permutation(case.n_q)
+    out = run(target, case, q, k, v)
+    moved = run(target, case, q[..., perm, :], k, v, mask=None if mask is None else mask[..., perm, :])
+    back = np.empty_like(moved)
+    back[..., perm, :] = moved
+    assert_same(target, case, out, back, q, k, v,
+                what=f"with queries permuted by {_short(perm)}, the un-permuted output")
+
+
+def _several_slices(t: Target) -> st.SearchStrategy[Case]:
+    return cases(t, ndims=(3, 4), n_max=48, masks=("none", "random")).filter(
+        lambda c: c.batch * c.heads >= 2)
+
+
+@law(strategy=_several_slices, needs=needs_ndim(3, 4))
+def batch_head_independence(target: Target, case: Case) -> None:
+    """Each (batch, head) slice of a batched call equals the call on that slice alone.
+
+    Catches: heads mixed by a wrong reshape ((b, h, n, d) viewed as (b, n, h, d)); a softmax
+    normalised over the heads or batch axis.
+    """
+    q, k, v = case.arrays()
+    mask = case.mask_array()
+    out = run(target, case, q, k, v)
+    vis = case.visible(target)
+    for index in np.ndindex(*case.lead()):
+        one = tuple(slice(i, i + 1) for i in index)  # keep the rank: (1, 1, n, d)
+        alone = run(target, case, q[one], k[one], v[one], mask=None if mask is None else mask[one])
+        assert_same(target, case, out[one], alone, q[one], k[one], v[one], visible=vis[one],
+                    what=f"(batch, head) slice {list(index)} alone, against the batched call")
+
+
+@law(strategy=lambda t: cases(t, amplitudes=(1e2, 1e3, 1e4), values=("normal",), n_max=64))
+def large_logits(target: Target, case: Case) -> None:
+    """With scores of magnitude up to ~1e4 the output is finite and still matches the golden
+    (float16 is tested up to 1e2, where exp already overflows).
+
+    Catches: a softmax that exponentiates without subtracting the row maximum (exp overflows to
+    inf, inf/inf = NaN).
+    """
+    amplitude = min(case.amplitude, 1e2) if case.dtype == "float16" else case.amplitude
+    case = dataclasses.replace(case, amplitude=amplitude)
+    q, k, v = case.arrays()
+    out = run(target, case, q, k, v)
+    rows = sees_any(target, case)
+    bad = rows[..., None] & ~np.isfinite(out)
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise AssertionError(f"output {list(at)} is {out[at]} for scores of magnitude ~{case.amplitude:g}")
+    assert_matches(target, case, out, q, k, v)
+
+
+@law(strategy=lambda t: cases(t, causal=(True,), n_k_min=2), needs=needs_causal)
+def causal_no_leak(target: Target, case: Case) -> None:
+    """Changing the keys and values from position t on leaves every output that cannot see
+    position t bit-identical (up to the sign of zero; within tolerance if the target declares
+    exact_masking=False) — the source article's experiment, generalised.
+
+    Catches: a mask off by one (j ≤ i + 1); the mask built transposed (j ≥ i) or not applied;
+    a row maximum taken before masking, so future scores move the rounding of past outputs.
+    """
+    q, k, v = case.arrays()
+    rng = case.rng(3)
+    t = int(rng.integers(1, case.n_k)) if case.n_k > 1 else 0
+    factor = 1.0 if rng.random() < 0.5 else (10.0 if case.dtype == "float16" else 1e3)
+    k2, v2 = k.copy(), v.copy()
+    k2[..., t:, :] = (case.values_like(rng, k2[..., t:, :].shape) * factor).astype(case.dtype)
+    v2[..., t:, :] = (case.values_like(rng, v2[..., t:, :].shape) * factor).astype(case.dtype)
+    vis = case.visible(target)
+    blind = np.asarray(~vis[..., t:].any(axis=-1))  # [..., n_q]: rows that see no changed position
+    before = run(target, case, q, k, v)
+    after = run(target, case, q, k2, v2)
+    if target.exact_masking:
+        same = (before == after) | (np.isnan(before) & np.isnan(after))
+        bad = blind[..., None] & ~same
+        if bad.any():
+            at = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise AssertionError(
+                f"changing keys/values from position {t} on changed output {list(at)} "
+                f"from {float(before[at])!r} to {float(after[at])!r}, though query {at[-2]} "
+                f"cannot see position {t}"
+            )
+    else:
+        assert_matches(target, case, after, q, k, v, rows=blind, what=f"after changing keys from {t}, output")
+
+
+def _masked_rows_needs(t: Target) -> str | None:
+    if t.masked_rows == "any":
+        return "target declares masked_rows='any' (fully-masked rows unspecified)"
+    if not (t.supports_mask or t.causal_alignment == "bottom_right"):
+        return "needs mask= or bottom-right causal alignment to produce rows that see no key"
+    return None
+
+
+def _masked_rows_cases(t: Target) -> st.SearchStrategy[Case]:
+    if t.supports_mask:
+        return cases(t, masks=("rows",))
+    return cases(t, causal=(True,), n_q_min=2).filter(lambda c: c.n_q > c.n_k)
+
+
+@law(strategy=_masked_rows_cases, needs=_masked_rows_needs)
+def masked_rows_policy(target: Target, case: Case) -> None:
+    """A query that sees no key at all returns what the target declares: exact zeros, all NaN,
+    or the plain mean of all values; the other rows are unaffected.
+
+    Catches: a plain softmax over an all −∞ row (0/0 = NaN) in a target that promises zeros; a
+    finite −1e9 additive mask (uniform weights) where zeros were promised.
+    """
+    q, k, v = case.arrays()
+    out = run(target, case, q, k, v)
+    empty = ~sees_any(target, case)
+    got = out[empty]  # [rows, d_v]
+    policy = target.masked_rows
+    if policy == "zeros":
+        ok, want = bool(np.all(got == 0)), "exact zeros"
+    elif policy == "nan":
+        ok, want = bool(np.all(np.isnan(got))), "NaN"
+    else:
+        mean = np.broadcast_to(v.astype(np.float64).mean(axis=-2, keepdims=True), out.shape)[empty]
+        tol = target.tolerance * numerics.floor(q, k, v, scale=scale_of(case))
+        ok, want = bool(np.all(np.abs(got - mean) <= tol)), "the mean of all values"
+    if not ok:
+        at = tuple(int(i) for i in np.argwhere(empty)[0])
+        raise AssertionError(f"query row {list(at)} sees no key; expected {want}, got {out[at][:4]!r}")
+    assert_matches(target, case, out, q, k, v, what="rows that see a key")
+
+
+@law(strategy=lambda t: cases(t, ndims=(3, 4), gqa=True, n_max=48),
+     needs=lambda t: None if t.supports_gqa else "needs grouped K/V heads (supports_gqa=False)")
+def gqa_matches_repeated_kv(target: Target, case: Case) -> None:
+    """With g K/V heads shared by h query heads, the output equals plain multi-head attention with
+    each K/V head repeated h/g times (query head i reads K/V head i // (h/g)).
+
+    Catches: K/V heads tiled instead of repeated (head i reads i mod g), the interleaving bug
+    between the PyTorch/JAX convention and a hand-written broadcast.
+    """
+    q, k, v = case.arrays()
+    out = run(target, case, q, k, v)
+    assert_matches(target, case, out, q, k, v, what="grouped-query output")
+
+
+@law(strategy=lambda t: cases(t, n_k_min=2), needs=needs_mask)
+def mask_semantics(target: Target, case: Case) -> None:
+    """``mask=True`` means *may attend*: an all-True mask changes nothing, and the causal mask
+    passed as ``mask=`` equals ``causal=True``.
+
+    Catches: the inverted convention (True = masked out, as in PyTorch's old key_padding_mask).
+    """
+    q, k, v = case.arrays()
+    lead = (*case.lead(), case.n_q, case.n_k)
+    out = run(target, case, q, k, v, causal=False, mask=np.ones(lead, dtype=bool))
+    assert_matches(target, dataclasses.replace(case, causal=False, mask="none"), out, q, k, v,
+                   what="with an all-True mask, the output")
+    if target.causal_alignment is not None:
+        causal = dataclasses.replace(case, causal=True, mask="none")
+        as_mask = np.ascontiguousarray(np.broadcast_to(causal.visible(target), lead))
+        out = run(target, case, q, k, v, causal=False, mask=as_mask)
+        assert_matches(target, causal, out, q, k, v, what="with the causal mask passed as mask=, the output")
+

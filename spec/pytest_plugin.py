@@ -1,0 +1,99 @@
+"""pytest plugin: the properties as pytest tests against the target of another project.
+
+    pytest --attention-target=mypackage.kernels:attention        # or ATTENTION_TARGET=...
+
+adds one test per property, ``attention-spec::<property>``, to whatever else is collected
+(``-k`` selects among them; pytest-xdist spreads them over workers). Registered through the
+``pytest11`` entry point, so installing the package is enough; without a target the plugin adds
+nothing. Options: ``--attention-profile quick|ci|thorough`` (default ci), ``--attention-seed N``,
+``--attention-max-examples N``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+from spec.cli import failure
+from spec.properties import PROPERTIES, Property
+from spec.runner import PROFILES, Result, run_property
+from spec.target import Target, TargetError, load_target
+
+ENV = "ATTENTION_TARGET"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("attention-spec", "attention conformance suite")
+    group.addoption("--attention-target", metavar="TARGET", default=None,
+                    help=f"check this attention target (built-in name or module:attr; env {ENV})")
+    group.addoption("--attention-profile", choices=list(PROFILES), default="ci",
+                    help="examples per property: quick, ci (default, derandomized) or thorough")
+    group.addoption("--attention-seed", type=int, default=None, metavar="N", help="random seed")
+    group.addoption("--attention-max-examples", type=int, default=None, metavar="N",
+                    help="examples per property")
+
+
+class PropertyFailed(Exception):
+    def __init__(self, result: Result) -> None:
+        super().__init__(result.message)
+        self.result = result
+
+
+class PropertyItem(pytest.Item):
+    """One property run against the target."""
+
+    def __init__(self, *, prop: Property, target: Target, source: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.prop, self.target, self.source = prop, target, source
+
+    def runtest(self) -> None:
+        opt = self.config.getoption
+        result = run_property(self.prop, self.target, profile=opt("attention_profile"),
+                              max_examples=opt("attention_max_examples"), seed=opt("attention_seed"),
+                              source=self.source)
+        if result.status == "skip":
+            # Reported at the property (the item), not at this line of the plugin.
+            raise pytest.skip.Exception(result.message, _use_item_location=True)
+        if result.status == "fail":
+            raise PropertyFailed(result)
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
+        if isinstance(excinfo.value, PropertyFailed):
+            return failure(excinfo.value.result)
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self) -> tuple[str, int | None, str]:
+        """Where the property is written (skips and failures point there)."""
+        code = self.prop.check.__code__
+        return code.co_filename, code.co_firstlineno - 1, f"{self.prop.name} [{self.target.name}]"
+
+
+class PropertySuite(pytest.Collector):
+    """The properties, as a collector node of the session."""
+
+    def __init__(self, *, target: Target, source: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.target, self.source = target, source
+
+    def collect(self) -> list[pytest.Item | pytest.Collector]:
+        return [PropertyItem.from_parent(self, name=name, prop=prop, target=self.target, source=self.source)
+                for name, prop in PROPERTIES.items()]
+
+
+@pytest.hookimpl(tryfirst=True)  # before -k / -m deselect, so they can select properties
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[Any]) -> None:
+    source = config.getoption("attention_target") or os.environ.get(ENV)
+    if not source:
+        return
+    try:
+        target = load_target(source)
+    except TargetError as e:
+        raise pytest.UsageError(f"--attention-target: {e}") from None
+    suite = PropertySuite.from_parent(session, name="attention-spec", nodeid="attention-spec",
+                                      target=target, source=source)
+    collected = suite.collect()
+    # Tell the reporters, so that "collected N items" counts the properties too.
+    config.hook.pytest_collectreport(report=pytest.CollectReport(suite.nodeid, "passed", None, collected))
+    items.extend(collected)

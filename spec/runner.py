@@ -1,0 +1,238 @@
+"""Running properties against a target with Hypothesis, and the report that comes out.
+
+``check(target, profile="ci")`` is the Python door; the CLI and the pytest plugin call
+:func:`run_property` and read the same :class:`Result` objects.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import hypothesis
+import numpy as np
+from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+
+from spec.calling import TargetHung
+from spec.cases import Case
+from spec.properties import DEADLINE, OBSERVED, PROPERTIES, Property, identity_values
+from spec.target import Target, TargetError, load_target
+
+
+@dataclass(frozen=True)
+class Profile:
+    max_examples: int  # per property
+    derandomize: bool  # the same examples every run (CI), unless a seed is given
+    deadline_s: float  # per call of the target
+
+
+PROFILES = {
+    "quick": Profile(max_examples=10, derandomize=True, deadline_s=5.0),
+    "ci": Profile(max_examples=40, derandomize=True, deadline_s=10.0),
+    "thorough": Profile(max_examples=400, derandomize=False, deadline_s=30.0),
+}
+
+SMALL_ARRAY = 48  # counterexample arrays with at most this many entries are printed in full
+
+
+@dataclass
+class Result:
+    name: str
+    status: str  # "pass" | "fail" | "skip"
+    examples: int
+    seconds: float
+    message: str = ""
+    counterexample: dict[str, Any] | None = None
+    law: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "status": self.status, "examples": self.examples,
+            "seconds": round(self.seconds, 3), "message": self.message,
+            "counterexample": self.counterexample, "law": self.law,
+        }
+
+
+@dataclass
+class Report:
+    target: str
+    profile: str
+    seed: int | None
+    results: list[Result] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when no property failed (skips do not count against conformance)."""
+        return all(r.status != "fail" for r in self.results)
+
+    @property
+    def failures(self) -> list[Result]:
+        return [r for r in self.results if r.status == "fail"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "target": self.target, "ok": self.ok, "profile": self.profile, "seed": self.seed,
+            "results": [r.to_dict() for r in self.results],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, allow_nan=False, ensure_ascii=False, default=_jsonable)
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, np.generic):
+        return x.item()
+    raise TypeError(f"cannot write {type(x).__name__} to JSON")
+
+
+def select(only: Iterable[str] | None = None) -> list[Property]:
+    """The properties named in ``only`` (all when None), in registry order.
+
+    Raises ValueError naming the unknown names.
+    """
+    if only is None:
+        return list(PROPERTIES.values())
+    wanted = list(only)
+    unknown = [n for n in wanted if n not in PROPERTIES]
+    if unknown:
+        raise ValueError(f"unknown property {', '.join(map(repr, unknown))}; "
+                         "see python -m spec check --list")
+    return [p for name, p in PROPERTIES.items() if name in wanted]
+
+
+def _settings(profile: Profile, max_examples: int | None, seed: int | None) -> settings:
+    return settings(
+        max_examples=max_examples or profile.max_examples,
+        derandomize=profile.derandomize and seed is None,
+        database=None,  # a report must be a function of target, profile and seed alone
+        deadline=None,  # the per-call deadline is ours (spec.calling), not per example
+        suppress_health_check=list(HealthCheck),  # slow targets are not the target's failure
+        phases=[Phase.explicit, Phase.generate, Phase.shrink],
+        report_multiple_bugs=False,
+        print_blob=False,
+        verbosity=Verbosity.quiet,
+    )
+
+
+def run_property(
+    prop: Property, target: Target, *, profile: str = "ci", max_examples: int | None = None,
+    seed: int | None = None, source: str | None = None,
+) -> Result:
+    """Run one property with Hypothesis; every outcome, however the target misbehaves, is a Result.
+
+    ``source`` is how the target was named (for the reproduction line); defaults to its name.
+    """
+    chosen = PROFILES[profile]
+    reason = prop.needs(target)
+    if reason:
+        return Result(prop.name, "skip", 0, 0.0, reason, law=prop.law)
+    last: list[Case] = []  # the example being run; after a failure, the shrunk one
+    calls: list[int] = []
+    observed: dict[str, float] = {}
+
+    def test(case: Case) -> None:
+        last[:] = [case]
+        calls.append(1)
+        prop.check(target, case)
+
+    test.__name__ = test.__qualname__ = prop.name  # derandomized streams differ per property
+    runner = _settings(chosen, max_examples, seed)(given(prop.strategy(target))(test))
+    if seed is not None:
+        runner = hypothesis.seed(seed)(runner)
+    deadline_token = DEADLINE.set(chosen.deadline_s)
+    observed_token = OBSERVED.set(observed)
+    start = time.perf_counter()
+    try:
+        runner()
+    except TargetHung as e:
+        return _failure(prop, target, last, calls, start, f"the target {e}", source)
+    except AssertionError as e:
+        return _failure(prop, target, last, calls, start, str(e), source)
+    except Exception as e:  # a misbehaving target must never crash the suite
+        return _failure(prop, target, last, calls, start, f"{type(e).__name__}: {e}", source)
+    finally:
+        DEADLINE.reset(deadline_token)
+        OBSERVED.reset(observed_token)
+    seconds = time.perf_counter() - start
+    message = ", ".join(f"worst {key} {value:.3g}" for key, value in observed.items()
+                        if math.isfinite(value))
+    return Result(prop.name, "pass", len(calls), seconds, message, law=prop.law)
+
+
+def _failure(
+    prop: Property, target: Target, last: list[Case], calls: list[int], start: float, message: str,
+    source: str | None,
+) -> Result:
+    case = last[0] if last else None
+    example = None if case is None else counterexample(prop, case, source or target.name)
+    first_line = message.strip().splitlines()[0] if message.strip() else "failed"
+    return Result(prop.name, "fail", len(calls), time.perf_counter() - start, first_line, example,
+                  law=prop.law)
+
+
+def counterexample(prop: Property, case: Case, source: str) -> dict[str, Any]:
+    """The shrunk case as plain values, its shapes, small arrays in full, and a reproduction line."""
+    q, k, v = case.arrays()
+    if prop.reads_pattern:
+        v = identity_values(case)
+    arrays = {"q": q, "k": k, "v": v}
+    mask = case.mask_array()
+    if mask is not None:
+        arrays["mask"] = mask
+    fields = ", ".join(f"{key}={value!r}" for key, value in case.describe().items())
+    code = f"import spec; spec.replay({source!r}, {prop.name!r}, {fields})"
+    return {
+        "case": case.describe(),
+        "shapes": {name: list(shape) for name, shape in case.shapes().items()},
+        "arrays": {name: x.tolist() for name, x in arrays.items() if x.size <= SMALL_ARRAY},
+        "reproduce": f"python -c {_quote(code)}",
+    }
+
+
+def _quote(code: str) -> str:
+    """Shell quoting that stays readable: double quotes unless the code needs more."""
+    return f'"{code}"' if not any(c in code for c in '"$`\\!') else shlex.quote(code)
+
+
+def replay(target: str | Target | Any, name: str, **case: Any) -> None:
+    """Run property ``name`` on one case (the fields of a counterexample); raises AssertionError
+    if the law is broken, returns None if it holds."""
+    (prop,) = select([name])
+    loaded = load_target(target)
+    token = DEADLINE.set(PROFILES["ci"].deadline_s)
+    try:
+        prop.check(loaded, Case(**case))
+    finally:
+        DEADLINE.reset(token)
+
+
+def check(
+    target: str | Target | Any, profile: str = "ci", *, max_examples: int | None = None,
+    seed: int | None = None, only: Iterable[str] | None = None,
+) -> Report:
+    """Run the properties against ``target`` (a built-in name, ``module:attr``, a callable or a
+    :class:`~spec.Target`) and return the :class:`Report`.
+
+    Raises :class:`~spec.TargetError` when the target does not load and ValueError for an
+    unknown profile or property name.
+    """
+    if profile not in PROFILES:
+        raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}")
+    if max_examples is not None and max_examples < 1:
+        raise ValueError(f"max_examples must be a positive integer, got {max_examples}")
+    props = select(only)
+    loaded = load_target(target)
+    source = target if isinstance(target, str) else loaded.name
+    report = Report(target=loaded.name, profile=profile, seed=seed)
+    for prop in props:
+        report.results.append(run_property(prop, loaded, profile=profile, max_examples=max_examples,
+                                           seed=seed, source=source))
+    return report
+
+
+__all__ = ["PROFILES", "Report", "Result", "TargetError", "check", "replay", "run_property", "select"]

@@ -1,0 +1,132 @@
+"""The CLI (in-process through main, plus one real subprocess) and the pytest plugin."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
+
+from spec.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+
+
+def test_conforming_target_exits_0_with_a_table(capsys):
+    assert main(["check", "reference", "--profile", "quick", "--only", "rows_sum_to_one",
+                 "--only", "causal_no_leak"]) == 0
+    out = capsys.readouterr().out
+    assert "rows_sum_to_one" in out and "causal_no_leak" in out and "conforms" in out
+    assert "matches_golden" not in out
+
+
+def test_broken_target_exits_1_naming_the_property_law_case_and_reproduction(capsys):
+    assert main(["check", "spec_gallery:mask_off_by_one", "--only", "causal_no_leak"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL causal_no_leak" in out and "law: Changing the keys" in out
+    assert "case: dtype=" in out and "shapes: q (" in out and "reproduce: python -c" in out
+    assert "DOES NOT CONFORM" in out
+
+
+def test_json_report_has_the_documented_schema(tmp_path, capsys):
+    path = tmp_path / "report.json"
+    code = main(["check", "spec_gallery:missing_scale", "--profile", "quick", "--max-examples", "5",
+                 "--only", "scale_is_inv_sqrt_dk", "output_shape_dtype", "--json", str(path)])
+    assert code == 1
+    report = json.loads(path.read_text())
+    assert set(report) == {"target", "ok", "profile", "seed", "results"}
+    assert report["ok"] is False and report["profile"] == "quick" and report["seed"] is None
+    assert [r["name"] for r in report["results"]] == ["output_shape_dtype", "scale_is_inv_sqrt_dk"]
+    passed, failed = report["results"]
+    assert {"name", "status", "examples", "seconds", "message", "counterexample"} <= set(failed)
+    assert passed["status"] == "pass" and passed["counterexample"] is None and passed["examples"] == 5
+    assert failed["status"] == "fail" and failed["counterexample"]["case"]["d_k"] >= 2
+
+
+def test_json_to_stdout(capsys):
+    assert main(["check", "flash", "--profile", "quick", "--only", "mask_semantics", "--json", "-"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["results"][0]["status"] == "skip"
+
+
+def test_list_shows_every_property_and_what_a_target_would_skip(capsys):
+    assert main(["check", "--list"]) == 0
+    assert "score_variance" in capsys.readouterr().out
+    assert main(["check", "flash", "--list"]) == 0
+    assert "skipped: needs mask=" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [(["check", "nope"], "unknown target 'nope'"),
+     (["check", "impl:nope"], "no attribute"),
+     (["check", "reference", "--only", "rows"], "unknown property 'rows'"),
+     (["check", "reference", "--profile", "fast"], "--profile"),
+     (["check", "reference", "--max-examples", "0"], "--max-examples"),
+     (["check", "reference", "--seed", "x"], "--seed"),
+     (["check"], "needs a TARGET"),
+     ([], "command")],
+)
+def test_usage_errors_exit_2_with_one_line(argv, message, capsys):
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert message in captured.err and captured.err.count("\n") == 1 and not captured.out
+
+
+def test_real_subprocess_exit_codes():
+    ok = subprocess.run([sys.executable, "-m", "spec", "check", "flash", "--profile", "quick", "--only",
+                         "causal_no_leak"], capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    bad = subprocess.run([sys.executable, "-m", "spec", "check", "torch_or_what"], capture_output=True,
+                         text=True, env=ENV, cwd=ROOT, timeout=300)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and bad.stderr.count("\n") == 1
+
+
+def _plugin_args() -> list[str]:
+    """Load the plugin by hand unless the installed package's pytest11 entry point already does."""
+    installed = any(ep.value == "spec.pytest_plugin" for ep in entry_points(group="pytest11"))
+    return [] if installed else ["-p", "spec.pytest_plugin"]
+
+
+def _pytest(tmp_path, *args, env=ENV):
+    (tmp_path / "test_own.py").write_text("def test_own():\n    pass\n")
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", *_plugin_args(), "-p", "no:cacheprovider", "-q",
+         "--attention-profile=quick", *args],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600,
+    )
+
+
+def test_pytest_plugin_adds_the_properties_next_to_the_projects_tests(tmp_path):
+    run = _pytest(tmp_path, "--attention-target=reference", "-k", "own or rows_sum or gqa")
+    assert run.returncode == 0, run.stdout
+    assert "2 passed, 1 skipped" in run.stdout
+
+
+def test_pytest_plugin_reports_a_broken_target_with_the_counterexample(tmp_path):
+    env = {**ENV, "ATTENTION_TARGET": "spec_gallery:softmax_wrong_axis"}
+    run = _pytest(tmp_path, "-k", "rows_sum", env=env)
+    assert run.returncode == 1
+    assert "FAIL rows_sum_to_one" in run.stdout and "reproduce:" in run.stdout
+
+
+def test_pytest_plugin_without_a_target_adds_nothing(tmp_path):
+    env = {k: v for k, v in ENV.items() if k != "ATTENTION_TARGET"}
+    run = _pytest(tmp_path, env=env)
+    assert run.returncode == 0 and "1 passed" in run.stdout
+
+
+def test_pytest_plugin_unloadable_target_is_a_usage_error(tmp_path):
+    run = _pytest(tmp_path, "--attention-target=nope")
+    assert run.returncode == 4 and "unknown target 'nope'" in run.stderr
+
+
+def test_pytest_plugin_under_xdist(tmp_path):
+    run = _pytest(tmp_path, "--attention-target=flash", "-n", "2", "-k", "own or shape or scale or mask")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "3 passed, 2 skipped" in run.stdout
