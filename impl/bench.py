@@ -449,14 +449,14 @@ def _check(args: argparse.Namespace) -> list[str]:
         if name not in available:
             raise UsageError(f"--impl {name}: torch is not installed (pip install torch==2.13.0)")
     names = list(dict.fromkeys(names))
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            raise UsageError(f"{flag}: no such directory for {path!r}")
     if args.plot:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
             raise UsageError("--plot needs matplotlib, which is not installed") from None
-    for flag, path in (("--json", args.json), ("--plot", args.plot)):
-        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-            raise UsageError(f"{flag}: no such directory for {path!r}")
     return names
 
 
