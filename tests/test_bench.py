@@ -1,0 +1,205 @@
+"""python -m impl.bench: the FLOP count, the record it writes, and its command line (tiny sizes)."""
+
+import contextlib
+import io
+import json
+import statistics
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import impl.bench
+from impl.bench import main, useful_flops, visible_pairs
+from impl.masks import causal_mask
+
+QUICK = ["--repeat", "1", "--pause", "0"]
+FAST = ["--repeat", "2", "--impl", "naive", "--impl", "flash", "--pause", "0"]
+
+
+@pytest.mark.parametrize(("n_q", "n_k"), [(1, 1), (4, 4), (5, 3), (3, 5), (0, 4), (7, 0)])
+def test_visible_pairs_count_the_mask(n_q, n_k):
+    assert visible_pairs(n_q, n_k, causal=True) == int(causal_mask(n_q, n_k).sum())
+    assert visible_pairs(n_q, n_k, causal=False) == n_q * n_k
+
+
+def test_useful_flops_are_two_per_multiply_add_over_visible_pairs():
+    assert useful_flops(8192, 128, 128, causal=True) == 2 * 256 * (8192 * 8193 // 2)
+    assert useful_flops(4, 3, 5, causal=False) == 2 * 8 * 16
+
+
+@pytest.fixture(autouse=True)
+def small_sgemm(monkeypatch):
+    monkeypatch.setattr(impl.bench, "SGEMM_SIZE", 256)  # the floor's reference product, kept quick
+
+
+@pytest.fixture(scope="module")
+def record(tmp_path_factory):
+    """One tiny run shared by the tests that read its record and report."""
+    path = tmp_path_factory.mktemp("bench") / "bench.json"
+    out = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out):
+        mp.setattr(impl.bench, "SGEMM_SIZE", 256)
+        assert main(["--sizes", "16", "32", "64", *FAST, "--naive-max", "32", "--json", str(path)]) == 0
+    return json.loads(path.read_text()), out.getvalue()
+
+
+def test_json_has_the_documented_keys(record):
+    data, _ = record
+    assert set(data) >= {"config", "machine", "sgemm", "memory_method", "results", "floor", "paired"}
+    assert data["config"] == {
+        "sizes": [16, 32, 64], "d_k": 128, "d_v": 128, "dtype": "float32", "causal": True,
+        "repeat": 2, "naive_max": 32, "pause_s": 0.0, "implementations": ["naive", "flash"],
+    }
+    assert set(data["machine"]) >= {"cpu_count", "load_before", "load_after", "numpy", "blas", "openblas_env"}
+    assert len(data["machine"]["load_before"]) == 3
+    for row in data["results"]:
+        assert set(row) == {"implementation", "n_tokens", "flops", "times_s", "calls_per_sample", "time_s",
+                            "gflops", "ratio", "peak_bytes", "skipped"}
+
+
+def test_each_result_is_the_median_of_its_runs_and_ratios_divide_neighbours(record):
+    data, _ = record
+    flash = [r for r in data["results"] if r["implementation"] == "flash"]
+    assert [r["n_tokens"] for r in flash] == [16, 32, 64]
+    for r in flash:
+        assert len(r["times_s"]) == 2 and r["time_s"] == statistics.median(r["times_s"])
+        assert r["flops"] == useful_flops(r["n_tokens"], 128, 128, causal=True)
+        assert r["gflops"] == pytest.approx(r["flops"] / r["time_s"] / 1e9)
+        assert isinstance(r["peak_bytes"], int) and r["peak_bytes"] > 0
+    assert flash[0]["ratio"] is None
+    assert flash[2]["ratio"] == pytest.approx(flash[2]["time_s"] / flash[1]["time_s"])
+
+
+@pytest.mark.parametrize(("min_sample_s", "more_than_one"), [(0.0, False), (0.5, True)])
+def test_a_sample_repeats_quick_calls_until_it_lasts_long_enough(monkeypatch, tmp_path, min_sample_s,
+                                                                 more_than_one):
+    monkeypatch.setattr(impl.bench, "MIN_SAMPLE_S", min_sample_s)
+    path = tmp_path / "b.json"
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["--sizes", "8", *QUICK, "--impl", "flash", "--json", str(path)]) == 0
+    (row,) = json.loads(path.read_text())["results"]
+    assert (row["calls_per_sample"] > 1) == more_than_one  # an 8-token call takes far less than 0.25 s
+
+
+def test_floor_is_the_useful_flops_at_the_rate_of_the_sgemm_timed_beside_it(record):
+    data, _ = record
+    assert data["sgemm"]["size"] == 256
+    sgemm = data["sgemm"]["times_s"]  # size by size, round by round
+    assert len(sgemm) == 2 * 3
+    assert data["sgemm"]["gflops"] == pytest.approx(2 * 256**3 / statistics.median(sgemm) / 1e9)
+    for j, f in enumerate(data["floor"]):
+        flops = useful_flops(f["n_tokens"], 128, 128, causal=True)
+        assert f["flops"] == flops
+        assert f["times_s"] == pytest.approx([flops * sgemm[j * 2 + r] / (2 * 256**3) for r in range(2)])
+        assert f["time_s"] == statistics.median(f["times_s"])
+
+
+def test_paired_ratios_are_medians_of_same_round_ratios(record):
+    data, out = record
+    flash = {r["n_tokens"]: r["times_s"] for r in data["results"] if r["implementation"] == "flash"}
+    floor = {f["n_tokens"]: f["times_s"] for f in data["floor"]}
+    for p in data["paired"]:
+        n = p["n_tokens"]
+        want = statistics.median(a / b for a, b in zip(flash[n], floor[n], strict=True))
+        assert p["flash_over_floor"] == pytest.approx(want)
+        assert p["flash_over_torch"] is None  # torch not run
+    assert "| flash/torch" not in out and "| flash/floor" in out  # no column for what was not run
+
+
+def test_naive_above_its_cap_is_skipped_with_the_reason_said(record):
+    data, out = record
+    naive = {r["n_tokens"]: r for r in data["results"] if r["implementation"] == "naive"}
+    assert naive[32]["time_s"] is not None and naive[32]["skipped"] is None
+    assert naive[64]["time_s"] is None and naive[64]["times_s"] == [] and naive[64]["peak_bytes"] is None
+    assert "--naive-max 32" in naive[64]["skipped"]
+    assert "naive at 64: naive skipped above --naive-max 32" in out
+
+
+def test_the_report_shows_both_tables_and_the_load(record):
+    _, out = record
+    assert "| n " in out and "naive ms" in out and "flash/floor" in out and "flash MiB" in out
+    assert "load average before" in out and "MiB = 2²⁰ bytes" in out
+
+
+def test_no_causal_counts_every_pair(tmp_path, capsys):
+    path = tmp_path / "b.json"
+    assert main(["--sizes", "8", "--no-causal", *QUICK, "--impl", "flash", "--json", str(path)]) == 0
+    data = json.loads(path.read_text())
+    assert data["config"]["causal"] is False
+    assert data["results"][0]["flops"] == 2 * 256 * 64
+    assert "no mask" in capsys.readouterr().out
+
+
+def test_torch_is_timed_but_its_memory_not_traced(tmp_path, capsys):
+    pytest.importorskip("torch")
+    path = tmp_path / "b.json"
+    assert main(["--sizes", "8", *QUICK, "--impl", "torch", "--json", str(path)]) == 0
+    data = json.loads(path.read_text())
+    (row,) = data["results"]
+    assert row["time_s"] > 0 and row["peak_bytes"] is None and row["skipped"] is None
+    assert data["paired"][0]["flash_over_torch"] is None  # flash not run
+
+
+def test_plot_is_a_png(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "bench.png"
+    assert main(["--sizes", "8", "16", *QUICK, "--impl", "flash", "--plot", str(path)]) == 0
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--sizes", "0"], "--sizes: expected a positive integer, got '0'"),
+        (["--sizes", "1e3"], "--sizes: expected a positive integer, got '1e3'"),
+        (["--repeat", "-1"], "--repeat: expected a positive integer"),
+        (["--pause", "nan"], "--pause: expected seconds between 0 and 60, got 'nan'"),
+        (["--pause", "-1"], "--pause: expected seconds between 0 and 60"),
+        (["--impl", "cuda"], "--impl: unknown implementation 'cuda'"),
+        (["--json", "/no/such/dir/b.json"], "--json: no such directory"),
+        (["--plot", "/no/such/dir/b.png"], "--plot: no such directory"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(argv, says, capsys):
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1 and says in captured.err
+    assert captured.err.startswith("python -m impl.bench: error: ")
+
+
+def test_plot_without_matplotlib_is_refused_before_any_timing(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    assert main(["--plot", "x.png"]) == 2
+    assert "--plot needs matplotlib" in capsys.readouterr().err
+
+
+def test_torch_asked_for_but_missing_is_refused(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "torch", None)
+    assert main(["--impl", "torch"]) == 2
+    assert "torch is not installed" in capsys.readouterr().err
+
+
+def test_help_returns_0(capsys):
+    assert main(["--help"]) == 0
+    assert "--naive-max" in capsys.readouterr().out
+
+
+def test_real_subprocess(tmp_path):
+    run = [sys.executable, "-m", "impl.bench"]
+    ok = subprocess.run([*run, "--sizes", "8", "16", "--repeat", "1", "--impl", "flash"],
+                        capture_output=True, text=True, check=False)
+    assert ok.returncode == 0 and "flash ms" in ok.stdout
+    bad = subprocess.run([*run, "--sizes", "-8"], capture_output=True, text=True, check=False)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
+
+
+def test_inputs_are_float32_one_head():
+    from impl.bench import _inputs
+
+    q, k, v = _inputs("flash", 8, 4, 3)
+    assert q.shape == (8, 4) and k.shape == (8, 4) and v.shape == (8, 3)
+    assert {x.dtype for x in (q, k, v)} == {np.dtype(np.float32)}

@@ -1,0 +1,288 @@
+"""impl.flash_attention: equal to impl.attention at every tiling, and the tiling's own promises."""
+
+import concurrent.futures
+import contextlib
+import threading
+import time
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import impl.flash
+from impl import attention, flash_attention
+
+TOL = {np.float32: dict(atol=2e-6, rtol=1e-5), np.float64: dict(atol=1e-13, rtol=1e-12)}
+
+
+def qkv(rng, n_q, n_k, d_k=16, d_v=8, *, lead_q=(), lead_kv=(), dtype=np.float64):
+    q = rng.standard_normal((*lead_q, n_q, d_k)).astype(dtype)
+    k = rng.standard_normal((*lead_kv, n_k, d_k)).astype(dtype)
+    v = rng.standard_normal((*lead_kv, n_k, d_v)).astype(dtype)
+    return q, k, v
+
+
+@pytest.fixture
+def threaded(monkeypatch):
+    """Make every call big enough for the threaded path (on a machine with more than one CPU)."""
+    monkeypatch.setattr(impl.flash, "_THREADED_MIN_SCORES", 0)
+    monkeypatch.setattr(impl.flash, "_cores", lambda: 2)
+
+
+@pytest.fixture
+def serial(monkeypatch):
+    """Row blocks in turn, as without threadpoolctl."""
+    monkeypatch.setattr(impl.flash, "_blas_controller", lambda: None)
+
+
+# --- equal to the reference ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("n_q", "n_k"), [(1, 1), (7, 5), (5, 7), (33, 33), (70, 45), (45, 70)])
+@pytest.mark.parametrize("block", [1, 3, (4, 7), (16, 5), (64, 64)])
+def test_equals_attention_at_every_tiling(dtype, causal, n_q, n_k, block):
+    # Sizes that are not multiples of the tile, n_q ≠ n_k both ways, tiles of one entry and tiles
+    # larger than the whole problem.
+    q, k, v = qkv(np.random.default_rng(n_q * 100 + n_k), n_q, n_k, dtype=dtype)
+    out = flash_attention(q, k, v, causal=causal, block=block)
+    assert out.dtype == dtype
+    np.testing.assert_allclose(out, attention(q, k, v, causal=causal), **TOL[dtype])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("n_q", "n_k"), [(600, 600), (513, 1000), (1000, 513)])
+def test_equals_attention_at_the_default_tiles(causal, n_q, n_k):
+    q, k, v = qkv(np.random.default_rng(n_q + n_k), n_q, n_k, 32, 24, dtype=np.float32)
+    out = flash_attention(q, k, v, causal=causal)
+    np.testing.assert_allclose(out, attention(q, k, v, causal=causal), **TOL[np.float32])
+
+
+def test_a_maximum_that_grows_tile_after_tile_is_rescaled():
+    # Scores rise by 10 per key, so every new tile raises the row max: without the e^(m − m')
+    # correction the early tiles would keep weights e^40 times too large.
+    q = np.ones((3, 1))
+    k = np.arange(9.0)[:, None] * 10
+    v = np.arange(9.0 * 2).reshape(9, 2)
+    for causal in (False, True):
+        np.testing.assert_allclose(
+            flash_attention(q, k, v, causal=causal, scale=1.0, block=(2, 2)),
+            attention(q, k, v, causal=causal, scale=1.0),
+            rtol=1e-12,
+        )
+
+
+def test_leading_dims_broadcast_like_attention():
+    rng = np.random.default_rng(1)
+    q, k, v = qkv(rng, 20, 30, lead_q=(2, 3), lead_kv=(2, 1))  # one K/V head for three query heads
+    out = flash_attention(q, k, v, causal=True, block=(8, 8))
+    assert out.shape == (2, 3, 20, 8)
+    np.testing.assert_allclose(out, attention(q, k, v, causal=True), **TOL[np.float64])
+
+
+def test_strided_inputs_equal_contiguous_ones():
+    rng = np.random.default_rng(2)
+    q, k, v = (np.swapaxes(x, 0, 1) for x in qkv(rng, 40, 40, lead_q=(3,), lead_kv=(3,)))  # bnhd views
+    assert not q.flags.c_contiguous
+    np.testing.assert_allclose(
+        flash_attention(q, k, v, causal=True, block=16), attention(q, k, v, causal=True), **TOL[np.float64]
+    )
+
+
+def test_large_logits_stay_finite_and_correct():
+    rng = np.random.default_rng(3)
+    q, k, v = qkv(rng, 50, 50, 4, 4)
+    q *= 100  # |scores| up to ~1e4
+    out = flash_attention(q, k, v, causal=True, block=(8, 16))
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(out, attention(q, k, v, causal=True), **TOL[np.float64])
+
+
+# --- numerics and dtypes --------------------------------------------------------------------------
+
+
+def test_float16_is_computed_in_float32_and_cast_back():
+    q, k, v = qkv(np.random.default_rng(4), 40, 50, dtype=np.float16)
+    out = flash_attention(q, k, v, causal=True, block=(8, 16))
+    assert out.dtype == np.float16
+    wide = attention(*(x.astype(np.float32) for x in (q, k, v)), causal=True)
+    np.testing.assert_allclose(out.astype(np.float32), wide, atol=1e-3, rtol=1e-3)  # one float16 ulp
+
+
+def test_float64_stays_float64():
+    q, k, v = qkv(np.random.default_rng(5), 30, 30)
+    out = flash_attention(q, k, v, block=7)
+    assert out.dtype == np.float64
+    np.testing.assert_allclose(out, attention(q, k, v), atol=1e-13)  # far below float32 rounding
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_nan_and_inf_propagate_exactly_where_attention_puts_them(causal):
+    rng = np.random.default_rng(6)
+    q, k, v = qkv(rng, 24, 24, 4, 3)
+    q[2, 1] = np.nan
+    k[17, 0] = np.nan  # under the causal mask only queries ≥ 17 see it
+    v[9, 2] = np.inf
+    q[20, 3] = np.inf
+    got = flash_attention(q, k, v, causal=causal, block=(8, 4))
+    want = attention(q, k, v, causal=causal)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+    assert np.isnan(got).any() and np.isfinite(got).any() == causal
+    np.testing.assert_allclose(got[np.isfinite(want)], want[np.isfinite(want)], **TOL[np.float64])
+
+
+@pytest.mark.parametrize("block", [1, (4, 8), (8, 4), 64])
+def test_a_nan_key_reaches_only_the_queries_that_see_it(block):
+    q, k, v = qkv(np.random.default_rng(15), 24, 24)
+    k[17, 0] = np.nan
+    got = flash_attention(q, k, v, causal=True, block=block)
+    assert np.isnan(got[17:]).all()
+    np.testing.assert_allclose(got[:17], attention(q, k, v, causal=True)[:17], **TOL[np.float64])
+
+
+@pytest.mark.parametrize("block", [1, (4, 8), (8, 4), 64])
+def test_an_inf_value_behind_the_mask_gives_what_attention_gives_at_any_tiling(block):
+    # impl.attention multiplies the masked weight 0 by Inf (= NaN); skipping that tile would not.
+    q, k, v = qkv(np.random.default_rng(16), 24, 24, 4, 3)
+    v[20, 1] = np.inf
+    got = flash_attention(q, k, v, causal=True, block=block)
+    want = attention(q, k, v, causal=True)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+    np.testing.assert_allclose(got[np.isfinite(want)], want[np.isfinite(want)], **TOL[np.float64])
+
+
+@pytest.mark.parametrize("block", [1, (2, 3), 64])
+def test_a_row_whose_every_score_is_minus_inf_gives_zeros_like_attention(block):
+    # q·k = −Inf for every key (an Inf in q, negative keys): impl.attention's softmax gives that
+    # row zeros; the online update must not compute −Inf − (−Inf) = NaN on the way.
+    q, k, v = qkv(np.random.default_rng(17), 6, 6, 2, 3)
+    k[:, 0] = -np.abs(k[:, 0]) - 0.5
+    k[:, 1] = 0.0
+    q[3] = [np.inf, 0.0]
+    for causal in (False, True):
+        got = flash_attention(q, k, v, causal=causal, block=block)
+        want = attention(q, k, v, causal=causal)
+        assert (want[3] == 0).all()
+        np.testing.assert_allclose(got, want, **TOL[np.float64])
+
+
+def test_rows_with_no_visible_key_get_zeros():
+    q, k, v = qkv(np.random.default_rng(7), 5, 0, 4, 3, lead_q=(2,), lead_kv=(2,))
+    for causal in (False, True):
+        out = flash_attention(q, k, v, causal=causal)
+        assert out.shape == (2, 5, 3) and (out == 0).all()
+    q, k, v = qkv(np.random.default_rng(7), 0, 6, 4, 3)
+    assert flash_attention(q, k, v, causal=True).shape == (0, 3)
+
+
+def test_inputs_are_not_mutated():
+    q, k, v = qkv(np.random.default_rng(8), 30, 30, dtype=np.float32)
+    before = [x.copy() for x in (q, k, v)]
+    flash_attention(q, k, v, causal=True, block=8)
+    for x, y in zip((q, k, v), before, strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+# --- threads ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_threaded_row_blocks_equal_the_reference(threaded, causal):
+    q, k, v = qkv(np.random.default_rng(9), 100, 90, lead_q=(2, 2), lead_kv=(2, 1), dtype=np.float32)
+    out = flash_attention(q, k, v, causal=causal, block=(16, 32))
+    np.testing.assert_allclose(out, attention(q, k, v, causal=causal), **TOL[np.float32])
+
+
+def test_threaded_path_gives_blas_its_threads_back(threaded):
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+
+    def blas_threads():
+        return {lib["num_threads"] for lib in threadpoolctl.threadpool_info() if lib["user_api"] == "blas"}
+
+    q, k, v = qkv(np.random.default_rng(10), 64, 64, dtype=np.float32)
+    with threadpoolctl.threadpool_limits(3, user_api="blas"):  # a count no default would give
+        flash_attention(q, k, v, block=16)
+        assert blas_threads() == {3}
+
+
+def test_concurrent_calls_take_turns_with_the_blas_thread_count(threaded, monkeypatch):
+    # Each call lowers BLAS to one thread and restores it after; two calls overlapping would
+    # restore each other's lowered count. They must not overlap.
+    if impl.flash._blas_controller() is None:
+        pytest.skip("the threaded path needs threadpoolctl")
+    log = []
+
+    @contextlib.contextmanager
+    def recorded():
+        log.append("lower")
+        time.sleep(0.05)  # time enough for the other call to overlap, if it may
+        yield
+        log.append("restore")
+
+    monkeypatch.setattr(impl.flash, "_one_thread_blas", recorded)
+    q, k, v = qkv(np.random.default_rng(18), 64, 64, dtype=np.float32)
+    start = threading.Barrier(2)
+
+    def call():
+        start.wait()
+        return flash_attention(q, k, v, block=16)
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        outs = list(pool.map(lambda _: call(), range(2)))
+    assert log == ["lower", "restore", "lower", "restore"]
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_a_failing_row_block_raises_in_the_caller(threaded, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("row block failed")
+
+    monkeypatch.setattr(impl.flash, "_row_block", broken)
+    q, k, v = qkv(np.random.default_rng(11), 64, 64)
+    with pytest.raises(RuntimeError, match="row block failed"):
+        flash_attention(q, k, v, block=16)
+
+
+def test_serial_path_without_threadpoolctl_equals_the_reference(threaded, serial):
+    q, k, v = qkv(np.random.default_rng(12), 70, 70, lead_q=(3,), lead_kv=(3,))
+    np.testing.assert_allclose(
+        flash_attention(q, k, v, causal=True, block=16), attention(q, k, v, causal=True), **TOL[np.float64]
+    )
+
+
+def test_costliest_row_blocks_are_handed_out_first_under_the_causal_mask():
+    jobs = list(impl.flash._jobs(2, 10, 4, causal=True))
+    assert [q0 for _, q0, _ in jobs] == [8, 8, 4, 4, 0, 0]
+    assert jobs[0] == (0, 8, 10)
+
+
+# --- memory ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_memory_grows_with_the_tile_not_with_n_squared(causal, monkeypatch):
+    # The n × n float32 pattern at n = 4096 is 64 MiB. The tiled call holds the output
+    # (4096 × 16 × 4 B = 256 KiB) and one 256 × 2048 float32 tile (2 MiB) per thread.
+    monkeypatch.setattr(impl.flash, "_cores", lambda: 2)
+    n = 4096
+    q, k, v = qkv(np.random.default_rng(13), n, n, 16, 16, dtype=np.float32)
+    tracemalloc.start()
+    try:
+        flash_attention(q, k, v, causal=causal)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 12 * 2**20, f"peak {peak / 2**20:.1f} MiB"
+
+
+# --- bad input ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("block", [0, -3, True, 2.5, "8", (8,), (8, 0), (8, 8, 8), None])
+def test_bad_block_is_refused_and_named(block):
+    q, k, v = qkv(np.random.default_rng(14), 3, 3)
+    with pytest.raises(ValueError, match=r"block must be a positive integer or a pair"):
+        flash_attention(q, k, v, block=block)
