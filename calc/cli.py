@@ -1,0 +1,176 @@
+"""``python -m calc``: parameter ledgers and n² cost tables of a model.
+
+    python -m calc MODEL [--format table|github|latex|csv|json] [--seq N ...] [--dtype fp32|fp16|bf16]
+                         [--peak-tflops T] [--bandwidth-gbs G]
+    python -m calc custom --d-model D --n-heads H --n-layers L [--d-head K] [--n-kv-heads G] [--d-ff F]
+                          [--vocab V] [--n-ctx N] [--arch gpt|llama] [--tied|--untied] [table options]
+    python -m calc --list
+    python -m calc formulas
+
+Exit status 0 on success; 2 on a usage error, with one line on stderr naming the argument.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from calc import costs
+from calc.derivations import formulas_text
+from calc.ledger import checkpoint
+from calc.presets import ARCHS, PRESETS, ConfigError, UnknownModel, custom, preset
+from calc.report import FORMATS, build, render
+
+FLAGS = {"vocab_size": "--vocab", "tied_embeddings": "--tied/--untied"}
+
+
+class UsageError(Exception):
+    """Bad command-line input; the message is the one line printed."""
+
+
+class _Parser(argparse.ArgumentParser):
+    # argparse prints the usage and exits; one line and an exit status from main() instead.
+    def error(self, message: str) -> Any:
+        raise UsageError(message)
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text!r}")
+    return value
+
+
+def _table_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
+    parser.add_argument("--seq", type=positive_int, nargs="+", metavar="N",
+                        help="sequence lengths (default: 1,024 doubling to 4·n_ctx)")
+    parser.add_argument("--dtype", choices=tuple(costs.DTYPE_BYTES), default="bf16",
+                        help="value type of the KV cache and time tables (default: bf16)")
+    parser.add_argument("--peak-tflops", type=positive_float, default=costs.DEFAULT_PEAK_TFLOPS,
+                        help=f"peak TFLOP/s for the time table (default: {costs.DEFAULT_PEAK_TFLOPS:g})")
+    parser.add_argument("--bandwidth-gbs", type=positive_float, default=costs.DEFAULT_BANDWIDTH_GBS,
+                        help=f"memory GB/s, 10^9 bytes (default: {costs.DEFAULT_BANDWIDTH_GBS:g})")
+
+
+def model_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m calc", description="Parameter ledgers and n² attention costs of a "
+                     "model. Also: 'python -m calc custom --help', 'python -m calc formulas'.")
+    parser.add_argument("model", nargs="?", help="a preset name (see --list)")
+    parser.add_argument("--list", action="store_true", help="list the presets and their sources")
+    _table_options(parser)
+    return parser
+
+
+def custom_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m calc custom", description="A config given by flags.")
+    parser.add_argument("--d-model", type=positive_int, required=True, help="model width d")
+    parser.add_argument("--n-heads", type=positive_int, required=True, help="query heads h")
+    parser.add_argument("--n-layers", type=positive_int, required=True, help="layers L")
+    parser.add_argument("--d-head", type=positive_int, help="head width d_k (default: d/h)")
+    parser.add_argument("--n-kv-heads", type=positive_int, help="key/value heads g (default: h)")
+    parser.add_argument("--d-ff", type=positive_int, help="MLP width (default: 4d gpt, Llama's 8d/3 rule)")
+    parser.add_argument("--vocab", type=positive_int, help="vocabulary (default: 50,257 gpt, 32,000 llama)")
+    parser.add_argument("--n-ctx", type=positive_int, help="context length (default: 1,024 gpt, 4,096 llama)")
+    parser.add_argument("--arch", choices=ARCHS, default="gpt", help="checkpoint layout (default: gpt)")
+    tie = parser.add_mutually_exclusive_group()
+    tie.add_argument("--tied", dest="tied", action="store_true", default=None, help="tie (default for gpt)")
+    tie.add_argument("--untied", dest="tied", action="store_false", help="untie (default for llama)")
+    _table_options(parser)
+    return parser
+
+
+def list_presets(fmt: str) -> str:
+    rows = [
+        {"name": c.name, "arch": c.arch, "n_layers": c.n_layers, "d_model": c.d_model, "n_heads": c.n_heads,
+         "d_head": c.d_head, "n_kv_heads": c.n_kv_heads, "params": checkpoint(c)["total"], "source": c.source}
+        for c in PRESETS.values()
+    ]
+    if fmt == "json":
+        return json.dumps(rows, indent=2)
+    if fmt == "csv":
+        out = io.StringIO()
+        writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        return out.getvalue().rstrip("\n")
+    from tabulate import tabulate
+
+    tablefmt = {"table": "simple", "github": "github", "latex": "latex"}[fmt]
+    cells = [(r["name"], r["arch"], r["n_layers"], f"{r['d_model']:,}", r["n_heads"], r["d_head"],
+              r["n_kv_heads"], f"{r['params']:,}", r["source"]) for r in rows]
+    table = tabulate(cells, headers=("name", "arch", "L", "d", "h", "d_k", "g", "parameters", "source"),
+                     tablefmt=tablefmt, disable_numparse=True)
+    return table + "\n\n'gpt3-175b' is 'gpt3'. Parameters: the checkpoint count."
+
+
+def run(argv: Sequence[str]) -> str:
+    """The text ``python -m calc *argv`` prints; raises UsageError, ConfigError or UnknownModel."""
+    if argv[:1] == ["formulas"]:
+        parser = _Parser(prog="python -m calc formulas", description="Every formula and the two derivations.")
+        parser.parse_args(argv[1:])
+        return formulas_text()
+    if argv[:1] == ["custom"]:
+        args = custom_parser().parse_args(argv[1:])
+        config = custom(
+            d_model=args.d_model, n_heads=args.n_heads, n_layers=args.n_layers, d_head=args.d_head,
+            n_kv_heads=args.n_kv_heads, d_ff=args.d_ff, vocab_size=args.vocab, n_ctx=args.n_ctx,
+            arch=args.arch, tied_embeddings=args.tied,
+        )
+    else:
+        args = model_parser().parse_args(argv)
+        if args.list:
+            if args.model is not None:
+                raise UsageError(f"--list takes no MODEL, got {args.model!r}")
+            return list_presets(args.format)
+        if args.model is None:
+            raise UsageError("give a MODEL (see --list), 'custom ...' or 'formulas'")
+        config = preset(args.model)
+    report = build(config, seqs=args.seq, dtype=args.dtype, peak_tflops=args.peak_tflops,
+                   bandwidth_gbs=args.bandwidth_gbs)
+    return render(report, args.format)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; 0 on success, 2 (and one line on stderr) on bad input."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        text = run(argv)
+    except SystemExit as done:  # --help
+        return int(done.code or 0)
+    except UsageError as err:
+        return _fail(str(err))
+    except UnknownModel as err:
+        return _fail(str(err.args[0]))
+    except ConfigError as err:
+        return _fail(f"{FLAGS.get(err.field, '--' + err.field.replace('_', '-'))}: {err.message}")
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:  # `python -m calc gpt3 | head`: the reader left; stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
+def _fail(message: str) -> int:
+    print(f"python -m calc: error: {message}", file=sys.stderr)
+    return 2

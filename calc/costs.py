@@ -1,0 +1,126 @@
+"""What attention costs at n tokens: pattern memory, FLOPs, KV cache, modelled time.
+
+Each row is a formula of :mod:`calc.formulas` evaluated for a configuration and a sequence length.
+Bytes are exact integers; the human units used when printing are MiB = 2^20 and GiB = 2^30 bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sympy import Expr, Rational
+
+from calc import formulas as f
+from calc.ledger import non_embedding, values
+from calc.presets import Config
+
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+# A common FlashAttention tile side (impl.flash's default too, not imported so that NumPy stays out of
+# the CLI's start-up). The tiled column is per head, in fp32: the running statistics and the score
+# tile are kept in fp32 whatever the input dtype.
+DEFAULT_BLOCK = 128
+# NVIDIA H100 SXM5 datasheet: 989 TFLOP/s dense BF16/FP16 tensor core, 3.35 TB/s HBM3.
+DEFAULT_PEAK_TFLOPS = 989.0
+DEFAULT_BANDWIDTH_GBS = 3350.0
+
+
+def default_seqs(n_ctx: int) -> list[int]:
+    """1,024, 2,048, ... doubling up to 4·n_ctx (or just 4·n_ctx when that is below 1,024)."""
+    seqs, n = [], 1024
+    while n <= 4 * n_ctx:
+        seqs.append(n)
+        n *= 2
+    return seqs or [4 * n_ctx]
+
+
+def _at(expr: Expr, config: Config, **extra: int) -> int:
+    env = values(config)
+    env.update({getattr(f, name): value for name, value in extra.items()})
+    return f.evaluate_count(expr, env)
+
+
+def pattern_memory(config: Config, seqs: Sequence[int], *, block: int = DEFAULT_BLOCK) -> list[dict]:
+    """Entries of the n×n attention pattern and its bytes in fp32 and fp16/bf16, per head, layer and
+    model (all stored at once, the naive upper bound), beside a tiled kernel's per-head working set."""
+    rows = []
+    for n in seqs:
+        entries = {
+            scope: _at(expr, config, n=n)
+            for scope, expr in (("head", f.entries_per_head), ("layer", f.entries_per_layer),
+                                ("model", f.entries_per_model))
+        }
+        row: dict[str, Any] = {"n_tokens": n}
+        row.update({f"entries_per_{scope}": count for scope, count in entries.items()})
+        for scope, count in entries.items():
+            row[f"bytes_per_{scope}"] = {"fp32": 4 * count, "fp16": 2 * count}
+        row["tiled_bytes_per_head"] = 4 * _at(f.tiled_entries_per_head, config, n=n, B=block)
+        rows.append(row)
+    return rows
+
+
+def flops(config: Config, seqs: Sequence[int]) -> list[dict[str, Any]]:
+    """Attention FLOPs (QKᵀ and AV, 2 per multiply-add) per head, layer and model, the causal count,
+    and the ratio to the previous row (4 per doubling of n: the n² law)."""
+    rows: list[dict[str, Any]] = []
+    for n in seqs:
+        per_head = _at(f.attention_flops_per_head, config, n=n)
+        previous = rows[-1]["attention_flops_per_head"] if rows else None
+        rows.append({
+            "n_tokens": n,
+            "qk_flops_per_head": _at(f.qk_flops_per_head, config, n=n),
+            "av_flops_per_head": _at(f.av_flops_per_head, config, n=n),
+            "attention_flops_per_head": per_head,
+            "attention_flops_per_layer": _at(f.attention_flops_per_layer, config, n=n),
+            "attention_flops_per_model": _at(f.attention_flops_per_model, config, n=n),
+            "causal_flops_per_model": _at(f.L * f.h * f.causal_flops_per_head, config, n=n),
+            "ratio": None if previous is None else Rational(per_head, previous),
+        })
+    return rows
+
+
+def forward_flops_per_token(config: Config, seqs: Sequence[int]) -> list[dict[str, Any]]:
+    """Forward FLOPs per token at context n by Kaplan et al.'s and PaLM's conventions."""
+    big_n = non_embedding(config)
+    return [
+        {
+            "n_tokens": n,
+            "non_embedding_params": big_n,
+            "kaplan": _at(f.forward_flops_per_token_kaplan, config, n=n, N=big_n),
+            "palm": _at(f.forward_flops_per_token_palm, config, n=n, N=big_n),
+        }
+        for n in seqs
+    ]
+
+
+def kv_cache(config: Config, seqs: Sequence[int], dtype: str) -> dict[str, Any]:
+    """KV cache bytes per token (2·L·g·d_k·b, GQA-aware), for the full context and at each n."""
+    per_token = _at(f.kv_cache_bytes_per_token, config, b=DTYPE_BYTES[dtype])
+    return {
+        "dtype": dtype,
+        "bytes_per_token": per_token,
+        "n_ctx": config.n_ctx,
+        "bytes_per_context": per_token * config.n_ctx,
+        "rows": [{"n_tokens": n, "bytes": per_token * n} for n in seqs],
+    }
+
+
+def roofline(
+    config: Config, seqs: Sequence[int], dtype: str, *, peak_tflops: float, bandwidth_gbs: float
+) -> dict[str, Any]:
+    """Modelled time of attention's n² part of one forward pass (batch 1, whole model): each of the
+    naive and tiled kernels takes max(FLOPs / peak, bytes moved / bandwidth)."""
+    size = DTYPE_BYTES[dtype]
+    rows = []
+    for n in seqs:
+        work = _at(f.attention_flops_per_model, config, n=n)
+        compute_s = work / (peak_tflops * 1e12)
+        row: dict[str, Any] = {"n_tokens": n, "flops": work, "compute_s": compute_s}
+        for kernel, expr in (("naive", f.naive_bytes_per_model), ("tiled", f.tiled_bytes_per_model)):
+            moved = _at(expr, config, n=n, b=size)
+            memory_s = moved / (bandwidth_gbs * 1e9)
+            row[f"{kernel}_bytes"] = moved
+            row[f"{kernel}_s"] = max(compute_s, memory_s)
+            row[f"{kernel}_bound"] = "compute" if compute_s >= memory_s else "memory"
+        rows.append(row)
+    return {"dtype": dtype, "peak_tflops": peak_tflops, "bandwidth_gbs": bandwidth_gbs, "rows": rows}
