@@ -161,8 +161,16 @@ def upstream(case: Case) -> Array:  # -> [*lead, n_q, d_v] in the case's dtype
 
 
 def _grad_cases(t: Target) -> st.SearchStrategy[Case]:
-    # grad_fn takes no mask= or scale=; n ≤ 64 keeps the golden's full Jacobians small.
-    return cases(t, n_max=64)
+    """grad_fn takes no mask= or scale=; n ≤ 64 keeps the golden's full Jacobians small.
+
+    A query that sees no key (bottom-right causal, n_q > n_k) has a zero output, so zero
+    gradients, only under ``masked_rows="zeros"``; for the other policies the derivative of a NaN
+    or of the plain mean is another law's business, so such cases are not drawn.
+    """
+    drawn = cases(t, n_max=64)
+    if t.masked_rows == "zeros" or t.causal_alignment != "bottom_right":
+        return drawn
+    return drawn.filter(lambda c: not c.causal or c.n_q <= c.n_k)
 
 
 # --- the laws ------------------------------------------------------------------------------

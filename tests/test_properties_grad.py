@@ -18,7 +18,7 @@ from impl.grad import attention_backward, gradcheck
 from spec import numerics
 from spec.calling import TargetFailed
 from spec.cases import Case
-from spec.properties_grad import baseline_backward, call_grad, golden_backward
+from spec.properties_grad import _grad_cases, baseline_backward, call_grad, golden_backward
 from spec.runner import check
 from spec.target import Target
 
@@ -120,9 +120,10 @@ BROKEN = {
 }
 
 
+@pytest.mark.parametrize("dtypes", [("float32", "float64"), ("float16",)])
 @pytest.mark.parametrize("bug", list(BROKEN))
-def test_broken_backward_is_rejected(bug: str) -> None:
-    target = Target(attention, name=bug, ndims=(2, 3, 4), grad_fn=_with(bug))
+def test_broken_backward_is_rejected(bug: str, dtypes: tuple[str, ...]) -> None:
+    target = Target(attention, name=bug, ndims=(2, 3, 4), dtypes=dtypes, grad_fn=_with(bug))
     (result,) = check(target, "ci", only=[LAW]).results
     assert result.status == "fail", f"{LAW} missed: {BROKEN[bug]}"
     assert "differs from the float64 golden backward" in result.message
@@ -232,3 +233,13 @@ def test_misbehaving_grad_fn_is_a_failure_not_a_crash(grad_fn: Any, words: str) 
         call_grad(target, q, k, v, np.ones((3, 5), np.float32), causal=False)
     (result,) = check(target, "quick", only=[LAW]).results
     assert result.status == "fail" and words in result.message
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_rows_that_see_no_key_are_drawn_only_when_their_gradient_is_zero(data: st.DataObject) -> None:
+    """Bottom-right causal with n_q > n_k leaves queries that see nothing: fine for a target whose
+    such rows are zeros (zero gradient), not drawn for one whose rows are NaN or the mean."""
+    nan_rows = Target(attention, causal_alignment="bottom_right", masked_rows="nan", grad_fn=_with(""))
+    case = data.draw(_grad_cases(nan_rows))
+    assert case.visible(nan_rows).any(axis=-1).all()
