@@ -1,4 +1,5 @@
-"""Laws for a target's backward pass: gradients of ``L = Σ out ∘ dO`` against a float64 golden.
+"""Laws for a target's backward pass: gradients of ``L = Σ out ∘ dO`` against a float64 golden,
+and the causal mask's exactness in the backward.
 
 A target declares ``grad_fn(q, k, v, d_out, *, causal=False) -> (dq, dk, dv)``; these laws skip
 any target that does not. The golden backward is written here, independently of
@@ -160,14 +161,14 @@ def upstream(case: Case) -> Array:  # -> [*lead, n_q, d_v] in the case's dtype
     return case.rng(8).standard_normal((*case.lead(), case.n_q, case.d_v)).astype(case.dtype)
 
 
-def _grad_cases(t: Target) -> st.SearchStrategy[Case]:
+def _grad_cases(t: Target, **kwargs: Any) -> st.SearchStrategy[Case]:
     """grad_fn takes no mask= or scale=; n ≤ 64 keeps the golden's full Jacobians small.
 
     A query that sees no key (bottom-right causal, n_q > n_k) has a zero output, so zero
     gradients, only under ``masked_rows="zeros"``; for the other policies the derivative of a NaN
     or of the plain mean is another law's business, so such cases are not drawn.
     """
-    drawn = cases(t, n_max=64)
+    drawn = cases(t, n_max=64, **kwargs)
     if t.masked_rows == "zeros" or t.causal_alignment != "bottom_right":
         return drawn
     return drawn.filter(lambda c: not c.causal or c.n_q <= c.n_k)
@@ -198,3 +199,51 @@ def grad_matches_golden(target: Target, case: Case) -> None:
         cmp = numerics.compare(g, want, b, rows=rows, tolerance=GRAD_FACTOR * target.tolerance, floor_=fl)
         observe(f"error ratio {case.dtype}", cmp.ratio)
         assert cmp.ok, f"{name} differs from the float64 golden backward: {cmp.explain()}"
+
+
+def _needs_grad_causal(t: Target) -> str | None:
+    if t.grad_fn is None:
+        return needs_grad(t)
+    if t.causal_alignment is None:
+        return "needs a causal mode (target declares causal_alignment=None)"
+    if not t.exact_masking:
+        return "needs exact masking (target declares exact_masking=False; grad_matches_golden applies)"
+    return None
+
+
+@law(strategy=lambda t: _grad_cases(t, causal=(True,), n_k_min=2), needs=_needs_grad_causal)
+def grad_causal_no_leak(target: Target, case: Case) -> None:
+    """Under the causal mask, changing the keys and values from position t on leaves dq of every
+    query that cannot see t bit-identical (up to the sign of zero), and a key that no query sees
+    gets exactly zero dk and dv.
+
+    Catches: a backward that recomputes the pattern with the row maximum taken before masking —
+    right to rounding at moderate scores (grad_matches_golden passes it), but large future scores
+    move past gradients, or underflow them to 0/0 = NaN; a backward that forgets the causal mask.
+    """
+    q, k, v = case.arrays()
+    d_out = upstream(case)
+    rng = case.rng(9)
+    t = int(rng.integers(1, case.n_k))
+    factor = 10.0 if case.dtype == "float16" else 1e3
+    k2, v2 = k.copy(), v.copy()
+    k2[..., t:, :] = (case.values_like(rng, k2[..., t:, :].shape) * factor).astype(case.dtype)
+    v2[..., t:, :] = (case.values_like(rng, v2[..., t:, :].shape) * factor).astype(case.dtype)
+    vis = case.visible(target)
+    dq, dk, dv = call_grad(target, q, k, v, d_out, causal=True)
+    unseen = ~np.asarray(np.broadcast_to(vis, (*case.lead(), case.n_q, case.n_k)).any(axis=-2))  # [..., n_k]
+    for name, g in (("dk", dk), ("dv", dv)):
+        bad = unseen[..., None] & (g != 0)
+        if bad.any():
+            at = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise AssertionError(
+                f"{name} {list(at)} is {float(g[at])!r}, not 0, though no query sees key {at[-2]}")
+    dq2, _, _ = call_grad(target, q, k2, v2, d_out, causal=True)
+    blind = np.asarray(~vis[..., t:].any(axis=-1))  # [..., n_q]: rows that see no changed position
+    bad = blind[..., None] & ~((dq == dq2) | (np.isnan(dq) & np.isnan(dq2)))
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise AssertionError(
+            f"changing keys/values from position {t} on changed dq {list(at)} from {float(dq[at])!r} "
+            f"to {float(dq2[at])!r}, though query {at[-2]} cannot see position {t}"
+        )

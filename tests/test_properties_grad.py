@@ -130,6 +130,34 @@ def test_broken_backward_is_rejected(bug: str, dtypes: tuple[str, ...]) -> None:
     assert result.counterexample and "spec.replay" in result.counterexample["reproduce"]
 
 
+def _max_before_mask(q: Array, k: Array, v: Array, d_out: Array, *, causal: bool = False) -> Any:
+    """The textbook backward with its own softmax, whose row maximum is taken before masking:
+    right to rounding (and passes grad_matches_golden), but future keys move past gradients."""
+    scale = q.dtype.type(1 / math.sqrt(q.shape[-1]))
+    s = q @ _swap(k) * scale
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    if causal:
+        e = np.where(_visible(q.shape[-2], k.shape[-2], True), e, q.dtype.type(0))
+    p = e / e.sum(axis=-1, keepdims=True)
+    dp = d_out @ _swap(v)
+    ds = p * (dp - np.sum(p * dp, axis=-1, keepdims=True))
+    return tuple(g.astype(q.dtype) for g in (ds @ k * scale, _swap(ds) @ q * scale, _swap(p) @ d_out))
+
+
+def test_max_before_mask_is_caught_by_grad_causal_no_leak_only() -> None:
+    target = Target(attention, name="max-before-mask", ndims=(2, 3, 4), grad_fn=_max_before_mask)
+    (result,) = check(target, "ci", only=["grad_causal_no_leak"]).results
+    assert result.status == "fail" and "changed dq" in result.message, result.message
+    (result,) = check(target, "ci", only=[LAW]).results
+    assert result.status == "pass", result.message
+
+
+def test_causal_ignored_in_backward_is_caught_by_grad_causal_no_leak() -> None:
+    target = Target(attention, name="causal-ignored", ndims=(2, 3, 4), grad_fn=_with("causal_ignored"))
+    (result,) = check(target, "ci", only=["grad_causal_no_leak"]).results
+    assert result.status == "fail" and "though" in result.message, result.message
+
+
 def _reordered(q: Array, k: Array, v: Array, d_out: Array, *, causal: bool = False) -> Any:
     """Correct, in another order: D from P ∘ dP, the scale folded into dS before the products."""
     scale = q.dtype.type(1 / math.sqrt(q.shape[-1]))
@@ -164,20 +192,23 @@ CORRECT = [
 @pytest.mark.parametrize("target", CORRECT, ids=[t.name for t in CORRECT])
 @pytest.mark.parametrize("seed", [1, 2])
 def test_correct_backward_passes(target: Target, seed: int) -> None:
-    (result,) = check(target, "quick", only=[LAW], seed=seed).results
-    assert result.status == "pass", (result.message, result.counterexample)
+    for result in check(target, "quick", only=[LAW, "grad_causal_no_leak"], seed=seed).results:
+        assert result.status == "pass", (result.name, result.message, result.counterexample)
 
 
 def test_reference_passes_and_reports_ratios() -> None:
     (result,) = check("reference", "quick", only=[LAW]).results
     assert result.status == "pass", result.message
     assert "error ratio float" in result.message
+    (result,) = check("reference", "quick", only=["grad_causal_no_leak"]).results
+    assert result.status == "pass", result.message
 
 
 def test_torch_autograd_passes() -> None:
     pytest.importorskip("torch")
-    (result,) = check("torch", "quick", only=[LAW], max_examples=8).results
-    assert result.status == "pass", (result.message, result.counterexample)
+    for law in (LAW, "grad_causal_no_leak"):
+        (result,) = check("torch", "quick", only=[law], max_examples=8).results
+        assert result.status == "pass", (law, result.message, result.counterexample)
 
 
 def _torch_math_grad(q: Array, k: Array, v: Array, d_out: Array, *, causal: bool = False) -> Any:
@@ -203,14 +234,15 @@ def test_torch_autograd_of_a_hand_written_attention_passes() -> None:
 
 
 def test_target_without_gradients_is_skipped_with_the_reason() -> None:
-    (result,) = check(Target(attention), "quick", only=[LAW]).results
-    assert result.status == "skip"
-    assert "grad_fn" in result.message
+    for result in check(Target(attention), "quick", only=[LAW, "grad_causal_no_leak"]).results:
+        assert result.status == "skip"
+        assert "grad_fn" in result.message
 
 
-def test_gradient_law_is_registered_with_the_suite() -> None:
-    assert LAW in spec.PROPERTIES
-    assert spec.PROPERTIES[LAW].catches.startswith("Catches")
+def test_gradient_laws_are_registered_with_the_suite() -> None:
+    for law in (LAW, "grad_causal_no_leak"):
+        assert law in spec.PROPERTIES
+        assert spec.PROPERTIES[law].catches.startswith("Catches")
 
 
 def _textbook(q: Array, k: Array, v: Array, d_out: Array, causal: bool) -> tuple[Array, Array, Array]:
