@@ -138,7 +138,8 @@ def _max_before_mask(q: Array, k: Array, v: Array, d_out: Array, *, causal: bool
     e = np.exp(s - s.max(axis=-1, keepdims=True))
     if causal:
         e = np.where(_visible(q.shape[-2], k.shape[-2], True), e, q.dtype.type(0))
-    p = e / e.sum(axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore"):  # 0/0 once the past underflows: the bug's own NaN
+        p = e / e.sum(axis=-1, keepdims=True)
     dp = d_out @ _swap(v)
     ds = p * (dp - np.sum(p * dp, axis=-1, keepdims=True))
     return tuple(g.astype(q.dtype) for g in (ds @ k * scale, _swap(ds) @ q * scale, _swap(p) @ d_out))
