@@ -18,10 +18,10 @@ import hypothesis
 import numpy as np
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 
+import spec.properties_grad  # noqa: F401  (registers the gradient laws)
 from spec.calling import TargetHung
 from spec.cases import Case
 from spec.properties import DEADLINE, OBSERVED, PROPERTIES, Property, identity_values
-from spec.properties_grad import GRAD_FACTOR  # noqa: F401  (importing registers the gradient laws)
 from spec.target import Target, TargetError, load_target
 
 
