@@ -128,6 +128,20 @@ def torch_attention(
     return _from_torch(out)
 
 
+def torch_attention_grad(
+    q: Array, k: Array, v: Array, d_out: Array, *, causal: bool = False,
+) -> tuple[Array, Array, Array]:  # [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v], [..., n_q, d_v]
+    """``(dq, dk, dv)`` of SDPA for the upstream gradient ``d_out``, by PyTorch's autograd."""
+    import torch.nn.functional as F
+
+    q_, k_, v_ = (_to_torch(np.asarray(x)).requires_grad_() for x in (q, k, v))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*(kernel not used|Flash attention requires)")
+        out = F.scaled_dot_product_attention(q_, k_, v_, is_causal=causal)
+        out.backward(_to_torch(np.asarray(d_out)))
+    return _from_torch(q_.grad), _from_torch(k_.grad), _from_torch(v_.grad)
+
+
 def torch_target() -> Target:
     """The ``torch`` built-in target: SDPA on CPU, with the capabilities measured above."""
     import torch
@@ -145,6 +159,7 @@ def torch_target() -> Target:
         supports_gqa=True,
         # Each new shape is an XLA compilation (~1 s here, several under load), not a hang.
         deadline_s=60.0,
+        grad_fn=torch_attention_grad,
     )
 
 

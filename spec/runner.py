@@ -18,6 +18,7 @@ import hypothesis
 import numpy as np
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 
+import spec.properties_grad  # noqa: F401  (registers the gradient laws)
 from spec.calling import TargetHung
 from spec.cases import Case
 from spec.properties import DEADLINE, OBSERVED, PROPERTIES, Property, identity_values

@@ -159,9 +159,11 @@ def _callable_name(fn: Callable[..., Any]) -> str:
 
 def _reference() -> Target:
     from impl import attention
+    from impl.grad import attention_backward
 
     return Target(attention, name="reference", supports_mask=True, supports_scale=True,
-                  dtypes=("float16", "float32", "float64"), ndims=(2, 3, 4))
+                  dtypes=("float16", "float32", "float64"), ndims=(2, 3, 4),
+                  grad_fn=attention_backward)
 
 
 def _flash() -> Target:
