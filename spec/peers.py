@@ -306,7 +306,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", choices=["quick", "ci", "thorough"], default="ci")
     parser.add_argument("--max-examples", type=int, default=None)
     args = parser.parse_args(argv)
-    import spec.properties_masks  # noqa: F401  (registers its laws)
 
     rows = []
     for name in args.peers:

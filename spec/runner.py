@@ -18,7 +18,10 @@ import hypothesis
 import numpy as np
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 
-import spec.properties_grad  # noqa: F401  (registers the gradient laws)
+# The law modules beyond spec.properties register themselves on import; the runner imports them
+# all so that every door (CLI, spec.check, the pytest plugin) runs every law.
+import spec.properties_grad
+import spec.properties_masks  # noqa: F401
 from spec.calling import TargetHung
 from spec.cases import Case
 from spec.properties import DEADLINE, OBSERVED, PROPERTIES, Property, identity_values

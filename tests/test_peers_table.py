@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from laws_fixture import masks_laws  # noqa: F401  (a fixture)
 
 from impl import attention
 from spec.peers import dtype_rows, main
@@ -18,7 +17,6 @@ def _half_inside(q, k, v, *, causal=False, mask=None, scale=None):
     return out.astype(q.dtype)
 
 
-@pytest.mark.usefixtures("masks_laws")
 def test_rows_per_dtype_name_the_failures():
     target = Target(_half_inside, name="half-inside", dtypes=("float16", "float32"),
                     supports_mask=True, supports_scale=True)

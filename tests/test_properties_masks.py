@@ -6,13 +6,10 @@ import math
 
 import numpy as np
 import pytest
-from laws_fixture import masks_laws  # noqa: F401  (a fixture)
 
 from impl import attention, causal_mask
 from spec.runner import check
 from spec.target import Target
-
-pytestmark = pytest.mark.usefixtures("masks_laws")
 
 LAWS = ["padding_mask_is_truncation", "bottom_right_causal_mask", "long_rows_every_dtype"]
 
