@@ -65,6 +65,7 @@ from typing import Any
 import numpy as np
 
 from impl.attention import attention
+from impl.cli import Parser, UsageError, check_output_dir, int_at_least
 from impl.flash import flash_attention
 
 DEFAULT_SIZES = (512, 1024, 2048, 4096, 8192, 16384)
@@ -75,10 +76,6 @@ MIN_SAMPLE_S = 0.05
 MIB = 1 << 20
 
 Attention = Callable[[Any, Any, Any, bool], Any]
-
-
-class UsageError(Exception):
-    """A bad command line: reported in one line, exit code 2."""
 
 
 def visible_pairs(n_q: int, n_k: int, *, causal: bool) -> int:
@@ -394,19 +391,7 @@ def plot(record: dict[str, Any], path: str) -> None:
     plt.close(fig)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:  # one line, no usage dump
-        raise UsageError(message)
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+_positive = int_at_least(1)
 
 
 def _seconds(text: str) -> float:
@@ -420,7 +405,7 @@ def _seconds(text: str) -> float:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m impl.bench", description=__doc__.splitlines()[0])
+    p = Parser(prog="python -m impl.bench", description=__doc__.splitlines()[0])
     p.add_argument("--sizes", nargs="+", type=_positive, default=list(DEFAULT_SIZES), metavar="N",
                    help="numbers of tokens (default: 512 … 16384, doubling)")
     p.add_argument("--repeat", type=_positive, default=5, help="timed samples per size (default 5)")
@@ -450,8 +435,8 @@ def _check(args: argparse.Namespace) -> list[str]:
             raise UsageError(f"--impl {name}: torch is not installed (pip install torch==2.13.0)")
     names = list(dict.fromkeys(names))
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
-        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-            raise UsageError(f"{flag}: no such directory for {path!r}")
+        if path:
+            check_output_dir(flag, path)
     if args.plot:
         try:
             import matplotlib  # noqa: F401

@@ -30,7 +30,6 @@ states the intent, as in the source article.)
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -46,6 +45,7 @@ import numpy as np
 from tabulate import tabulate
 
 from impl.attention import Array, attention, softmax
+from impl.cli import Parser, UsageError, check_output_dir, int_at_least
 from impl.grad import attention_backward, gradcheck
 
 MATRICES = ("E_key", "E_val", "W_Q", "W_K", "W_V", "W_out")
@@ -462,36 +462,10 @@ def plot(result: Result, path: Path) -> None:
 
 # --- command line --------------------------------------------------------------------------------
 
-class _UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:  # one line, no usage block
-        raise _UsageError(message)
-
-
-def _int_at_least(low: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be ≥ {low}, got {value}")
-        return value
-    return parse
-
-
-def _writable(path: Path, flag: str) -> None:
-    if not path.parent.is_dir():
-        raise _UsageError(f"{flag}: directory {str(path.parent)!r} does not exist")
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = _Parser(prog="python -m impl.recall", description=__doc__.splitlines()[0])
-    parser.add_argument("--seed", type=_int_at_least(0), default=0, help="seed (default 0)")
-    parser.add_argument("--steps", type=_int_at_least(1), default=Config.steps,
+    parser = Parser(prog="python -m impl.recall", description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int_at_least(0), default=0, help="seed (default 0)")
+    parser.add_argument("--steps", type=int_at_least(1), default=Config.steps,
                         help=f"Adam steps per run (default {Config.steps})")
     parser.add_argument("--json", type=Path, metavar="FILE", help="write the figures as JSON")
     parser.add_argument("--plot", type=Path, metavar="FILE.png", help="accuracy curves and the pattern")
@@ -501,16 +475,16 @@ def main(argv: list[str] | None = None) -> int:
         except SystemExit as done:  # --help
             return int(done.code or 0)
         if args.json is not None:
-            _writable(args.json, "--json")
+            check_output_dir("--json", args.json)
         if args.plot is not None:
-            _writable(args.plot, "--plot")
+            check_output_dir("--plot", args.plot)
             if args.plot.suffix.lower() not in (".png", ".pdf", ".svg"):
-                raise _UsageError(f"--plot: expected a .png, .pdf or .svg file, got {str(args.plot)!r}")
+                raise UsageError(f"--plot: expected a .png, .pdf or .svg file, got {str(args.plot)!r}")
             try:
                 import matplotlib  # noqa: F401
             except ImportError:
-                raise _UsageError("--plot needs matplotlib: pip install 'attention-spec[plot]'") from None
-    except _UsageError as error:
+                raise UsageError("--plot needs matplotlib: pip install 'attention-spec[plot]'") from None
+    except UsageError as error:
         print(f"python -m impl.recall: error: {error}", file=sys.stderr)
         return 2
 

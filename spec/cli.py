@@ -10,48 +10,22 @@ import argparse
 import sys
 import textwrap
 import time
-from typing import NoReturn
 
 from tabulate import tabulate
 
+from impl.cli import Parser, UsageError, int_at_least
 from spec.properties import PROPERTIES
 from spec.runner import PROFILES, Report, Result, run_property, select
 from spec.target import TargetError, load_target
 
-
-class UsageError(Exception):
-    """A command line that cannot run: the message is the whole of what the user sees."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line instead of usage + error
-        raise UsageError(message)
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
-    return value
+_positive = int_at_least(1)
+_seed = int_at_least(0)
 
 
 def parser() -> argparse.ArgumentParser:
-    top = _Parser(prog="python -m spec", description="Check an attention implementation against the laws "
+    top = Parser(prog="python -m spec", description="Check an attention implementation against the laws "
                   "of scaled dot-product attention.")
-    commands = top.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    commands = top.add_subparsers(dest="command", required=True, parser_class=Parser)
     check = commands.add_parser("check", help="run the properties against a target")
     check.add_argument("target", nargs="?",
                        help="built-in name (reference, flash, torch, jax) or package.module:attr")
