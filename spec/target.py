@@ -169,7 +169,7 @@ def _reference() -> Target:
     from impl.grad import attention_backward
 
     return Target(attention, name="reference", supports_mask=True, supports_scale=True,
-                  dtypes=("float16", "float32", "float64"), ndims=(2, 3, 4),
+                  dtypes=("float16", "float32", "float64", *_bfloat16_if_installed()), ndims=(2, 3, 4),
                   grad_fn=attention_backward)
 
 
@@ -177,7 +177,12 @@ def _flash() -> Target:
     from impl import flash_attention
 
     return Target(flash_attention, name="flash", supports_scale=True,
-                  dtypes=("float16", "float32", "float64"), ndims=(2, 3, 4))
+                  dtypes=("float16", "float32", "float64", *_bfloat16_if_installed()), ndims=(2, 3, 4))
+
+
+def _bfloat16_if_installed() -> tuple[str, ...]:
+    """impl computes bfloat16 in float32 and casts back, so it takes bfloat16 wherever NumPy has it."""
+    return (numerics.BFLOAT16,) if numerics.has_bfloat16() else ()
 
 
 def _peer(name: str) -> Callable[[], Target]:
