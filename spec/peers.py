@@ -29,6 +29,10 @@ float64                     yes                                float64 out (the 
                                                                for the call), but logits and
                                                                softmax run in float32: float32
                                                                accuracy, so float64 is not declared
+bfloat16 (via ml_dtypes)    yes                                yes, called eagerly: under jax.jit
+                                                               the CPU dot refuses precision
+                                                               BF16_BF16_F32, as F16_F16_F32 for
+                                                               float16
 ==========================  =================================  =====================================
 
 PyTorch's SDPA gave NaN for fully-masked rows in 2023 (pytorch/pytorch#103963); its math kernel
