@@ -16,6 +16,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from impl.masks import causal_mask
+from spec.numerics import as_dtype
 from spec.target import Target
 
 # Widths worth hitting on purpose: perfect squares (where √d_k is exact) and their neighbours.
@@ -54,17 +55,24 @@ class Case:
         """Randomness for this case; ``stream`` separates independent uses (permutations, changes)."""
         return np.random.default_rng([self.seed, stream])
 
+    @property
+    def np_dtype(self) -> np.dtype:
+        """The case's dtype as a NumPy dtype ("bfloat16" through ml_dtypes)."""
+        return as_dtype(self.dtype)
+
     def values_like(self, rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+        """Values drawn in float64 and rounded to the dtype, so each is representable in it
+        (integers in [-3, 3] are exact in every float dtype, bfloat16 included)."""
         if self.values == "ints":
-            return rng.integers(-3, 4, size=shape).astype(self.dtype)
-        return rng.standard_normal(shape).astype(self.dtype)
+            return rng.integers(-3, 4, size=shape).astype(self.np_dtype)
+        return rng.standard_normal(shape).astype(self.np_dtype)
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """q, k, v in ``dtype``, always the same for the same case."""
         rng = self.rng()
         root = np.sqrt(self.amplitude)
-        q = (self.values_like(rng, (*self.lead(), self.n_q, self.d_k)) * root).astype(self.dtype)
-        k = (self.values_like(rng, (*self.kv_lead, self.n_k, self.d_k)) * root).astype(self.dtype)
+        q = (self.values_like(rng, (*self.lead(), self.n_q, self.d_k)) * root).astype(self.np_dtype)
+        k = (self.values_like(rng, (*self.kv_lead, self.n_k, self.d_k)) * root).astype(self.np_dtype)
         v = self.values_like(rng, (*self.kv_lead, self.n_k, self.d_v))
         return q, k, v
 

@@ -16,19 +16,64 @@ a correct computation at that precision:
 the softmax weights by twice that; the weighted sum of n_k values adds ~√n_k·eps·max|V|). The
 floor keeps a lucky, error-free baseline from failing a correct target; the baseline term
 tracks the conditioning of each example. NaN or Inf where the golden is finite always fails.
+
+Dtypes: float16, float32, float64 and bfloat16 (NumPy's from ``ml_dtypes``, which JAX installs;
+8 significand bits, eps = 2⁻⁷, float32's range). ``eps`` and ``tiny`` come from ``ml_dtypes.finfo``
+for bfloat16, ``np.finfo`` otherwise.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 Array = np.ndarray
 
 
-def eps(dtype: np.dtype | str) -> float:
-    return float(np.finfo(np.dtype(dtype)).eps)
+BFLOAT16 = "bfloat16"
+
+
+def has_bfloat16() -> bool:
+    """Whether ``ml_dtypes`` (NumPy's bfloat16) is importable."""
+    try:
+        import ml_dtypes  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def as_dtype(dtype: Any) -> np.dtype:
+    """``np.dtype(dtype)``, with the name "bfloat16" resolved through ``ml_dtypes`` (NumPy knows
+    the name only once ml_dtypes is imported)."""
+    if isinstance(dtype, str) and dtype == BFLOAT16:
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise TypeError("dtype bfloat16 needs ml_dtypes, which is not installed: "
+                            "pip install ml-dtypes") from None
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(dtype)
+
+
+def finfo(dtype: Any) -> Any:
+    """Machine limits of a float dtype: ``ml_dtypes.finfo`` for bfloat16, ``np.finfo`` otherwise."""
+    dt = as_dtype(dtype)
+    if dt.name == BFLOAT16:
+        import ml_dtypes
+
+        return ml_dtypes.finfo(dt)
+    return np.finfo(dt)
+
+
+def eps(dtype: Any) -> float:
+    return float(finfo(dtype).eps)
+
+
+def tiny(dtype: Any) -> float:
+    """The smallest positive normal number of the dtype."""
+    return float(finfo(dtype).tiny)
 
 
 def repeat_kv(x: Array, heads: int) -> Array:  # [..., g, n, d] -> [..., h, n, d]
@@ -52,15 +97,38 @@ def golden(q: Array, k: Array, v: Array, *, visible: Array, scale: float) -> tup
 
 
 def baseline(q: Array, k: Array, v: Array, *, visible: Array, scale: float) -> Array:
-    """The textbook computation in the inputs' dtype: max-shifted softmax, then weights @ V."""
+    """The textbook computation in the inputs' dtype: max-shifted softmax, then weights @ V.
+
+    [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v], [..., n_q, n_k] -> [..., n_q, d_v]
+
+    Every intermediate is rounded to the dtype, and every sum is accumulated as NumPy does for its
+    own floats — pairwise, or by BLAS — and rounded once. For bfloat16 that takes care: NumPy (with
+    ml_dtypes) computes ``bfloat16 @ bfloat16`` in float32 and returns float32, and ``np.sum`` on
+    bfloat16 adds one element at a time in bfloat16 (the sum of 1,000 × 0.3 is 128). So for
+    bfloat16 the products are rounded back to bfloat16 and the denominator is summed in float32 and
+    rounded once: what a correct bfloat16 kernel does (PyTorch's and XLA's CPU ones accumulate in
+    float32), and not the one-key-at-a-time bfloat16 sum that ``long_rows_every_dtype`` exists to
+    catch — a baseline with that bug would excuse it.
+    """
     dtype = q.dtype
-    scores = (q @ np.swapaxes(k, -1, -2)) * dtype.type(scale)
+
+    def rounded(x: Array) -> Array:  # no-op for NumPy's own floats, whose results keep the dtype
+        return np.asarray(x).astype(dtype, copy=False)
+
+    scores = rounded(rounded(q @ np.swapaxes(k, -1, -2)) * dtype.type(scale))
     scores = np.where(visible, scores, dtype.type(-np.inf))
     top = np.max(scores, axis=-1, keepdims=True)
     with np.errstate(invalid="ignore", over="ignore"):
-        e = np.exp(scores - np.where(np.isfinite(top), top, dtype.type(0)))
-        total = np.sum(e, axis=-1, keepdims=True)
-        return ((e / np.where(total > 0, total, dtype.type(1))) @ v).astype(dtype)
+        e = rounded(np.exp(rounded(scores - np.where(np.isfinite(top), top, dtype.type(0)))))
+        total = _sum_last(e)
+        return rounded(rounded(e / np.where(total > 0, total, dtype.type(1))) @ v)
+
+
+def _sum_last(x: Array) -> Array:  # [..., n] -> [..., 1], in x's dtype
+    """NumPy's sum over the last axis; for bfloat16 in float32 and rounded once (see baseline)."""
+    if x.dtype.name == BFLOAT16:
+        return np.sum(x.astype(np.float32), axis=-1, keepdims=True).astype(x.dtype)
+    return np.sum(x, axis=-1, keepdims=True)
 
 
 def floor(q: Array, k: Array, v: Array, *, scale: float) -> float:
@@ -74,7 +142,7 @@ def floor(q: Array, k: Array, v: Array, *, scale: float) -> float:
     return eps(q.dtype) * vmax * (4 + np.sqrt(n_k) + (d_k + 2) * s_abs)
 
 
-def weight_sum_slack(dtype: np.dtype | str, n_k: int, max_score: float) -> float:
+def weight_sum_slack(dtype: Any, n_k: int, max_score: float) -> float:
     """How far from 1 a correct implementation's weights may sum: the n_k-term sum of the
     denominator (≤ n_k·eps/2) plus the rounding of a log-sum-exp of size ~max|score| (a
     log-space softmax, exp(s − lse), is off by eps·|lse|)."""

@@ -29,6 +29,10 @@ float64                     yes                                float64 out (the 
                                                                for the call), but logits and
                                                                softmax run in float32: float32
                                                                accuracy, so float64 is not declared
+bfloat16 (via ml_dtypes)    yes                                yes, called eagerly: under jax.jit
+                                                               the CPU dot refuses precision
+                                                               BF16_BF16_F32, as F16_F16_F32 for
+                                                               float16
 ==========================  =================================  =====================================
 
 PyTorch's SDPA gave NaN for fully-masked rows in 2023 (pytorch/pytorch#103963); its math kernel
@@ -149,7 +153,8 @@ def torch_target() -> Target:
     return Target(
         torch_attention,
         name=f"torch {torch.__version__} scaled_dot_product_attention",
-        dtypes=("float16", "float32", "float64"),
+        # bfloat16 where ml_dtypes gives NumPy the dtype (measured: passes every law, as float16).
+        dtypes=("float16", "float32", "float64") + (("bfloat16",) if _bfloat16() is not None else ()),
         ndims=(2, 3, 4),
         supports_mask=True,
         supports_scale=True,
@@ -211,9 +216,10 @@ def jax_attention(
     n_slices = max(1, -(-d_v // d_k))
     padded = np.zeros((*vj.shape[:3], n_slices * d_k), dtype=vj.dtype)
     padded[..., :d_v] = vj
-    # Under jit, float16 fails on CPU: JAX asks dot_general for precision F16_F16_F32 and falls back
-    # only when that raises at once, as it does eagerly but not at jit's later lowering.
-    core = _jax_core(jit=q.dtype != np.float16)
+    # Under jit, float16 and bfloat16 fail on CPU: JAX asks dot_general for precision F16_F16_F32
+    # (BF16_BF16_F32) and falls back only when that raises at once, as it does eagerly but not at
+    # jit's later lowering ("Algorithm not supported by the ElementalIrEmitter").
+    core = _jax_core(jit=q.dtype.itemsize > 2)
     with jax.enable_x64(True) if q.dtype == np.float64 else contextlib.nullcontext():
         pieces = [
             np.asarray(core(
@@ -251,7 +257,8 @@ def jax_target() -> Target:
         # Not float64: JAX computes the logits and the softmax in float32 whatever the input, so a
         # float64 call is only float32-accurate (measured 1.4e-7 from the float64 golden) and fails
         # matches_golden; tests/test_peers.py keeps that failure visible.
-        dtypes=("float16", "float32"),
+        # bfloat16 (where ml_dtypes is installed, as it is with jax) runs eagerly, as float16 does.
+        dtypes=("float16", "float32") + (("bfloat16",) if _bfloat16() is not None else ()),
         ndims=(2, 3, 4),
         supports_mask=True,
         supports_scale=True,
@@ -314,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
         except ModuleNotFoundError as e:
             print(f"{name}: not installed ({e.name})", file=sys.stderr)
             return 2
-        rows += dtype_rows(target, ("float16", "float32", "float64"), profile=args.profile,
+        dtypes = ("bfloat16",) if _bfloat16() is not None else ()
+        rows += dtype_rows(target, ("float16", *dtypes, "float32", "float64"), profile=args.profile,
                            max_examples=args.max_examples)
     table = [{key: value for key, value in row.items() if key != "failures"} for row in rows]
     print(tabulate(table, headers="keys", tablefmt="github", floatfmt=".3g"))

@@ -132,7 +132,7 @@ def assert_matches(
     seen = weights.sum(axis=-1) > 0
     rows = seen if rows is None else rows & seen
     cmp = numerics.compare(out, gold, base, rows=rows, tolerance=target.tolerance, floor_=floor)
-    observe("error ratio", cmp.ratio)
+    observe(f"error ratio {case.dtype}", cmp.ratio)
     assert cmp.ok, f"{what} differs from the float64 golden: {cmp.explain()}"
     return cmp
 
@@ -336,7 +336,7 @@ def scale_is_inv_sqrt_dk(target: Target, case: Case) -> None:
     top = np.argmax(np.where(vis, p, -np.inf), axis=-1)[..., None]
     p_top = np.take_along_axis(p, top, axis=-1)
     # Subnormal weights carry few significant bits: keep only normal numbers.
-    usable = vis & (p > 1e-3 * p_top) & (p >= 16 * float(np.finfo(case.dtype).tiny))
+    usable = vis & (p > 1e-3 * p_top) & (p >= 16 * numerics.tiny(case.dtype))
     with np.errstate(divide="ignore", invalid="ignore"):
         y = np.log(p) - np.log(p_top)
     x = raw - np.take_along_axis(raw, top, axis=-1)

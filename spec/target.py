@@ -31,11 +31,13 @@ from typing import Any, Literal
 
 import numpy as np
 
+from spec import numerics
+
 Layout = Literal["bhnd", "bnhd"]
 Alignment = Literal["top_left", "bottom_right"]
 MaskedRows = Literal["zeros", "nan", "uniform", "any"]
 
-FLOAT_DTYPES = ("float16", "float32", "float64")
+FLOAT_DTYPES = ("float16", "float32", "float64", "bfloat16")
 
 
 class TargetError(ValueError):
@@ -54,8 +56,9 @@ class Target:
     name: str = ""
     """Shown in reports; defaults to the callable's qualified name."""
     dtypes: tuple[str, ...] = ("float32", "float64")
-    """NumPy dtype names the target accepts (from float16, float32, float64); each is tested.
-    The output must have the input's dtype."""
+    """NumPy dtype names the target accepts (from float16, float32, float64, bfloat16); each is
+    tested. The output must have the input's dtype. bfloat16 is NumPy's from ``ml_dtypes``
+    (``ml_dtypes.bfloat16``), which must be installed to declare it."""
     layout: Layout = "bhnd"
     """Axis order of 4-D inputs and output: ``bhnd`` = (batch, heads, n, d), as PyTorch's SDPA;
     ``bnhd`` = (batch, n, heads, d), as FlashAttention's and JAX's. 2-D inputs are (n, d) either
@@ -95,8 +98,12 @@ class Target:
             raise TargetError(f"Target fn must be callable, got {type(self.fn).__name__}")
         if not self.name:
             object.__setattr__(self, "name", _callable_name(self.fn))
+        wants_bf16 = any(isinstance(d, str) and d == numerics.BFLOAT16 for d in self.dtypes)
+        if wants_bf16 and not numerics.has_bfloat16():
+            raise TargetError("Target dtypes include bfloat16, which needs ml_dtypes (not installed): "
+                              "pip install ml-dtypes")
         try:
-            dtypes = tuple(np.dtype(d).name for d in self.dtypes)
+            dtypes = tuple(numerics.as_dtype(d).name for d in self.dtypes)
         except TypeError:
             dtypes = ()
         if not dtypes or any(d not in FLOAT_DTYPES for d in dtypes):
@@ -162,7 +169,7 @@ def _reference() -> Target:
     from impl.grad import attention_backward
 
     return Target(attention, name="reference", supports_mask=True, supports_scale=True,
-                  dtypes=("float16", "float32", "float64"), ndims=(2, 3, 4),
+                  dtypes=("float16", "float32", "float64", *_bfloat16_if_installed()), ndims=(2, 3, 4),
                   grad_fn=attention_backward)
 
 
@@ -170,7 +177,12 @@ def _flash() -> Target:
     from impl import flash_attention
 
     return Target(flash_attention, name="flash", supports_scale=True,
-                  dtypes=("float16", "float32", "float64"), ndims=(2, 3, 4))
+                  dtypes=("float16", "float32", "float64", *_bfloat16_if_installed()), ndims=(2, 3, 4))
+
+
+def _bfloat16_if_installed() -> tuple[str, ...]:
+    """impl computes bfloat16 in float32 and casts back, so it takes bfloat16 wherever NumPy has it."""
+    return (numerics.BFLOAT16,) if numerics.has_bfloat16() else ()
 
 
 def _peer(name: str) -> Callable[[], Target]:
