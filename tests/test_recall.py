@@ -214,3 +214,14 @@ def test_cli_as_a_real_process() -> None:
 
 def test_docstring_examples() -> None:
     assert doctest.testmod(recall).failed == 0
+
+
+@pytest.mark.parametrize(("n_values", "n_pairs"), [(8, 3), (5, 4), (3, 2), (10, 1)])
+def test_ceiling_enumerated_here_equals_calcs_symbolic_case_split(n_values: int, n_pairs: int) -> None:
+    # Two independent derivations: brute-force enumeration of value tuples (impl) and calc's
+    # SymPy sum over repetition patterns.
+    from calc.formulas import recall_ceiling as symbolic
+
+    exact = symbolic(n_values, n_pairs)
+    enumerated = recall_ceiling(n_values, n_pairs)
+    assert (enumerated.numerator, enumerated.denominator) == (exact.p, exact.q)
