@@ -162,7 +162,7 @@ def torch_target() -> Target:
         masked_rows="zeros",
         exact_masking=True,
         supports_gqa=True,
-        # Each new shape is an XLA compilation (~1 s here, several under load), not a hang.
+        # Generous, as for jax: on a loaded machine a slow first call is not a hang.
         deadline_s=60.0,
         grad_fn=torch_attention_grad,
     )

@@ -370,26 +370,28 @@ def bottom_right(q: Array, k: Array, v: Array, *, causal: bool = False) -> Array
     return _with_keep(q, k, v, causal_mask(q.shape[-2], k.shape[-2], align="bottom_right"))
 
 
-def additive_finfo_mask(q: Array, k: Array, v: Array, *, causal: bool = False,
-                        mask: Array | None = None) -> Array:
-    """Masking by adding the dtype's most negative number: a row with no visible key becomes uniform."""
+def _additive_mask(q: Array, k: Array, v: Array, *, causal: bool, mask: Array | None,
+                   hidden: float | None) -> Array:
+    """Masking by adding ``hidden`` to the hidden scores (None: the dtype's most negative number)."""
     s = _scores(q, k, 1 / math.sqrt(q.shape[-1]))
     keep = np.ones(s.shape, dtype=bool) if mask is None else np.broadcast_to(mask, s.shape)
     if causal:
         keep = keep & causal_mask(q.shape[-2], k.shape[-2])
-    s = s + np.where(keep, 0, np.finfo(s.dtype).min).astype(s.dtype)
+    fill = np.finfo(s.dtype).min if hidden is None else hidden
+    s = s + np.where(keep, 0, fill).astype(s.dtype)
     return (_softmax(s) @ v.astype(s.dtype)).astype(q.dtype)
+
+
+def additive_finfo_mask(q: Array, k: Array, v: Array, *, causal: bool = False,
+                        mask: Array | None = None) -> Array:
+    """Masking by adding the dtype's most negative number: a row with no visible key becomes uniform."""
+    return _additive_mask(q, k, v, causal=causal, mask=mask, hidden=None)
 
 
 def additive_minus_1e9(q: Array, k: Array, v: Array, *, causal: bool = False,
                        mask: Array | None = None) -> Array:
     """The common additive mask of -1e9: exact enough for visible rows, unspecified for empty ones."""
-    s = _scores(q, k, 1 / math.sqrt(q.shape[-1]))
-    keep = np.ones(s.shape, dtype=bool) if mask is None else np.broadcast_to(mask, s.shape)
-    if causal:
-        keep = keep & causal_mask(q.shape[-2], k.shape[-2])
-    s = s + np.where(keep, 0, -1e9).astype(s.dtype)
-    return (_softmax(s) @ v.astype(s.dtype)).astype(q.dtype)
+    return _additive_mask(q, k, v, causal=causal, mask=mask, hidden=-1e9)
 
 
 CORRECT = [
