@@ -1,9 +1,12 @@
 """``python -m calc.verify``: each preset's checkpoint count against a real model definition.
 
 Builds the Hugging Face ``transformers`` model of every preset from its config on PyTorch's meta
-device (shapes only: no weights, no download) and compares ``sum(p.numel())`` (tied weights once)
-with :func:`calc.ledger.checkpoint`, and with the count recorded in the preset. Needs ``torch`` and
-``transformers``; exit 0 when every buildable preset agrees, 1 otherwise.
+device (shapes only: no weights, no download) and compares what a checkpoint of it stores (every
+parameter, tied weights once, plus the buffers saved with the weights, such as DeepSeek-V3's
+score-correction bias; rotary tables are not saved) with :func:`calc.ledger.checkpoint`, and with
+the count recorded in the preset. Presets read from a config.json are built from that config by
+``AutoConfig.for_model``. Needs ``torch`` and ``transformers``; exit 0 when every buildable preset
+agrees, 1 otherwise, 2 (one line) when they are not installed.
 
 GPT-3's XL and 13B rows (h·d_k ≠ d) cannot be built: transformers' GPT-2 ties the head width to
 d/h. They are counted by the same formula as the rows that are built.
@@ -12,10 +15,13 @@ d/h. They are counted by the same formula as the rows that are built.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from calc.ledger import checkpoint
 from calc.presets import PRESETS, Config
+
+INSTALL = "pip install torch==2.13.0 'transformers>=4.45' (or run tox -e calc-verify)"
 
 
 def build_model(config: Config) -> Any:
@@ -23,10 +29,15 @@ def build_model(config: Config) -> Any:
     import torch
     import transformers as tf
 
+    if config.hf_config is not None:
+        hf = dict(config.hf_config)
+        hf_config: Any = tf.AutoConfig.for_model(hf.pop("model_type"), **hf)
+        with torch.device("meta"):
+            return tf.AutoModelForCausalLM.from_config(hf_config)
     if config.arch == "gpt":
         if config.attention_width != config.d_model or config.n_kv_heads != config.n_heads:
             return None
-        hf_config: Any = tf.GPT2Config(
+        hf_config = tf.GPT2Config(
             vocab_size=config.vocab_size, n_positions=config.n_ctx, n_embd=config.d_model,
             n_layer=config.n_layers, n_head=config.n_heads, n_inner=config.d_ff,
             tie_word_embeddings=config.tied_embeddings,
@@ -39,36 +50,55 @@ def build_model(config: Config) -> Any:
             num_key_value_heads=config.n_kv_heads, max_position_embeddings=config.n_ctx,
             tie_word_embeddings=config.tied_embeddings,
         )
-        mistral = config.name.startswith("mistral")
+        mistral = config.model_type == "mistral"
         config_class = tf.MistralConfig if mistral else tf.LlamaConfig
-        hf_config = config_class(head_dim=config.d_head, **kwargs)
+        hf_config = config_class(head_dim=config.d_head, sliding_window=config.sliding_window, **kwargs)
         model_class = tf.MistralForCausalLM if mistral else tf.LlamaForCausalLM
     with torch.device("meta"):
         return model_class(hf_config)
 
 
-def verify() -> list[tuple[str, int, int | None, int | None]]:
+def stored_count(model: Any) -> int:
+    """Parameters (tied ones once) plus the buffers a checkpoint saves (those in the state dict)."""
+    saved = set(model.state_dict())
+    params = sum(p.numel() for p in model.parameters())
+    return params + sum(b.numel() for name, b in model.named_buffers() if name in saved)
+
+
+def verify(names: Sequence[str] | None = None) -> list[tuple[str, int, int | None, int | None]]:
     """(name, calc's count, the model's count or None, the recorded count) for every preset."""
     rows = []
-    for name, config in PRESETS.items():
+    for name in names or PRESETS:
+        config = PRESETS[name]
         model = build_model(config)
-        built = None if model is None else sum(p.numel() for p in model.parameters())
+        built = None if model is None else stored_count(model)
         rows.append((name, checkpoint(config)["total"], built, config.published))
     return rows
 
 
-def main() -> int:
-    import transformers
-
-    print(f"transformers {transformers.__version__}, models built on the meta device")
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    unknown = [name for name in argv if name not in PRESETS]
+    if unknown:
+        print(f"python -m calc.verify: error: unknown preset {unknown[0]!r}; see python -m calc --list",
+              file=sys.stderr)
+        return 2
+    try:
+        import torch  # noqa: F401
+        import transformers
+    except ImportError as err:
+        print(f"python -m calc.verify: error: needs torch and transformers ({err.name} is missing): {INSTALL}",
+              file=sys.stderr)
+        return 2
+    print(f"transformers {transformers.__version__}, models built on the meta device", flush=True)
     ok = True
-    for name, counted, built, published in verify():
+    for name, counted, built, published in verify(argv):
         agree = (built is None or built == counted) and (published is None or published == counted)
         ok &= agree
         verdict = "MISMATCH" if not agree else "formula only" if built is None and published is None else "ok"
         model = "not buildable" if built is None else f"{built:,}"
         recorded = "-" if published is None else f"{published:,}"
-        print(f"{name:12} calc {counted:>16,}  model {model:>16}  recorded {recorded:>16}  {verdict}")
+        print(f"{name:16} calc {counted:>16,}  model {model:>16}  recorded {recorded:>16}  {verdict}", flush=True)
     return 0 if ok else 1
 
 

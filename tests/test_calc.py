@@ -41,10 +41,11 @@ def test_causal_flops_count_the_visible_triangle():
     assert expand(f.causal_flops_per_head - 2 * f.d_k * f.n * (f.n + 1)) == 0
 
 
-def test_palm_attention_term_is_twice_kaplans():
-    palm = f.forward_flops_per_token_palm - 2 * f.N
+def test_palm_attention_term_is_twice_kaplans_when_values_are_as_wide_as_keys():
+    palm = (f.forward_flops_per_token_palm - 2 * f.N).subs(f.d_v, f.d_k)
     kaplan = f.forward_flops_per_token_kaplan - 2 * f.N
     assert expand(palm - 2 * kaplan) == 0
+    assert expand(f.keys_seen.subs(f.L_w, 0) - f.L * f.n) == 0  # without windows: L·n keys per token
 
 
 def test_evaluate_refuses_missing_symbols():
@@ -158,12 +159,14 @@ def test_tiled_working_set_grows_linearly_not_quadratically():
 
 # --- checkpoint counts ----------------------------------------------------------------------------
 RELEASED = [name for name, c in PRESETS.items() if c.published is not None]
+NEW = ["mixtral-8x7b", "qwen2-7b", "qwen3-8b", "gemma2-9b", "gemma3-1b", "llama3.2-1b", "mistral-nemo-12b",
+       "phi3-mini", "pythia-1.4b", "deepseek-v3"]
 
 
 def test_every_released_preset_has_a_published_count():
     assert sorted(RELEASED) == sorted(
         ["gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "llama2-7b", "llama2-13b", "llama2-70b",
-         "llama3-8b", "llama3-70b", "mistral-7b"]
+         "llama3-8b", "llama3-70b", "mistral-7b", *NEW]
     )
 
 
@@ -222,7 +225,7 @@ def test_preset_names_are_the_contract():
     assert list(PRESETS) == [
         "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt3-small", "gpt3-medium", "gpt3-large",
         "gpt3-xl", "gpt3-2.7b", "gpt3-6.7b", "gpt3-13b", "gpt3", "llama2-7b", "llama2-13b", "llama2-70b",
-        "llama3-8b", "llama3-70b", "mistral-7b",
+        "llama3-8b", "llama3-70b", "mistral-7b", *NEW,
     ]
     assert all(c.source for c in PRESETS.values())
 
