@@ -40,15 +40,22 @@ def _at(expr: Expr, config: Config, **extra: int) -> int:
     return f.evaluate_count(expr, env)
 
 
+def largest_head_entries(config: Config) -> Expr:
+    """Entries of the largest head's pattern: n² where any layer is global, n·min(n, w) where every
+    layer has the window (a query sees at most w keys)."""
+    return f.entries_per_head if config.n_window_layers < config.n_layers else f.windowed_entries_per_head
+
+
 def pattern_memory(config: Config, seqs: Sequence[int], *, block: int = DEFAULT_BLOCK) -> list[dict]:
-    """Entries of the n×n attention pattern and its bytes in fp32 and fp16/bf16, per head, layer and
-    model (all stored at once, the naive upper bound), beside a tiled kernel's per-head working set."""
+    """Entries of the attention pattern and its bytes in fp32 and fp16/bf16, per head and layer (the
+    largest) and per model (all stored at once, the naive upper bound; sliding-window layers hold
+    n×min(n, w)), beside a tiled kernel's per-head working set."""
+    per_head = largest_head_entries(config)
     rows = []
     for n in seqs:
         entries = {
             scope: _at(expr, config, n=n)
-            for scope, expr in (("head", f.entries_per_head), ("layer", f.entries_per_layer),
-                                ("model", f.entries_per_model))
+            for scope, expr in (("head", per_head), ("layer", f.h * per_head), ("model", f.entries_per_model))
         }
         row: dict[str, Any] = {"n_tokens": n}
         row.update({f"entries_per_{scope}": count for scope, count in entries.items()})
@@ -60,28 +67,33 @@ def pattern_memory(config: Config, seqs: Sequence[int], *, block: int = DEFAULT_
 
 
 def flops(config: Config, seqs: Sequence[int]) -> list[dict[str, Any]]:
-    """Attention FLOPs (QKᵀ and AV, 2 per multiply-add) per head, layer and model, the causal count,
-    and the ratio to the previous row (4 per doubling of n: the n² law)."""
+    """Attention FLOPs (QKᵀ over d_k and AV over d_v, 2 per multiply-add) per head and layer (the
+    largest) and per model, the causal count, and the ratio to the previous row (4 per doubling of n:
+    the n² law; 2 once every layer's window is full)."""
+    entries = largest_head_entries(config)
+    qk, av = 2 * f.d_k * entries, 2 * f.d_v * entries
     rows: list[dict[str, Any]] = []
     for n in seqs:
-        per_head = _at(f.attention_flops_per_head, config, n=n)
+        per_head = _at(qk + av, config, n=n)
         previous = rows[-1]["attention_flops_per_head"] if rows else None
         rows.append({
             "n_tokens": n,
-            "qk_flops_per_head": _at(f.qk_flops_per_head, config, n=n),
-            "av_flops_per_head": _at(f.av_flops_per_head, config, n=n),
+            "qk_flops_per_head": _at(qk, config, n=n),
+            "av_flops_per_head": _at(av, config, n=n),
             "attention_flops_per_head": per_head,
-            "attention_flops_per_layer": _at(f.attention_flops_per_layer, config, n=n),
+            "attention_flops_per_layer": _at(f.h * (qk + av), config, n=n),
             "attention_flops_per_model": _at(f.attention_flops_per_model, config, n=n),
-            "causal_flops_per_model": _at(f.L * f.h * f.causal_flops_per_head, config, n=n),
+            "causal_flops_per_model": _at(f.causal_flops_per_model, config, n=n),
             "ratio": None if previous is None else Rational(per_head, previous),
         })
     return rows
 
 
 def forward_flops_per_token(config: Config, seqs: Sequence[int]) -> list[dict[str, Any]]:
-    """Forward FLOPs per token at context n by Kaplan et al.'s and PaLM's conventions."""
-    big_n = non_embedding(config)
+    """Forward FLOPs per token at context n by Kaplan et al.'s and PaLM's conventions, with N the active
+    non-embedding parameters (all of them for a dense model) and the keys each layer's window lets a
+    token see."""
+    big_n = non_embedding(config, per_token=True)
     return [
         {
             "n_tokens": n,
@@ -93,15 +105,27 @@ def forward_flops_per_token(config: Config, seqs: Sequence[int]) -> list[dict[st
     ]
 
 
+def kv_cache_formulas(config: Config) -> tuple[Expr, Expr]:
+    """(bytes per token while no window is full, bytes held at n tokens) for the architecture: K and V
+    of g heads per layer (GQA), or MLA's latent and rotary key; window layers hold at most w tokens."""
+    if config.is_mla:
+        return f.kv_cache_bytes_per_token_mla, f.kv_cache_bytes_mla
+    return f.kv_cache_bytes_per_token, f.kv_cache_bytes
+
+
 def kv_cache(config: Config, seqs: Sequence[int], dtype: str) -> dict[str, Any]:
-    """KV cache bytes per token (2·L·g·d_k·b, GQA-aware), for the full context and at each n."""
-    per_token = _at(f.kv_cache_bytes_per_token, config, b=DTYPE_BYTES[dtype])
+    """KV cache bytes per token (GQA: 2·L·g·d_k·b; MLA: L·(r_kv + d_r)·b), and the bytes held for the
+    full context and at each n, sliding-window layers holding at most their window."""
+    size = DTYPE_BYTES[dtype]
+    per_token_expr, held = kv_cache_formulas(config)
+    per_token = _at(per_token_expr, config, b=size)
     return {
         "dtype": dtype,
+        "bytes_per_value": size,
         "bytes_per_token": per_token,
         "n_ctx": config.n_ctx,
-        "bytes_per_context": per_token * config.n_ctx,
-        "rows": [{"n_tokens": n, "bytes": per_token * n} for n in seqs],
+        "bytes_per_context": _at(held, config, n=config.n_ctx, b=size),
+        "rows": [{"n_tokens": n, "bytes": _at(held, config, n=n, b=size)} for n in seqs],
     }
 
 

@@ -22,6 +22,12 @@ CONFIG_KEYS = (
     "arch", "n_layers", "d_model", "n_heads", "d_head", "n_kv_heads", "d_ff", "vocab_size", "n_ctx",
     "tied_embeddings",
 )
+# Architecture features, in the JSON's config beside the contract keys, and in the header when set.
+FEATURE_KEYS = (
+    "model_type", "qkv_bias", "qk_norm", "norms_per_layer", "sliding_window", "n_window_layers", "n_experts",
+    "experts_per_token", "n_shared_experts", "d_expert", "n_dense_layers", "router_bias", "kv_lora_rank",
+    "q_lora_rank", "d_rope", "d_v", "n_mtp_layers",
+)
 FORMATS = ("table", "github", "latex", "csv", "json")
 UNITS = "MiB = 2^20 bytes, GiB = 2^30 bytes; FLOPs count a multiply-add as 2"
 
@@ -41,12 +47,14 @@ def build(
         "model": config.name,
         "source": config.source,
         "notes": list(config.notes),
-        "config": {key: getattr(config, key) for key in CONFIG_KEYS},
+        "config": {key: getattr(config, key) for key in (*CONFIG_KEYS, *FEATURE_KEYS)},
         "ledger": ledger.source_ledger(config),
         "params": {
             "total": parts["total"],
+            "active": ledger.active(config),
             "breakdown": {k: v for k, v in parts.items() if k != "total"},
             "non_embedding": ledger.non_embedding(config),
+            "mtp_module": ledger.mtp_module(config),
             "published": config.published,
             "paper_size": config.paper_size,
         },
@@ -142,14 +150,21 @@ def _ledger(report: dict[str, Any]) -> Table:
     rows = [(k.replace("_", " "), f"{float(led[k]):,.1f}" if not _is_int(led[k]) else count(int(led[k])),
              shares.get(k, "")) for k in names]
     cfg = report["config"]
-    mlp = "2·d·d_ff" if cfg["arch"] == "gpt" else "3·d·d_ff (gate, up, down)"
+    mlp = "2·d·d_ff" if cfg["arch"] in ("gpt", "neox") else "3·d·d_ff (gate, up, down)"
+    attention = "2·d·h·d_k + 2·d·g·d_k"
+    if cfg["n_experts"]:
+        mlp = (f"{cfg['n_experts']} experts of 3·d·d_e (d_e = {count(cfg['d_expert'])}) + a router d·E"
+               + (f" + {cfg['n_shared_experts']} shared expert(s)" if cfg["n_shared_experts"] else "")
+               + (f"; the first {cfg['n_dense_layers']} layers 3·d·d_ff" if cfg["n_dense_layers"] else ""))
+    if cfg["kv_lora_rank"]:
+        attention = "MLA: d·r_q + r_q·h·d_k + d·(r_kv + d_r) + r_kv·h·(d_k − d_r + d_v) + h·d_v·d"
     return Table(
         title="Source ledger: weight matrices only, embedding and unembedding counted separately",
         headers=("component", "parameters", "share"),
         rows=rows,
         raw_headers=("component", "parameters"),
         raw_rows=[(k, led[k]) for k in names],
-        notes=(f"attention per layer = 2·d·h·d_k + 2·d·g·d_k; mlp per layer = {mlp}; attention share = "
+        notes=(f"attention per layer = {attention}; mlp per layer = {mlp}; attention share = "
                f"{percent(led['attention_share'])} (exactly {led['attention_share']})",),
     )
 
@@ -170,20 +185,40 @@ def _checkpoint(report: dict[str, Any]) -> Table:
         note = f"no checkpoint was released; the paper gives {params['paper_size'] / 1e9:g} B ({off:+.1%})"
     else:
         note = "no published count to compare with"
+    notes = [f"total {count(total)}: {note}"]
+    if params["active"] != total:
+        notes.append(f"active per token {count(params['active'])} ({percent(Rational(params['active'], total))}): "
+                     "the routed experts a token runs, shared experts, router, attention, norms and both "
+                     "embedding tables (the convention of Mixtral's 12.9 B of 46.7 B)")
+    if params["mtp_module"]:
+        notes.append(f"not in the total: the multi-token-prediction module(s), {count(params['mtp_module'])} "
+                     f"more in the released checkpoint ({count(total + params['mtp_module'])} in all)")
     return Table(
         title="Checkpoint: every stored parameter (biases, norms, positions, tied embeddings once)",
         headers=("component", "parameters", "share"),
         rows=[(k.replace("_", " "), count(v), percent(Rational(v, total))) for k, v in items],
         raw_headers=("component", "parameters"),
         raw_rows=items,
-        notes=(f"total {count(total)}: {note}",),
+        notes=tuple(notes),
     )
+
+
+def window_notes(cfg: dict[str, Any]) -> tuple[str, ...]:
+    """What the sliding window changes, for models that have one (none otherwise)."""
+    if not cfg["n_window_layers"]:
+        return ()
+    w = count(cfg["sliding_window"])
+    layers = "every layer attends" if cfg["n_window_layers"] == cfg["n_layers"] else \
+        f"{cfg['n_window_layers']} of {cfg['n_layers']} layers attend"
+    return (f"window: {layers} within {w} tokens: a query there sees at most {w} keys "
+            f"(n×min(n, {w}) pattern entries) and the cache holds at most {w} tokens; per head/layer "
+            "columns are the largest layer's",)
 
 
 def _memory(report: dict[str, Any]) -> Table:
     rows = report["pattern_memory"]
     cfg = report["config"]
-    notes = []
+    notes = list(window_notes(cfg))
     at_ctx = [r for r in rows if r["n_tokens"] == cfg["n_ctx"]]
     if at_ctx:
         r = at_ctx[0]
@@ -222,21 +257,26 @@ def _flops(report: dict[str, Any]) -> Table:
     rows = report["flops"]
     keys = ("qk_flops_per_head", "av_flops_per_head", "attention_flops_per_head", "attention_flops_per_layer",
             "attention_flops_per_model", "causal_flops_per_model")
+    cfg = report["config"]
+    keys_seen = "n·min(n, w)" if cfg["n_window_layers"] == cfg["n_layers"] else "n²"
+    value = "d_v" if cfg["d_v"] != cfg["d_head"] else "d_k"
     return Table(
-        title="Attention FLOPs of one forward pass: QKᵀ (2·n²·d_k) + AV (2·n²·d_k) per head",
+        title=f"Attention FLOPs of one forward pass: QKᵀ (2·{keys_seen}·d_k) + AV (2·{keys_seen}·{value}) per head",
         headers=("n", "QKᵀ/head", "AV/head", "per head", "per layer", "per model", "causal/model", "ratio"),
         rows=[(count(r["n_tokens"]), *(si(r[k], "FLOP") for k in keys), _ratio(r["ratio"])) for r in rows],
         raw_headers=("n_tokens", *keys, "ratio"),
         raw_rows=[(r["n_tokens"], *(r[k] for k in keys), "" if r["ratio"] is None else float(r["ratio"]))
                   for r in rows],
         notes=("causal: query i sees i + 1 keys, n(n+1)/2 of the n² entries; ratio: per head, to the "
-               "row above (n² → 4 per doubling of n)",),
+               "row above (n² → 4 per doubling of n)", *window_notes(cfg)),
     )
 
 
 def _per_token(report: dict[str, Any]) -> Table:
     rows = report["forward_flops_per_token"]
     big_n = rows[0]["non_embedding_params"]
+    moe = (" N counts the active parameters: a token runs k_E of the E routed experts."
+           if report["params"]["active"] != report["params"]["total"] else "")
     return Table(
         title="Forward FLOPs per token at context n",
         headers=("n", "Kaplan: 2N + 2·L·n·h·d_k", "PaLM: 2N + 4·L·h·d_k·n", "attention share (PaLM)"),
@@ -247,23 +287,30 @@ def _per_token(report: dict[str, Any]) -> Table:
         notes=(f"N = {count(big_n)} non-embedding parameters (checkpoint less token and position "
                "embeddings). Kaplan et al. 2020, Table 1: C_forward = 2N + 2·n_layer·n_ctx·d_attn. PaLM "
                "(Chowdhery et al. 2022, App. B): 6N + 12·L·H·Q·T per token for training, a third of it "
-               "forward; its attention term, twice Kaplan's, is QKᵀ + AV of the FLOPs table per token.",),
+               "forward; its attention term, twice Kaplan's, is QKᵀ + AV of the FLOPs table per token." + moe,
+               *window_notes(report["config"])),
     )
 
 
 def _kv(report: dict[str, Any]) -> Table:
     kv = report["kv_cache"]
     cfg = report["config"]
-    size = costs.DTYPE_BYTES[kv["dtype"]]
+    size = kv["bytes_per_value"]
+    per_token = "2·L·g·d_k·b"
+    if cfg["kv_lora_rank"]:
+        per_token = (f"MLA, L·(r_kv + d_r)·b = {cfg['n_layers']}·({cfg['kv_lora_rank']} + {cfg['d_rope']})·{size}")
+    heads = (f"one latent of {cfg['kv_lora_rank']} and one rotary key of {cfg['d_rope']} per layer, shared by "
+             f"the {cfg['n_heads']} heads" if cfg["kv_lora_rank"]
+             else f"g = {cfg['n_kv_heads']} key/value heads of {cfg['n_heads']}")
     return Table(
-        title=f"KV cache, {kv['dtype']} ({size} bytes a value): 2·L·g·d_k·b bytes per token",
+        title=f"KV cache, {kv['dtype']} ({size} bytes a value): {per_token} bytes per token",
         headers=("n", "bytes", ""),
         rows=[(count(r["n_tokens"]), count(r["bytes"]), binary_bytes(r["bytes"])) for r in kv["rows"]],
         raw_headers=("n_tokens", "bytes"),
         raw_rows=[(r["n_tokens"], r["bytes"]) for r in kv["rows"]],
         notes=(f"{count(kv['bytes_per_token'])} bytes ({binary_bytes(kv['bytes_per_token'])}) per token; "
                f"{binary_bytes(kv['bytes_per_context'])} for the full context of {count(kv['n_ctx'])} "
-               f"(g = {cfg['n_kv_heads']} key/value heads of {cfg['n_heads']})",),
+               f"({heads})", *window_notes(cfg)),
     )
 
 
@@ -293,9 +340,31 @@ def header_lines(report: dict[str, Any]) -> list[str]:
         f"{report['model']} ({cfg['arch']}): L = {cfg['n_layers']}, d = {count(cfg['d_model'])}, "
         f"h = {cfg['n_heads']}, d_k = {cfg['d_head']}, g = {cfg['n_kv_heads']}, d_ff = {count(cfg['d_ff'])}, "
         f"V = {count(cfg['vocab_size'])}, n_ctx = {count(cfg['n_ctx'])}, {tied} embeddings",
+        *feature_lines(cfg),
         f"source: {report['source']}",
         *(f"note: {note}" for note in report["notes"]),
     ]
+
+
+def feature_lines(cfg: dict[str, Any]) -> list[str]:
+    """One line naming the architecture features a model has beyond the plain GPT-2/Llama layout."""
+    parts = []
+    if cfg["n_experts"]:
+        parts.append(f"MoE: {cfg['n_experts']} experts of d_e = {count(cfg['d_expert'])}, {cfg['experts_per_token']} "
+                     f"per token" + (f", {cfg['n_shared_experts']} shared" if cfg["n_shared_experts"] else "")
+                     + (f", first {cfg['n_dense_layers']} layers dense" if cfg["n_dense_layers"] else ""))
+    if cfg["kv_lora_rank"]:
+        parts.append(f"MLA: r_q = {cfg['q_lora_rank']}, r_kv = {cfg['kv_lora_rank']}, d_r = {cfg['d_rope']}, "
+                     f"d_v = {cfg['d_v']}")
+    if cfg["n_window_layers"]:
+        parts.append(f"sliding window {count(cfg['sliding_window'])} on {cfg['n_window_layers']} of "
+                     f"{cfg['n_layers']} layers")
+    for key, text in (("qkv_bias", "Q, K, V biases"), ("qk_norm", "q/k norms")):
+        if cfg[key]:
+            parts.append(text)
+    if cfg["norms_per_layer"] != 2:
+        parts.append(f"{cfg['norms_per_layer']} norms per layer")
+    return [f"features: {'; '.join(parts)}"] if parts else []
 
 
 def render(report: dict[str, Any], fmt: str = "table") -> str:
