@@ -2,6 +2,8 @@
 
     python -m calc MODEL [--format table|github|latex|csv|json] [--seq N ...] [--dtype fp32|fp16|bf16]
                          [--peak-tflops T] [--bandwidth-gbs G]
+    python -m calc path/to/config.json [table options]      (a Hugging Face config.json, read from disk)
+    python -m calc compare MODEL MODEL ... [--seq N] [--dtype D] [--format F] [--plot FILE.png]
     python -m calc custom --d-model D --n-heads H --n-layers L [--d-head K] [--n-kv-heads G] [--d-ff F]
                           [--vocab V] [--n-ctx N] [--arch gpt|llama] [--tied|--untied] [table options]
     python -m calc --list
@@ -23,7 +25,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from calc import costs
+from calc.config import Config
 from calc.derivations import formulas_text
+from calc.hf import SUPPORTED, load
 from calc.ledger import checkpoint
 from calc.presets import ARCHS, PRESETS, ConfigError, UnknownModel, custom, preset
 from calc.report import FORMATS, build, render
@@ -76,7 +80,7 @@ def _table_options(parser: argparse.ArgumentParser) -> None:
 def model_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m calc", description="Parameter ledgers and n² attention costs of a "
                      "model. Also: 'python -m calc custom --help', 'python -m calc formulas'.")
-    parser.add_argument("model", nargs="?", help="a preset name (see --list)")
+    parser.add_argument("model", nargs="?", help="a preset name (see --list) or a config.json path")
     parser.add_argument("--list", action="store_true", help="list the presets and their sources")
     _table_options(parser)
     return parser
@@ -100,6 +104,57 @@ def custom_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def compare_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m calc compare", description="Models side by side: parameters, active "
+                     "parameters, attention share, KV cache and FLOPs per token.")
+    parser.add_argument("models", nargs="+", metavar="MODEL", help="preset names or config.json paths")
+    parser.add_argument("--seq", type=positive_int, metavar="N",
+                        help="context length for every model (default: each model's n_ctx)")
+    parser.add_argument("--dtype", choices=tuple(costs.DTYPE_BYTES), default="bf16",
+                        help="value type of the KV cache (default: bf16)")
+    parser.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
+    parser.add_argument("--plot", metavar="FILE.png", help="also write KV cache against context length "
+                        "(needs matplotlib: the 'plot' extra)")
+    return parser
+
+
+def is_path(name: str) -> bool:
+    """A MODEL argument that names a file rather than a preset."""
+    return name.endswith(".json") or os.sep in name or os.path.isfile(name)
+
+
+def resolve(name: str) -> Config:
+    """The preset called ``name`` or the config.json at that path; errors as UsageError/UnknownModel."""
+    if not is_path(name):
+        return preset(name)
+    try:
+        return load(name)
+    except ConfigError as err:
+        raise UsageError(f"{name}: {err}") from None
+
+
+def run_compare(argv: Sequence[str]) -> str:
+    from calc import compare
+
+    args = compare_parser().parse_args(argv)
+    configs = [resolve(name) for name in args.models]
+    if args.plot:
+        folder = os.path.dirname(os.path.abspath(args.plot))
+        if not os.path.isdir(folder):
+            raise UsageError(f"--plot: folder {folder} does not exist")
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise UsageError("--plot needs matplotlib: pip install 'attention-spec[plot]'") from None
+    columns = [compare.figures(c, n=args.seq, dtype=args.dtype) for c in configs]
+    text = compare.render(columns, args.format)
+    if args.plot:
+        compare.plot(configs, args.plot, dtype=args.dtype, n_max=args.seq)
+        if args.format == "table":
+            text += f"\n\nplot: {args.plot}"
+    return text
+
+
 def list_presets(fmt: str) -> str:
     rows = [
         {"name": c.name, "arch": c.arch, "n_layers": c.n_layers, "d_model": c.d_model, "n_heads": c.n_heads,
@@ -121,7 +176,8 @@ def list_presets(fmt: str) -> str:
               r["n_kv_heads"], f"{r['params']:,}", r["source"]) for r in rows]
     table = tabulate(cells, headers=("name", "arch", "L", "d", "h", "d_k", "g", "parameters", "source"),
                      tablefmt=tablefmt, disable_numparse=True)
-    return table + "\n\n'gpt3-175b' is 'gpt3'. Parameters: the checkpoint count."
+    return (table + "\n\n'gpt3-175b' is 'gpt3'. Parameters: the checkpoint count. Any config.json of model_type "
+            + ", ".join(SUPPORTED) + " also works: python -m calc path/to/config.json")
 
 
 def run(argv: Sequence[str]) -> str:
@@ -130,6 +186,8 @@ def run(argv: Sequence[str]) -> str:
         parser = _Parser(prog="python -m calc formulas", description="Every formula and the two derivations.")
         parser.parse_args(argv[1:])
         return formulas_text()
+    if argv[:1] == ["compare"]:
+        return run_compare(argv[1:])
     if argv[:1] == ["custom"]:
         args = custom_parser().parse_args(argv[1:])
         config = custom(
@@ -144,8 +202,8 @@ def run(argv: Sequence[str]) -> str:
                 raise UsageError(f"--list takes no MODEL, got {args.model!r}")
             return list_presets(args.format)
         if args.model is None:
-            raise UsageError("give a MODEL (see --list), 'custom ...' or 'formulas'")
-        config = preset(args.model)
+            raise UsageError("give a MODEL (see --list), a config.json, 'custom ...', 'compare ...' or 'formulas'")
+        config = resolve(args.model)
     report = build(config, seqs=args.seq, dtype=args.dtype, peak_tflops=args.peak_tflops,
                    bandwidth_gbs=args.bandwidth_gbs)
     return render(report, args.format)

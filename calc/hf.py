@@ -251,3 +251,26 @@ def from_config(raw: Mapping[str, Any], *, name: str | None = None, source: str 
     except ConfigError as err:
         key = KEYS.get(model_type, LLAMA_KEYS).get(err.field, err.field)
         raise ConfigError(key, err.message) from None
+
+
+def load(path: str) -> Config:
+    """:func:`from_config` of the config.json at ``path`` (read from disk; nothing is downloaded).
+
+    The model is named after the file (``mixtral-8x7b.json``) or, for a file called config.json, its
+    folder (``Mixtral-8x7B-v0.1/config.json``). Errors are :class:`ConfigError` naming the key, or
+    ``config`` when the file cannot be read or is not JSON.
+    """
+    import json
+    from pathlib import Path
+
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError("config", f"cannot read {path}: {getattr(err, 'strerror', None) or err}") from None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ConfigError("config", f"not JSON ({err.msg}, line {err.lineno})") from None
+    name = file.parent.name if file.stem == "config" and file.parent.name else file.stem
+    return from_config(raw, name=name, source=f"{path} (Hugging Face config.json)")
