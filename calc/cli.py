@@ -176,8 +176,8 @@ def list_presets(fmt: str) -> str:
               r["n_kv_heads"], f"{r['params']:,}", r["source"]) for r in rows]
     table = tabulate(cells, headers=("name", "arch", "L", "d", "h", "d_k", "g", "parameters", "source"),
                      tablefmt=tablefmt, disable_numparse=True)
-    return (table + "\n\n'gpt3-175b' is 'gpt3'. Parameters: the checkpoint count. Any config.json of model_type "
-            + ", ".join(SUPPORTED) + " also works: python -m calc path/to/config.json")
+    return (table + "\n\n'gpt3-175b' is 'gpt3'. Parameters: the checkpoint count. Any config.json of "
+            f"model_type {', '.join(SUPPORTED)} also works: python -m calc path/to/config.json")
 
 
 def run(argv: Sequence[str]) -> str:
@@ -202,7 +202,8 @@ def run(argv: Sequence[str]) -> str:
                 raise UsageError(f"--list takes no MODEL, got {args.model!r}")
             return list_presets(args.format)
         if args.model is None:
-            raise UsageError("give a MODEL (see --list), a config.json, 'custom ...', 'compare ...' or 'formulas'")
+            raise UsageError("give a MODEL (see --list), a config.json, 'custom ...', 'compare ...' or "
+                             "'formulas'")
         config = resolve(args.model)
     report = build(config, seqs=args.seq, dtype=args.dtype, peak_tflops=args.peak_tflops,
                    bandwidth_gbs=args.bandwidth_gbs)

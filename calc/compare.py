@@ -74,8 +74,8 @@ def render(columns: Sequence[dict[str, Any]], fmt: str = "table") -> str:
 
     tablefmt = {"table": "simple", "github": "github", "latex": "latex"}[fmt]
     rows = [(label, *(_human(key, c[key]) for c in columns)) for key, label in ROWS]
-    table = tabulate(rows, headers=("", *(c["model"] for c in columns)), tablefmt=tablefmt, disable_numparse=True,
-                     colalign=("left", *("right",) * len(columns)))
+    table = tabulate(rows, headers=("", *(c["model"] for c in columns)), tablefmt=tablefmt,
+                     disable_numparse=True, colalign=("left", *("right",) * len(columns)))
     note = (f"KV cache in {columns[0]['dtype']} ({costs.DTYPE_BYTES[columns[0]['dtype']]} bytes a value), "
             "MiB = 2^20 bytes, GiB = 2^30 bytes; sliding windows cap it, MLA caches its latent. Active: "
             "the parameters a token uses (MoE: k_E routed experts, both embedding tables counted). FLOPs: "
@@ -96,7 +96,8 @@ def plot(configs: Sequence[Config], path: str, *, dtype: str = "bf16", n_max: in
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for config in configs:
         rows = costs.kv_cache(config, seqs, dtype)["rows"]
-        ax.plot([r["n_tokens"] for r in rows], [r["bytes"] / 2**30 for r in rows], marker=".", label=config.name)
+        gib = [r["bytes"] / 2**30 for r in rows]
+        ax.plot([r["n_tokens"] for r in rows], gib, marker=".", label=config.name)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("context length n (tokens)")

@@ -111,7 +111,8 @@ class Config:
                               f"got {self.experts_per_token}")
         check_positive("d_expert", self.d_expert)
         if self.n_dense_layers >= self.n_layers:
-            raise ConfigError("n_dense_layers", f"{self.n_dense_layers} leaves no MoE layer of {self.n_layers}")
+            raise ConfigError("n_dense_layers",
+                              f"{self.n_dense_layers} leaves no MoE layer of {self.n_layers}")
 
     @property
     def attention_width(self) -> int:

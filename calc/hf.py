@@ -30,7 +30,7 @@ class Reader:
     def __init__(self, raw: Mapping[str, Any]) -> None:
         self.raw = raw
 
-    def int(self, key: str, default: Any = _MISSING) -> int:
+    def integer(self, key: str, default: Any = _MISSING) -> int:
         value = self.raw.get(key, default)
         if value is _MISSING:
             raise ConfigError(key, "missing")
@@ -40,9 +40,9 @@ class Reader:
 
     def optional_int(self, key: str) -> int | None:
         """A positive integer, or None where the key is absent or null."""
-        return None if self.raw.get(key) is None else self.int(key)
+        return None if self.raw.get(key) is None else self.integer(key)
 
-    def bool(self, key: str, default: bool) -> bool:
+    def boolean(self, key: str, default: bool) -> bool:
         value = self.raw.get(key, default)
         if not isinstance(value, bool):
             raise ConfigError(key, f"must be true or false, got {value!r}")
@@ -51,10 +51,10 @@ class Reader:
     def head_dim(self, d_model: int, n_heads: int) -> int:
         """``head_dim`` where given (Gemma, Qwen3, Mistral-Nemo), else d/h, which must divide."""
         if self.raw.get("head_dim") is not None:
-            return self.int("head_dim")
+            return self.integer("head_dim")
         if d_model % n_heads:
-            raise ConfigError("num_attention_heads", f"hidden_size {d_model} is not divisible by {n_heads} heads "
-                              "and no head_dim is given")
+            message = f"hidden_size {d_model} is not divisible by {n_heads} heads and no head_dim is given"
+            raise ConfigError("num_attention_heads", message)
         return d_model // n_heads
 
     def refuse(self, key: str, unsupported: object, what: str) -> None:
@@ -74,14 +74,15 @@ class Reader:
 
 
 def _llama_family(r: Reader, *, tied: bool = False) -> Fields:
-    d, n_layers, n_heads = r.int("hidden_size"), r.int("num_hidden_layers"), r.int("num_attention_heads")
+    d, n_heads = r.integer("hidden_size"), r.integer("num_attention_heads")
     for key, what in (("attention_bias", "biases on Q, K, V and O"), ("mlp_bias", "biases in the MLP")):
         r.refuse(key, True, what)
     return {
-        "arch": "llama", "n_layers": n_layers, "d_model": d, "n_heads": n_heads,
-        "d_head": r.head_dim(d, n_heads), "n_kv_heads": r.int("num_key_value_heads", n_heads),
-        "d_ff": r.int("intermediate_size"), "vocab_size": r.int("vocab_size"),
-        "n_ctx": r.int("max_position_embeddings"), "tied_embeddings": r.bool("tie_word_embeddings", tied),
+        "arch": "llama", "n_layers": r.integer("num_hidden_layers"), "d_model": d, "n_heads": n_heads,
+        "d_head": r.head_dim(d, n_heads), "n_kv_heads": r.integer("num_key_value_heads", n_heads),
+        "d_ff": r.integer("intermediate_size"), "vocab_size": r.integer("vocab_size"),
+        "n_ctx": r.integer("max_position_embeddings"),
+        "tied_embeddings": r.boolean("tie_word_embeddings", tied),
     }
 
 
@@ -101,14 +102,15 @@ def mistral(r: Reader) -> Fields:
 
 def mixtral(r: Reader) -> Fields:
     fields = _every_layer_windowed(r, _llama_family(r))
-    return {**fields, "n_experts": r.int("num_local_experts"), "experts_per_token": r.int("num_experts_per_tok"),
-            "d_expert": fields["d_ff"]}
+    return {**fields, "n_experts": r.integer("num_local_experts"),
+            "experts_per_token": r.integer("num_experts_per_tok"), "d_expert": fields["d_ff"]}
 
 
 def phi3(r: Reader) -> Fields:
     fields = _every_layer_windowed(r, _llama_family(r))
     factor = r.raw.get("partial_rotary_factor")
-    notes = [] if factor in (None, 1, 1.0) else [f"rotary on a fraction {factor} of each head (no parameters)"]
+    partial = f"rotary on a fraction {factor} of each head (no parameters)"
+    notes = [] if factor in (None, 1, 1.0) else [partial]
     return {**fields, "notes": ("Q, K, V fused in one matrix and gate, up in another: the same count as "
                                 "separate ones.", *notes)}
 
@@ -116,13 +118,14 @@ def phi3(r: Reader) -> Fields:
 def _qwen(r: Reader, fields: Fields) -> Fields:
     """Qwen2/3: with ``use_sliding_window``, layers from ``max_window_layers`` on have the window."""
     n_layers = fields["n_layers"]
-    if not r.bool("use_sliding_window", False):
+    if not r.boolean("use_sliding_window", False):
         return fields
     first = r.raw.get("max_window_layers", n_layers)
     if isinstance(first, bool) or not isinstance(first, int) or first < 0:
         raise ConfigError("max_window_layers", f"must be a non-negative integer, got {first!r}")
     n_window = r.window_layers(n_layers, lambda i: i >= first)
-    return {**fields, "sliding_window": r.int("sliding_window") if n_window else None, "n_window_layers": n_window}
+    window = r.integer("sliding_window") if n_window else None
+    return {**fields, "sliding_window": window, "n_window_layers": n_window}
 
 
 def qwen2(r: Reader) -> Fields:
@@ -137,8 +140,8 @@ def qwen3(r: Reader) -> Fields:
 
 def _gemma(r: Reader, fields: Fields, default_sliding: Callable[[int], bool], window: int) -> Fields:
     n_window = r.window_layers(fields["n_layers"], default_sliding)
-    return {**fields, "norms_per_layer": 4, "sliding_window": r.int("sliding_window", window) if n_window else None,
-            "n_window_layers": n_window}
+    held = r.integer("sliding_window", window) if n_window else None
+    return {**fields, "norms_per_layer": 4, "sliding_window": held, "n_window_layers": n_window}
 
 
 def gemma2(r: Reader) -> Fields:
@@ -147,38 +150,38 @@ def gemma2(r: Reader) -> Fields:
 
 
 def gemma3_text(r: Reader) -> Fields:
-    pattern = r.int("sliding_window_pattern", 6)  # five local layers, then a global one
+    pattern = r.integer("sliding_window_pattern", 6)  # five local layers, then a global one
     fields = _gemma(r, _llama_family(r, tied=True), lambda i: bool((i + 1) % pattern), 4096)
     return {**fields, "qk_norm": True}
 
 
 def gpt2(r: Reader) -> Fields:
-    d, n_heads = r.int("n_embd"), r.int("n_head")
+    d, n_heads = r.integer("n_embd"), r.integer("n_head")
     if d % n_heads:
         raise ConfigError("n_head", f"n_embd {d} is not divisible by {n_heads} heads")
     return {
-        "arch": "gpt", "n_layers": r.int("n_layer"), "d_model": d, "n_heads": n_heads, "d_head": d // n_heads,
-        "n_kv_heads": n_heads, "d_ff": r.optional_int("n_inner") or 4 * d,
-        "vocab_size": r.int("vocab_size"), "n_ctx": r.int("n_positions"),
-        "tied_embeddings": r.bool("tie_word_embeddings", True),
+        "arch": "gpt", "n_layers": r.integer("n_layer"), "d_model": d, "n_heads": n_heads,
+        "d_head": d // n_heads, "n_kv_heads": n_heads, "d_ff": r.optional_int("n_inner") or 4 * d,
+        "vocab_size": r.integer("vocab_size"), "n_ctx": r.integer("n_positions"),
+        "tied_embeddings": r.boolean("tie_word_embeddings", True),
     }
 
 
 def gpt_neox(r: Reader) -> Fields:
-    d, n_heads = r.int("hidden_size"), r.int("num_attention_heads")
+    d, n_heads = r.integer("hidden_size"), r.integer("num_attention_heads")
     r.refuse("attention_bias", False, "the GPT-NeoX layout has biases on every projection")
     if d % n_heads:
         raise ConfigError("num_attention_heads", f"hidden_size {d} is not divisible by {n_heads} heads")
     rotary = r.raw.get("rotary_pct", r.raw.get("partial_rotary_factor", 0.25))
-    parallel = r.bool("use_parallel_residual", True)
+    parallel = r.boolean("use_parallel_residual", True)
+    block = "parallel attention and MLP (x + attn(ln1 x) + mlp(ln2 x))" if parallel else "sequential blocks"
     notes = (f"rotary on a fraction {rotary} of each head's dimensions (rotary has no parameters)",
-             ("parallel attention and MLP (x + attn(ln1 x) + mlp(ln2 x)); " if parallel else "sequential blocks; ")
-             + "the count is the same either way")
+             f"{block}; the count is the same either way")
     return {
-        "arch": "neox", "n_layers": r.int("num_hidden_layers"), "d_model": d, "n_heads": n_heads,
-        "d_head": d // n_heads, "n_kv_heads": n_heads, "d_ff": r.int("intermediate_size"),
-        "vocab_size": r.int("vocab_size"), "n_ctx": r.int("max_position_embeddings"),
-        "tied_embeddings": r.bool("tie_word_embeddings", False), "notes": notes,
+        "arch": "neox", "n_layers": r.integer("num_hidden_layers"), "d_model": d, "n_heads": n_heads,
+        "d_head": d // n_heads, "n_kv_heads": n_heads, "d_ff": r.integer("intermediate_size"),
+        "vocab_size": r.integer("vocab_size"), "n_ctx": r.integer("max_position_embeddings"),
+        "tied_embeddings": r.boolean("tie_word_embeddings", False), "notes": notes,
     }
 
 
@@ -187,19 +190,19 @@ def deepseek_v3(r: Reader) -> Fields:
     if r.raw.get("moe_layer_freq", 1) != 1:
         raise ConfigError("moe_layer_freq", f"only 1 (every layer after the dense ones) is supported, "
                           f"got {r.raw.get('moe_layer_freq')!r}")
-    n_heads = r.int("num_attention_heads")
-    d_rope = r.int("qk_rope_head_dim")
+    n_heads = r.integer("num_attention_heads")
+    d_rope = r.integer("qk_rope_head_dim")
     return {
-        "arch": "llama", "n_layers": r.int("num_hidden_layers"), "d_model": r.int("hidden_size"),
-        "n_heads": n_heads, "d_head": r.int("qk_nope_head_dim") + d_rope,
-        "n_kv_heads": r.int("num_key_value_heads", n_heads), "d_ff": r.int("intermediate_size"),
-        "vocab_size": r.int("vocab_size"), "n_ctx": r.int("max_position_embeddings"),
-        "tied_embeddings": r.bool("tie_word_embeddings", False),
-        "kv_lora_rank": r.int("kv_lora_rank"), "q_lora_rank": r.optional_int("q_lora_rank") or 0,
-        "d_rope": d_rope, "d_value": r.int("v_head_dim"),
-        "n_experts": r.int("n_routed_experts"), "experts_per_token": r.int("num_experts_per_tok"),
+        "arch": "llama", "n_layers": r.integer("num_hidden_layers"), "d_model": r.integer("hidden_size"),
+        "n_heads": n_heads, "d_head": r.integer("qk_nope_head_dim") + d_rope,
+        "n_kv_heads": r.integer("num_key_value_heads", n_heads), "d_ff": r.integer("intermediate_size"),
+        "vocab_size": r.integer("vocab_size"), "n_ctx": r.integer("max_position_embeddings"),
+        "tied_embeddings": r.boolean("tie_word_embeddings", False),
+        "kv_lora_rank": r.integer("kv_lora_rank"), "q_lora_rank": r.optional_int("q_lora_rank") or 0,
+        "d_rope": d_rope, "d_value": r.integer("v_head_dim"),
+        "n_experts": r.integer("n_routed_experts"), "experts_per_token": r.integer("num_experts_per_tok"),
         "n_shared_experts": _count(r, "n_shared_experts"),
-        "d_expert": r.int("moe_intermediate_size"), "n_dense_layers": _count(r, "first_k_dense_replace"),
+        "d_expert": r.integer("moe_intermediate_size"), "n_dense_layers": _count(r, "first_k_dense_replace"),
         "router_bias": True, "n_mtp_layers": _count(r, "num_nextn_predict_layers"),
     }
 
@@ -213,7 +216,8 @@ def _count(r: Reader, key: str) -> int:
 
 READERS: dict[str, Callable[[Reader], Fields]] = {
     "gpt2": gpt2, "llama": llama, "mistral": mistral, "mixtral": mixtral, "qwen2": qwen2, "qwen3": qwen3,
-    "gemma2": gemma2, "gemma3_text": gemma3_text, "phi3": phi3, "gpt_neox": gpt_neox, "deepseek_v3": deepseek_v3,
+    "gemma2": gemma2, "gemma3_text": gemma3_text, "phi3": phi3, "gpt_neox": gpt_neox,
+    "deepseek_v3": deepseek_v3,
 }
 SUPPORTED = (*READERS, "gemma3")  # gemma3: the text_config of a Gemma 3 multimodal config
 KEYS = {"gpt2": {"n_layers": "n_layer", "d_model": "n_embd", "n_heads": "n_head", "n_ctx": "n_positions",
@@ -222,8 +226,8 @@ KEYS = {"gpt2": {"n_layers": "n_layer", "d_model": "n_embd", "n_heads": "n_head"
                         "d_value": "v_head_dim", "n_experts": "n_routed_experts",
                         "experts_per_token": "num_experts_per_tok", "d_expert": "moe_intermediate_size",
                         "n_dense_layers": "first_k_dense_replace"},
-        "mixtral": {**LLAMA_KEYS, "n_experts": "num_local_experts", "experts_per_token": "num_experts_per_tok",
-                    "d_expert": "intermediate_size"}}
+        "mixtral": {**LLAMA_KEYS, "n_experts": "num_local_experts",
+                    "experts_per_token": "num_experts_per_tok", "d_expert": "intermediate_size"}}
 
 
 def from_config(raw: Mapping[str, Any], *, name: str | None = None, source: str | None = None) -> Config:
@@ -246,8 +250,9 @@ def from_config(raw: Mapping[str, Any], *, name: str | None = None, source: str 
     fields = READERS[model_type](Reader(raw))
     fields["notes"] = tuple(fields.get("notes", ()))
     try:
-        return Config(**fields, model_type=model_type, name=name or model_type,
-                      source=source or f"a Hugging Face config.json (model_type {model_type})", hf_config=dict(raw))
+        source = source or f"a Hugging Face config.json (model_type {model_type})"
+        return Config(**fields, model_type=model_type, name=name or model_type, source=source,
+                      hf_config=dict(raw))
     except ConfigError as err:
         key = KEYS.get(model_type, LLAMA_KEYS).get(err.field, err.field)
         raise ConfigError(key, err.message) from None

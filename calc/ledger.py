@@ -9,6 +9,8 @@ The active count is what one token uses: a mixture-of-experts model runs k_E of 
 
 from __future__ import annotations
 
+import dataclasses
+
 from sympy import Expr, Integer, Rational, Symbol
 
 from calc import formulas as f
@@ -136,14 +138,8 @@ def mtp_module(config: Config) -> int:
     """
     if not config.n_mtp_layers:
         return 0
-    one = Config(**{**_fields(config), "n_layers": 1, "n_dense_layers": 0, "n_mtp_layers": 0,
-                    "tied_embeddings": True})
+    one = dataclasses.replace(config, n_layers=1, n_dense_layers=0, n_mtp_layers=0, tied_embeddings=True)
     layer = checkpoint(one)["total"] - _count(f.V * f.d + f.d, one)  # one layer, no embedding, no final norm
     extra = f.evaluate_count(2 * f.d + 2 * f.d**2 + f.d + 2 * f.V * f.d, values(config))
     return config.n_mtp_layers * (layer + extra)
 
-
-def _fields(config: Config) -> dict[str, object]:
-    from dataclasses import fields
-
-    return {field.name: getattr(config, field.name) for field in fields(config) if field.name != "hf_config"}

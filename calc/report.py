@@ -187,7 +187,8 @@ def _checkpoint(report: dict[str, Any]) -> Table:
         note = "no published count to compare with"
     notes = [f"total {count(total)}: {note}"]
     if params["active"] != total:
-        notes.append(f"active per token {count(params['active'])} ({percent(Rational(params['active'], total))}): "
+        share = percent(Rational(params["active"], total))
+        notes.append(f"active per token {count(params['active'])} ({share}): "
                      "the routed experts a token runs, shared experts, router, attention, norms and both "
                      "embedding tables (the convention of Mixtral's 12.9 B of 46.7 B)")
     if params["mtp_module"]:
@@ -261,7 +262,8 @@ def _flops(report: dict[str, Any]) -> Table:
     keys_seen = "n·min(n, w)" if cfg["n_window_layers"] == cfg["n_layers"] else "n²"
     value = "d_v" if cfg["d_v"] != cfg["d_head"] else "d_k"
     return Table(
-        title=f"Attention FLOPs of one forward pass: QKᵀ (2·{keys_seen}·d_k) + AV (2·{keys_seen}·{value}) per head",
+        title=(f"Attention FLOPs of one forward pass: QKᵀ (2·{keys_seen}·d_k) + AV (2·{keys_seen}·{value}) "
+               "per head"),
         headers=("n", "QKᵀ/head", "AV/head", "per head", "per layer", "per model", "causal/model", "ratio"),
         rows=[(count(r["n_tokens"]), *(si(r[k], "FLOP") for k in keys), _ratio(r["ratio"])) for r in rows],
         raw_headers=("n_tokens", *keys, "ratio"),
@@ -298,9 +300,10 @@ def _kv(report: dict[str, Any]) -> Table:
     size = kv["bytes_per_value"]
     per_token = "2·L·g·d_k·b"
     if cfg["kv_lora_rank"]:
-        per_token = (f"MLA, L·(r_kv + d_r)·b = {cfg['n_layers']}·({cfg['kv_lora_rank']} + {cfg['d_rope']})·{size}")
-    heads = (f"one latent of {cfg['kv_lora_rank']} and one rotary key of {cfg['d_rope']} per layer, shared by "
-             f"the {cfg['n_heads']} heads" if cfg["kv_lora_rank"]
+        per_token = (f"MLA, L·(r_kv + d_r)·b = {cfg['n_layers']}·({cfg['kv_lora_rank']} + "
+                     f"{cfg['d_rope']})·{size}")
+    heads = (f"one latent of {cfg['kv_lora_rank']} and one rotary key of {cfg['d_rope']} per layer, "
+             f"shared by the {cfg['n_heads']} heads" if cfg["kv_lora_rank"]
              else f"g = {cfg['n_kv_heads']} key/value heads of {cfg['n_heads']}")
     return Table(
         title=f"KV cache, {kv['dtype']} ({size} bytes a value): {per_token} bytes per token",
@@ -350,8 +353,9 @@ def feature_lines(cfg: dict[str, Any]) -> list[str]:
     """One line naming the architecture features a model has beyond the plain GPT-2/Llama layout."""
     parts = []
     if cfg["n_experts"]:
-        parts.append(f"MoE: {cfg['n_experts']} experts of d_e = {count(cfg['d_expert'])}, {cfg['experts_per_token']} "
-                     f"per token" + (f", {cfg['n_shared_experts']} shared" if cfg["n_shared_experts"] else "")
+        parts.append(f"MoE: {cfg['n_experts']} experts of d_e = {count(cfg['d_expert'])}, "
+                     f"{cfg['experts_per_token']} per token"
+                     + (f", {cfg['n_shared_experts']} shared" if cfg["n_shared_experts"] else "")
                      + (f", first {cfg['n_dense_layers']} layers dense" if cfg["n_dense_layers"] else ""))
     if cfg["kv_lora_rank"]:
         parts.append(f"MLA: r_q = {cfg['q_lora_rank']}, r_kv = {cfg['kv_lora_rank']}, d_r = {cfg['d_rope']}, "

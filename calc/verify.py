@@ -87,8 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         import torch  # noqa: F401
         import transformers
     except ImportError as err:
-        print(f"python -m calc.verify: error: needs torch and transformers ({err.name} is missing): {INSTALL}",
-              file=sys.stderr)
+        print(f"python -m calc.verify: error: needs torch and transformers ({err.name} is missing): "
+              f"{INSTALL}", file=sys.stderr)
         return 2
     print(f"transformers {transformers.__version__}, models built on the meta device", flush=True)
     ok = True
@@ -98,7 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         verdict = "MISMATCH" if not agree else "formula only" if built is None and published is None else "ok"
         model = "not buildable" if built is None else f"{built:,}"
         recorded = "-" if published is None else f"{published:,}"
-        print(f"{name:16} calc {counted:>16,}  model {model:>16}  recorded {recorded:>16}  {verdict}", flush=True)
+        line = f"{name:16} calc {counted:>16,}  model {model:>16}  recorded {recorded:>16}  {verdict}"
+        print(line, flush=True)
     return 0 if ok else 1
 
 

@@ -51,7 +51,8 @@ def test_every_supported_model_type_has_a_fixture():
 
 
 def test_gemma3_multimodal_config_reads_its_text_config():
-    wrapped = {"model_type": "gemma3", "text_config": raw("gemma3-1b"), "vision_config": {"hidden_size": 1152}}
+    wrapped = {"model_type": "gemma3", "text_config": raw("gemma3-1b"),
+               "vision_config": {"hidden_size": 1152}}
     assert ledger.checkpoint(from_config(wrapped))["total"] == 999_885_952
 
 
@@ -77,9 +78,12 @@ def test_deepseek_v3_is_671_b_with_37_b_active_and_the_mtp_module_apart():
     # The MTP module (paper §2.2; layer 61 of the checkpoint): one MoE layer (MLA, 256 routed + 1 shared
     # expert, router and its bias, 2 norms), enorm and hnorm, the 2d → d projection, a final norm, and
     # its own embedding and output head. The model card's "685 B = 671 B + 14 B" rounds 684.5 B.
-    mla = 7168 * 1536 + 1536 + 1536 * 128 * 192 + 7168 * (512 + 64) + 512 + 512 * 128 * (128 + 128) + 128 * 128 * 7168
+    mla = (7168 * 1536 + 1536 + 1536 * 128 * 192  # queries: down, norm, up to 128 heads of 128 + 64
+           + 7168 * (512 + 64) + 512 + 512 * 128 * (128 + 128)  # latent + rotary key, norm, up to K and V
+           + 128 * 128 * 7168)  # output
     moe_layer = mla + 257 * expert + 256 * 7168 + 256 + 2 * 7168
-    assert ledger.mtp_module(ds) == moe_layer + 2 * 7168 + 2 * 7168**2 + 7168 + 2 * 129280 * 7168 == 13_463_426_304
+    mtp = moe_layer + 2 * 7168 + 2 * 7168**2 + 7168 + 2 * 129280 * 7168
+    assert ledger.mtp_module(ds) == mtp == 13_463_426_304
     assert "multi-token" in render(build(ds, seqs=[4096]))
 
 
@@ -245,8 +249,8 @@ def test_config_file_renders_in_every_format(capsys):
 
 
 def test_subprocess_reads_a_config_and_refuses_a_bad_one(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "calc", str(CONFIGS / "mixtral-8x7b.json"), "--format", "json"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    argv = [sys.executable, "-m", "calc", str(CONFIGS / "mixtral-8x7b.json"), "--format", "json"]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["params"]["active"] == 12_879_925_248
     bad = tmp_path / "config.json"
@@ -254,7 +258,7 @@ def test_subprocess_reads_a_config_and_refuses_a_bad_one(tmp_path):
     done = subprocess.run([sys.executable, "-m", "calc", str(bad)], cwd=ROOT, capture_output=True, text=True,
                           timeout=60, check=False)
     assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr == f"python -m calc: error: {bad}: num_hidden_layers: missing\n"
+    assert done.stderr == f"python -m calc: error: {bad}: num_attention_heads: missing\n"
 
 
 def test_every_new_preset_has_a_published_config_fixture():

@@ -1,0 +1,110 @@
+"""``python -m calc compare``: the side-by-side table, its formats, --plot, and calc.verify's
+one-line refusal without transformers."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from calc import costs, ledger
+from calc.cli import main
+from calc.presets import preset
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_compare_table_shows_total_active_share_cache_and_flops(capsys):
+    code, out, err = run(capsys, "compare", "mistral-7b", "mixtral-8x7b", "deepseek-v3")
+    assert (code, err) == (0, "")
+    header = out.splitlines()[0].split()
+    assert header == ["mistral-7b", "mixtral-8x7b", "deepseek-v3"]
+    for figure in ("46,702,792,704", "12,879,925,248", "671,026,419,200", "512 MiB (536,870,912 B)",
+                   "128 KiB (131,072 B)", "68.6 KiB (70,272 B)", "attention share", "FLOPs per token",
+                   "bf16 (2 bytes a value)", "MiB = 2^20 bytes"):
+        assert figure in out, figure
+
+
+def test_compare_json_and_csv_are_exact(capsys):
+    code, out, _ = run(capsys, "compare", "gpt3", str(ROOT / "tests/configs/gemma2-9b.json"), "--seq", "8192",
+                       "--format", "json")
+    assert code == 0
+    gpt3, gemma = json.loads(out)
+    assert (gpt3["model"], gemma["model"]) == ("gpt3", "gemma2-9b")
+    assert gpt3["kv_bytes_at_n"] == 2 * 96 * 96 * 128 * 2 * 8192
+    assert gemma["kv_bytes_at_n"] == 2_113_929_216
+    # FLOPs per token at n: 2N + the attention a new token does (PaLM), the same as the single report's.
+    (row,) = costs.forward_flops_per_token(preset("gpt3"), [8192])
+    assert gpt3["forward_flops_per_token"] == row["palm"]
+    code, out, _ = run(capsys, "compare", "mixtral-8x7b", "llama3-8b", "--format", "csv")
+    table = {r[0]: r[1:] for r in csv.reader(io.StringIO(out))}
+    assert table["params_active"] == [str(ledger.active(preset("mixtral-8x7b"))), "8030261248"]
+    assert table["n_tokens"] == ["32768", "8192"]  # each model's own context length
+
+
+@pytest.mark.parametrize("fmt", ["github", "latex"])
+def test_compare_markup(capsys, fmt):
+    code, out, _ = run(capsys, "compare", "gpt2", "pythia-1.4b", "--format", fmt)
+    assert code == 0 and "1,414,647,808" in out
+    assert ("| parameters" in out) if fmt == "github" else ("\\begin{tabular}" in out)
+
+
+def test_compare_plot_writes_a_png(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "kv.png"
+    code, out, err = run(capsys, "compare", "mistral-7b", "gemma2-9b", "--plot", str(path))
+    assert (code, err) == (0, "")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+    assert f"plot: {path}" in out
+
+
+def test_compare_plot_without_matplotlib_is_one_line(capsys, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    code, out, err = run(capsys, "compare", "gpt2", "--plot", str(tmp_path / "kv.png"))
+    assert (code, out) == (2, "")
+    assert err == "python -m calc: error: --plot needs matplotlib: pip install 'attention-spec[plot]'\n"
+    assert not (tmp_path / "kv.png").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["compare"], "the following arguments are required: MODEL"),
+        (["compare", "gpt3", "gtp2"], "did you mean 'gpt2'?"),
+        (["compare", "gpt3", "--seq", "0"], "argument --seq: must be a positive integer"),
+        (["compare", "gpt3", "--plot", "/no/such/folder/kv.png"],
+         "--plot: folder /no/such/folder does not exist"),
+        (["compare", "gpt3", "missing.json"], "missing.json: config: cannot read"),
+    ],
+)
+def test_compare_bad_input_exits_2_in_one_line(capsys, argv, expected):
+    code, out, err = run(capsys, *argv)
+    assert (code, out) == (2, "")
+    assert err.count("\n") == 1 and expected in err, err
+
+
+def test_verify_without_transformers_says_what_to_install(capsys, monkeypatch):
+    from calc import verify
+
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    assert verify.main([]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert "pip install torch==2.13.0 'transformers>=4.45'" in err and "transformers" in err
+
+
+def test_verify_refuses_an_unknown_preset(capsys):
+    from calc import verify
+
+    assert verify.main(["gtp3"]) == 2
+    assert "unknown preset 'gtp3'" in capsys.readouterr().err
