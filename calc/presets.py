@@ -38,13 +38,14 @@ def custom(
     arch: Arch = "gpt",
     tied_embeddings: bool | None = None,
 ) -> Config:
-    """A configuration with the defaults of its architecture: d_k = d/h, g = h, d_ff = 4d (gpt) or
+    """A configuration with the defaults of its architecture: d_k = d/h, g = h, d_ff = 4d (gpt, neox) or
     Llama's 8d/3 rounded up to 256 (llama), V = 50,257 / 32,000, n_ctx = 1,024 / 4,096, tied / untied."""
     for name, value in (("d_model", d_model), ("n_heads", n_heads)):
         check_positive(name, value)
     if d_head is None and d_model % n_heads:
         raise ConfigError("n_heads", f"d_model {d_model} is not divisible by {n_heads} heads; give d_head")
     gpt = arch == "gpt"
+    dense = arch in ("gpt", "neox")  # GPT-2 and GPT-NeoX: a 4d dense MLP
     return Config(
         arch=arch,
         n_layers=n_layers,
@@ -52,7 +53,7 @@ def custom(
         n_heads=n_heads,
         d_head=d_model // n_heads if d_head is None else d_head,
         n_kv_heads=n_heads if n_kv_heads is None else n_kv_heads,
-        d_ff=d_ff if d_ff is not None else (4 * d_model if gpt else llama_d_ff(d_model)),
+        d_ff=d_ff if d_ff is not None else (4 * d_model if dense else llama_d_ff(d_model)),
         vocab_size=vocab_size if vocab_size is not None else (50257 if gpt else 32000),
         n_ctx=n_ctx if n_ctx is not None else (1024 if gpt else 4096),
         tied_embeddings=gpt if tied_embeddings is None else tied_embeddings,

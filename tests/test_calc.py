@@ -321,3 +321,11 @@ def test_bench_times_a_fresh_interpreter():
     wall, cpu = time_run([sys.executable, "-c", "pass"])
     assert wall > 0 and cpu > 0
     assert wall < 60
+
+
+def test_custom_neox_has_a_dense_mlp_and_no_learned_positions():
+    neox = custom(d_model=64, n_heads=4, n_layers=2, arch="neox", vocab_size=100)
+    assert (neox.d_ff, neox.tied_embeddings) == (256, False)
+    gpt = custom(d_model=64, n_heads=4, n_layers=2, vocab_size=100, n_ctx=32, tied_embeddings=False)
+    # GPT-NeoX = GPT-2's layout less the learned positions (rotary has no parameters).
+    assert ledger.checkpoint(gpt)["total"] - ledger.checkpoint(neox)["total"] == 32 * 64
