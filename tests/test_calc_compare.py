@@ -108,3 +108,22 @@ def test_verify_refuses_an_unknown_preset(capsys):
 
     assert verify.main(["gtp3"]) == 2
     assert "unknown preset 'gtp3'" in capsys.readouterr().err
+
+
+def test_formulas_print_the_new_components(capsys):
+    code, out, _ = run(capsys, "formulas")
+    assert code == 0
+    for row in ("MoE routed experts", "3·E·d·d_e·(L - L_d)", "MoE inactive per token", "MLA keys, values",
+                "d·(d_r + r_kv) + h·r_kv·(d_k - d_r + d_v)", "QKV bias (Qwen2)", "q/k norms", "2·L·d_k",
+                "fused QKV", "parallel block, partial rotary: no parameters", "n·Min(n, w)",
+                "KV cache bytes at n (windows)", "MLA cache bytes per token", "L·b·(d_r + r_kv)"):
+        assert row in out, row
+
+
+def test_package_exports_from_config_and_load():
+    import doctest
+
+    import calc
+
+    result = doctest.testmod(calc)
+    assert result.attempted >= 4 and result.failed == 0
