@@ -279,9 +279,15 @@ def _per_token(report: dict[str, Any]) -> Table:
     big_n = rows[0]["non_embedding_params"]
     moe = (" N counts the active parameters: a token runs k_E of the E routed experts."
            if report["params"]["active"] != report["params"]["total"] else "")
+    cfg = report["config"]
+    headers = ("Kaplan: 2N + 2·L·n·h·d_k", "PaLM: 2N + 4·L·h·d_k·n")
+    if cfg["n_window_layers"] or cfg["d_v"] != cfg["d_head"]:
+        # keys = keys a token attends to, summed over layers: L·n without windows (f.keys_seen)
+        headers = ("Kaplan: 2N + 2·h·d_k·keys", "PaLM: 2N + 2·h·(d_k + d_v)·keys")
+        moe += " keys: the keys a token sees, summed over layers ((L − L_w)·n + L_w·min(n, w))."
     return Table(
         title="Forward FLOPs per token at context n",
-        headers=("n", "Kaplan: 2N + 2·L·n·h·d_k", "PaLM: 2N + 4·L·h·d_k·n", "attention share (PaLM)"),
+        headers=("n", *headers, "attention share (PaLM)"),
         rows=[(count(r["n_tokens"]), si(r["kaplan"], "FLOP"), si(r["palm"], "FLOP"),
                percent(Rational(r["palm"] - 2 * big_n, r["palm"]))) for r in rows],
         raw_headers=("n_tokens", "non_embedding_params", "kaplan", "palm"),
