@@ -33,7 +33,10 @@ def check_count(name: str, value: object) -> None:
 class Config:
     """One decoder-only transformer; field names are the JSON keys of ``config``."""
 
-    arch: Arch  # "gpt": learned positions, biases, LayerNorm, dense MLP; "llama": RoPE, RMSNorm, SwiGLU
+    # "gpt": learned positions, biases, LayerNorm, dense MLP; "llama": RoPE, RMSNorm, gated MLP, no
+    # biases (Mistral, Qwen, Gemma, Phi-3, DeepSeek with the features below); "neox": GPT-NeoX/Pythia,
+    # GPT's biases, LayerNorms and dense MLP with rotary positions and an untied unembedding
+    arch: Arch
     n_layers: int  # L
     d_model: int  # d
     n_heads: int  # h, query heads
