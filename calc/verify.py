@@ -5,8 +5,9 @@ device (shapes only: no weights, no download) and compares what a checkpoint of 
 parameter, tied weights once, plus the buffers saved with the weights, such as DeepSeek-V3's
 score-correction bias; rotary tables are not saved) with :func:`calc.ledger.checkpoint`, and with
 the count recorded in the preset. Presets read from a config.json are built from that config by
-``AutoConfig.for_model``. Needs ``torch`` and ``transformers``; exit 0 when every buildable preset
-agrees, 1 otherwise, 2 (one line) when they are not installed.
+``AutoConfig.for_model``; so are config.json files named on the command line
+(``python -m calc.verify tests/configs/*.json``). Needs ``torch`` and ``transformers``; exit 0 when
+every buildable preset agrees, 1 otherwise, 2 (one line) when they are not installed.
 
 GPT-3's XL and 13B rows (h·d_k ≠ d) cannot be built: transformers' GPT-2 ties the head width to
 d/h. They are counted by the same formula as the rows that are built.
@@ -18,8 +19,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from calc.cli import is_path
+from calc.hf import load
 from calc.ledger import checkpoint
-from calc.presets import PRESETS, Config
+from calc.presets import PRESETS, Config, ConfigError
 
 INSTALL = "pip install torch==2.13.0 'transformers>=4.45' (or run tox -e calc-verify)"
 
@@ -66,10 +69,11 @@ def stored_count(model: Any) -> int:
 
 
 def verify(names: Sequence[str] | None = None) -> list[tuple[str, int, int | None, int | None]]:
-    """(name, calc's count, the model's count or None, the recorded count) for every preset."""
+    """(name, calc's count, the model's count or None, the recorded count) for every preset, or for
+    the presets and config.json files named."""
     rows = []
     for name in names or PRESETS:
-        config = PRESETS[name]
+        config = load(name) if is_path(name) else PRESETS[name]
         model = build_model(config)
         built = None if model is None else stored_count(model)
         rows.append((name, checkpoint(config)["total"], built, config.published))
@@ -78,11 +82,17 @@ def verify(names: Sequence[str] | None = None) -> list[tuple[str, int, int | Non
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    unknown = [name for name in argv if name not in PRESETS]
+    unknown = [name for name in argv if name not in PRESETS and not is_path(name)]
     if unknown:
         print(f"python -m calc.verify: error: unknown preset {unknown[0]!r}; see python -m calc --list",
               file=sys.stderr)
         return 2
+    for name in filter(is_path, argv):
+        try:
+            load(name)
+        except ConfigError as err:
+            print(f"python -m calc.verify: error: {name}: {err}", file=sys.stderr)
+            return 2
     try:
         import torch  # noqa: F401
         import transformers
@@ -92,13 +102,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print(f"transformers {transformers.__version__}, models built on the meta device", flush=True)
     ok = True
+    width = max(map(len, argv or PRESETS))
     for name, counted, built, published in verify(argv):
         agree = (built is None or built == counted) and (published is None or published == counted)
         ok &= agree
         verdict = "MISMATCH" if not agree else "formula only" if built is None and published is None else "ok"
         model = "not buildable" if built is None else f"{built:,}"
         recorded = "-" if published is None else f"{published:,}"
-        line = f"{name:16} calc {counted:>16,}  model {model:>16}  recorded {recorded:>16}  {verdict}"
+        line = f"{name:{width}} calc {counted:>16,}  model {model:>16}  recorded {recorded:>16}  {verdict}"
         print(line, flush=True)
     return 0 if ok else 1
 

@@ -103,11 +103,16 @@ def test_verify_without_transformers_says_what_to_install(capsys, monkeypatch):
     assert "pip install torch==2.13.0 'transformers>=4.45'" in err and "transformers" in err
 
 
-def test_verify_refuses_an_unknown_preset(capsys):
+def test_verify_refuses_an_unknown_preset_or_a_bad_config(capsys, tmp_path):
     from calc import verify
 
     assert verify.main(["gtp3"]) == 2
     assert "unknown preset 'gtp3'" in capsys.readouterr().err
+    bad = tmp_path / "config.json"
+    bad.write_text('{"model_type": "bert"}', encoding="utf-8")
+    assert verify.main([str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{bad}: model_type: 'bert' is not supported" in err
 
 
 def test_formulas_print_the_new_components(capsys):
