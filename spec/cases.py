@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
-from impl.masks import causal_mask
-from spec.numerics import as_dtype
+from spec import golden
+from spec.dtypes import as_dtype
 from spec.target import Target
 
 # Widths worth hitting on purpose: perfect squares (where √d_k is exact) and their neighbours.
@@ -98,7 +98,7 @@ class Case:
         keep = np.ones((*self.lead(), self.n_q, self.n_k), dtype=bool)
         if self.causal:
             align = target.causal_alignment or "top_left"
-            keep &= causal_mask(self.n_q, self.n_k, align=align)
+            keep &= golden.causal_visible(self.n_q, self.n_k, align)
         mask = self.mask_array()
         return keep if mask is None else keep & mask
 

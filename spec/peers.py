@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from impl.masks import causal_mask
+from spec import dtypes, golden
 from spec.target import Target
 
 Array = np.ndarray
@@ -59,11 +59,7 @@ Array = np.ndarray
 
 def _bfloat16() -> np.dtype | None:
     """NumPy's bfloat16 (from ml_dtypes, which JAX installs), or None where it is not installed."""
-    try:
-        import ml_dtypes
-    except ModuleNotFoundError:
-        return None
-    return np.dtype(ml_dtypes.bfloat16)
+    return dtypes.as_dtype(dtypes.BFLOAT16) if dtypes.has_bfloat16() else None
 
 
 def _check_mask(mask: Any) -> Array:
@@ -118,7 +114,7 @@ def torch_attention(
     if mask is not None:
         attn_mask = _check_mask(mask)
         if causal:
-            attn_mask = np.logical_and(attn_mask, causal_mask(q.shape[-2], k.shape[-2]))
+            attn_mask = np.logical_and(attn_mask, golden.causal_visible(q.shape[-2], k.shape[-2]))
             causal = False
     gqa = q.ndim >= 3 and k.ndim >= 3 and k.shape[-3] != q.shape[-3]
     with warnings.catch_warnings():

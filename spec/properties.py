@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
-from spec import numerics
+from spec import dtypes, numerics
 from spec.calling import call
 from spec.cases import Case, cases
 from spec.target import Target
@@ -336,7 +336,7 @@ def scale_is_inv_sqrt_dk(target: Target, case: Case) -> None:
     top = np.argmax(np.where(vis, p, -np.inf), axis=-1)[..., None]
     p_top = np.take_along_axis(p, top, axis=-1)
     # Subnormal weights carry few significant bits: keep only normal numbers.
-    usable = vis & (p > 1e-3 * p_top) & (p >= 16 * numerics.tiny(case.dtype))
+    usable = vis & (p > 1e-3 * p_top) & (p >= 16 * dtypes.tiny(case.dtype))
     with np.errstate(divide="ignore", invalid="ignore"):
         y = np.log(p) - np.log(p_top)
     x = raw - np.take_along_axis(raw, top, axis=-1)
@@ -346,7 +346,7 @@ def scale_is_inv_sqrt_dk(target: Target, case: Case) -> None:
     recovered = float(np.sum(x * y) / np.sum(x * x))
     want = scale_of(case)
     # Each log-ratio carries the relative error of two weights; least squares spreads it over |x|.
-    dtype_eps = numerics.eps(case.dtype)
+    dtype_eps = dtypes.eps(case.dtype)
     s_abs = abs(want) * float(np.max(np.abs(q64) @ np.swapaxes(np.abs(k64), -1, -2)))
     rel_err = dtype_eps * (8 + (case.d_k + 2) * s_abs)
     tol = target.tolerance * 2 * rel_err * float(np.sum(np.abs(x)) / np.sum(x * x))

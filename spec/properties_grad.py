@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
-from spec import numerics
+from spec import dtypes, golden, numerics
 from spec.calling import TargetFailed, TargetHung, with_deadline
 from spec.cases import Case, cases
 from spec.properties import DEADLINE, law, observe, scale_of
@@ -51,25 +51,7 @@ def _swap(x: Array) -> Array:  # [..., a, b] -> [..., b, a]
     return np.swapaxes(x, -1, -2)
 
 
-def golden_backward(
-    q: Array, k: Array, v: Array, d_out: Array, *, visible: Array, scale: float
-) -> tuple[Array, Array, Array, Array]:
-    """float64 ``(dq, dk, dv)`` through the explicit softmax Jacobian, and the pattern P.
-
-    [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v], [..., n_q, d_v], [..., n_q, n_k]
-    -> [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v], [..., n_q, n_k]
-
-    Row i of ``dS`` is ``J_i dP_i`` with ``J_i = diag(p_i) − p_i p_iᵀ`` formed in full
-    (n_q·n_k² entries per slice: the suite keeps n ≤ 64 here). Hidden keys have p = 0, so their
-    row and column of J are zero and they get no gradient.
-    """
-    q64, k64, v64, do64 = (np.asarray(x, dtype=np.float64) for x in (q, k, v, d_out))
-    _, p = numerics.golden(q64, k64, v64, visible=visible, scale=scale)
-    p = np.broadcast_to(p, (*do64.shape[:-1], k64.shape[-2]))
-    jac = p[..., :, None] * np.eye(p.shape[-1]) - p[..., :, None] * p[..., None, :]  # [..., n_q, n_k, n_k]
-    dp = do64 @ _swap(v64)  # [..., n_q, n_k]
-    ds = np.einsum("...ij,...ijl->...il", dp, jac)  # J is symmetric: J dP = dP J
-    return ds @ k64 * scale, _swap(ds) @ q64 * scale, _swap(p) @ do64, p
+golden_backward = golden.backward  # the float64 backward oracle lives in spec.golden
 
 
 def baseline_backward(
@@ -109,7 +91,7 @@ def grad_floors(
     m_dp = ado @ _swap(av)
     m_ds = p * (m_dp + np.sum(p * m_dp, axis=-1, keepdims=True))
     sizes = (abs(scale) * m_ds @ ak, abs(scale) * _swap(m_ds) @ aq, _swap(p) @ ado)
-    c = numerics.eps(q.dtype) * (4 + math.sqrt(n_q) + math.sqrt(n_k) + math.sqrt(d_v)
+    c = dtypes.eps(q.dtype) * (4 + math.sqrt(n_q) + math.sqrt(n_k) + math.sqrt(d_v)
                                   + 2 * (d_k + 2) * s_abs)
     return tuple(c * float(np.max(m)) for m in sizes)
 

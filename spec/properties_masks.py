@@ -13,8 +13,7 @@ import dataclasses
 import numpy as np
 from hypothesis import strategies as st
 
-from impl.masks import causal_mask, padding_mask
-from spec import numerics
+from spec import golden, numerics
 from spec.cases import Case, cases
 from spec.properties import law, needs_mask, observe, run, scale_of
 from spec.target import Target
@@ -51,8 +50,8 @@ def key_lengths(case: Case) -> Array:  # -> [batch] ints in [1, n_k]
 def padding(case: Case) -> Array:  # -> [batch, 1, 1, n_k] for 4-D, [1, n_k] otherwise
     lengths = key_lengths(case)
     if case.ndim == 4:
-        return padding_mask(lengths[:, None], case.n_k)  # one row broadcast over heads and queries
-    return padding_mask(lengths, case.n_k)[0]
+        return golden.lengths_visible(lengths, case.n_k)  # one row broadcast over heads and queries
+    return golden.lengths_visible(lengths, case.n_k)[0, 0]
 
 
 @law(strategy=lambda t: cases(t, n_k_min=2, values=("normal",)), needs=needs_mask)
@@ -69,7 +68,7 @@ def padding_mask_is_truncation(target: Target, case: Case) -> None:
     mask = padding(case)
     vis = np.broadcast_to(mask, (*case.lead(), case.n_q, case.n_k))
     if case.causal:
-        vis = vis & causal_mask(case.n_q, case.n_k, align=target.causal_alignment or "top_left")
+        vis = vis & golden.causal_visible(case.n_q, case.n_k, target.causal_alignment or "top_left")
     out = run(target, case, q, k, v, mask=mask)
     assert_close(target, case, out, q, k, v, visible=vis, what="with key padding, the output")
     # Replace what is padded, and nothing else.
@@ -110,7 +109,7 @@ def bottom_right_causal_mask(target: Target, case: Case) -> None:
     the cache length.
     """
     q, k, v = case.arrays()
-    mask = causal_mask(case.n_q, case.n_k, align="bottom_right")
+    mask = golden.causal_visible(case.n_q, case.n_k, "bottom_right")
     vis = np.broadcast_to(mask, (*case.lead(), case.n_q, case.n_k))
     out = run(target, case, q, k, v, mask=mask)
     assert_close(target, case, out, q, k, v, visible=vis, what="with a bottom-right causal mask, the output")

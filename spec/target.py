@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from spec import numerics
+from spec import dtypes as dt
 
 Layout = Literal["bhnd", "bnhd"]
 Alignment = Literal["top_left", "bottom_right"]
@@ -98,12 +98,12 @@ class Target:
             raise TargetError(f"Target fn must be callable, got {type(self.fn).__name__}")
         if not self.name:
             object.__setattr__(self, "name", _callable_name(self.fn))
-        wants_bf16 = any(isinstance(d, str) and d == numerics.BFLOAT16 for d in self.dtypes)
-        if wants_bf16 and not numerics.has_bfloat16():
+        wants_bf16 = any(isinstance(d, str) and d == dt.BFLOAT16 for d in self.dtypes)
+        if wants_bf16 and not dt.has_bfloat16():
             raise TargetError("Target dtypes include bfloat16, which needs ml_dtypes (not installed): "
                               "pip install ml-dtypes")
         try:
-            dtypes = tuple(numerics.as_dtype(d).name for d in self.dtypes)
+            dtypes = tuple(dt.as_dtype(d).name for d in self.dtypes)
         except TypeError:
             dtypes = ()
         if not dtypes or any(d not in FLOAT_DTYPES for d in dtypes):
@@ -182,7 +182,7 @@ def _flash() -> Target:
 
 def _bfloat16_if_installed() -> tuple[str, ...]:
     """impl computes bfloat16 in float32 and casts back, so it takes bfloat16 wherever NumPy has it."""
-    return (numerics.BFLOAT16,) if numerics.has_bfloat16() else ()
+    return (dt.BFLOAT16,) if dt.has_bfloat16() else ()
 
 
 def _peer(name: str) -> Callable[[], Target]:

@@ -13,7 +13,7 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 
 import spec  # noqa: E402
 from impl import attention  # noqa: E402
-from spec import numerics  # noqa: E402
+from spec import dtypes, numerics  # noqa: E402
 from spec.cases import Case  # noqa: E402
 from spec.cli import main  # noqa: E402
 from spec.peers import dtype_rows  # noqa: E402
@@ -42,10 +42,10 @@ def _denominator_one_key_at_a_time(q, k, v, *, causal=False):
 
 
 def test_eps_and_tiny_come_from_ml_dtypes():
-    assert numerics.eps("bfloat16") == 2.0**-7  # 8 significand bits
-    assert numerics.tiny("bfloat16") == 2.0**-126  # float32's exponent range
-    assert numerics.eps(BF16) == 2.0**-7
-    assert numerics.eps("float16") == 2.0**-10
+    assert dtypes.eps("bfloat16") == 2.0**-7  # 8 significand bits
+    assert dtypes.tiny("bfloat16") == 2.0**-126  # float32's exponent range
+    assert dtypes.eps(BF16) == 2.0**-7
+    assert dtypes.eps("float16") == 2.0**-10
 
 
 def test_cases_draw_representable_bfloat16_values():
@@ -77,7 +77,7 @@ def test_baseline_rounds_to_bfloat16_so_its_error_is_bfloat16_sized():
     gold, _ = numerics.golden(q, k, v, visible=vis, scale=32**-0.5)
     err = np.max(np.abs(numerics.baseline(q, k, v, visible=vis, scale=32**-0.5).astype(np.float64) - gold))
     # Above float32's rounding, within a few bfloat16 ulps of outputs of size ≲ 3.
-    assert 1e-5 < err < 8 * numerics.eps("bfloat16")
+    assert 1e-5 < err < 8 * dtypes.eps("bfloat16")
 
 
 def test_reference_declares_and_passes_bfloat16_with_the_ratio_per_dtype():
