@@ -7,6 +7,7 @@ implementation.
 (True, [('rows_sum_to_one', 'pass')])
 """
 
+from spec import golden
 from spec.properties import PROPERTIES, Property
 from spec.runner import PROFILES, Report, Result, check, replay
 from spec.target import BUILTIN, Target, TargetError, as_target, load_target
@@ -22,6 +23,7 @@ __all__ = [
     "TargetError",
     "as_target",
     "check",
+    "golden",
     "load_target",
     "replay",
 ]

@@ -22,15 +22,13 @@ import numpy as np
 from hypothesis import strategies as st
 
 from spec import dtypes, numerics
-from spec.calling import call
+from spec.calling import DEADLINE, call
 from spec.cases import Case, cases
 from spec.target import Target
 
 Array = np.ndarray
 Check = Callable[[Target, Case], None]
 
-DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("DEADLINE", default=None)
-"""Per-call deadline in seconds, set by the runner for the property being run."""
 OBSERVED: contextvars.ContextVar[dict[str, float] | None] = contextvars.ContextVar("OBSERVED", default=None)
 """Worst values a property saw (e.g. the error ratio), collected by the runner for the report."""
 
@@ -88,16 +86,30 @@ _FROM_CASE: Any = object()
 
 def run(
     target: Target, case: Case, q: Array, k: Array, v: Array, *,
-    causal: bool | None = None, mask: Any = _FROM_CASE, scale: Any = _FROM_CASE,
+    causal: bool | None = None, mask: Any = _FROM_CASE, scale: Any = _FROM_CASE, **keywords: Any,
 ) -> Array:  # -> [..., n_q, d_v], float64
-    """The target's output for these inputs (flags from the case unless given), as float64."""
+    """The target's output for these inputs as float64: flags and the §2b keywords from the case
+    unless given (``bias=``, ``window=``, ...; None = not passed)."""
     out = call(
         target, q, k, v, deadline=DEADLINE.get(),
         causal=case.causal if causal is None else causal,
         mask=case.mask_array() if mask is _FROM_CASE else mask,
         scale=case.scale if scale is _FROM_CASE else scale,
+        **(case.keywords() | keywords),
     )
     return out.astype(np.float64)
+
+
+def run_lse(
+    target: Target, case: Case, q: Array, k: Array, v: Array, **overrides: Any
+) -> tuple[Array, Array]:  # -> out [..., n_q, d_v], lse [..., n_q], float64
+    """``run`` with ``return_lse=True``: the output and the target's logsumexp, as float64."""
+    out, lse = call(
+        target, q, k, v, deadline=DEADLINE.get(), causal=overrides.pop("causal", case.causal),
+        mask=overrides.pop("mask", case.mask_array()), scale=overrides.pop("scale", case.scale),
+        **(case.keywords() | overrides | {"return_lse": True}),
+    )
+    return out.astype(np.float64), lse.astype(np.float64)
 
 
 def observe(key: str, value: float) -> None:
@@ -118,8 +130,8 @@ def expected(
         k, v = numerics.repeat_kv(k, case.heads), numerics.repeat_kv(v, case.heads)
     vis = case.visible(target) if visible is None else visible
     s = scale_of(case)
-    gold, weights = numerics.golden(q, k, v, visible=vis, scale=s)
-    base = numerics.baseline(q, k, v, visible=vis, scale=s)
+    gold, weights, _ = case.golden(target, q, k, v, scale=s, visible=vis)
+    base = numerics.baseline(q, k, v, visible=vis, scale=s)  # plain attention: §2b laws bring their own
     return gold, weights, base, numerics.floor(q, k, v, scale=s)
 
 

@@ -21,13 +21,12 @@ import numpy as np
 from hypothesis import strategies as st
 
 from spec import dtypes, golden, numerics
-from spec.calling import TargetFailed, TargetHung, with_deadline
+from spec.calling import GRADS, call_grad
 from spec.cases import Case, cases
-from spec.properties import DEADLINE, law, observe, scale_of
+from spec.properties import law, observe, scale_of
 from spec.target import Target
 
 Array = np.ndarray
-GRADS = ("dq", "dk", "dv")
 
 GRAD_FACTOR = 2.0
 """Gradients are allowed ``GRAD_FACTOR`` times the forward's k (so 4 for the default k = 2) times
@@ -94,44 +93,6 @@ def grad_floors(
     c = dtypes.eps(q.dtype) * (4 + math.sqrt(n_q) + math.sqrt(n_k) + math.sqrt(d_v)
                                   + 2 * (d_k + 2) * s_abs)
     return tuple(c * float(np.max(m)) for m in sizes)
-
-
-# --- calling grad_fn safely ---------------------------------------------------------------
-
-
-def call_grad(
-    target: Target, q: Array, k: Array, v: Array, d_out: Array, *, causal: bool
-) -> tuple[Array, Array, Array]:  # -> dq [..., n_q, d_k], dk [..., n_k, d_k], dv [..., n_k, d_v]
-    """``target.grad_fn`` on copies, in the target's layout, under the deadline; each gradient
-    checked for shape and dtype. Misbehaviour is a :class:`~spec.calling.TargetFailed`."""
-    grad_fn = target.grad_fn
-    assert grad_fn is not None
-    args = [np.array(x, copy=True) for x in (q, k, v, d_out)]
-    swap = target.layout == "bnhd" and q.ndim == 4
-    if swap:
-        args = [np.ascontiguousarray(np.swapaxes(x, 1, 2)) for x in args]
-    kwargs: dict[str, Any] = {"causal": True} if causal else {}
-    seconds = target.deadline_s if target.deadline_s is not None else DEADLINE.get()
-    try:
-        got = with_deadline(lambda: grad_fn(*args, **kwargs), seconds)
-    except TargetHung:
-        raise
-    except Exception as e:
-        raise TargetFailed(f"grad_fn raised {type(e).__name__}: {e}") from e
-    if not isinstance(got, (tuple, list)) or len(got) != 3:
-        got_what = f"{len(got)} arrays" if isinstance(got, (tuple, list)) else type(got).__name__
-        raise TargetFailed(f"grad_fn returned {got_what}, not the three (dq, dk, dv)")
-    grads = []
-    for name, g, x in zip(GRADS, got, (q, k, v), strict=True):
-        g = np.asarray(g)
-        if swap and g.ndim == 4:
-            g = np.swapaxes(g, 1, 2)
-        if g.shape != x.shape:
-            raise TargetFailed(f"grad_fn returned {name} of shape {g.shape}, expected {x.shape}")
-        if g.dtype != x.dtype:
-            raise TargetFailed(f"grad_fn returned {name} of dtype {g.dtype}, inputs are {x.dtype}")
-        grads.append(g)
-    return grads[0], grads[1], grads[2]
 
 
 def needs_grad(t: Target) -> str | None:

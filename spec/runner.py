@@ -22,9 +22,9 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 # all so that every door (CLI, spec.check, the pytest plugin) runs every law.
 import spec.properties_grad
 import spec.properties_masks  # noqa: F401
-from spec.calling import TargetHung
+from spec.calling import DEADLINE, TargetHung
 from spec.cases import Case
-from spec.properties import DEADLINE, OBSERVED, PROPERTIES, Property, identity_values
+from spec.properties import OBSERVED, PROPERTIES, Property, identity_values
 from spec.target import Target, TargetError, load_target
 
 

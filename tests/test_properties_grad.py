@@ -16,9 +16,9 @@ import spec
 from impl import attention
 from impl.grad import attention_backward, gradcheck
 from spec import numerics
-from spec.calling import TargetFailed
+from spec.calling import TargetFailed, call_grad
 from spec.cases import Case
-from spec.properties_grad import _grad_cases, baseline_backward, call_grad, golden_backward
+from spec.properties_grad import _grad_cases, baseline_backward, golden_backward
 from spec.runner import check
 from spec.target import Target
 
