@@ -8,12 +8,13 @@ implementation.
 """
 
 from spec import golden
-from spec.properties import PROPERTIES, Property
+from spec.registry import LAW_MODULES, PROPERTIES, Property
 from spec.runner import PROFILES, Report, Result, check, replay
 from spec.target import BUILTIN, Target, TargetError, as_target, load_target
 
 __all__ = [
     "BUILTIN",
+    "LAW_MODULES",
     "PROFILES",
     "PROPERTIES",
     "Property",

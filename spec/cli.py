@@ -14,7 +14,7 @@ import time
 from tabulate import tabulate
 
 from impl.cli import Parser, UsageError, int_at_least
-from spec.properties import PROPERTIES
+from spec.registry import PROPERTIES
 from spec.runner import PROFILES, Report, Result, run_property, select
 from spec.target import TargetError, load_target
 

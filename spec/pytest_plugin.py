@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from spec.cli import failure
-from spec.properties import PROPERTIES, Property
+from spec.registry import PROPERTIES, Property
 from spec.runner import PROFILES, Result, run_property
 from spec.target import Target, TargetError, load_target
 

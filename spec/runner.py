@@ -18,13 +18,10 @@ import hypothesis
 import numpy as np
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 
-# The law modules beyond spec.properties register themselves on import; the runner imports them
-# all so that every door (CLI, spec.check, the pytest plugin) runs every law.
-import spec.properties_grad
-import spec.properties_masks  # noqa: F401
 from spec.calling import DEADLINE, TargetHung
 from spec.cases import Case
-from spec.properties import OBSERVED, PROPERTIES, Property, identity_values
+from spec.laws._helpers import OBSERVED, identity_values
+from spec.registry import PROPERTIES, Property
 from spec.target import Target, TargetError, load_target
 
 

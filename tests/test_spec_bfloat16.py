@@ -13,7 +13,7 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 
 import spec  # noqa: E402
 from impl import attention  # noqa: E402
-from spec import dtypes, numerics  # noqa: E402
+from spec import dtypes, tolerance  # noqa: E402
 from spec.cases import Case  # noqa: E402
 from spec.cli import main  # noqa: E402
 from spec.peers import dtype_rows  # noqa: E402
@@ -65,7 +65,7 @@ def test_baseline_is_bfloat16_and_keeps_every_key_of_a_long_row():
     q = np.zeros((1, 8), dtype=BF16)
     k = np.ones((n_k, 8), dtype=BF16)
     v = np.ones((n_k, 2), dtype=BF16)
-    out = numerics.baseline(q, k, v, visible=np.ones((1, n_k), dtype=bool), scale=0.25)
+    out = tolerance.baseline(q, k, v, visible=np.ones((1, n_k), dtype=bool), scale=0.25)
     assert out.dtype == BF16
     assert np.array_equal(out.astype(np.float64), np.ones((1, 2)))
 
@@ -74,8 +74,8 @@ def test_baseline_rounds_to_bfloat16_so_its_error_is_bfloat16_sized():
     case = Case(dtype="bfloat16", ndim=2, batch=1, heads=1, n_q=16, n_k=64, d_k=32, d_v=16, seed=3)
     q, k, v = case.arrays()
     vis = np.ones((16, 64), dtype=bool)
-    gold, _ = numerics.golden(q, k, v, visible=vis, scale=32**-0.5)
-    err = np.max(np.abs(numerics.baseline(q, k, v, visible=vis, scale=32**-0.5).astype(np.float64) - gold))
+    gold, _ = tolerance.golden(q, k, v, visible=vis, scale=32**-0.5)
+    err = np.max(np.abs(tolerance.baseline(q, k, v, visible=vis, scale=32**-0.5).astype(np.float64) - gold))
     # Above float32's rounding, within a few bfloat16 ulps of outputs of size ≲ 3.
     assert 1e-5 < err < 8 * dtypes.eps("bfloat16")
 

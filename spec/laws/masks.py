@@ -1,9 +1,9 @@
 """More laws, for what real kernels are asked to do: key padding, bottom-right (KV-cache) causal
 masks passed as ``mask=``, and long rows in low precision.
 
-Registered in :data:`spec.properties.PROPERTIES` by ``@law`` when this module is imported, like
-the laws of :mod:`spec.properties`; the comparisons use the same golden, baseline and floor
-(:mod:`spec.numerics`) but with visibilities that :class:`~spec.cases.Case` does not build.
+Listed in :data:`spec.registry.LAW_MODULES`, like :mod:`spec.laws.core`; the comparisons use
+the same golden, baseline and floor (:mod:`spec.tolerance`) but with visibilities that
+:class:`~spec.cases.Case` does not build.
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import dataclasses
 import numpy as np
 from hypothesis import strategies as st
 
-from spec import golden, numerics
+from spec import golden, tolerance
 from spec.cases import Case, cases
-from spec.properties import law, needs_mask, observe, run, scale_of
+from spec.laws._helpers import needs_mask, observe, run, scale_of
+from spec.registry import law
 from spec.target import Target
 
 Array = np.ndarray
@@ -23,17 +24,17 @@ Array = np.ndarray
 
 def assert_close(
     target: Target, case: Case, out: Array, q: Array, k: Array, v: Array, *, visible: Array, what: str,
-) -> numerics.Comparison:
+) -> tolerance.Comparison:
     """``out`` within the tolerance policy of the float64 golden for this visibility (rows that see
     a key); the error ratio is reported per dtype."""
     if case.kv_heads is not None:
-        k, v = numerics.repeat_kv(k, case.heads), numerics.repeat_kv(v, case.heads)
+        k, v = tolerance.repeat_kv(k, case.heads), tolerance.repeat_kv(v, case.heads)
     s = scale_of(case)
-    gold, _ = numerics.golden(q, k, v, visible=visible, scale=s)
-    base = numerics.baseline(q, k, v, visible=visible, scale=s)
+    gold, _ = tolerance.golden(q, k, v, visible=visible, scale=s)
+    base = tolerance.baseline(q, k, v, visible=visible, scale=s)
     rows = np.asarray(np.broadcast_to(visible, gold.shape[:-1] + visible.shape[-1:]).any(axis=-1))
-    cmp = numerics.compare(out, gold, base, rows=rows, tolerance=target.tolerance,
-                           floor_=numerics.floor(q, k, v, scale=s))
+    cmp = tolerance.compare(out, gold, base, rows=rows, tolerance=target.tolerance,
+                           floor_=tolerance.floor(q, k, v, scale=s))
     observe(f"error ratio {case.dtype}", cmp.ratio)
     assert cmp.ok, f"{what} differs from the float64 golden: {cmp.explain()}"
     return cmp

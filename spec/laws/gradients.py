@@ -5,11 +5,11 @@ A target declares ``grad_fn(q, k, v, d_out, *, causal=False) -> (dq, dk, dv)``; 
 any target that does not. The golden backward is written here, independently of
 :mod:`impl.grad`: it pushes ``dP = dO vᵀ`` through each row's explicit softmax Jacobian
 ``J = diag(p) − p pᵀ`` (no ``D = rowsum(dO ∘ O)`` shortcut), with ``p`` the pattern of
-:func:`spec.numerics.golden`. The tolerance policy is the forward's (:mod:`spec.numerics`) with
+:func:`spec.tolerance.golden`. The tolerance policy is the forward's (:mod:`spec.tolerance`) with
 the baseline the same naive backward in the target's dtype, a gradient floor, and the factor
 ``GRAD_FACTOR · target.tolerance`` (see :data:`GRAD_FACTOR` for why gradients need more).
 
-Registered in :data:`spec.properties.PROPERTIES` by ``@law`` when this module is imported.
+Listed in :data:`spec.registry.LAW_MODULES`.
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
-from spec import dtypes, golden, numerics
+from spec import dtypes, golden, tolerance
 from spec.calling import GRADS, call_grad
 from spec.cases import Case, cases
-from spec.properties import law, observe, scale_of
+from spec.laws._helpers import observe, scale_of
+from spec.registry import law
 from spec.target import Target
 
 Array = np.ndarray
@@ -56,13 +57,13 @@ golden_backward = golden.backward  # the float64 backward oracle lives in spec.g
 def baseline_backward(
     q: Array, k: Array, v: Array, d_out: Array, *, visible: Array, scale: float
 ) -> tuple[Array, Array, Array]:  # same shapes as golden_backward's gradients, in q's dtype
-    """The textbook backward in the inputs' dtype: P from :func:`spec.numerics.baseline`'s
+    """The textbook backward in the inputs' dtype: P from :func:`spec.tolerance.baseline`'s
     softmax, ``dS = P ∘ (dP − rowsum(P ∘ dP))``."""
     dtype = q.dtype
     s = dtype.type(scale)
     n_k = k.shape[-2]
     eye = np.broadcast_to(np.eye(n_k, dtype=dtype), (*k.shape[:-2], n_k, n_k))
-    p = numerics.baseline(q, k, eye, visible=visible, scale=scale)  # V = I gives the pattern
+    p = tolerance.baseline(q, k, eye, visible=visible, scale=scale)  # V = I gives the pattern
     with np.errstate(invalid="ignore", over="ignore"):
         dp = d_out @ _swap(v)
         ds = p * (dp - np.sum(p * dp, axis=-1, keepdims=True))
@@ -78,7 +79,7 @@ def grad_floors(
     A first-order bound in the forward's style: each gradient is a sum of products whose sizes
     are bounded by the same backward run on absolute values (``|dP| ≤ |dO||v|ᵀ``,
     ``|dS| ≤ P ∘ (|dP| + rowsum(P ∘ |dP|))``, ...); each term carries the weights' relative error
-    (d_k + 2)·S·eps (as in :func:`spec.numerics.floor`) twice — once in P, once in D — plus the
+    (d_k + 2)·S·eps (as in :func:`spec.tolerance.floor`) twice — once in P, once in D — plus the
     rounding of the sums of n_q, n_k and d_v terms.
     """
     if min(q.size, k.size, v.size) == 0:
@@ -139,7 +140,7 @@ def grad_matches_golden(target: Target, case: Case) -> None:
     floors = grad_floors(q, k, v, d_out, p=p, scale=s)
     for name, g, want, b, fl in zip(GRADS, got, gold, base, floors, strict=True):
         rows = np.ones(want.shape[:-1], dtype=bool)
-        cmp = numerics.compare(g, want, b, rows=rows, tolerance=GRAD_FACTOR * target.tolerance, floor_=fl)
+        cmp = tolerance.compare(g, want, b, rows=rows, tolerance=GRAD_FACTOR * target.tolerance, floor_=fl)
         observe(f"error ratio {case.dtype}", cmp.ratio)
         assert cmp.ok, f"{name} differs from the float64 golden backward: {cmp.explain()}"
 
