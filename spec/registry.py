@@ -37,6 +37,7 @@ class Property:
     strategy: Callable[[Target], st.SearchStrategy[Case]]
     needs: Callable[[Target], str | None]  # why the target cannot be tested, or None
     reads_pattern: bool = False  # feeds V = I instead of the case's values
+    needs_text: str = ""  # the capability needed, as text; "" = the needs check's docstring
 
     @property
     def family(self) -> str:
@@ -50,7 +51,7 @@ class Property:
     @property
     def requires(self) -> str:
         """The capability the law needs, as text (the ``needs`` check's docstring), "" if none."""
-        return " ".join((self.needs.__doc__ or "").split())
+        return self.needs_text or " ".join((self.needs.__doc__ or "").split())
 
     @property
     def law(self) -> str:
@@ -71,10 +72,12 @@ def law(
     strategy: Callable[[Target], st.SearchStrategy[Case]] | None = None,
     needs: Callable[[Target], str | None] | None = None,
     reads_pattern: bool = False,
+    requires: str = "",
 ) -> Callable[[Check], Check]:
     """Mark a law with the cases it is run on and the capability it needs (``needs(target)``
     returns why the target cannot be tested, or None). The mark is collected by
-    :func:`collect`; nothing is registered here."""
+    :func:`collect`; nothing is registered here. ``requires`` says the capability as text
+    for generated docs (default: the docstring of ``needs``)."""
 
     def mark(fn: Check) -> Check:
         fn.__spec_law__ = Property(  # type: ignore[attr-defined]
@@ -83,6 +86,7 @@ def law(
             strategy=strategy or (lambda t: cases(t)),
             needs=needs or _needs_nothing,
             reads_pattern=reads_pattern,
+            needs_text=requires,
         )
         return fn
 

@@ -84,13 +84,23 @@ def assert_matches(
     rows: Array | None = None, visible: Array | None = None, what: str = "output",
 ) -> tolerance.Comparison:
     """Assert ``out`` is within the tolerance policy of the golden on rows that see a key."""
+    __tracebackhide__ = True
     gold, weights, base, floor = expected(target, case, q, k, v, visible=visible)
     seen = weights.sum(axis=-1) > 0
     rows = seen if rows is None else rows & seen
     cmp = tolerance.compare(out, gold, base, rows=rows, tolerance=target.tolerance, floor_=floor)
-    observe(f"error ratio {case.dtype}", cmp.ratio)
-    assert cmp.ok, f"{what} differs from the float64 golden: {cmp.explain()}"
+    assert_within_tolerance(cmp, dtype=case.dtype, what=what)
     return cmp
+
+
+def assert_within_tolerance(
+    cmp: tolerance.Comparison, *, dtype: str, what: str, against: str = "the float64 golden"
+) -> None:
+    """THE golden-tolerance assertion of every law: the ratio is observed (worst per dtype, for
+    the report) and a ratio above 1 fails, saying what differed from what, where and by how much."""
+    __tracebackhide__ = True
+    observe(f"error ratio {dtype}", cmp.ratio)
+    assert cmp.ok, f"{what} differs from {against}: {cmp.explain()}"
 
 
 def slack(target: Target, case: Case, q: Array, k: Array) -> float:
@@ -107,6 +117,7 @@ def assert_same(
 ) -> None:
     """Assert two outputs of the target agree within twice what the tolerance policy allows each
     (they may round differently; they may not differ by more). NaN must match NaN."""
+    __tracebackhide__ = True
     gold, weights, base, floor = expected(target, case, q, k, v, visible=visible)
     rows = weights.sum(axis=-1) > 0
     allowed = tolerance.compare(gold, gold, base, rows=rows, tolerance=target.tolerance, floor_=floor).allowed
@@ -146,18 +157,21 @@ def sees_any(target: Target, case: Case) -> Array:  # -> [*lead, n_q] bool
 
 def needs_ndim(*ranks: int) -> Callable[[Target], str | None]:
     def need(t: Target) -> str | None:
-        if any(r in t.ndims for r in ranks):
+        if any(r in t.ndims for r in ranks):  # docstring set below: the capability as text
             return None
         return f"needs inputs of rank {' or '.join(map(str, ranks))} (target declares ndims={t.ndims})"
 
+    need.__doc__ = f"inputs of rank {' or '.join(map(str, ranks))} (ndims)"
     return need
 
 
 def needs_causal(t: Target) -> str | None:
+    """a causal mode (causal_alignment not None)"""
     return None if t.causal_alignment else "needs a causal mode (target declares causal_alignment=None)"
 
 
 def needs_mask(t: Target) -> str | None:
+    """mask= (supports_mask)"""
     return None if t.supports_mask else "needs mask= (target declares supports_mask=False)"
 
 

@@ -336,6 +336,7 @@ def causal_no_leak(target: Target, case: Case) -> None:
 
 
 def _masked_rows_needs(t: Target) -> str | None:
+    """a masked-row policy other than 'any', and mask= or bottom-right causal (to empty a row)"""
     if t.masked_rows == "any":
         return "target declares masked_rows='any' (fully-masked rows unspecified)"
     if not (t.supports_mask or t.causal_alignment == "bottom_right"):
@@ -377,7 +378,8 @@ def masked_rows_policy(target: Target, case: Case) -> None:
 
 
 @law(strategy=lambda t: cases(t, ndims=(3, 4), gqa=True, n_max=48),
-     needs=lambda t: None if t.supports_gqa else "needs grouped K/V heads (supports_gqa=False)")
+     needs=lambda t: None if t.supports_gqa else "needs grouped K/V heads (supports_gqa=False)",
+     requires="grouped K/V heads (supports_gqa)")
 def gqa_matches_repeated_kv(target: Target, case: Case) -> None:
     """With g K/V heads shared by h query heads, the output equals plain multi-head attention with
     each K/V head repeated h/g times (query head i reads K/V head i // (h/g)).

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from spec import dtypes, golden, tolerance
 from spec.calling import GRADS, call_grad
 from spec.cases import Case, cases
-from spec.laws._helpers import observe, scale_of
+from spec.laws._helpers import assert_within_tolerance, scale_of
 from spec.registry import law
 from spec.target import Target
 
@@ -97,6 +97,7 @@ def grad_floors(
 
 
 def needs_grad(t: Target) -> str | None:
+    """gradients (grad_fn)"""
     return None if t.has_gradients else "needs gradients (target declares no grad_fn)"
 
 
@@ -141,11 +142,11 @@ def grad_matches_golden(target: Target, case: Case) -> None:
     for name, g, want, b, fl in zip(GRADS, got, gold, base, floors, strict=True):
         rows = np.ones(want.shape[:-1], dtype=bool)
         cmp = tolerance.compare(g, want, b, rows=rows, tolerance=GRAD_FACTOR * target.tolerance, floor_=fl)
-        observe(f"error ratio {case.dtype}", cmp.ratio)
-        assert cmp.ok, f"{name} differs from the float64 golden backward: {cmp.explain()}"
+        assert_within_tolerance(cmp, dtype=case.dtype, what=name, against="the float64 golden backward")
 
 
 def _needs_grad_causal(t: Target) -> str | None:
+    """gradients (grad_fn), a causal mode and exact masking"""
     if t.grad_fn is None:
         return needs_grad(t)
     if t.causal_alignment is None:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from spec import golden, tolerance
 from spec.cases import Case, cases
-from spec.laws._helpers import needs_mask, observe, run, scale_of
+from spec.laws._helpers import assert_matches, needs_mask, run
 from spec.registry import law
 from spec.target import Target
 
@@ -26,18 +26,9 @@ def assert_close(
     target: Target, case: Case, out: Array, q: Array, k: Array, v: Array, *, visible: Array, what: str,
 ) -> tolerance.Comparison:
     """``out`` within the tolerance policy of the float64 golden for this visibility (rows that see
-    a key); the error ratio is reported per dtype."""
-    if case.kv_heads is not None:
-        k, v = tolerance.repeat_kv(k, case.heads), tolerance.repeat_kv(v, case.heads)
-    s = scale_of(case)
-    gold, _ = tolerance.golden(q, k, v, visible=visible, scale=s)
-    base = tolerance.baseline(q, k, v, visible=visible, scale=s)
-    rows = np.asarray(np.broadcast_to(visible, gold.shape[:-1] + visible.shape[-1:]).any(axis=-1))
-    cmp = tolerance.compare(out, gold, base, rows=rows, tolerance=target.tolerance,
-                           floor_=tolerance.floor(q, k, v, scale=s))
-    observe(f"error ratio {case.dtype}", cmp.ratio)
-    assert cmp.ok, f"{what} differs from the float64 golden: {cmp.explain()}"
-    return cmp
+    a key): :func:`spec.laws._helpers.assert_matches` with the law's own visibility."""
+    __tracebackhide__ = True
+    return assert_matches(target, case, out, q, k, v, visible=visible, what=what)
 
 
 def key_lengths(case: Case) -> Array:  # -> [batch] ints in [1, n_k]
@@ -135,7 +126,8 @@ def _long_row_cases(t: Target) -> st.SearchStrategy[Case]:
     )
 
 
-@law(strategy=_long_row_cases, needs=lambda t: None if 2 in t.ndims else "needs 2-D inputs (n, d)")
+@law(strategy=_long_row_cases, needs=lambda t: None if 2 in t.ndims else "needs 2-D inputs (n, d)",
+     requires="2-D inputs (ndims)")
 def long_rows_every_dtype(target: Target, case: Case) -> None:
     """Rows of 1,024–4,096 keys stay within the tolerance policy in every declared dtype (values
     in [1, ∞) and small amplitudes, so the weights are near-uniform, ~1/n_k each: the hardest
