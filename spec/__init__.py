@@ -9,7 +9,8 @@ implementation.
 
 from spec import golden
 from spec.registry import LAW_MODULES, PROPERTIES, Property
-from spec.runner import PROFILES, Report, Result, check, replay
+from spec.report import Report, Result
+from spec.runner import PROFILES, check, replay
 from spec.target import BUILTIN, Target, TargetError, as_target, load_target
 
 __all__ = [

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from spec.cli import failure
 from spec.registry import PROPERTIES, Property
-from spec.runner import PROFILES, Result, run_property
+from spec.report import Result, failure
+from spec.runner import PROFILES, run_property
 from spec.target import Target, TargetError, load_target
 
 ENV = "ATTENTION_TARGET"
