@@ -8,10 +8,11 @@ implementation.
 """
 
 from spec import golden
+from spec.builtin import BUILTIN, as_target, load_target
 from spec.registry import LAW_MODULES, PROPERTIES, Property
 from spec.report import Report, Result
 from spec.runner import PROFILES, check, replay
-from spec.target import BUILTIN, Target, TargetError, as_target, load_target
+from spec.target import Target, TargetError
 
 __all__ = [
     "BUILTIN",

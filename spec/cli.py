@@ -9,14 +9,42 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
+from typing import NoReturn
 
 from tabulate import tabulate
 
-from impl.cli import Parser, UsageError, int_at_least
+from spec.builtin import load_target
 from spec.registry import PROPERTIES
 from spec.report import Report, render
 from spec.runner import PROFILES, run_property, select
-from spec.target import TargetError, load_target
+from spec.target import TargetError
+
+
+class UsageError(Exception):
+    """A command line that cannot run; the message is the one line the user sees."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line instead of usage + error + exit
+        raise UsageError(message)
+
+
+def int_at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer ≥ ``low``, refused with a message naming what was expected."""
+    expected = {0: "a non-negative integer", 1: "a positive integer"}.get(low, f"an integer ≥ {low}")
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    return parse
+
 
 _positive = int_at_least(1)
 _seed = int_at_least(0)

@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 
+from spec.builtin import load_target
 from spec.registry import PROPERTIES, Property
 from spec.report import Result, failure
 from spec.runner import PROFILES, run_property
-from spec.target import Target, TargetError, load_target
+from spec.target import Target, TargetError
 
 ENV = "ATTENTION_TARGET"
 

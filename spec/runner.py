@@ -16,12 +16,13 @@ from typing import Any
 import hypothesis
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 
+from spec.builtin import load_target
 from spec.calling import DEADLINE, TargetHung
 from spec.cases import Case
 from spec.laws._helpers import OBSERVED, identity_values
 from spec.registry import PROPERTIES, Property
 from spec.report import Report, Result
-from spec.target import Target, TargetError, load_target
+from spec.target import Target, TargetError
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,11 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 import spec  # noqa: E402
 from impl import attention  # noqa: E402
 from spec import dtypes, tolerance  # noqa: E402
+from spec.builtin import load_target  # noqa: E402
 from spec.cases import Case  # noqa: E402
 from spec.cli import main  # noqa: E402
 from spec.peers import dtype_rows  # noqa: E402
-from spec.target import Target, TargetError, load_target  # noqa: E402
+from spec.target import Target, TargetError  # noqa: E402
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -141,7 +142,7 @@ def test_unknown_dtypes_are_still_refused():
 
 def test_torch_declares_and_passes_bfloat16():
     pytest.importorskip("torch")
-    from spec.peers import torch_target
+    from spec.frameworks import torch_target
 
     target = torch_target()
     assert "bfloat16" in target.dtypes
