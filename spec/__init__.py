@@ -9,9 +9,10 @@ implementation.
 
 from spec import golden
 from spec.builtin import BUILTIN, as_target, load_target
+from spec.profiles import PROFILES
 from spec.registry import LAW_MODULES, PROPERTIES, Property
 from spec.report import Report, Result
-from spec.runner import PROFILES, check, replay
+from spec.runner import check, replay
 from spec.target import Target, TargetError
 
 __all__ = [

@@ -15,9 +15,10 @@ from typing import NoReturn
 from tabulate import tabulate
 
 from spec.builtin import load_target
+from spec.profiles import PROFILES
 from spec.registry import PROPERTIES
 from spec.report import Report, render
-from spec.runner import PROFILES, run_property, select
+from spec.runner import run_property, select
 from spec.target import TargetError
 
 

@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 
 from spec.builtin import load_target
+from spec.profiles import PROFILES
 from spec.registry import PROPERTIES, Property
 from spec.report import Result, failure
-from spec.runner import PROFILES, run_property
+from spec.runner import run_property
 from spec.target import Target, TargetError
 
 ENV = "ATTENTION_TARGET"

@@ -10,7 +10,6 @@ import math
 import shlex
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import hypothesis
@@ -20,23 +19,10 @@ from spec.builtin import load_target
 from spec.calling import DEADLINE, TargetHung
 from spec.cases import Case
 from spec.laws._helpers import OBSERVED, identity_values
+from spec.profiles import PROFILES, Profile
 from spec.registry import PROPERTIES, Property
 from spec.report import Report, Result
 from spec.target import Target, TargetError
-
-
-@dataclass(frozen=True)
-class Profile:
-    max_examples: int  # per property
-    derandomize: bool  # the same examples every run (CI), unless a seed is given
-    deadline_s: float  # per call of the target
-
-
-PROFILES = {
-    "quick": Profile(max_examples=10, derandomize=True, deadline_s=5.0),
-    "ci": Profile(max_examples=40, derandomize=True, deadline_s=10.0),
-    "thorough": Profile(max_examples=400, derandomize=False, deadline_s=30.0),
-}
 
 SMALL_ARRAY = 48  # counterexample arrays with at most this many entries are printed in full
 
