@@ -28,6 +28,7 @@ from spec.laws._helpers import (
     needs_causal,
     needs_mask,
     needs_ndim,
+    observe,
     pattern,
     run,
     scale_of,
@@ -180,6 +181,7 @@ def scale_is_inv_sqrt_dk(target: Target, case: Case) -> None:
     s_abs = abs(want) * float(np.max(np.abs(q64) @ np.swapaxes(np.abs(k64), -1, -2)))
     rel_err = dtype_eps * (8 + (case.d_k + 2) * s_abs)
     tol = target.tolerance * 2 * rel_err * float(np.sum(np.abs(x)) / np.sum(x * x))
+    observe("scale error ratio", abs(recovered - want) / tol if tol > 0 else float("inf"))
     assert abs(recovered - want) <= tol, (
         f"recovered scale {recovered:.6g} (1/√{1 / recovered**2:.4g}), expected {want:.6g} "
         f"({'1/√d_k' if case.scale is None else 'scale='}) for d_k = {case.d_k}; tolerance {tol:.2g}"
