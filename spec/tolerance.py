@@ -49,8 +49,12 @@ def golden(q: Array, k: Array, v: Array, *, visible: Array, scale: float) -> tup
     return out, weights
 
 
-def baseline(q: Array, k: Array, v: Array, *, visible: Array, scale: float) -> Array:
-    """The textbook computation in the inputs' dtype: max-shifted softmax, then weights @ V.
+def baseline(
+    q: Array, k: Array, v: Array, *, visible: Array, scale: float,
+    bias: Array | None = None, softcap: float | None = None, sinks: Array | None = None,
+) -> Array:
+    """The textbook computation in the inputs' dtype: max-shifted softmax, then weights @ V
+    (with the §2b softcap, bias and sinks when given, in the golden's order).
 
     [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v], [..., n_q, n_k] -> [..., n_q, d_v]
 
@@ -69,11 +73,22 @@ def baseline(q: Array, k: Array, v: Array, *, visible: Array, scale: float) -> A
         return np.asarray(x).astype(dtype, copy=False)
 
     scores = rounded(rounded(q @ np.swapaxes(k, -1, -2)) * dtype.type(scale))
+    if softcap is not None:  # the §2b order: cap, then bias, then masks
+        scores = rounded(dtype.type(softcap) * rounded(np.tanh(rounded(scores / dtype.type(softcap)))))
+    if bias is not None:
+        scores = rounded(scores + np.asarray(bias).astype(dtype))
     scores = np.where(visible, scores, dtype.type(-np.inf))
     top = np.max(scores, axis=-1, keepdims=True)
+    sink = None
+    if sinks is not None:  # [heads] -> [..., heads, 1, 1] (2-D: [1])
+        sink = np.asarray(sinks).astype(dtype).reshape((-1, 1, 1) if q.ndim >= 3 else (1,))
+        top = np.maximum(top, sink)
     with np.errstate(invalid="ignore", over="ignore"):
-        e = rounded(np.exp(rounded(scores - np.where(np.isfinite(top), top, dtype.type(0)))))
+        shift = np.where(np.isfinite(top), top, dtype.type(0))
+        e = rounded(np.exp(rounded(scores - shift)))
         total = _sum_last(e)
+        if sink is not None:
+            total = rounded(total + rounded(np.exp(rounded(sink - shift))))
         return rounded(rounded(e / np.where(total > 0, total, dtype.type(1))) @ v)
 
 

@@ -115,3 +115,37 @@ def test_isolation_and_keyword_fields_are_validated():
         Target(attention, supports_bias="yes")
     with pytest.raises(TargetError, match="process"):
         invoke(Target(attention, isolation="process"), "the target", lambda: None, 1.0)
+
+
+def _keyword_attention(q, k, v, *, causal=False, bias=None, softcap=None, sinks=None, window=None):
+    """A direct NumPy forward that takes the §2b keywords (float64 inside, cast back)."""
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    vis = spec.golden.visibility(q.shape[:-2], n_q, n_k, causal=causal, window=window)
+    s = (q.astype(np.float64) @ np.swapaxes(k.astype(np.float64), -1, -2)) / np.sqrt(q.shape[-1])
+    if softcap is not None:
+        s = softcap * np.tanh(s / softcap)
+    if bias is not None:
+        s = s + bias
+    s = np.where(vis, s, -np.inf)
+    sink = np.full(s.shape[:-1], -np.inf) if sinks is None else np.broadcast_to(sinks[:, None], s.shape[:-1])
+    top = np.maximum(s.max(axis=-1), sink)
+    e = np.exp(s - top[..., None])
+    p = e / (e.sum(axis=-1) + np.exp(sink - top))[..., None]
+    return (p @ v.astype(np.float64)).astype(q.dtype)
+
+
+KEYWORD_CASE = dict(dtype="float32", ndim=3, batch=1, heads=2, n_q=4, n_k=6, d_k=4, d_v=3, seed=1,
+                    causal=True, bias=1.0, softcap=2.0, sinks=(0.5, -0.5), window=(2, 1))
+
+
+def test_case_keywords_reach_the_target_and_the_golden():
+    """matches_golden passes on a correct keyword target and fails on one that drops the bias."""
+    declared = dict(supports_bias=True, supports_softcap=True, supports_sinks=True, supports_window=True,
+                    ndims=(3,))
+    spec.replay(Target(_keyword_attention, **declared), "matches_golden", **KEYWORD_CASE)
+
+    def drops_bias(q, k, v, *, bias=None, **kwargs):
+        return _keyword_attention(q, k, v, **kwargs)
+
+    with pytest.raises(AssertionError, match="differs from the float64 golden"):
+        spec.replay(Target(drops_bias, **declared), "matches_golden", **KEYWORD_CASE)

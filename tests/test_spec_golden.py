@@ -152,3 +152,20 @@ def test_backward_matches_central_differences_of_the_forward():
             num[idx] = (loss(*[plus if a is x else a for a in args])
                         - loss(*[minus if a is x else a for a in args])) / (2 * h)
         np.testing.assert_allclose(g, num, rtol=1e-6, atol=1e-8)
+
+
+def test_the_baseline_takes_the_same_keywords_in_the_same_order():
+    """float64 baseline == golden (both exact to rounding) with bias, softcap and sinks; a float32
+    baseline is within float32 rounding of it."""
+    from spec import tolerance
+
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((2, n, 4)) for n in (3, 5, 5))
+    vis = golden.visibility((2,), 3, 5, window=(1, 1))
+    kw = {"bias": rng.standard_normal((2, 3, 5)), "softcap": 1.2, "sinks": np.array([0.3, -1.0])}
+    gold = golden.forward(q, k, v, visible=vis, scale=0.5, **kw)[0]
+    np.testing.assert_allclose(tolerance.baseline(q, k, v, visible=vis, scale=0.5, **kw), gold, rtol=1e-12)
+    f32 = tolerance.baseline(*(x.astype(np.float32) for x in (q, k, v)), visible=vis, scale=0.5, **kw)
+    np.testing.assert_allclose(f32, gold, rtol=1e-5, atol=1e-6)
+    plain = tolerance.baseline(q, k, v, visible=vis, scale=0.5)
+    assert np.max(np.abs(plain - gold)) > 1e-2  # the keywords change the result: the test can fail

@@ -75,7 +75,9 @@ def expected(
     vis = case.visible(target) if visible is None else visible
     s = scale_of(case)
     gold, weights, _ = case.golden(target, q, k, v, scale=s, visible=vis)
-    base = tolerance.baseline(q, k, v, visible=vis, scale=s)  # plain attention: §2b laws bring their own
+    sinks = None if case.sinks is None else np.asarray(case.sinks)
+    base = tolerance.baseline(q, k, v, visible=vis, scale=s, bias=case.bias_array(), softcap=case.softcap,
+                              sinks=sinks)
     return gold, weights, base, tolerance.floor(q, k, v, scale=s)
 
 
