@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
-from impl.masks import causal_mask
-from spec.numerics import as_dtype
+from spec import golden
+from spec.dtypes import as_dtype
 from spec.target import Target
 
 # Widths worth hitting on purpose: perfect squares (where √d_k is exact) and their neighbours.
@@ -42,6 +42,16 @@ class Case:
     amplitude: float = 1.0  # q and k are multiplied by √amplitude, so scores scale by amplitude
     mask: str = "none"  # "none"; "random": every row keeps a key; "rows": some rows see nothing
     scale: float | None = None  # passed as scale= (targets that declare supports_scale)
+    # The keywords of DESIGN §2b, None = not passed (law modules draw them; see keywords()).
+    bias: float | None = None  # amplitude of a N(0, 1) bias [*lead, n_q, n_k] passed as bias=
+    window: tuple[int, int] | None = None  # window=(left, right)
+    softcap: float | None = None  # softcap=c
+    sinks: tuple[float, ...] | None = None  # sinks= [heads] ([1] for 2-D inputs)
+    kv_lengths: tuple[int, ...] | None = None  # kv_lengths= [batch] (4-D inputs)
+    cu_seqlens_q: tuple[int, ...] | None = None  # packed sequences (3-D inputs, heads first)
+    cu_seqlens_k: tuple[int, ...] | None = None
+    dropout_p: float | None = None  # dropout_p= (with seed=dropout_seed)
+    dropout_seed: int | None = None
 
     def lead(self, heads: int | None = None) -> tuple[int, ...]:
         h = self.heads if heads is None else heads
@@ -93,14 +103,50 @@ class Case:
             keep &= ~empty[..., None]
         return keep
 
+    def bias_array(self) -> np.ndarray | None:  # -> [*lead, n_q, n_k] in the case's dtype
+        """The ``bias=`` argument, or None: N(0, 1)·bias, its own random stream."""
+        if self.bias is None:
+            return None
+        shape = (*self.lead(), self.n_q, self.n_k)
+        return (self.rng(11).standard_normal(shape) * self.bias).astype(self.np_dtype)
+
+    @property
+    def _logit_dtype(self) -> type:
+        """Sinks are float32 logits (float64 for float64 cases), as kernels take them."""
+        return np.float64 if self.dtype == "float64" else np.float32
+
+    def keywords(self) -> dict[str, Any]:
+        """The §2b keywords this case passes (those not None), as the target receives them."""
+        given: dict[str, Any] = {
+            "bias": self.bias_array(),
+            "window": self.window,
+            "softcap": self.softcap,
+            "sinks": None if self.sinks is None else np.asarray(self.sinks, dtype=self._logit_dtype),
+            "kv_lengths": None if self.kv_lengths is None else np.asarray(self.kv_lengths, dtype=np.int64),
+            "cu_seqlens_q": None if self.cu_seqlens_q is None else np.asarray(self.cu_seqlens_q, np.int64),
+            "cu_seqlens_k": None if self.cu_seqlens_k is None else np.asarray(self.cu_seqlens_k, np.int64),
+            "dropout_p": self.dropout_p,
+            "seed": self.dropout_seed,
+        }
+        return {name: value for name, value in given.items() if value is not None}
+
     def visible(self, target: Target) -> np.ndarray:  # -> [*lead, n_q, n_k] bool
-        """What each query may see: the target's causal alignment ANDed with the mask."""
-        keep = np.ones((*self.lead(), self.n_q, self.n_k), dtype=bool)
-        if self.causal:
-            align = target.causal_alignment or "top_left"
-            keep &= causal_mask(self.n_q, self.n_k, align=align)
-        mask = self.mask_array()
-        return keep if mask is None else keep & mask
+        """What each query may see: the target's causal alignment ANDed with the mask, the window
+        and the key lengths (computed by :mod:`spec.golden`, never by the code under test)."""
+        return golden.visibility(
+            self.lead(), self.n_q, self.n_k, causal=self.causal,
+            align=target.causal_alignment or "top_left", mask=self.mask_array(), window=self.window,
+            kv_lengths=None if self.kv_lengths is None else np.asarray(self.kv_lengths, dtype=np.int64),
+        )
+
+    def golden(self, target: Target, q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: float,
+               visible: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:func:`spec.golden.forward` for this case: ``(out, weights, lse)`` in float64, with the
+        case's bias, softcap and sinks. [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v] ->
+        [..., n_q, d_v], [..., n_q, n_k], [..., n_q]"""
+        sinks = None if self.sinks is None else np.asarray(self.sinks, dtype=np.float64)
+        return golden.forward(q, k, v, visible=self.visible(target) if visible is None else visible,
+                              scale=scale, bias=self.bias_array(), softcap=self.softcap, sinks=sinks)
 
     def describe(self) -> dict[str, Any]:
         """The case as plain values, defaults left out (for reports and reproduction lines)."""

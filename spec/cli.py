@@ -8,15 +8,44 @@ from __future__ import annotations
 
 import argparse
 import sys
-import textwrap
 import time
+from collections.abc import Callable
+from typing import NoReturn
 
 from tabulate import tabulate
 
-from impl.cli import Parser, UsageError, int_at_least
-from spec.properties import PROPERTIES
-from spec.runner import PROFILES, Report, Result, run_property, select
-from spec.target import TargetError, load_target
+from spec.builtin import load_target
+from spec.profiles import PROFILES
+from spec.registry import PROPERTIES
+from spec.report import Report, render
+from spec.runner import run_property, select
+from spec.target import TargetError
+
+
+class UsageError(Exception):
+    """A command line that cannot run; the message is the one line the user sees."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line instead of usage + error + exit
+        raise UsageError(message)
+
+
+def int_at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer ≥ ``low``, refused with a message naming what was expected."""
+    expected = {0: "a non-negative integer", 1: "a positive integer"}.get(low, f"an integer ≥ {low}")
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    return parse
+
 
 _positive = int_at_least(1)
 _seed = int_at_least(0)
@@ -60,42 +89,6 @@ def _first_sentence(text: str) -> str:
     return text
 
 
-def table(report: Report) -> str:
-    rows = [[r.name, r.status.upper() if r.status == "fail" else r.status, r.examples, f"{r.seconds:.2f}",
-             _note(r)] for r in report.results]
-    return tabulate(rows, headers=["property", "status", "examples", "seconds", "note"],
-                    tablefmt="simple", colalign=("left", "left", "right", "right", "left"),
-                    maxcolwidths=[None, None, None, None, 60])
-
-
-def _note(result: Result) -> str:
-    return "" if result.status == "fail" else result.message
-
-
-def failure(result: Result) -> str:
-    """What a failure shows: the law, what broke, the shrunk case, small arrays, a reproduction."""
-    wrap = textwrap.TextWrapper(width=100, initial_indent="  ", subsequent_indent="    ")
-    lines = [f"FAIL {result.name}", wrap.fill("law: " + result.law), wrap.fill("broken: " + result.message)]
-    example = result.counterexample
-    if example:
-        case = " ".join(f"{key}={value}" for key, value in example["case"].items())
-        lines.append(wrap.fill("case: " + case))
-        shapes = ", ".join(f"{name} {tuple(shape)}" for name, shape in example["shapes"].items())
-        lines.append(f"  shapes: {shapes}")
-        for name, values in example["arrays"].items():
-            lines.append(f"  {name} = {values}")
-        lines.append(f"  reproduce: {example['reproduce']}")
-    return "\n".join(lines)
-
-
-def summary(report: Report, seconds: float) -> str:
-    counts = {s: sum(r.status == s for r in report.results) for s in ("pass", "fail", "skip")}
-    verdict = "conforms" if report.ok else "DOES NOT CONFORM"
-    seed = "" if report.seed is None else f", seed {report.seed}"
-    return (f"{report.target}: {verdict} — {counts['pass']} passed, {counts['fail']} failed, "
-            f"{counts['skip']} skipped in {seconds:.1f} s (profile {report.profile}{seed})")
-
-
 def main(argv: list[str] | None = None) -> int:
     try:
         args = parser().parse_args(argv)
@@ -132,11 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"python -m spec: error: cannot write --json {args.json}: {e.strerror}",
                       file=sys.stderr)
                 return 2
+    report.seconds = elapsed
     if not to_stdout:
-        print(table(report))
-        for result in report.failures:
-            print()
-            print(failure(result))
-        print()
-        print(summary(report, elapsed))
+        print(render(report))
     return 0 if report.ok else 1

@@ -16,10 +16,12 @@ from typing import Any
 
 import pytest
 
-from spec.cli import failure
-from spec.properties import PROPERTIES, Property
-from spec.runner import PROFILES, Result, run_property
-from spec.target import Target, TargetError, load_target
+from spec.builtin import load_target
+from spec.profiles import PROFILES
+from spec.registry import PROPERTIES, Property
+from spec.report import Result, failure
+from spec.runner import run_property
+from spec.target import Target, TargetError
 
 ENV = "ATTENTION_TARGET"
 

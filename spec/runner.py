@@ -6,92 +6,25 @@
 
 from __future__ import annotations
 
-import json
 import math
 import shlex
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 import hypothesis
-import numpy as np
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 
-# The law modules beyond spec.properties register themselves on import; the runner imports them
-# all so that every door (CLI, spec.check, the pytest plugin) runs every law.
-import spec.properties_grad
-import spec.properties_masks  # noqa: F401
-from spec.calling import TargetHung
+from spec.builtin import load_target
+from spec.calling import DEADLINE, TargetHung
 from spec.cases import Case
-from spec.properties import DEADLINE, OBSERVED, PROPERTIES, Property, identity_values
-from spec.target import Target, TargetError, load_target
-
-
-@dataclass(frozen=True)
-class Profile:
-    max_examples: int  # per property
-    derandomize: bool  # the same examples every run (CI), unless a seed is given
-    deadline_s: float  # per call of the target
-
-
-PROFILES = {
-    "quick": Profile(max_examples=10, derandomize=True, deadline_s=5.0),
-    "ci": Profile(max_examples=40, derandomize=True, deadline_s=10.0),
-    "thorough": Profile(max_examples=400, derandomize=False, deadline_s=30.0),
-}
+from spec.laws._helpers import OBSERVED, identity_values
+from spec.profiles import PROFILES, Profile
+from spec.registry import PROPERTIES, Property
+from spec.report import Report, Result
+from spec.target import Target, TargetError
 
 SMALL_ARRAY = 48  # counterexample arrays with at most this many entries are printed in full
-
-
-@dataclass
-class Result:
-    name: str
-    status: str  # "pass" | "fail" | "skip"
-    examples: int
-    seconds: float
-    message: str = ""
-    counterexample: dict[str, Any] | None = None
-    law: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name, "status": self.status, "examples": self.examples,
-            "seconds": round(self.seconds, 3), "message": self.message,
-            "counterexample": self.counterexample, "law": self.law,
-        }
-
-
-@dataclass
-class Report:
-    target: str
-    profile: str
-    seed: int | None
-    results: list[Result] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        """True when no property failed (skips do not count against conformance)."""
-        return all(r.status != "fail" for r in self.results)
-
-    @property
-    def failures(self) -> list[Result]:
-        return [r for r in self.results if r.status == "fail"]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "target": self.target, "ok": self.ok, "profile": self.profile, "seed": self.seed,
-            "results": [r.to_dict() for r in self.results],
-        }
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, allow_nan=False, ensure_ascii=False, default=_jsonable)
-
-
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, np.generic):
-        return x.item()
-    raise TypeError(f"cannot write {type(x).__name__} to JSON")
 
 
 def select(only: Iterable[str] | None = None) -> list[Property]:
@@ -154,29 +87,29 @@ def run_property(
     try:
         runner()
     except TargetHung as e:
-        return _failure(prop, target, last, calls, start, f"the target {e}", source)
+        return _failure(prop, target, last, calls, start, f"the target {e}", source, observed)
     except AssertionError as e:
-        return _failure(prop, target, last, calls, start, str(e), source)
+        return _failure(prop, target, last, calls, start, str(e), source, observed)
     except Exception as e:  # a misbehaving target must never crash the suite
-        return _failure(prop, target, last, calls, start, f"{type(e).__name__}: {e}", source)
+        return _failure(prop, target, last, calls, start, f"{type(e).__name__}: {e}", source, observed)
     finally:
         DEADLINE.reset(deadline_token)
         OBSERVED.reset(observed_token)
     seconds = time.perf_counter() - start
     message = ", ".join(f"worst {key} {value:.3g}" for key, value in observed.items()
                         if math.isfinite(value))
-    return Result(prop.name, "pass", len(calls), seconds, message, law=prop.law)
+    return Result(prop.name, "pass", len(calls), seconds, message, law=prop.law, observed=observed)
 
 
 def _failure(
     prop: Property, target: Target, last: list[Case], calls: list[int], start: float, message: str,
-    source: str | None,
+    source: str | None, observed: dict[str, float],
 ) -> Result:
     case = last[0] if last else None
     example = None if case is None else counterexample(prop, case, source or target.name)
     first_line = message.strip().splitlines()[0] if message.strip() else "failed"
     return Result(prop.name, "fail", len(calls), time.perf_counter() - start, first_line, example,
-                  law=prop.law)
+                  law=prop.law, observed=observed)
 
 
 def counterexample(prop: Property, case: Case, source: str) -> dict[str, Any]:
@@ -233,9 +166,11 @@ def check(
     loaded = load_target(target)
     source = target if isinstance(target, str) else loaded.name
     report = Report(target=loaded.name, profile=profile, seed=seed)
+    start = time.perf_counter()
     for prop in props:
         report.results.append(run_property(prop, loaded, profile=profile, max_examples=max_examples,
                                            seed=seed, source=source))
+    report.seconds = time.perf_counter() - start
     return report
 
 

@@ -12,30 +12,24 @@ not declare is skipped, and the report says which capability was missing.
 A target's ``fn`` always receives NumPy arrays and may return anything ``np.asarray`` accepts.
 Adapters for other frameworks (PyTorch, JAX) convert inside ``fn``.
 
-Targets by name (:func:`load_target`):
-
-- ``reference`` — :func:`impl.attention`; ``flash`` — :func:`impl.flash_attention`;
-- ``torch``, ``jax`` — built by the zero-argument factories ``torch_target`` and ``jax_target``
-  of :mod:`spec.peers`, imported only when asked for, so the suite needs neither framework;
-- ``package.module:attr`` — any importable callable or :class:`Target` (an attribute path such
-  as ``pkg.mod:Class.method`` works too).
+Targets by name are resolved by :func:`spec.builtin.load_target`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
-from spec import numerics
+from spec import dtypes as dt
 
 Layout = Literal["bhnd", "bnhd"]
 Alignment = Literal["top_left", "bottom_right"]
 MaskedRows = Literal["zeros", "nan", "uniform", "any"]
+Isolation = Literal["thread", "caller", "process"]
 
 FLOAT_DTYPES = ("float16", "float32", "float64", "bfloat16")
 
@@ -92,18 +86,48 @@ class Target:
     grad_fn: Callable[..., Any] | None = None
     """Optional backward pass: ``grad_fn(q, k, v, d_out, *, causal=False)`` -> ``(dq, dk, dv)``,
     the gradients of ``sum(out · d_out)``, in the target's layout. None: no gradient properties."""
+    # --- the keywords of real kernels (DESIGN §2b): each passed to fn only when declared -------
+    supports_bias: bool = False
+    """``fn`` takes ``bias=``: a float array broadcastable to ``[batch, heads, n_q, n_k]`` added to
+    the scaled (and capped) scores before the softmax; ``-inf`` hides a key."""
+    supports_window: bool = False
+    """``fn`` takes ``window=(left, right)``: query i sees keys ``diag − left .. diag + right``,
+    ``diag`` per ``causal_alignment``; ANDed with ``causal`` and ``mask``."""
+    supports_softcap: bool = False
+    """``fn`` takes ``softcap=c`` (> 0): scores become ``c·tanh(s / c)`` before bias and masks."""
+    supports_sinks: bool = False
+    """``fn`` takes ``sinks=`` ``[heads]`` (``[1]`` for 2-D inputs): one extra logit per query head in
+    every row's softmax denominator, carrying no value."""
+    supports_kv_lengths: bool = False
+    """``fn`` takes ``kv_lengths=`` int ``[batch]`` (4-D inputs): keys at positions ≥ ``kv_lengths[b]``
+    are hidden for batch row b."""
+    supports_varlen: bool = False
+    """``fn`` takes ``cu_seqlens_q=``, ``cu_seqlens_k=`` (packed sequences; 3-D inputs
+    ``(heads, total, d)`` in ``bhnd``, ``(total, heads, d)`` in ``bnhd``)."""
+    supports_dropout: bool = False
+    """``fn`` takes ``dropout_p=`` and ``seed=``: dropout on the weights after the softmax, kept
+    weights scaled by ``1/(1 − p)``; the same seed gives the same output."""
+    returns_lse: bool = False
+    """``fn`` takes ``return_lse=True`` and then returns ``(out, lse)``, ``lse [..., n_q]`` the
+    natural-log logsumexp of each row's final scores (sinks included), ``-inf`` for an empty row."""
+    deterministic: bool = True
+    """Two identical calls give bit-identical outputs."""
+    isolation: Isolation = "thread"
+    """Where each call runs: ``thread`` (a worker thread, under the deadline), ``caller`` (the
+    caller's thread, no deadline: for libraries that must be called from one thread) or
+    ``process`` (a worker process; a crash or overrun is a failure and the run goes on)."""
 
     def __post_init__(self) -> None:
         if not callable(self.fn):
             raise TargetError(f"Target fn must be callable, got {type(self.fn).__name__}")
         if not self.name:
             object.__setattr__(self, "name", _callable_name(self.fn))
-        wants_bf16 = any(isinstance(d, str) and d == numerics.BFLOAT16 for d in self.dtypes)
-        if wants_bf16 and not numerics.has_bfloat16():
+        wants_bf16 = any(isinstance(d, str) and d == dt.BFLOAT16 for d in self.dtypes)
+        if wants_bf16 and not dt.has_bfloat16():
             raise TargetError("Target dtypes include bfloat16, which needs ml_dtypes (not installed): "
                               "pip install ml-dtypes")
         try:
-            dtypes = tuple(numerics.as_dtype(d).name for d in self.dtypes)
+            dtypes = tuple(dt.as_dtype(d).name for d in self.dtypes)
         except TypeError:
             dtypes = ()
         if not dtypes or any(d not in FLOAT_DTYPES for d in dtypes):
@@ -114,6 +138,10 @@ class Target:
         _check_choice("layout", self.layout, ("bhnd", "bnhd"))
         _check_choice("causal_alignment", self.causal_alignment, ("top_left", "bottom_right", None))
         _check_choice("masked_rows", self.masked_rows, ("zeros", "nan", "uniform", "any"))
+        _check_choice("isolation", self.isolation, ("thread", "caller", "process"))
+        for flag in (*KEYWORD_FIELDS.values(), "deterministic"):
+            if not isinstance(getattr(self, flag), bool):
+                raise TargetError(f"Target {flag} must be True or False, got {getattr(self, flag)!r}")
         if not self.ndims or any(r not in (2, 3, 4) for r in self.ndims):
             raise TargetError(f"Target ndims must be a non-empty subset of (2, 3, 4), got {self.ndims}")
         if not self.tolerance > 0:
@@ -129,28 +157,86 @@ class Target:
         """A copy with some declarations changed: ``target.replace(tolerance=4.0)``."""
         return dataclasses.replace(self, **changes)
 
+    def declares(self, keyword: str) -> bool:
+        """Whether ``fn`` takes this keyword of DESIGN §2b (``bias``, ``window``, ...)."""
+        return bool(getattr(self, KEYWORD_FIELDS[keyword]))
+
+    def keywords(self, given: dict[str, Any]) -> dict[str, Any]:
+        """The §2b keywords to pass: those given (not None), each refused unless declared."""
+        out: dict[str, Any] = {}
+        for name, value in given.items():
+            if name not in KEYWORD_FIELDS:
+                raise TargetError(f"unknown keyword {name!r}; the keywords are {', '.join(KEYWORD_FIELDS)}")
+            if value is None or (name == "return_lse" and value is False):
+                continue
+            if not self.declares(name):
+                raise TargetError(f"keyword {name}= needs {KEYWORD_FIELDS[name]}=True, "
+                                  f"which target {self.name!r} does not declare")
+            out[name] = value
+        return out
+
     def __call__(
         self, q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool = False,
-        mask: np.ndarray | None = None, scale: float | None = None,
-    ) -> np.ndarray:  # [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v] -> [..., n_q, d_v]
+        mask: np.ndarray | None = None, scale: float | None = None, **keywords: Any,
+    ) -> Any:  # [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v] -> [..., n_q, d_v] (, lse [..., n_q])
         """Call ``fn`` on ``(..., n, d)`` arrays, translating the layout both ways.
 
-        ``causal=``, ``mask=`` and ``scale=`` are passed only when set, so a plain callable never
-        sees the last two.
+        ``causal=``, ``mask=``, ``scale=`` and the §2b keywords (``bias``, ``window``, ``softcap``,
+        ``sinks``, ``kv_lengths``, ``cu_seqlens_q``, ``cu_seqlens_k``, ``dropout_p``, ``seed``,
+        ``return_lse``) are passed only when set, so a plain callable never sees them; a keyword
+        the target does not declare is a :class:`TargetError`. With ``return_lse=True`` the
+        result is ``(out, lse)`` (lse as ``fn`` returned it; its shape is checked by the caller).
+        Packed (varlen) 3-D inputs are ``(heads, total, d)``; in ``bnhd`` ``fn`` sees
+        ``(total, heads, d)``.
         """
-        kwargs: dict[str, Any] = {}
+        kwargs = self.keywords(keywords)
         if causal:  # a target without a causal mode need not take the argument at all
             kwargs["causal"] = True
         if mask is not None:
             kwargs["mask"] = mask
         if scale is not None:
             kwargs["scale"] = scale
-        if self.layout == "bnhd" and q.ndim == 4:
-            q, k, v = (np.ascontiguousarray(np.swapaxes(x, 1, 2)) for x in (q, k, v))
-        out = np.asarray(self.fn(q, k, v, **kwargs))
-        if self.layout == "bnhd" and q.ndim == 4 and out.ndim == 4:
-            out = np.swapaxes(out, 1, 2)
+        axes = self._layout_axes(q.ndim, packed="cu_seqlens_q" in kwargs)
+        if axes:
+            q, k, v = (np.ascontiguousarray(np.swapaxes(x, *axes)) for x in (q, k, v))
+        got = self.fn(q, k, v, **kwargs)
+        if kwargs.get("return_lse"):
+            if not isinstance(got, (tuple, list)) or len(got) != 2:
+                raise TypeError(f"with return_lse=True the target must return (out, lse), "
+                                f"got {type(got).__name__}")
+            return self._from_layout(np.asarray(got[0]), axes), np.asarray(got[1])
+        return self._from_layout(np.asarray(got), axes)
+
+    def _layout_axes(self, ndim: int, *, packed: bool) -> tuple[int, int] | None:
+        """The axes swapped between the suite's ``(..., heads, n, d)`` and ``bnhd``."""
+        if self.layout != "bnhd":
+            return None
+        if ndim == 4:
+            return (1, 2)
+        if ndim == 3 and packed:
+            return (0, 1)
+        return None
+
+    @staticmethod
+    def _from_layout(out: np.ndarray, axes: tuple[int, int] | None) -> np.ndarray:
+        if axes is not None and out.ndim == max(axes) + 2:
+            return np.swapaxes(out, *axes)
         return out
+
+
+KEYWORD_FIELDS: dict[str, str] = {
+    "bias": "supports_bias",
+    "window": "supports_window",
+    "softcap": "supports_softcap",
+    "sinks": "supports_sinks",
+    "kv_lengths": "supports_kv_lengths",
+    "cu_seqlens_q": "supports_varlen",
+    "cu_seqlens_k": "supports_varlen",
+    "dropout_p": "supports_dropout",
+    "seed": "supports_dropout",
+    "return_lse": "returns_lse",
+}
+"""Each keyword of DESIGN §2b and the Target field that declares it."""
 
 
 def _check_choice(field: str, value: Any, choices: tuple[Any, ...]) -> None:
@@ -162,100 +248,3 @@ def _callable_name(fn: Callable[..., Any]) -> str:
     module = getattr(fn, "__module__", None)
     qualname = getattr(fn, "__qualname__", None) or type(fn).__name__
     return f"{module}:{qualname}" if module else qualname
-
-
-def _reference() -> Target:
-    from impl import attention
-    from impl.grad import attention_backward
-
-    return Target(attention, name="reference", supports_mask=True, supports_scale=True,
-                  dtypes=("float16", "float32", "float64", *_bfloat16_if_installed()), ndims=(2, 3, 4),
-                  grad_fn=attention_backward)
-
-
-def _flash() -> Target:
-    from impl import flash_attention
-
-    return Target(flash_attention, name="flash", supports_scale=True,
-                  dtypes=("float16", "float32", "float64", *_bfloat16_if_installed()), ndims=(2, 3, 4))
-
-
-def _bfloat16_if_installed() -> tuple[str, ...]:
-    """impl computes bfloat16 in float32 and casts back, so it takes bfloat16 wherever NumPy has it."""
-    return (numerics.BFLOAT16,) if numerics.has_bfloat16() else ()
-
-
-def _peer(name: str) -> Callable[[], Target]:
-    """The factory ``spec.peers:<name>_target``, looked up only when the target is asked for."""
-
-    def build() -> Target:
-        try:
-            peers = importlib.import_module("spec.peers")
-        except ModuleNotFoundError as e:
-            if e.name != "spec.peers":
-                raise TargetError(f"built-in target {name!r} needs {e.name}: "
-                                  f"pip install 'attention-spec[{name}]'") from None
-            raise TargetError(f"built-in target {name!r} is not available in this installation "
-                              "(no module spec.peers)") from None
-        factory = getattr(peers, f"{name}_target", None)
-        if factory is None:
-            raise TargetError(f"built-in target {name!r} is not available: spec.peers has no {name}_target")
-        try:
-            target = factory()
-        except ModuleNotFoundError as e:
-            raise TargetError(f"built-in target {name!r} needs {e.name or name}, which is not installed: "
-                              f"pip install 'attention-spec[{name}]'") from None
-        return as_target(target)
-
-    return build
-
-
-BUILTIN: dict[str, Callable[[], Target]] = {
-    "reference": _reference,
-    "flash": _flash,
-    "torch": _peer("torch"),
-    "jax": _peer("jax"),
-}
-"""Built-in targets by name; each entry builds its Target on demand."""
-
-
-def as_target(obj: Any) -> Target:
-    """A :class:`Target` as it is; any other callable as a target with default capabilities."""
-    if isinstance(obj, Target):
-        return obj
-    if callable(obj):
-        return Target(obj)
-    raise TargetError(f"a target must be callable or a spec.Target, got {type(obj).__name__}")
-
-
-def load_target(spec: str | Callable[..., Any] | Target) -> Target:
-    """Resolve a built-in name, a ``module:attr`` string, a callable or a :class:`Target`.
-
-    Raises :class:`TargetError` (one line, naming what was wrong) when nothing loads.
-    """
-    if not isinstance(spec, str):
-        return as_target(spec)
-    if spec in BUILTIN:
-        return BUILTIN[spec]()
-    if ":" not in spec:
-        names = ", ".join(BUILTIN)
-        raise TargetError(f"unknown target {spec!r}: give a built-in name ({names}) or module:attr")
-    module_name, _, attr_path = spec.partition(":")
-    if not module_name or not attr_path:
-        raise TargetError(f"target {spec!r} must look like package.module:attr")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as e:
-        raise TargetError(f"cannot import module {module_name!r} for target {spec!r}: {e}") from None
-    except Exception as e:  # a module that fails while importing is the target's problem
-        raise TargetError(f"importing {module_name!r} for target {spec!r} raised "
-                          f"{type(e).__name__}: {e}") from None
-    for part in attr_path.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise TargetError(f"module {module_name!r} has no attribute {attr_path!r}") from None
-    target = as_target(obj)
-    if target.name == _callable_name(target.fn) and not isinstance(obj, Target):
-        target = target.replace(name=spec)
-    return target

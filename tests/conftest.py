@@ -1,10 +1,6 @@
-"""Hypothesis settings profiles for this test suite, selected with ``--hypothesis-profile``."""
+"""Hypothesis settings profiles for this test suite, selected with ``--hypothesis-profile``
+(defined with the suite's own profiles in :mod:`spec.profiles`)."""
 
-from hypothesis import HealthCheck, settings
+from spec.profiles import register_test_profiles
 
-# ci: derandomized so a CI run is repeatable; dev: quick local runs; thorough: before a release.
-settings.register_profile(
-    "ci", derandomize=True, max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
-settings.register_profile("dev", max_examples=20, deadline=None)
-settings.register_profile("thorough", max_examples=500, deadline=None)
+register_test_profiles()

@@ -17,7 +17,7 @@ FRAMEWORKS = ["torch", "jax"]
 
 def _peer(name: str):  # -> (adapter, target factory), or skip when the framework is absent
     pytest.importorskip(name)
-    from spec import peers
+    from spec import frameworks as peers
 
     return getattr(peers, f"{name}_attention"), getattr(peers, f"{name}_target")
 
@@ -144,7 +144,7 @@ def _dtype(name: str) -> np.dtype:
 
 def test_torch_bfloat16_crosses_bit_for_bit():
     pytest.importorskip("torch")
-    from spec.peers import _from_torch, _to_torch
+    from spec.frameworks import _from_torch, _to_torch
 
     bf16 = _dtype("bfloat16")
     x = np.random.default_rng(0).standard_normal((3, 5)).astype(bf16)
@@ -176,7 +176,7 @@ def test_low_precision_within_the_tolerance_policy(name, dtype):
 def test_torch_adapter_works_without_ml_dtypes(monkeypatch):
     """Without ml_dtypes (torch alone installs no bfloat16 for NumPy) float64 must stay float64."""
     fn, _ = _peer("torch")
-    from spec import peers
+    from spec import frameworks as peers
 
     monkeypatch.setattr(peers, "_bfloat16", lambda: None)
     q, k, v = _qkv((3, 4), (5, 4), 2, dtype="float64")

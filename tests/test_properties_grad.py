@@ -1,4 +1,4 @@
-"""The gradient law of spec.properties_grad: the golden backward is right, the reference and torch
+"""The gradient law of spec.laws.gradients: the golden backward is right, the reference and torch
 pass, and each broken backward in the gallery below is rejected."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 import spec
 from impl import attention
 from impl.grad import attention_backward, gradcheck
-from spec import numerics
-from spec.calling import TargetFailed
+from spec import tolerance
+from spec.calling import TargetFailed, call_grad
 from spec.cases import Case
-from spec.properties_grad import _grad_cases, baseline_backward, call_grad, golden_backward
+from spec.laws.gradients import _grad_cases, baseline_backward, golden_backward
 from spec.runner import check
 from spec.target import Target
 
@@ -54,7 +54,7 @@ def test_golden_backward_matches_central_differences(problem: dict[str, Any]) ->
     vis = _visible(q.shape[0], k.shape[0], problem["causal"])
 
     def loss(params: dict[str, Array]) -> float:
-        out, _ = numerics.golden(params["q"], params["k"], params["v"], visible=vis, scale=problem["scale"])
+        out, _ = tolerance.golden(params["q"], params["k"], params["v"], visible=vis, scale=problem["scale"])
         return float(np.sum(out * d_out))
 
     dq, dk, dv, _ = golden_backward(q, k, v, d_out, visible=vis, scale=problem["scale"])

@@ -1,4 +1,4 @@
-"""The laws of spec.properties_masks: each rejects the bug it names and passes the reference."""
+"""The laws of spec.laws.masks: each rejects the bug it names and passes the reference."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def test_sequential_float16_sum_is_caught():
 
 def test_padding_mask_shapes():
     from spec.cases import Case
-    from spec.properties_masks import key_lengths, padding
+    from spec.laws.masks import key_lengths, padding
 
     case = Case(dtype="float32", ndim=4, batch=3, heads=2, n_q=4, n_k=6, d_k=2, d_v=2, seed=1)
     lengths = key_lengths(case)

@@ -13,11 +13,12 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 
 import spec  # noqa: E402
 from impl import attention  # noqa: E402
-from spec import numerics  # noqa: E402
+from spec import dtypes, tolerance  # noqa: E402
+from spec.builtin import load_target  # noqa: E402
 from spec.cases import Case  # noqa: E402
 from spec.cli import main  # noqa: E402
 from spec.peers import dtype_rows  # noqa: E402
-from spec.target import Target, TargetError, load_target  # noqa: E402
+from spec.target import Target, TargetError  # noqa: E402
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -42,10 +43,10 @@ def _denominator_one_key_at_a_time(q, k, v, *, causal=False):
 
 
 def test_eps_and_tiny_come_from_ml_dtypes():
-    assert numerics.eps("bfloat16") == 2.0**-7  # 8 significand bits
-    assert numerics.tiny("bfloat16") == 2.0**-126  # float32's exponent range
-    assert numerics.eps(BF16) == 2.0**-7
-    assert numerics.eps("float16") == 2.0**-10
+    assert dtypes.eps("bfloat16") == 2.0**-7  # 8 significand bits
+    assert dtypes.tiny("bfloat16") == 2.0**-126  # float32's exponent range
+    assert dtypes.eps(BF16) == 2.0**-7
+    assert dtypes.eps("float16") == 2.0**-10
 
 
 def test_cases_draw_representable_bfloat16_values():
@@ -65,7 +66,7 @@ def test_baseline_is_bfloat16_and_keeps_every_key_of_a_long_row():
     q = np.zeros((1, 8), dtype=BF16)
     k = np.ones((n_k, 8), dtype=BF16)
     v = np.ones((n_k, 2), dtype=BF16)
-    out = numerics.baseline(q, k, v, visible=np.ones((1, n_k), dtype=bool), scale=0.25)
+    out = tolerance.baseline(q, k, v, visible=np.ones((1, n_k), dtype=bool), scale=0.25)
     assert out.dtype == BF16
     assert np.array_equal(out.astype(np.float64), np.ones((1, 2)))
 
@@ -74,10 +75,10 @@ def test_baseline_rounds_to_bfloat16_so_its_error_is_bfloat16_sized():
     case = Case(dtype="bfloat16", ndim=2, batch=1, heads=1, n_q=16, n_k=64, d_k=32, d_v=16, seed=3)
     q, k, v = case.arrays()
     vis = np.ones((16, 64), dtype=bool)
-    gold, _ = numerics.golden(q, k, v, visible=vis, scale=32**-0.5)
-    err = np.max(np.abs(numerics.baseline(q, k, v, visible=vis, scale=32**-0.5).astype(np.float64) - gold))
+    gold, _ = tolerance.golden(q, k, v, visible=vis, scale=32**-0.5)
+    err = np.max(np.abs(tolerance.baseline(q, k, v, visible=vis, scale=32**-0.5).astype(np.float64) - gold))
     # Above float32's rounding, within a few bfloat16 ulps of outputs of size ≲ 3.
-    assert 1e-5 < err < 8 * numerics.eps("bfloat16")
+    assert 1e-5 < err < 8 * dtypes.eps("bfloat16")
 
 
 def test_reference_declares_and_passes_bfloat16_with_the_ratio_per_dtype():
@@ -141,7 +142,7 @@ def test_unknown_dtypes_are_still_refused():
 
 def test_torch_declares_and_passes_bfloat16():
     pytest.importorskip("torch")
-    from spec.peers import torch_target
+    from spec.frameworks import torch_target
 
     target = torch_target()
     assert "bfloat16" in target.dtypes

@@ -129,4 +129,4 @@ def test_pytest_plugin_unloadable_target_is_a_usage_error(tmp_path):
 def test_pytest_plugin_under_xdist(tmp_path):
     run = _pytest(tmp_path, "--attention-target=flash", "-n", "2", "-k", "own or shape or scale or mask")
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "3 passed, 4 skipped" in run.stdout  # the two mask laws of spec.properties_masks skip too
+    assert "3 passed, 4 skipped" in run.stdout  # the two mask laws of spec.laws.masks skip too

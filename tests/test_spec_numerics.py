@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from impl import attention, causal_mask
-from spec import numerics
+from spec import tolerance
 
 
 def _inputs(dtype, n_q=5, n_k=7, d_k=4, d_v=3, seed=0):
@@ -17,7 +17,7 @@ def _inputs(dtype, n_q=5, n_k=7, d_k=4, d_v=3, seed=0):
 def test_golden_agrees_with_the_reference_in_float64():
     q, k, v = _inputs(np.float64)
     vis = causal_mask(5, 7)
-    gold, weights = numerics.golden(q, k, v, visible=vis, scale=0.5)
+    gold, weights = tolerance.golden(q, k, v, visible=vis, scale=0.5)
     ref, ref_w = attention(q, k, v, causal=True, scale=0.5, return_weights=True)
     np.testing.assert_allclose(gold, ref, rtol=1e-13, atol=1e-15)
     np.testing.assert_allclose(weights, ref_w, rtol=1e-13, atol=1e-15)
@@ -27,7 +27,7 @@ def test_golden_gives_zeros_for_a_row_that_sees_nothing():
     q, k, v = _inputs(np.float64)
     vis = np.ones((5, 7), dtype=bool)
     vis[2] = False
-    gold, weights = numerics.golden(q, k, v, visible=vis, scale=1.0)
+    gold, weights = tolerance.golden(q, k, v, visible=vis, scale=1.0)
     assert np.all(gold[2] == 0) and np.all(weights[2] == 0) and np.all(np.isfinite(gold))
 
 
@@ -35,7 +35,7 @@ def test_a_hand_computed_example():
     q = np.array([[1.0, 0.0]])
     k = np.array([[1.0, 0.0], [0.0, 1.0]])
     v = np.array([[10.0], [20.0]])
-    gold, _ = numerics.golden(q, k, v, visible=np.ones((1, 2), bool), scale=np.log(3.0))
+    gold, _ = tolerance.golden(q, k, v, visible=np.ones((1, 2), bool), scale=np.log(3.0))
     np.testing.assert_allclose(gold, [[12.5]], rtol=1e-15)  # weights 3/4, 1/4
 
 
@@ -44,36 +44,36 @@ def test_the_reference_passes_the_policy_and_a_perturbed_output_does_not(dtype):
     q, k, v = _inputs(dtype, n_q=33, n_k=40, d_k=16, d_v=8)
     vis = np.ones((33, 40), dtype=bool)
     scale = 0.25
-    gold, _ = numerics.golden(q, k, v, visible=vis, scale=scale)
-    base = numerics.baseline(q, k, v, visible=vis, scale=scale)
-    floor = numerics.floor(q, k, v, scale=scale)
+    gold, _ = tolerance.golden(q, k, v, visible=vis, scale=scale)
+    base = tolerance.baseline(q, k, v, visible=vis, scale=scale)
+    floor = tolerance.floor(q, k, v, scale=scale)
     rows = np.ones(33, dtype=bool)
     out = attention(q, k, v, scale=scale)
-    good = numerics.compare(out, gold, base, rows=rows, tolerance=2.0, floor_=floor)
+    good = tolerance.compare(out, gold, base, rows=rows, tolerance=2.0, floor_=floor)
     assert good.ok and 0 <= good.ratio <= 1
     bad_out = out.astype(np.float64)
     bad_out[3, 2] += 100 * good.allowed + 1e-3
-    bad = numerics.compare(bad_out, gold, base, rows=rows, tolerance=2.0, floor_=floor)
+    bad = tolerance.compare(bad_out, gold, base, rows=rows, tolerance=2.0, floor_=floor)
     assert not bad.ok and bad.where == (3, 2) and bad.ratio > 1
 
 
 def test_nan_where_the_golden_is_finite_always_fails():
     q, k, v = _inputs(np.float32)
     vis = np.ones((5, 7), dtype=bool)
-    gold, _ = numerics.golden(q, k, v, visible=vis, scale=0.5)
+    gold, _ = tolerance.golden(q, k, v, visible=vis, scale=0.5)
     out = gold.copy()
     out[1, 1] = np.nan
-    cmp = numerics.compare(out, gold, gold, rows=np.ones(5, bool), tolerance=1e9, floor_=1e9)
+    cmp = tolerance.compare(out, gold, gold, rows=np.ones(5, bool), tolerance=1e9, floor_=1e9)
     assert not cmp.ok and cmp.error == np.inf
 
 
 def test_rows_left_out_are_not_compared():
     q, k, v = _inputs(np.float32)
-    gold, _ = numerics.golden(q, k, v, visible=np.ones((5, 7), bool), scale=0.5)
+    gold, _ = tolerance.golden(q, k, v, visible=np.ones((5, 7), bool), scale=0.5)
     out = gold.copy()
     out[4] = 1e6
     rows = np.array([True, True, True, True, False])
-    assert numerics.compare(out, gold, gold, rows=rows, tolerance=2.0, floor_=1e-9).ok
+    assert tolerance.compare(out, gold, gold, rows=rows, tolerance=2.0, floor_=1e-9).ok
 
 
 def test_baseline_in_float16_is_worse_than_in_float32():
@@ -81,6 +81,6 @@ def test_baseline_in_float16_is_worse_than_in_float32():
     errors = []
     for dtype in (np.float16, np.float32):
         q, k, v = _inputs(dtype)
-        gold, _ = numerics.golden(q, k, v, visible=vis, scale=0.5)
-        errors.append(np.max(np.abs(numerics.baseline(q, k, v, visible=vis, scale=0.5) - gold)))
+        gold, _ = tolerance.golden(q, k, v, visible=vis, scale=0.5)
+        errors.append(np.max(np.abs(tolerance.baseline(q, k, v, visible=vis, scale=0.5) - gold)))
     assert errors[0] > 100 * errors[1] > 0

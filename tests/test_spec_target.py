@@ -64,7 +64,7 @@ def test_non_callable_attribute_is_refused():
 def test_peer_targets_fail_with_one_clear_line_when_unavailable(monkeypatch):
     import sys
 
-    monkeypatch.setitem(sys.modules, "spec.peers", None)  # import of spec.peers now fails
+    monkeypatch.setitem(sys.modules, "spec.frameworks", None)  # import of spec.frameworks now fails
     with pytest.raises(TargetError, match="built-in target 'torch'"):
         load_target("torch")
 

@@ -5,11 +5,11 @@ A target declares ``grad_fn(q, k, v, d_out, *, causal=False) -> (dq, dk, dv)``; 
 any target that does not. The golden backward is written here, independently of
 :mod:`impl.grad`: it pushes ``dP = dO vᵀ`` through each row's explicit softmax Jacobian
 ``J = diag(p) − p pᵀ`` (no ``D = rowsum(dO ∘ O)`` shortcut), with ``p`` the pattern of
-:func:`spec.numerics.golden`. The tolerance policy is the forward's (:mod:`spec.numerics`) with
+:func:`spec.tolerance.golden`. The tolerance policy is the forward's (:mod:`spec.tolerance`) with
 the baseline the same naive backward in the target's dtype, a gradient floor, and the factor
 ``GRAD_FACTOR · target.tolerance`` (see :data:`GRAD_FACTOR` for why gradients need more).
 
-Registered in :data:`spec.properties.PROPERTIES` by ``@law`` when this module is imported.
+Listed in :data:`spec.registry.LAW_MODULES`.
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
-from spec import numerics
-from spec.calling import TargetFailed, TargetHung, with_deadline
+from spec import dtypes, golden, tolerance
+from spec.calling import GRADS, call_grad
 from spec.cases import Case, cases
-from spec.properties import DEADLINE, law, observe, scale_of
+from spec.laws._helpers import assert_within_tolerance, scale_of
+from spec.registry import law
 from spec.target import Target
 
 Array = np.ndarray
-GRADS = ("dq", "dk", "dv")
 
 GRAD_FACTOR = 2.0
 """Gradients are allowed ``GRAD_FACTOR`` times the forward's k (so 4 for the default k = 2) times
@@ -51,37 +51,19 @@ def _swap(x: Array) -> Array:  # [..., a, b] -> [..., b, a]
     return np.swapaxes(x, -1, -2)
 
 
-def golden_backward(
-    q: Array, k: Array, v: Array, d_out: Array, *, visible: Array, scale: float
-) -> tuple[Array, Array, Array, Array]:
-    """float64 ``(dq, dk, dv)`` through the explicit softmax Jacobian, and the pattern P.
-
-    [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v], [..., n_q, d_v], [..., n_q, n_k]
-    -> [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v], [..., n_q, n_k]
-
-    Row i of ``dS`` is ``J_i dP_i`` with ``J_i = diag(p_i) − p_i p_iᵀ`` formed in full
-    (n_q·n_k² entries per slice: the suite keeps n ≤ 64 here). Hidden keys have p = 0, so their
-    row and column of J are zero and they get no gradient.
-    """
-    q64, k64, v64, do64 = (np.asarray(x, dtype=np.float64) for x in (q, k, v, d_out))
-    _, p = numerics.golden(q64, k64, v64, visible=visible, scale=scale)
-    p = np.broadcast_to(p, (*do64.shape[:-1], k64.shape[-2]))
-    jac = p[..., :, None] * np.eye(p.shape[-1]) - p[..., :, None] * p[..., None, :]  # [..., n_q, n_k, n_k]
-    dp = do64 @ _swap(v64)  # [..., n_q, n_k]
-    ds = np.einsum("...ij,...ijl->...il", dp, jac)  # J is symmetric: J dP = dP J
-    return ds @ k64 * scale, _swap(ds) @ q64 * scale, _swap(p) @ do64, p
+golden_backward = golden.backward  # the float64 backward oracle lives in spec.golden
 
 
 def baseline_backward(
     q: Array, k: Array, v: Array, d_out: Array, *, visible: Array, scale: float
 ) -> tuple[Array, Array, Array]:  # same shapes as golden_backward's gradients, in q's dtype
-    """The textbook backward in the inputs' dtype: P from :func:`spec.numerics.baseline`'s
+    """The textbook backward in the inputs' dtype: P from :func:`spec.tolerance.baseline`'s
     softmax, ``dS = P ∘ (dP − rowsum(P ∘ dP))``."""
     dtype = q.dtype
     s = dtype.type(scale)
     n_k = k.shape[-2]
     eye = np.broadcast_to(np.eye(n_k, dtype=dtype), (*k.shape[:-2], n_k, n_k))
-    p = numerics.baseline(q, k, eye, visible=visible, scale=scale)  # V = I gives the pattern
+    p = tolerance.baseline(q, k, eye, visible=visible, scale=scale)  # V = I gives the pattern
     with np.errstate(invalid="ignore", over="ignore"):
         dp = d_out @ _swap(v)
         ds = p * (dp - np.sum(p * dp, axis=-1, keepdims=True))
@@ -97,7 +79,7 @@ def grad_floors(
     A first-order bound in the forward's style: each gradient is a sum of products whose sizes
     are bounded by the same backward run on absolute values (``|dP| ≤ |dO||v|ᵀ``,
     ``|dS| ≤ P ∘ (|dP| + rowsum(P ∘ |dP|))``, ...); each term carries the weights' relative error
-    (d_k + 2)·S·eps (as in :func:`spec.numerics.floor`) twice — once in P, once in D — plus the
+    (d_k + 2)·S·eps (as in :func:`spec.tolerance.floor`) twice — once in P, once in D — plus the
     rounding of the sums of n_q, n_k and d_v terms.
     """
     if min(q.size, k.size, v.size) == 0:
@@ -109,50 +91,13 @@ def grad_floors(
     m_dp = ado @ _swap(av)
     m_ds = p * (m_dp + np.sum(p * m_dp, axis=-1, keepdims=True))
     sizes = (abs(scale) * m_ds @ ak, abs(scale) * _swap(m_ds) @ aq, _swap(p) @ ado)
-    c = numerics.eps(q.dtype) * (4 + math.sqrt(n_q) + math.sqrt(n_k) + math.sqrt(d_v)
+    c = dtypes.eps(q.dtype) * (4 + math.sqrt(n_q) + math.sqrt(n_k) + math.sqrt(d_v)
                                   + 2 * (d_k + 2) * s_abs)
     return tuple(c * float(np.max(m)) for m in sizes)
 
 
-# --- calling grad_fn safely ---------------------------------------------------------------
-
-
-def call_grad(
-    target: Target, q: Array, k: Array, v: Array, d_out: Array, *, causal: bool
-) -> tuple[Array, Array, Array]:  # -> dq [..., n_q, d_k], dk [..., n_k, d_k], dv [..., n_k, d_v]
-    """``target.grad_fn`` on copies, in the target's layout, under the deadline; each gradient
-    checked for shape and dtype. Misbehaviour is a :class:`~spec.calling.TargetFailed`."""
-    grad_fn = target.grad_fn
-    assert grad_fn is not None
-    args = [np.array(x, copy=True) for x in (q, k, v, d_out)]
-    swap = target.layout == "bnhd" and q.ndim == 4
-    if swap:
-        args = [np.ascontiguousarray(np.swapaxes(x, 1, 2)) for x in args]
-    kwargs: dict[str, Any] = {"causal": True} if causal else {}
-    seconds = target.deadline_s if target.deadline_s is not None else DEADLINE.get()
-    try:
-        got = with_deadline(lambda: grad_fn(*args, **kwargs), seconds)
-    except TargetHung:
-        raise
-    except Exception as e:
-        raise TargetFailed(f"grad_fn raised {type(e).__name__}: {e}") from e
-    if not isinstance(got, (tuple, list)) or len(got) != 3:
-        got_what = f"{len(got)} arrays" if isinstance(got, (tuple, list)) else type(got).__name__
-        raise TargetFailed(f"grad_fn returned {got_what}, not the three (dq, dk, dv)")
-    grads = []
-    for name, g, x in zip(GRADS, got, (q, k, v), strict=True):
-        g = np.asarray(g)
-        if swap and g.ndim == 4:
-            g = np.swapaxes(g, 1, 2)
-        if g.shape != x.shape:
-            raise TargetFailed(f"grad_fn returned {name} of shape {g.shape}, expected {x.shape}")
-        if g.dtype != x.dtype:
-            raise TargetFailed(f"grad_fn returned {name} of dtype {g.dtype}, inputs are {x.dtype}")
-        grads.append(g)
-    return grads[0], grads[1], grads[2]
-
-
 def needs_grad(t: Target) -> str | None:
+    """gradients (grad_fn)"""
     return None if t.has_gradients else "needs gradients (target declares no grad_fn)"
 
 
@@ -196,12 +141,12 @@ def grad_matches_golden(target: Target, case: Case) -> None:
     floors = grad_floors(q, k, v, d_out, p=p, scale=s)
     for name, g, want, b, fl in zip(GRADS, got, gold, base, floors, strict=True):
         rows = np.ones(want.shape[:-1], dtype=bool)
-        cmp = numerics.compare(g, want, b, rows=rows, tolerance=GRAD_FACTOR * target.tolerance, floor_=fl)
-        observe(f"error ratio {case.dtype}", cmp.ratio)
-        assert cmp.ok, f"{name} differs from the float64 golden backward: {cmp.explain()}"
+        cmp = tolerance.compare(g, want, b, rows=rows, tolerance=GRAD_FACTOR * target.tolerance, floor_=fl)
+        assert_within_tolerance(cmp, dtype=case.dtype, what=name, against="the float64 golden backward")
 
 
 def _needs_grad_causal(t: Target) -> str | None:
+    """gradients (grad_fn), a causal mode and exact masking"""
     if t.grad_fn is None:
         return needs_grad(t)
     if t.causal_alignment is None:

@@ -29,51 +29,10 @@ from typing import Any
 
 import numpy as np
 
+from spec import golden as golden_oracle
+from spec.dtypes import BFLOAT16, eps
+
 Array = np.ndarray
-
-
-BFLOAT16 = "bfloat16"
-
-
-def has_bfloat16() -> bool:
-    """Whether ``ml_dtypes`` (NumPy's bfloat16) is importable."""
-    try:
-        import ml_dtypes  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def as_dtype(dtype: Any) -> np.dtype:
-    """``np.dtype(dtype)``, with the name "bfloat16" resolved through ``ml_dtypes`` (NumPy knows
-    the name only once ml_dtypes is imported)."""
-    if isinstance(dtype, str) and dtype == BFLOAT16:
-        try:
-            import ml_dtypes
-        except ImportError:
-            raise TypeError("dtype bfloat16 needs ml_dtypes, which is not installed: "
-                            "pip install ml-dtypes") from None
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(dtype)
-
-
-def finfo(dtype: Any) -> Any:
-    """Machine limits of a float dtype: ``ml_dtypes.finfo`` for bfloat16, ``np.finfo`` otherwise."""
-    dt = as_dtype(dtype)
-    if dt.name == BFLOAT16:
-        import ml_dtypes
-
-        return ml_dtypes.finfo(dt)
-    return np.finfo(dt)
-
-
-def eps(dtype: Any) -> float:
-    return float(finfo(dtype).eps)
-
-
-def tiny(dtype: Any) -> float:
-    """The smallest positive normal number of the dtype."""
-    return float(finfo(dtype).tiny)
 
 
 def repeat_kv(x: Array, heads: int) -> Array:  # [..., g, n, d] -> [..., h, n, d]
@@ -82,22 +41,20 @@ def repeat_kv(x: Array, heads: int) -> Array:  # [..., g, n, d] -> [..., h, n, d
 
 
 def golden(q: Array, k: Array, v: Array, *, visible: Array, scale: float) -> tuple[Array, Array]:
-    """Attention in float64 and its pattern; a row with nothing visible gives zeros.
+    """Attention in float64 and its pattern (:func:`spec.golden.forward` without the lse).
 
     [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v], [..., n_q, n_k] -> [..., n_q, d_v], [..., n_q, n_k]
     """
-    q64, k64, v64 = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
-    scores = np.where(visible, (q64 @ np.swapaxes(k64, -1, -2)) * scale, -np.inf)
-    top = np.max(scores, axis=-1, keepdims=True)
-    top = np.where(np.isfinite(top), top, 0.0)
-    with np.errstate(divide="ignore"):  # log(0) = -inf for empty rows, handled below
-        log_z = top + np.log(np.sum(np.exp(scores - top), axis=-1, keepdims=True))
-    weights = np.where(visible, np.exp(scores - np.where(np.isfinite(log_z), log_z, 0.0)), 0.0)
-    return weights @ v64, weights
+    out, weights, _ = golden_oracle.forward(q, k, v, visible=visible, scale=scale)
+    return out, weights
 
 
-def baseline(q: Array, k: Array, v: Array, *, visible: Array, scale: float) -> Array:
-    """The textbook computation in the inputs' dtype: max-shifted softmax, then weights @ V.
+def baseline(
+    q: Array, k: Array, v: Array, *, visible: Array, scale: float,
+    bias: Array | None = None, softcap: float | None = None, sinks: Array | None = None,
+) -> Array:
+    """The textbook computation in the inputs' dtype: max-shifted softmax, then weights @ V
+    (with the §2b softcap, bias and sinks when given, in the golden's order).
 
     [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v], [..., n_q, n_k] -> [..., n_q, d_v]
 
@@ -116,11 +73,22 @@ def baseline(q: Array, k: Array, v: Array, *, visible: Array, scale: float) -> A
         return np.asarray(x).astype(dtype, copy=False)
 
     scores = rounded(rounded(q @ np.swapaxes(k, -1, -2)) * dtype.type(scale))
+    if softcap is not None:  # the §2b order: cap, then bias, then masks
+        scores = rounded(dtype.type(softcap) * rounded(np.tanh(rounded(scores / dtype.type(softcap)))))
+    if bias is not None:
+        scores = rounded(scores + np.asarray(bias).astype(dtype))
     scores = np.where(visible, scores, dtype.type(-np.inf))
     top = np.max(scores, axis=-1, keepdims=True)
+    sink = None
+    if sinks is not None:  # [heads] -> [..., heads, 1, 1] (2-D: [1])
+        sink = np.asarray(sinks).astype(dtype).reshape((-1, 1, 1) if q.ndim >= 3 else (1,))
+        top = np.maximum(top, sink)
     with np.errstate(invalid="ignore", over="ignore"):
-        e = rounded(np.exp(rounded(scores - np.where(np.isfinite(top), top, dtype.type(0)))))
+        shift = np.where(np.isfinite(top), top, dtype.type(0))
+        e = rounded(np.exp(rounded(scores - shift)))
         total = _sum_last(e)
+        if sink is not None:
+            total = rounded(total + rounded(np.exp(rounded(sink - shift))))
         return rounded(rounded(e / np.where(total > 0, total, dtype.type(1))) @ v)
 
 

@@ -1,9 +1,9 @@
 """More laws, for what real kernels are asked to do: key padding, bottom-right (KV-cache) causal
 masks passed as ``mask=``, and long rows in low precision.
 
-Registered in :data:`spec.properties.PROPERTIES` by ``@law`` when this module is imported, like
-the laws of :mod:`spec.properties`; the comparisons use the same golden, baseline and floor
-(:mod:`spec.numerics`) but with visibilities that :class:`~spec.cases.Case` does not build.
+Listed in :data:`spec.registry.LAW_MODULES`, like :mod:`spec.laws.core`; the comparisons use
+the same golden, baseline and floor (:mod:`spec.tolerance`) but with visibilities that
+:class:`~spec.cases.Case` does not build.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import dataclasses
 import numpy as np
 from hypothesis import strategies as st
 
-from impl.masks import causal_mask, padding_mask
-from spec import numerics
+from spec import golden, tolerance
 from spec.cases import Case, cases
-from spec.properties import law, needs_mask, observe, run, scale_of
+from spec.laws._helpers import assert_matches, needs_mask, run
+from spec.registry import law
 from spec.target import Target
 
 Array = np.ndarray
@@ -24,20 +24,11 @@ Array = np.ndarray
 
 def assert_close(
     target: Target, case: Case, out: Array, q: Array, k: Array, v: Array, *, visible: Array, what: str,
-) -> numerics.Comparison:
+) -> tolerance.Comparison:
     """``out`` within the tolerance policy of the float64 golden for this visibility (rows that see
-    a key); the error ratio is reported per dtype."""
-    if case.kv_heads is not None:
-        k, v = numerics.repeat_kv(k, case.heads), numerics.repeat_kv(v, case.heads)
-    s = scale_of(case)
-    gold, _ = numerics.golden(q, k, v, visible=visible, scale=s)
-    base = numerics.baseline(q, k, v, visible=visible, scale=s)
-    rows = np.asarray(np.broadcast_to(visible, gold.shape[:-1] + visible.shape[-1:]).any(axis=-1))
-    cmp = numerics.compare(out, gold, base, rows=rows, tolerance=target.tolerance,
-                           floor_=numerics.floor(q, k, v, scale=s))
-    observe(f"error ratio {case.dtype}", cmp.ratio)
-    assert cmp.ok, f"{what} differs from the float64 golden: {cmp.explain()}"
-    return cmp
+    a key): :func:`spec.laws._helpers.assert_matches` with the law's own visibility."""
+    __tracebackhide__ = True
+    return assert_matches(target, case, out, q, k, v, visible=visible, what=what)
 
 
 def key_lengths(case: Case) -> Array:  # -> [batch] ints in [1, n_k]
@@ -51,8 +42,8 @@ def key_lengths(case: Case) -> Array:  # -> [batch] ints in [1, n_k]
 def padding(case: Case) -> Array:  # -> [batch, 1, 1, n_k] for 4-D, [1, n_k] otherwise
     lengths = key_lengths(case)
     if case.ndim == 4:
-        return padding_mask(lengths[:, None], case.n_k)  # one row broadcast over heads and queries
-    return padding_mask(lengths, case.n_k)[0]
+        return golden.lengths_visible(lengths, case.n_k)  # one row broadcast over heads and queries
+    return golden.lengths_visible(lengths, case.n_k)[0, 0]
 
 
 @law(strategy=lambda t: cases(t, n_k_min=2, values=("normal",)), needs=needs_mask)
@@ -69,7 +60,7 @@ def padding_mask_is_truncation(target: Target, case: Case) -> None:
     mask = padding(case)
     vis = np.broadcast_to(mask, (*case.lead(), case.n_q, case.n_k))
     if case.causal:
-        vis = vis & causal_mask(case.n_q, case.n_k, align=target.causal_alignment or "top_left")
+        vis = vis & golden.causal_visible(case.n_q, case.n_k, target.causal_alignment or "top_left")
     out = run(target, case, q, k, v, mask=mask)
     assert_close(target, case, out, q, k, v, visible=vis, what="with key padding, the output")
     # Replace what is padded, and nothing else.
@@ -110,7 +101,7 @@ def bottom_right_causal_mask(target: Target, case: Case) -> None:
     the cache length.
     """
     q, k, v = case.arrays()
-    mask = causal_mask(case.n_q, case.n_k, align="bottom_right")
+    mask = golden.causal_visible(case.n_q, case.n_k, "bottom_right")
     vis = np.broadcast_to(mask, (*case.lead(), case.n_q, case.n_k))
     out = run(target, case, q, k, v, mask=mask)
     assert_close(target, case, out, q, k, v, visible=vis, what="with a bottom-right causal mask, the output")
@@ -135,7 +126,8 @@ def _long_row_cases(t: Target) -> st.SearchStrategy[Case]:
     )
 
 
-@law(strategy=_long_row_cases, needs=lambda t: None if 2 in t.ndims else "needs 2-D inputs (n, d)")
+@law(strategy=_long_row_cases, needs=lambda t: None if 2 in t.ndims else "needs 2-D inputs (n, d)",
+     requires="2-D inputs (ndims)")
 def long_rows_every_dtype(target: Target, case: Case) -> None:
     """Rows of 1,024–4,096 keys stay within the tolerance policy in every declared dtype (values
     in [1, ∞) and small amplitudes, so the weights are near-uniform, ~1/n_k each: the hardest

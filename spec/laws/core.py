@@ -1,9 +1,10 @@
-"""The laws of attention, one named function each.
+"""The core laws of attention, one named function each.
 
-Every property takes ``(target, case)``, builds its inputs from the case, calls the target and
+Every law takes ``(target, case)``, builds its inputs from the case, calls the target and
 raises ``AssertionError`` saying what broke. Its docstring says the law (first paragraph) and a
-real bug it catches (the paragraph starting "Catches"). ``@law`` registers it together with the
-cases it wants and the capability it needs; :mod:`spec.runner` hands it to Hypothesis.
+real bug it catches (the paragraph starting "Catches"). ``@law`` marks it with the cases it
+wants and the capability it needs; :mod:`spec.registry` collects it, :mod:`spec.runner` hands
+it to Hypothesis.
 
 An output-only target is read through identity values: with ``V = I`` (n_k × n_k) the output
 row i *is* the pattern row softmax(q_i Kᵀ·scale), so no target needs to return its weights.
@@ -11,203 +12,33 @@ row i *is* the pattern row softmax(q_i Kᵀ·scale), so no target needs to retur
 
 from __future__ import annotations
 
-import contextvars
 import dataclasses
-import math
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from hypothesis import strategies as st
 
-from spec import numerics
-from spec.calling import call
+from spec import dtypes, tolerance
+from spec.calling import DEADLINE, call
 from spec.cases import Case, cases
+from spec.laws._helpers import (
+    _short,
+    assert_matches,
+    assert_same,
+    differs_at,
+    needs_causal,
+    needs_mask,
+    needs_ndim,
+    observe,
+    pattern,
+    run,
+    scale_of,
+    sees_any,
+    slack,
+)
+from spec.registry import law
 from spec.target import Target
 
 Array = np.ndarray
-Check = Callable[[Target, Case], None]
-
-DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("DEADLINE", default=None)
-"""Per-call deadline in seconds, set by the runner for the property being run."""
-OBSERVED: contextvars.ContextVar[dict[str, float] | None] = contextvars.ContextVar("OBSERVED", default=None)
-"""Worst values a property saw (e.g. the error ratio), collected by the runner for the report."""
-
-
-@dataclass(frozen=True)
-class Property:
-    name: str
-    check: Check
-    strategy: Callable[[Target], st.SearchStrategy[Case]]
-    needs: Callable[[Target], str | None]  # why the target cannot be tested, or None
-    reads_pattern: bool = False  # feeds V = I instead of the case's values
-
-    @property
-    def law(self) -> str:
-        return _paragraphs(self.check)[0]
-
-    @property
-    def catches(self) -> str:
-        found = [p for p in _paragraphs(self.check) if p.startswith("Catches")]
-        return found[0] if found else ""
-
-
-def _paragraphs(fn: Callable[..., Any]) -> list[str]:
-    doc = (fn.__doc__ or "").strip()
-    return [" ".join(line.strip() for line in p.splitlines()) for p in doc.split("\n\n")]
-
-
-PROPERTIES: dict[str, Property] = {}
-
-
-def law(
-    strategy: Callable[[Target], st.SearchStrategy[Case]] | None = None,
-    needs: Callable[[Target], str | None] | None = None,
-    reads_pattern: bool = False,
-) -> Callable[[Check], Check]:
-    """Register a property with the cases it is run on and the capability it needs."""
-
-    def register(fn: Check) -> Check:
-        PROPERTIES[fn.__name__] = Property(
-            name=fn.__name__,
-            check=fn,
-            strategy=strategy or (lambda t: cases(t)),
-            needs=needs or (lambda t: None),
-            reads_pattern=reads_pattern,
-        )
-        return fn
-
-    return register
-
-
-# --- helpers -------------------------------------------------------------------------------
-
-_FROM_CASE: Any = object()
-
-
-def run(
-    target: Target, case: Case, q: Array, k: Array, v: Array, *,
-    causal: bool | None = None, mask: Any = _FROM_CASE, scale: Any = _FROM_CASE,
-) -> Array:  # -> [..., n_q, d_v], float64
-    """The target's output for these inputs (flags from the case unless given), as float64."""
-    out = call(
-        target, q, k, v, deadline=DEADLINE.get(),
-        causal=case.causal if causal is None else causal,
-        mask=case.mask_array() if mask is _FROM_CASE else mask,
-        scale=case.scale if scale is _FROM_CASE else scale,
-    )
-    return out.astype(np.float64)
-
-
-def observe(key: str, value: float) -> None:
-    seen = OBSERVED.get()
-    if seen is not None and (key not in seen or value > seen[key]):
-        seen[key] = value
-
-
-def scale_of(case: Case) -> float:
-    return 1.0 / math.sqrt(case.d_k) if case.scale is None else case.scale
-
-
-def expected(
-    target: Target, case: Case, q: Array, k: Array, v: Array, *, visible: Array | None = None
-) -> tuple[Array, Array, Array, float]:
-    """Golden, its pattern, the baseline and the floor for these inputs (K/V heads repeated for GQA)."""
-    if case.kv_heads is not None:
-        k, v = numerics.repeat_kv(k, case.heads), numerics.repeat_kv(v, case.heads)
-    vis = case.visible(target) if visible is None else visible
-    s = scale_of(case)
-    gold, weights = numerics.golden(q, k, v, visible=vis, scale=s)
-    base = numerics.baseline(q, k, v, visible=vis, scale=s)
-    return gold, weights, base, numerics.floor(q, k, v, scale=s)
-
-
-def assert_matches(
-    target: Target, case: Case, out: Array, q: Array, k: Array, v: Array, *,
-    rows: Array | None = None, visible: Array | None = None, what: str = "output",
-) -> numerics.Comparison:
-    """Assert ``out`` is within the tolerance policy of the golden on rows that see a key."""
-    gold, weights, base, floor = expected(target, case, q, k, v, visible=visible)
-    seen = weights.sum(axis=-1) > 0
-    rows = seen if rows is None else rows & seen
-    cmp = numerics.compare(out, gold, base, rows=rows, tolerance=target.tolerance, floor_=floor)
-    observe(f"error ratio {case.dtype}", cmp.ratio)
-    assert cmp.ok, f"{what} differs from the float64 golden: {cmp.explain()}"
-    return cmp
-
-
-def slack(target: Target, case: Case, q: Array, k: Array) -> float:
-    """Tolerance on the weights' sum for this case (see numerics.weight_sum_slack)."""
-    if case.kv_heads is not None:
-        k = numerics.repeat_kv(k, case.heads)
-    top = numerics.max_score(q, k, visible=case.visible(target), scale=scale_of(case))
-    return numerics.weight_sum_slack(case.dtype, case.n_k, top)
-
-
-def assert_same(
-    target: Target, case: Case, a: Array, b: Array, q: Array, k: Array, v: Array, *,
-    visible: Array | None = None, what: str,
-) -> None:
-    """Assert two outputs of the target agree within twice what the tolerance policy allows each
-    (they may round differently; they may not differ by more). NaN must match NaN."""
-    gold, weights, base, floor = expected(target, case, q, k, v, visible=visible)
-    rows = weights.sum(axis=-1) > 0
-    allowed = numerics.compare(gold, gold, base, rows=rows, tolerance=target.tolerance, floor_=floor).allowed
-    with np.errstate(invalid="ignore"):
-        diff = np.where(rows[..., None], np.abs(a - b), 0.0)
-    diff = np.where(np.isnan(a) & np.isnan(b), 0.0, np.where(np.isnan(diff), np.inf, diff))
-    if diff.size == 0:
-        return
-    at = np.unravel_index(int(np.argmax(diff)), diff.shape)
-    observe("error ratio", float(diff[at]) / (2 * allowed) if allowed > 0 else 0.0)
-    assert diff[at] <= 2 * allowed, (
-        f"{what}: entry {[int(i) for i in at]} is {float(b[at]):.6g} instead of {float(a[at]):.6g} "
-        f"(difference {float(diff[at]):.3g}, allowed {2 * allowed:.3g})"
-    )
-
-
-def _short(perm: Array) -> str:
-    items = perm.tolist()
-    return str(items) if len(items) <= 8 else str(items[:8])[:-1] + ", …]"
-
-
-def identity_values(case: Case) -> Array:  # -> [*kv_lead, n_k, n_k]
-    """V = I: the output is then the attention pattern itself."""
-    eye = np.eye(case.n_k, dtype=case.dtype)
-    return np.ascontiguousarray(np.broadcast_to(eye, (*case.kv_lead, case.n_k, case.n_k)))
-
-
-def pattern(target: Target, case: Case) -> tuple[Array, Array, Array]:
-    """(pattern read through V = I, q, k)."""
-    q, k, _ = case.arrays()
-    return run(target, case, q, k, identity_values(case)), q, k
-
-
-def sees_any(target: Target, case: Case) -> Array:  # -> [*lead, n_q] bool
-    return np.asarray(case.visible(target).any(axis=-1))
-
-
-def needs_ndim(*ranks: int) -> Callable[[Target], str | None]:
-    def need(t: Target) -> str | None:
-        if any(r in t.ndims for r in ranks):
-            return None
-        return f"needs inputs of rank {' or '.join(map(str, ranks))} (target declares ndims={t.ndims})"
-
-    return need
-
-
-def needs_causal(t: Target) -> str | None:
-    return None if t.causal_alignment else "needs a causal mode (target declares causal_alignment=None)"
-
-
-def needs_mask(t: Target) -> str | None:
-    return None if t.supports_mask else "needs mask= (target declares supports_mask=False)"
-
-
-def differs_at(a: Array, b: Array) -> tuple[int, ...]:
-    bad = ~((a == b) | (np.isnan(a) & np.isnan(b)))
-    return tuple(int(i) for i in np.argwhere(bad)[0])
 
 
 # --- the laws ------------------------------------------------------------------------------
@@ -330,13 +161,13 @@ def scale_is_inv_sqrt_dk(target: Target, case: Case) -> None:
     vis = case.visible(target)
     q64, k64 = q.astype(np.float64), k.astype(np.float64)
     if case.kv_heads is not None:
-        k64 = numerics.repeat_kv(k64, case.heads)
+        k64 = tolerance.repeat_kv(k64, case.heads)
     raw = q64 @ np.swapaxes(k64, -1, -2)  # q·k without any scale
     # Compare each key with the row's most likely one; keep entries well above underflow.
     top = np.argmax(np.where(vis, p, -np.inf), axis=-1)[..., None]
     p_top = np.take_along_axis(p, top, axis=-1)
     # Subnormal weights carry few significant bits: keep only normal numbers.
-    usable = vis & (p > 1e-3 * p_top) & (p >= 16 * numerics.tiny(case.dtype))
+    usable = vis & (p > 1e-3 * p_top) & (p >= 16 * dtypes.tiny(case.dtype))
     with np.errstate(divide="ignore", invalid="ignore"):
         y = np.log(p) - np.log(p_top)
     x = raw - np.take_along_axis(raw, top, axis=-1)
@@ -346,10 +177,11 @@ def scale_is_inv_sqrt_dk(target: Target, case: Case) -> None:
     recovered = float(np.sum(x * y) / np.sum(x * x))
     want = scale_of(case)
     # Each log-ratio carries the relative error of two weights; least squares spreads it over |x|.
-    dtype_eps = numerics.eps(case.dtype)
+    dtype_eps = dtypes.eps(case.dtype)
     s_abs = abs(want) * float(np.max(np.abs(q64) @ np.swapaxes(np.abs(k64), -1, -2)))
     rel_err = dtype_eps * (8 + (case.d_k + 2) * s_abs)
     tol = target.tolerance * 2 * rel_err * float(np.sum(np.abs(x)) / np.sum(x * x))
+    observe("scale error ratio", abs(recovered - want) / tol if tol > 0 else float("inf"))
     assert abs(recovered - want) <= tol, (
         f"recovered scale {recovered:.6g} (1/√{1 / recovered**2:.4g}), expected {want:.6g} "
         f"({'1/√d_k' if case.scale is None else 'scale='}) for d_k = {case.d_k}; tolerance {tol:.2g}"
@@ -506,6 +338,7 @@ def causal_no_leak(target: Target, case: Case) -> None:
 
 
 def _masked_rows_needs(t: Target) -> str | None:
+    """a masked-row policy other than 'any', and mask= or bottom-right causal (to empty a row)"""
     if t.masked_rows == "any":
         return "target declares masked_rows='any' (fully-masked rows unspecified)"
     if not (t.supports_mask or t.causal_alignment == "bottom_right"):
@@ -538,7 +371,7 @@ def masked_rows_policy(target: Target, case: Case) -> None:
         ok, want = bool(np.all(np.isnan(got))), "NaN"
     else:
         mean = np.broadcast_to(v.astype(np.float64).mean(axis=-2, keepdims=True), out.shape)[empty]
-        tol = target.tolerance * numerics.floor(q, k, v, scale=scale_of(case))
+        tol = target.tolerance * tolerance.floor(q, k, v, scale=scale_of(case))
         ok, want = bool(np.all(np.abs(got - mean) <= tol)), "the mean of all values"
     if not ok:
         at = tuple(int(i) for i in np.argwhere(empty)[0])
@@ -547,7 +380,8 @@ def masked_rows_policy(target: Target, case: Case) -> None:
 
 
 @law(strategy=lambda t: cases(t, ndims=(3, 4), gqa=True, n_max=48),
-     needs=lambda t: None if t.supports_gqa else "needs grouped K/V heads (supports_gqa=False)")
+     needs=lambda t: None if t.supports_gqa else "needs grouped K/V heads (supports_gqa=False)",
+     requires="grouped K/V heads (supports_gqa)")
 def gqa_matches_repeated_kv(target: Target, case: Case) -> None:
     """With g K/V heads shared by h query heads, the output equals plain multi-head attention with
     each K/V head repeated h/g times (query head i reads K/V head i // (h/g)).

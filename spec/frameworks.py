@@ -1,0 +1,268 @@
+"""Framework targets: PyTorch's and JAX's scaled dot-product attention as targets of the suite.
+
+(The per-dtype table that runs them is :mod:`spec.peers`.)
+
+Each adapter takes NumPy arrays in the suite's layout — q ``[..., n_q, d_k]``, k ``[..., n_k, d_k]``,
+v ``[..., n_k, d_v]`` with leading dims ``(batch, heads)``, ``(heads,)`` or none — converts them
+to the framework's tensors (bit for bit, float16 and bfloat16 included), calls the framework's own
+attention and converts the result back. Nothing is computed here that the framework would compute
+itself, so a failure of the suite is the framework's.
+
+The declarations in :func:`torch_target` and :func:`jax_target` are measured, not assumed
+(torch 2.13.0+cpu and jax 0.10.2 on CPU; ``tests/test_peers.py`` re-measures the ones a
+new version could change):
+
+==========================  =================================  =====================================
+behaviour                   torch SDPA (math and flash CPU)    jax.nn.dot_product_attention ('xla')
+==========================  =================================  =====================================
+query row seeing no key     zeros (bool or -inf float mask)    plain mean of ALL the values
+                                                               (mask is a finite -0.7·max, so the
+                                                               row's scores tie)
+``causal`` with n_q ≠ n_k   top-left (query i sees j ≤ i)      top-left
+``causal`` and ``mask``     refused together; the adapter      both accepted, ANDed
+                            ANDs them into one mask
+GQA (h query, g KV heads)   ``enable_gqa=True``; query head    native; query head i reads KV head
+                            i reads KV head i // (h/g)         i // (h/g)
+d_v ≠ d_k                   yes (math kernel)                  refused; the adapter calls it once
+                                                               per d_k-wide slice of V (exact:
+                                                               output column c depends on V's
+                                                               column c alone)
+float64                     yes                                float64 out (the adapter enables x64
+                                                               for the call), but logits and
+                                                               softmax run in float32: float32
+                                                               accuracy, so float64 is not declared
+bfloat16 (via ml_dtypes)    yes                                yes, called eagerly: under jax.jit
+                                                               the CPU dot refuses precision
+                                                               BF16_BF16_F32, as F16_F16_F32 for
+                                                               float16
+==========================  =================================  =====================================
+
+PyTorch's SDPA gave NaN for fully-masked rows in 2023 (pytorch/pytorch#103963); its math kernel
+now zeroes them (``_safe_softmax``). A target can record such a known deviation with
+``masked_rows="nan"`` — the suite then checks that the declared behaviour holds, never less.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import warnings
+from typing import Any
+
+import numpy as np
+
+from spec import dtypes, golden
+from spec.target import Target
+
+Array = np.ndarray
+
+
+def _bfloat16() -> np.dtype | None:
+    """NumPy's bfloat16 (from ml_dtypes, which JAX installs), or None where it is not installed."""
+    return dtypes.as_dtype(dtypes.BFLOAT16) if dtypes.has_bfloat16() else None
+
+
+def _check_mask(mask: Any) -> Array:
+    arr = np.asarray(mask)
+    if arr.dtype != np.bool_:
+        # A float mask would be *added* to the scores by both frameworks: refuse, never reinterpret.
+        raise TypeError(f"mask must be boolean (True = may attend), got dtype {arr.dtype}")
+    return arr
+
+
+# ---------------------------------------------------------------------------------------- PyTorch
+
+
+def _to_torch(x: Array) -> Any:  # NumPy -> torch, same bits, its own memory
+    import torch
+
+    x = np.ascontiguousarray(x)
+    bf16 = _bfloat16()
+    # (Not ``x.dtype == _bfloat16()``: np.dtype(None) is float64, so float64 == None is True.)
+    if bf16 is not None and x.dtype == bf16:
+        # torch.from_numpy knows no bfloat16: move the 16-bit patterns and relabel them.
+        return torch.from_numpy(x.view(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(x.copy())
+
+
+def _from_torch(t: Any) -> Array:  # torch -> NumPy, same bits
+    import torch
+
+    t = t.detach().contiguous()
+    if t.dtype == torch.bfloat16:
+        bf16 = _bfloat16()
+        if bf16 is None:
+            raise TypeError("a bfloat16 result needs ml_dtypes to become a NumPy array")
+        return t.view(torch.int16).numpy().view(bf16)
+    return t.numpy()
+
+
+def torch_attention(
+    q: Array, k: Array, v: Array, *, causal: bool = False, mask: Array | None = None,
+    scale: float | None = None,
+) -> Array:  # [..., h, n_q, d_k], [..., g, n_k, d_k], [..., g, n_k, d_v] -> [..., h, n_q, d_v]
+    """``torch.nn.functional.scaled_dot_product_attention`` on NumPy arrays.
+
+    SDPA refuses ``attn_mask`` together with ``is_causal``; both mean the same visibility as the
+    suite's (top-left causal ANDed with a boolean mask), so the adapter ANDs them into one mask
+    first. Grouped K/V heads (``g < h``) turn on ``enable_gqa``.
+    """
+    import torch.nn.functional as F
+
+    q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
+    attn_mask = None
+    if mask is not None:
+        attn_mask = _check_mask(mask)
+        if causal:
+            attn_mask = np.logical_and(attn_mask, golden.causal_visible(q.shape[-2], k.shape[-2]))
+            causal = False
+    gqa = q.ndim >= 3 and k.ndim >= 3 and k.shape[-3] != q.shape[-3]
+    with warnings.catch_warnings():
+        # SDPA explains on each call why its flash kernel was not used (e.g. d_v ≠ d_k); noise here.
+        warnings.filterwarnings("ignore", message=r".*(kernel not used|Flash attention requires)")
+        out = F.scaled_dot_product_attention(
+            _to_torch(q), _to_torch(k), _to_torch(v),
+            attn_mask=None if attn_mask is None else _to_torch(attn_mask),
+            is_causal=causal, scale=scale, enable_gqa=gqa,
+        )
+    return _from_torch(out)
+
+
+def torch_attention_grad(
+    q: Array, k: Array, v: Array, d_out: Array, *, causal: bool = False,
+) -> tuple[Array, Array, Array]:  # [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v], [..., n_q, d_v]
+    """``(dq, dk, dv)`` of SDPA for the upstream gradient ``d_out``, by PyTorch's autograd."""
+    import torch.nn.functional as F
+
+    q_, k_, v_ = (_to_torch(np.asarray(x)).requires_grad_() for x in (q, k, v))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*(kernel not used|Flash attention requires)")
+        out = F.scaled_dot_product_attention(q_, k_, v_, is_causal=causal)
+        out.backward(_to_torch(np.asarray(d_out)))
+    return _from_torch(q_.grad), _from_torch(k_.grad), _from_torch(v_.grad)
+
+
+def torch_target() -> Target:
+    """The ``torch`` built-in target: SDPA on CPU, with the capabilities measured above."""
+    import torch
+
+    return Target(
+        torch_attention,
+        name=f"torch {torch.__version__} scaled_dot_product_attention",
+        # bfloat16 where ml_dtypes gives NumPy the dtype (measured: passes every law, as float16).
+        dtypes=("float16", "float32", "float64") + (("bfloat16",) if _bfloat16() is not None else ()),
+        ndims=(2, 3, 4),
+        supports_mask=True,
+        supports_scale=True,
+        causal_alignment="top_left",
+        masked_rows="zeros",
+        exact_masking=True,
+        supports_gqa=True,
+        # Generous, as for jax: on a loaded machine a slow first call is not a hang.
+        deadline_s=60.0,
+        grad_fn=torch_attention_grad,
+    )
+
+
+# -------------------------------------------------------------------------------------------- JAX
+
+
+def _to_btnh(x: Array) -> Array:  # [n, d] | [h, n, d] | [b, h, n, d] -> [b, n, h, d]
+    if x.ndim == 2:
+        return x[None, :, None, :]
+    if x.ndim == 3:
+        return np.swapaxes(x, 0, 1)[None]
+    if x.ndim == 4:
+        return np.swapaxes(x, 1, 2)
+    raise ValueError(f"jax.nn.dot_product_attention takes (n, d), (h, n, d) or (b, h, n, d), got {x.shape}")
+
+
+def _from_btnh(out: Array, ndim: int) -> Array:  # [b, n, h, d] -> the input's rank, heads before n
+    if ndim == 2:
+        return out[0, :, 0, :]
+    if ndim == 3:
+        return np.swapaxes(out[0], 0, 1)
+    return np.swapaxes(out, 1, 2)
+
+
+def jax_attention(
+    q: Array, k: Array, v: Array, *, causal: bool = False, mask: Array | None = None,
+    scale: float | None = None,
+) -> Array:  # [..., h, n_q, d_k], [..., g, n_k, d_k], [..., g, n_k, d_v] -> [..., h, n_q, d_v]
+    """``jax.nn.dot_product_attention(implementation="xla")`` on NumPy arrays.
+
+    JAX wants ``[batch, n, heads, d]`` and equal widths ``d_v = d_k``. The adapter transposes, and
+    for ``d_v ≠ d_k`` calls JAX once per ``d_k``-wide slice of V (the last one zero-padded): output
+    column c is the weighted sum of V's column c alone, so the slices are exact, and the scale is
+    still JAX's own. float64 runs with x64 enabled for the call (JAX computes float32 otherwise).
+    """
+    import jax
+    import jax.numpy as jnp
+
+    q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
+    ndim = q.ndim
+    qj, kj, vj = _to_btnh(q), _to_btnh(k), _to_btnh(v)
+    batch = np.broadcast_shapes(qj.shape[:1], kj.shape[:1], vj.shape[:1])
+    qj, kj, vj = (np.broadcast_to(x, batch + x.shape[1:]) for x in (qj, kj, vj))
+    b, n_q, h, d_k = qj.shape
+    n_k, d_v = vj.shape[1], vj.shape[3]
+    mask_j = None
+    if mask is not None:
+        mask_j = np.broadcast_to(_check_mask(mask), (b, h, n_q, n_k))
+    n_slices = max(1, -(-d_v // d_k))
+    padded = np.zeros((*vj.shape[:3], n_slices * d_k), dtype=vj.dtype)
+    padded[..., :d_v] = vj
+    # Under jit, float16 and bfloat16 fail on CPU: JAX asks dot_general for precision F16_F16_F32
+    # (BF16_BF16_F32) and falls back only when that raises at once, as it does eagerly but not at
+    # jit's later lowering ("Algorithm not supported by the ElementalIrEmitter").
+    core = _jax_core(jit=q.dtype.itemsize > 2)
+    with jax.enable_x64(True) if q.dtype == np.float64 else contextlib.nullcontext():
+        pieces = [
+            np.asarray(core(
+                jnp.asarray(qj), jnp.asarray(kj), jnp.asarray(padded[..., s * d_k:(s + 1) * d_k]),
+                None if mask_j is None else jnp.asarray(mask_j),
+                None if scale is None else jnp.asarray(scale, dtype=qj.dtype), causal=causal,
+            ))
+            for s in range(n_slices)
+        ]
+    out = np.concatenate(pieces, axis=-1)[..., :d_v]
+    return np.array(_from_btnh(out, ndim))  # a writable copy, not a view of JAX's buffer
+
+
+@functools.cache
+def _jax_core(jit: bool) -> Any:
+    """``jax.nn.dot_product_attention``, under ``jax.jit`` if asked: one XLA compilation per shape
+    instead of one per operation (measured 1.2 s against 3.7 s per new shape on this CPU). The
+    scale is traced, so a new scale= does not recompile."""
+    import jax
+
+    def core(q: Any, k: Any, v: Any, mask: Any, scale: Any, *, causal: bool) -> Any:
+        return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, is_causal=causal,
+                                            implementation="xla")
+
+    return jax.jit(core, static_argnames=("causal",)) if jit else core
+
+
+def jax_target() -> Target:
+    """The ``jax`` built-in target: ``jax.nn.dot_product_attention`` on CPU (XLA), as measured."""
+    import jax
+
+    return Target(
+        jax_attention,
+        name=f"jax {jax.__version__} nn.dot_product_attention",
+        # Not float64: JAX computes the logits and the softmax in float32 whatever the input, so a
+        # float64 call is only float32-accurate (measured 1.4e-7 from the float64 golden) and fails
+        # matches_golden; tests/test_peers.py keeps that failure visible.
+        # bfloat16 (where ml_dtypes is installed, as it is with jax) runs eagerly, as float16 does.
+        dtypes=("float16", "float32") + (("bfloat16",) if _bfloat16() is not None else ()),
+        ndims=(2, 3, 4),
+        supports_mask=True,
+        supports_scale=True,
+        causal_alignment="top_left",
+        # A row with no visible key gets the plain mean of all n_k values (measured, see above).
+        masked_rows="uniform",
+        exact_masking=True,
+        supports_gqa=True,
+        # Each new shape is an XLA compilation (~1 s here, several under load), not a hang.
+        deadline_s=60.0,
+    )

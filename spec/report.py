@@ -1,0 +1,117 @@
+"""The report: per-law results as data (:class:`Result`, :class:`Report`) and the ONE renderer
+(:func:`render`) that the CLI, the pytest plugin (:func:`failure`) and ``str(report)`` share.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import textwrap
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from tabulate import tabulate
+
+
+@dataclass
+class Result:
+    name: str
+    status: str  # "pass" | "fail" | "skip"
+    examples: int
+    seconds: float
+    message: str = ""
+    counterexample: dict[str, Any] | None = None
+    law: str = ""
+    observed: dict[str, float] = field(default_factory=dict)
+    """Figures the law measured, worst over the examples run (e.g. ``"error ratio float32"``:
+    error / allowed of the tolerance policy), as data: read these, never the message."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "status": self.status, "examples": self.examples,
+            "seconds": round(self.seconds, 3), "message": self.message,
+            "counterexample": self.counterexample, "law": self.law,
+            "observed": {key: value for key, value in self.observed.items() if math.isfinite(value)},
+        }
+
+
+@dataclass
+class Report:
+    target: str
+    profile: str
+    seed: int | None
+    results: list[Result] = field(default_factory=list)
+    seconds: float = 0.0  # wall time of the whole run (for the summary line)
+
+    @property
+    def ok(self) -> bool:
+        """True when no property failed (skips do not count against conformance)."""
+        return all(r.status != "fail" for r in self.results)
+
+    @property
+    def failures(self) -> list[Result]:
+        return [r for r in self.results if r.status == "fail"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "target": self.target, "ok": self.ok, "profile": self.profile, "seed": self.seed,
+            "results": [r.to_dict() for r in self.results],
+        }
+
+    def __str__(self) -> str:
+        """What ``python -m spec check`` prints: the table, each failure, the summary line."""
+        return render(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, allow_nan=False, ensure_ascii=False, default=_jsonable)
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, np.generic):
+        return x.item()
+    raise TypeError(f"cannot write {type(x).__name__} to JSON")
+
+
+def table(report: Report) -> str:
+    rows = [[r.name, r.status.upper() if r.status == "fail" else r.status, r.examples, f"{r.seconds:.2f}",
+             _note(r)] for r in report.results]
+    return tabulate(rows, headers=["property", "status", "examples", "seconds", "note"],
+                    tablefmt="simple", colalign=("left", "left", "right", "right", "left"),
+                    maxcolwidths=[None, None, None, None, 60])
+
+
+def _note(result: Result) -> str:
+    return "" if result.status == "fail" else result.message
+
+
+def failure(result: Result) -> str:
+    """What a failure shows: the law, what broke, the shrunk case, small arrays, a reproduction."""
+    wrap = textwrap.TextWrapper(width=100, initial_indent="  ", subsequent_indent="    ")
+    lines = [f"FAIL {result.name}", wrap.fill("law: " + result.law), wrap.fill("broken: " + result.message)]
+    example = result.counterexample
+    if example:
+        case = " ".join(f"{key}={value}" for key, value in example["case"].items())
+        lines.append(wrap.fill("case: " + case))
+        shapes = ", ".join(f"{name} {tuple(shape)}" for name, shape in example["shapes"].items())
+        lines.append(f"  shapes: {shapes}")
+        for name, values in example["arrays"].items():
+            lines.append(f"  {name} = {values}")
+        lines.append(f"  reproduce: {example['reproduce']}")
+    return "\n".join(lines)
+
+
+def summary(report: Report, seconds: float) -> str:
+    counts = {s: sum(r.status == s for r in report.results) for s in ("pass", "fail", "skip")}
+    verdict = "conforms" if report.ok else "DOES NOT CONFORM"
+    seed = "" if report.seed is None else f", seed {report.seed}"
+    return (f"{report.target}: {verdict} — {counts['pass']} passed, {counts['fail']} failed, "
+            f"{counts['skip']} skipped in {seconds:.1f} s (profile {report.profile}{seed})")
+
+
+def render(report: Report, seconds: float | None = None) -> str:
+    """The table, each failure in full, and the summary line."""
+    parts = [table(report)]
+    parts += ["\n" + failure(result) for result in report.failures]
+    parts += ["", summary(report, report.seconds if seconds is None else seconds)]
+    return "\n".join(parts)

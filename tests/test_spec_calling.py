@@ -1,0 +1,151 @@
+"""One call path (spec.calling) for forward, forward-with-lse and gradients, and the §2b keyword
+plumbing of Target: each keyword passed only when given, refused unless declared."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import spec
+from impl import attention
+from spec.calling import TargetFailed, call, call_grad, invoke
+from spec.target import Target, TargetError
+
+
+def _q_k_v(lead=(), n_q=3, n_k=4, d=2):
+    rng = np.random.default_rng(0)
+    return tuple(rng.standard_normal((*lead, n, d)) for n in (n_q, n_k, n_k))
+
+
+def test_grad_fn_calling_sys_exit_is_a_failure_naming_the_law():
+    """Before: the gradient path caught only Exception, so sys.exit(3) ended the whole run."""
+
+    def exits(q, k, v, d_out, *, causal=False):
+        sys.exit(3)
+
+    report = spec.check(Target(attention, grad_fn=exits), profile="quick", only=["grad_matches_golden"])
+    (result,) = report.results
+    assert (result.name, result.status) == ("grad_matches_golden", "fail")
+    assert "grad_fn raised SystemExit: 3" in result.message
+
+
+def test_forward_and_gradient_share_the_guarded_path():
+    def exits(*args, **kwargs):
+        sys.exit(4)
+
+    q, k, v = _q_k_v()
+    with pytest.raises(TargetFailed, match="the target raised SystemExit: 4"):
+        call(Target(exits), q, k, v, deadline=5.0)
+    with pytest.raises(TargetFailed, match="grad_fn raised SystemExit: 4"):
+        call_grad(Target(attention, grad_fn=exits), q, k, v, np.ones((3, 2)), causal=False, deadline=5.0)
+
+
+def test_a_keyword_is_passed_only_when_given_and_refused_unless_declared():
+    seen = {}
+
+    def fn(q, k, v, **kwargs):
+        seen.update(kwargs)
+        return attention(q, k, v)
+
+    q, k, v = _q_k_v()
+    call(Target(fn, supports_softcap=True), q, k, v, deadline=5.0, softcap=None, bias=None)
+    assert seen == {}
+    call(Target(fn, supports_softcap=True), q, k, v, deadline=5.0, softcap=30.0)
+    assert seen == {"softcap": 30.0}
+    with pytest.raises(TargetError, match="bias= needs supports_bias=True"):
+        call(Target(fn), q, k, v, deadline=5.0, bias=np.zeros((3, 4)))
+    with pytest.raises(TargetError, match="unknown keyword 'is_causal'"):
+        call(Target(fn), q, k, v, deadline=5.0, is_causal=True)
+
+
+def test_return_lse_gives_out_and_lse_and_checks_the_lse_shape():
+    q, k, v = _q_k_v((2, 3))
+
+    def with_lse(q, k, v, *, return_lse=False):
+        s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+        lse = np.log(np.sum(np.exp(s), axis=-1))
+        return attention(q, k, v), (lse if return_lse else None)
+
+    out, lse = call(Target(with_lse, returns_lse=True), q, k, v, deadline=5.0, return_lse=True)
+    assert out.shape == (2, 3, 3, 2) and lse.shape == (2, 3, 3)
+    gold = spec.golden.forward(q, k, v, visible=np.ones((3, 4), bool), scale=2**-0.5)
+    np.testing.assert_allclose(lse, gold[2], rtol=1e-12)
+
+    def wrong_lse(q, k, v, *, return_lse=False):
+        return attention(q, k, v), np.zeros((*q.shape[:-1], 1))
+
+    with pytest.raises(TargetFailed, match=r"lse of shape \(2, 3, 3, 1\), expected \(2, 3, 3\)"):
+        call(Target(wrong_lse, returns_lse=True), q, k, v, deadline=5.0, return_lse=True)
+
+
+def test_packed_inputs_are_heads_first_and_bnhd_sees_tokens_first():
+    got = {}
+
+    def fn(q, k, v, *, cu_seqlens_q, cu_seqlens_k):
+        got["shape"] = q.shape
+        return np.zeros((q.shape[0], q.shape[1], v.shape[-1]))
+
+    q, k, v = _q_k_v((2,), n_q=5, n_k=5)  # (heads, total, d)
+    cu = np.array([0, 2, 5])
+    out = call(Target(fn, layout="bnhd", supports_varlen=True, ndims=(3,)), q, k, v, deadline=5.0,
+               cu_seqlens_q=cu, cu_seqlens_k=cu)
+    assert got["shape"] == (5, 2, 2) and out.shape == (2, 5, 2)
+
+
+def test_caller_isolation_runs_in_the_callers_thread():
+    threads = []
+
+    def fn(q, k, v):
+        threads.append(threading.current_thread())
+        return attention(q, k, v)
+
+    q, k, v = _q_k_v()
+    call(Target(fn, isolation="caller"), q, k, v, deadline=5.0)
+    call(Target(fn), q, k, v, deadline=5.0)
+    assert threads[0] is threading.current_thread() and threads[1] is not threading.current_thread()
+
+
+def test_isolation_and_keyword_fields_are_validated():
+    with pytest.raises(TargetError, match="isolation must be one of"):
+        Target(attention, isolation="fork")
+    with pytest.raises(TargetError, match="supports_bias must be True or False"):
+        Target(attention, supports_bias="yes")
+    with pytest.raises(TargetError, match="process"):
+        invoke(Target(attention, isolation="process"), "the target", lambda: None, 1.0)
+
+
+def _keyword_attention(q, k, v, *, causal=False, bias=None, softcap=None, sinks=None, window=None):
+    """A direct NumPy forward that takes the §2b keywords (float64 inside, cast back)."""
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    vis = spec.golden.visibility(q.shape[:-2], n_q, n_k, causal=causal, window=window)
+    s = (q.astype(np.float64) @ np.swapaxes(k.astype(np.float64), -1, -2)) / np.sqrt(q.shape[-1])
+    if softcap is not None:
+        s = softcap * np.tanh(s / softcap)
+    if bias is not None:
+        s = s + bias
+    s = np.where(vis, s, -np.inf)
+    sink = np.full(s.shape[:-1], -np.inf) if sinks is None else np.broadcast_to(sinks[:, None], s.shape[:-1])
+    top = np.maximum(s.max(axis=-1), sink)
+    e = np.exp(s - top[..., None])
+    p = e / (e.sum(axis=-1) + np.exp(sink - top))[..., None]
+    return (p @ v.astype(np.float64)).astype(q.dtype)
+
+
+KEYWORD_CASE = dict(dtype="float32", ndim=3, batch=1, heads=2, n_q=4, n_k=6, d_k=4, d_v=3, seed=1,
+                    causal=True, bias=1.0, softcap=2.0, sinks=(0.5, -0.5), window=(2, 1))
+
+
+def test_case_keywords_reach_the_target_and_the_golden():
+    """matches_golden passes on a correct keyword target and fails on one that drops the bias."""
+    declared = dict(supports_bias=True, supports_softcap=True, supports_sinks=True, supports_window=True,
+                    ndims=(3,))
+    spec.replay(Target(_keyword_attention, **declared), "matches_golden", **KEYWORD_CASE)
+
+    def drops_bias(q, k, v, *, bias=None, **kwargs):
+        return _keyword_attention(q, k, v, **kwargs)
+
+    with pytest.raises(AssertionError, match="differs from the float64 golden"):
+        spec.replay(Target(drops_bias, **declared), "matches_golden", **KEYWORD_CASE)

@@ -1,0 +1,41 @@
+"""The registry is an explicit list of law modules; @law only marks, nothing registers on import."""
+
+from __future__ import annotations
+
+import pytest
+
+import spec
+from spec import registry
+
+
+def test_properties_come_from_the_explicit_module_list_in_order():
+    families = [p.family for p in spec.PROPERTIES.values()]
+    assert [f for i, f in enumerate(families) if f not in families[:i]] == ["core", "masks", "gradients"]
+    assert registry.LAW_MODULES == ("spec.laws.core", "spec.laws.masks", "spec.laws.gradients")
+    assert len(spec.PROPERTIES) == 21
+
+
+def test_collecting_one_module_gives_only_its_laws():
+    masks = registry.collect(("spec.laws.masks",))
+    assert list(masks) == ["padding_mask_is_truncation", "bottom_right_causal_mask", "long_rows_every_dtype"]
+
+
+def test_a_law_module_not_in_the_list_registers_nothing(tmp_path, monkeypatch):
+    (tmp_path / "extra_laws.py").write_text(
+        "from spec.registry import law\n\n"
+        "@law()\ndef extra(target, case):\n    '''A law.\\n\\nCatches: x.'''\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import extra_laws  # noqa: F401
+
+    assert "extra" not in spec.PROPERTIES
+    found = registry.collect(("extra_laws",))
+    assert found["extra"].law == "A law." and found["extra"].catches == "Catches: x."
+    with pytest.raises(ValueError, match="defined in both"):
+        registry.collect(("extra_laws", "extra_laws"))
+
+
+def test_property_says_what_a_generated_reference_needs():
+    prop = spec.PROPERTIES["mask_semantics"]
+    assert (prop.name, prop.family, prop.module) == ("mask_semantics", "core", "spec.laws.core")
+    assert prop.requires == "mask= (supports_mask)" and prop.catches.startswith("Catches")
