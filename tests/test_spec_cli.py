@@ -26,7 +26,7 @@ def test_conforming_target_exits_0_with_a_table(capsys):
 
 
 def test_broken_target_exits_1_naming_the_property_law_case_and_reproduction(capsys):
-    assert main(["check", "spec_gallery:mask_off_by_one", "--only", "causal_no_leak"]) == 1
+    assert main(["check", "gallery.core:mask_off_by_one", "--only", "causal_no_leak"]) == 1
     out = capsys.readouterr().out
     assert "FAIL causal_no_leak" in out and "law: Changing the keys" in out
     assert "case: dtype=" in out and "shapes: q (" in out and "reproduce: python -c" in out
@@ -35,7 +35,7 @@ def test_broken_target_exits_1_naming_the_property_law_case_and_reproduction(cap
 
 def test_json_report_has_the_documented_schema(tmp_path, capsys):
     path = tmp_path / "report.json"
-    code = main(["check", "spec_gallery:missing_scale", "--profile", "quick", "--max-examples", "5",
+    code = main(["check", "gallery.core:missing_scale", "--profile", "quick", "--max-examples", "5",
                  "--only", "scale_is_inv_sqrt_dk", "output_shape_dtype", "--json", str(path)])
     assert code == 1
     report = json.loads(path.read_text())
@@ -109,7 +109,7 @@ def test_pytest_plugin_adds_the_properties_next_to_the_projects_tests(tmp_path):
 
 
 def test_pytest_plugin_reports_a_broken_target_with_the_counterexample(tmp_path):
-    env = {**ENV, "ATTENTION_TARGET": "spec_gallery:softmax_wrong_axis"}
+    env = {**ENV, "ATTENTION_TARGET": "gallery.core:softmax_wrong_axis"}
     run = _pytest(tmp_path, "-k", "rows_sum", env=env)
     assert run.returncode == 1
     assert "FAIL rows_sum_to_one" in run.stdout and "reproduce:" in run.stdout

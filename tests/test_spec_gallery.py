@@ -4,7 +4,7 @@ property meant to catch it, and the correct variants pass every property."""
 from __future__ import annotations
 
 import pytest
-from spec_gallery import BROKEN, CORRECT
+from gallery import BROKEN, CORRECT
 
 import spec
 

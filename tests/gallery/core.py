@@ -10,42 +10,16 @@ from __future__ import annotations
 import functools
 import math
 import time
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
+from gallery.base import broken, plain, scores, stable_softmax
 from impl import flash_attention
 from impl.attention import compute_dtype
 from impl.masks import causal_mask
 from spec import Target
 
 Array = np.ndarray
-
-
-def _scores(q: Array, k: Array, scale: float) -> Array:  # [..., n_q, d_k], [..., n_k, d_k] -> [..., n_q, n_k]
-    work = compute_dtype(q.dtype)
-    return (q.astype(work) @ np.swapaxes(k.astype(work), -1, -2)) * work.type(scale)
-
-
-def _softmax(s: Array) -> Array:
-    top = np.max(s, axis=-1, keepdims=True)
-    e = np.exp(s - np.where(np.isfinite(top), top, 0))
-    total = e.sum(axis=-1, keepdims=True)
-    return e / np.where(total > 0, total, 1)
-
-
-def plain(q: Array, k: Array, v: Array, *, causal: bool = False, mask: Array | None = None,
-          scale: float | None = None) -> Array:  # -> [..., n_q, d_v]
-    """The textbook formula: the skeleton every broken variant below changes in one place."""
-    s = _scores(q, k, 1 / math.sqrt(q.shape[-1]) if scale is None else scale)
-    keep = np.ones(s.shape, dtype=bool)
-    if causal:
-        keep &= causal_mask(q.shape[-2], k.shape[-2])
-    if mask is not None:
-        keep &= mask
-    w = _softmax(np.where(keep, s, -np.inf))
-    return (w @ v.astype(w.dtype)).astype(q.dtype)
 
 
 # --- broken ------------------------------------------------------------------------------------
@@ -69,8 +43,8 @@ def scale_by_model_width(q: Array, k: Array, v: Array, *, causal: bool = False) 
 
 
 def _with_keep(q: Array, k: Array, v: Array, keep: Array) -> Array:
-    s = _scores(q, k, 1 / math.sqrt(q.shape[-1]))
-    return (_softmax(np.where(keep, s, -np.inf)) @ v.astype(s.dtype)).astype(q.dtype)
+    s = scores(q, k, 1 / math.sqrt(q.shape[-1]))
+    return (stable_softmax(np.where(keep, s, -np.inf)) @ v.astype(s.dtype)).astype(q.dtype)
 
 
 def mask_off_by_one(q: Array, k: Array, v: Array, *, causal: bool = False) -> Array:
@@ -92,22 +66,22 @@ def causal_always(q: Array, k: Array, v: Array, *, causal: bool = False) -> Arra
 
 
 def softmax_wrong_axis(q: Array, k: Array, v: Array, *, causal: bool = False) -> Array:
-    s = _scores(q, k, 1 / math.sqrt(q.shape[-1]))
+    s = scores(q, k, 1 / math.sqrt(q.shape[-1]))
     if causal:
         s = np.where(causal_mask(q.shape[-2], k.shape[-2]), s, -np.inf)
-    w = np.swapaxes(_softmax(np.swapaxes(s, -1, -2)), -1, -2)  # normalises each key's column
+    w = np.swapaxes(stable_softmax(np.swapaxes(s, -1, -2)), -1, -2)  # normalises each key's column
     return (w @ v.astype(w.dtype)).astype(q.dtype)
 
 
 def mask_after_softmax(q: Array, k: Array, v: Array, *, causal: bool = False) -> Array:
-    w = _softmax(_scores(q, k, 1 / math.sqrt(q.shape[-1])))
+    w = stable_softmax(scores(q, k, 1 / math.sqrt(q.shape[-1])))
     if causal:
         w = w * causal_mask(q.shape[-2], k.shape[-2])  # zeroed, never renormalised
     return (w @ v.astype(w.dtype)).astype(q.dtype)
 
 
 def unnormalised(q: Array, k: Array, v: Array, *, causal: bool = False) -> Array:
-    s = _scores(q, k, 1 / math.sqrt(q.shape[-1]))
+    s = scores(q, k, 1 / math.sqrt(q.shape[-1]))
     if causal:
         s = np.where(causal_mask(q.shape[-2], k.shape[-2]), s, -np.inf)
     e = np.exp(s - np.max(s, axis=-1, keepdims=True))  # the division by the row sum is missing
@@ -115,14 +89,14 @@ def unnormalised(q: Array, k: Array, v: Array, *, causal: bool = False) -> Array
 
 
 def mask_by_multiplying(q: Array, k: Array, v: Array, *, causal: bool = False) -> Array:
-    s = _scores(q, k, 1 / math.sqrt(q.shape[-1]))
+    s = scores(q, k, 1 / math.sqrt(q.shape[-1]))
     if causal:
         s = s * causal_mask(q.shape[-2], k.shape[-2])  # masked scores become 0, not -inf
-    return (_softmax(s) @ v.astype(s.dtype)).astype(q.dtype)
+    return (stable_softmax(s) @ v.astype(s.dtype)).astype(q.dtype)
 
 
 def unstable_softmax(q: Array, k: Array, v: Array, *, causal: bool = False) -> Array:
-    s = _scores(q, k, 1 / math.sqrt(q.shape[-1]))
+    s = scores(q, k, 1 / math.sqrt(q.shape[-1]))
     if causal:
         s = np.where(causal_mask(q.shape[-2], k.shape[-2]), s, -np.inf)
     with np.errstate(over="ignore", invalid="ignore"):
@@ -131,7 +105,7 @@ def unstable_softmax(q: Array, k: Array, v: Array, *, causal: bool = False) -> A
 
 
 def max_before_mask(q: Array, k: Array, v: Array, *, causal: bool = False) -> Array:
-    s = _scores(q, k, 1 / math.sqrt(q.shape[-1]))
+    s = scores(q, k, 1 / math.sqrt(q.shape[-1]))
     e = np.exp(s - np.max(s, axis=-1, keepdims=True))  # the max also sees future scores
     if causal:
         e = e * causal_mask(q.shape[-2], k.shape[-2])
@@ -155,7 +129,7 @@ def _tiled(q: Array, k: Array, v: Array, *, causal: bool, block: int, drop_last:
         starts = starts[:-1]  # the partial last block is forgotten
     for k0 in starts:
         k1 = min(k0 + block, n_k)
-        s = _scores(q, k[..., k0:k1, :], scale)
+        s = scores(q, k[..., k0:k1, :], scale)
         if causal:
             s = np.where(np.arange(k0, k1)[None, :] <= np.arange(n_q)[:, None], s, -np.inf)
         m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
@@ -188,7 +162,7 @@ def heads_mixed_by_reshape(q: Array, k: Array, v: Array, *, causal: bool = False
 def softmax_over_heads(q: Array, k: Array, v: Array, *, causal: bool = False) -> Array:
     if q.ndim < 3:
         return plain(q, k, v, causal=causal)
-    s = _scores(q, k, 1 / math.sqrt(q.shape[-1]))
+    s = scores(q, k, 1 / math.sqrt(q.shape[-1]))
     if causal:
         s = np.where(causal_mask(q.shape[-2], k.shape[-2]), s, -np.inf)
     e = np.exp(s - s.max(axis=(-1, -3), keepdims=True))
@@ -224,7 +198,7 @@ def weights_times_keys(q: Array, k: Array, v: Array, *, causal: bool = False) ->
 
 def nan_for_masked_rows(q: Array, k: Array, v: Array, *, causal: bool = False,
                         mask: Array | None = None) -> Array:
-    s = _scores(q, k, 1 / math.sqrt(q.shape[-1]))
+    s = scores(q, k, 1 / math.sqrt(q.shape[-1]))
     keep = np.ones(s.shape, dtype=bool) if mask is None else np.broadcast_to(mask, s.shape)
     if causal:
         keep = keep & causal_mask(q.shape[-2], k.shape[-2])
@@ -268,52 +242,41 @@ def nan_output(q: Array, k: Array, v: Array, *, causal: bool = False) -> Array:
     return out
 
 
-@dataclass(frozen=True)
-class Broken:
-    target: Target
-    catches: str  # the property that must reject it
-    bug: str
-
-
-def _broken(fn: Any, catches: str, bug: str, name: str = "", **declared: Any) -> Broken:
-    return Broken(Target(fn, name=name or fn.__name__, **declared), catches, bug)
-
-
 BROKEN = [
-    _broken(missing_scale, "scale_is_inv_sqrt_dk", "no 1/√d_k scaling"),
-    _broken(scale_by_inv_dk, "scale_is_inv_sqrt_dk", "scaled by 1/d_k"),
-    _broken(scale_by_inv_sqrt_dv, "scale_is_inv_sqrt_dk", "scaled by 1/√d_v"),
-    _broken(scale_by_model_width, "score_variance", "scaled by 1/√(h·d_k), the model width"),
-    _broken(ignores_scale_argument, "scale_is_inv_sqrt_dk", "scale= accepted and ignored",
+    broken(missing_scale, "scale_is_inv_sqrt_dk", "no 1/√d_k scaling"),
+    broken(scale_by_inv_dk, "scale_is_inv_sqrt_dk", "scaled by 1/d_k"),
+    broken(scale_by_inv_sqrt_dv, "scale_is_inv_sqrt_dk", "scaled by 1/√d_v"),
+    broken(scale_by_model_width, "score_variance", "scaled by 1/√(h·d_k), the model width"),
+    broken(ignores_scale_argument, "scale_is_inv_sqrt_dk", "scale= accepted and ignored",
             supports_scale=True),
-    _broken(mask_off_by_one, "causal_no_leak", "causal mask j ≤ i + 1"),
-    _broken(mask_off_by_one, "causal_no_leak", "causal mask j ≤ i + 1, inexact masking declared",
+    broken(mask_off_by_one, "causal_no_leak", "causal mask j ≤ i + 1"),
+    broken(mask_off_by_one, "causal_no_leak", "causal mask j ≤ i + 1, inexact masking declared",
             name="mask_off_by_one_inexact", exact_masking=False),
-    _broken(mask_strict, "uniform_scores_average", "causal mask j < i"),
-    _broken(causal_ignored, "causal_no_leak", "causal=True ignored"),
-    _broken(max_before_mask, "causal_no_leak", "row max taken before the causal mask"),
-    _broken(causal_always, "kv_permutation_invariance", "causal mask applied when causal=False"),
-    _broken(softmax_wrong_axis, "rows_sum_to_one", "softmax over the query axis"),
-    _broken(mask_after_softmax, "rows_sum_to_one", "mask applied after softmax, not renormalised"),
-    _broken(unnormalised, "convex_combination", "softmax never divided by its sum"),
-    _broken(mask_by_multiplying, "convex_combination", "masked scores multiplied by 0, not set to −∞"),
-    _broken(unstable_softmax, "large_logits", "exp without subtracting the row max"),
-    _broken(tiling_drops_last_block, "matches_golden", "tiling drops the last partial key block"),
-    _broken(online_softmax_without_rescale, "matches_golden", "online softmax without rescaling"),
-    _broken(heads_mixed_by_reshape, "batch_head_independence", "heads mixed by a reshape"),
-    _broken(softmax_over_heads, "batch_head_independence", "softmax normalised across heads"),
-    _broken(rotary_on_queries, "query_permutation_equivariance", "position rotation applied to queries"),
-    _broken(mutates_inputs, "inputs_not_mutated", "q scaled in place"),
-    _broken(upcasts_output, "output_shape_dtype", "float32 in, float64 out"),
-    _broken(weights_times_keys, "output_shape_dtype", "weights @ K instead of weights @ V"),
-    _broken(nan_for_masked_rows, "masked_rows_policy", "NaN for a row with no visible key, zeros declared",
+    broken(mask_strict, "uniform_scores_average", "causal mask j < i"),
+    broken(causal_ignored, "causal_no_leak", "causal=True ignored"),
+    broken(max_before_mask, "causal_no_leak", "row max taken before the causal mask"),
+    broken(causal_always, "kv_permutation_invariance", "causal mask applied when causal=False"),
+    broken(softmax_wrong_axis, "rows_sum_to_one", "softmax over the query axis"),
+    broken(mask_after_softmax, "rows_sum_to_one", "mask applied after softmax, not renormalised"),
+    broken(unnormalised, "convex_combination", "softmax never divided by its sum"),
+    broken(mask_by_multiplying, "convex_combination", "masked scores multiplied by 0, not set to −∞"),
+    broken(unstable_softmax, "large_logits", "exp without subtracting the row max"),
+    broken(tiling_drops_last_block, "matches_golden", "tiling drops the last partial key block"),
+    broken(online_softmax_without_rescale, "matches_golden", "online softmax without rescaling"),
+    broken(heads_mixed_by_reshape, "batch_head_independence", "heads mixed by a reshape"),
+    broken(softmax_over_heads, "batch_head_independence", "softmax normalised across heads"),
+    broken(rotary_on_queries, "query_permutation_equivariance", "position rotation applied to queries"),
+    broken(mutates_inputs, "inputs_not_mutated", "q scaled in place"),
+    broken(upcasts_output, "output_shape_dtype", "float32 in, float64 out"),
+    broken(weights_times_keys, "output_shape_dtype", "weights @ K instead of weights @ V"),
+    broken(nan_for_masked_rows, "masked_rows_policy", "NaN for a row with no visible key, zeros declared",
             supports_mask=True),
-    _broken(inverted_mask, "mask_semantics", "mask=True taken as 'hide'", supports_mask=True),
-    _broken(gqa_tiled_heads, "gqa_matches_repeated_kv", "K/V heads tiled instead of repeated",
+    broken(inverted_mask, "mask_semantics", "mask=True taken as 'hide'", supports_mask=True),
+    broken(gqa_tiled_heads, "gqa_matches_repeated_kv", "K/V heads tiled instead of repeated",
             supports_gqa=True, ndims=(4,)),
-    _broken(raises_on_odd_lengths, "matches_golden", "raises for an odd number of keys"),
-    _broken(hangs_on_long_inputs, "matches_golden", "hangs for more than 8 keys", deadline_s=0.5),
-    _broken(nan_output, "matches_golden", "NaN in the last output row"),
+    broken(raises_on_odd_lengths, "matches_golden", "raises for an odd number of keys"),
+    broken(hangs_on_long_inputs, "matches_golden", "hangs for more than 8 keys", deadline_s=0.5),
+    broken(nan_output, "matches_golden", "NaN in the last output row"),
 ]
 
 
@@ -324,15 +287,15 @@ def reversed_summation(q: Array, k: Array, v: Array, *, causal: bool = False) ->
     """Keys visited last to first (another summation order); the mask is reversed with them."""
     n_q, n_k = q.shape[-2], k.shape[-2]
     keep = causal_mask(n_q, n_k)[:, ::-1] if causal else None
-    s = _scores(q, k[..., ::-1, :], 1 / math.sqrt(q.shape[-1]))
+    s = scores(q, k[..., ::-1, :], 1 / math.sqrt(q.shape[-1]))
     if keep is not None:
         s = np.where(keep, s, -np.inf)
-    return (_softmax(s) @ v[..., ::-1, :].astype(s.dtype)).astype(q.dtype)
+    return (stable_softmax(s) @ v[..., ::-1, :].astype(s.dtype)).astype(q.dtype)
 
 
 def log_space_softmax(q: Array, k: Array, v: Array, *, causal: bool = False) -> Array:
     """Weights as exp(s − logsumexp(s)), float32 throughout for float32 inputs."""
-    s = _scores(q * q.dtype.type(1 / math.sqrt(q.shape[-1])), k, 1.0)  # scale folded into q
+    s = scores(q * q.dtype.type(1 / math.sqrt(q.shape[-1])), k, 1.0)  # scale folded into q
     if causal:
         s = np.where(causal_mask(q.shape[-2], k.shape[-2]), s, -np.inf)
     top = s.max(axis=-1, keepdims=True)
@@ -373,13 +336,13 @@ def bottom_right(q: Array, k: Array, v: Array, *, causal: bool = False) -> Array
 def _additive_mask(q: Array, k: Array, v: Array, *, causal: bool, mask: Array | None,
                    hidden: float | None) -> Array:
     """Masking by adding ``hidden`` to the hidden scores (None: the dtype's most negative number)."""
-    s = _scores(q, k, 1 / math.sqrt(q.shape[-1]))
+    s = scores(q, k, 1 / math.sqrt(q.shape[-1]))
     keep = np.ones(s.shape, dtype=bool) if mask is None else np.broadcast_to(mask, s.shape)
     if causal:
         keep = keep & causal_mask(q.shape[-2], k.shape[-2])
     fill = np.finfo(s.dtype).min if hidden is None else hidden
     s = s + np.where(keep, 0, fill).astype(s.dtype)
-    return (_softmax(s) @ v.astype(s.dtype)).astype(q.dtype)
+    return (stable_softmax(s) @ v.astype(s.dtype)).astype(q.dtype)
 
 
 def additive_finfo_mask(q: Array, k: Array, v: Array, *, causal: bool = False,

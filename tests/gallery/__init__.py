@@ -1,0 +1,18 @@
+"""The gallery: attention implementations for the suite's own tests, one module per law family.
+
+Each module holds ``BROKEN`` — deliberately broken implementations, each paired with the law that
+must reject it — and ``CORRECT`` — variants that compute differently and must pass every law.
+A new family of laws adds one module here and one name to :data:`FAMILIES`.
+"""
+
+from __future__ import annotations
+
+from gallery import core
+from gallery.base import Broken
+
+FAMILIES = (core,)
+
+BROKEN: list[Broken] = [b for family in FAMILIES for b in family.BROKEN]
+CORRECT = [t for family in FAMILIES for t in family.CORRECT]
+
+__all__ = ["BROKEN", "CORRECT", "FAMILIES", "Broken"]
