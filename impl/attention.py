@@ -380,7 +380,11 @@ def _grouped(q: Array, k: Array, v: Array, **per_row: Any) -> tuple[Array, Array
         return _core(q, k, v, **per_row)
     split = {name: _split_heads(x, g) for name, x in per_row.items()}
     results = _core(_split_heads(q, g), _split_heads(k, g), _split_heads(v, g), **split)
-    return tuple(r.reshape(*r.shape[:-4], -1, *r.shape[-2:]) for r in results)  # type: ignore[return-value]
+    return tuple(_merge_heads(r) for r in results)  # type: ignore[return-value]
+
+
+def _merge_heads(x: Array) -> Array:  # [..., g, h/g, a, b] -> [..., h, a, b]
+    return x.reshape(*x.shape[:-4], x.shape[-4] * x.shape[-3], *x.shape[-2:])
 
 
 # --- the public function: validation ------------------------------------------------------------

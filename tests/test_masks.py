@@ -66,7 +66,8 @@ def test_window_and_causal_match_their_definitions_at_any_size(n_q, n_k, left, r
         sliding_window_mask(n_q, n_k, window=(left, right), align=align), loop_mask(n_q, n_k, in_window)
     )
     np.testing.assert_array_equal(
-        causal_mask(n_q, n_k, align=align), loop_mask(n_q, n_k, lambda i, j: j <= diagonal(i, n_q, n_k, align))
+        causal_mask(n_q, n_k, align=align),
+        loop_mask(n_q, n_k, lambda i, j: j <= diagonal(i, n_q, n_k, align)),
     )
 
 
@@ -98,7 +99,8 @@ def sequence_of(position, cu):
 @pytest.mark.parametrize("align", ["top_left", "bottom_right"])
 @pytest.mark.parametrize(
     ("cu_q", "cu_k"),
-    [([0, 3], [0, 5]), ([0, 2, 2, 5], [0, 1, 4, 4]), ([0, 0], [0, 3]), ([0], [0]), ([0, 1, 4, 6], [0, 3, 4, 9])],
+    [([0, 3], [0, 5]), ([0, 2, 2, 5], [0, 1, 4, 4]), ([0, 0], [0, 3]), ([0], [0]),
+     ([0, 1, 4, 6], [0, 3, 4, 9])],
 )
 def test_packed_mask_is_the_definition(cu_q, cu_k, align):
     def sees(i, j):
