@@ -474,3 +474,11 @@ def test_packed_offsets_must_be_integers_and_kv_lengths_needs_4d():
         attention(Q[0], K[0], V[0], cu_seqlens_q=np.array([0, 6]), cu_seqlens_k=np.array([0.0, 7.0]))
     with pytest.raises(ValueError, match=r"kv_lengths needs 4-D inputs"):
         attention(Q[0], K[0], V[0], kv_lengths=np.array([3]))
+
+
+def test_a_huge_sink_takes_all_the_weight_without_overflow():
+    # The sink joins the row maximum; without that, exp(800 - max score) overflows to inf.
+    out, w, lse = attention(Q, K, V, sinks=np.array([800.0, 0.0, 0.0, 0.0]), return_weights=True, return_lse=True)
+    assert np.isfinite(out).all() and np.isfinite(lse).all()
+    np.testing.assert_allclose(lse[:, 0], 800.0, rtol=1e-15)
+    assert (w[:, 0] < 1e-300).all()
