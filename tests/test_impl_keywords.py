@@ -478,7 +478,8 @@ def test_packed_offsets_must_be_integers_and_kv_lengths_needs_4d():
 
 def test_a_huge_sink_takes_all_the_weight_without_overflow():
     # The sink joins the row maximum; without that, exp(800 - max score) overflows to inf.
-    out, w, lse = attention(Q, K, V, sinks=np.array([800.0, 0.0, 0.0, 0.0]), return_weights=True, return_lse=True)
+    sinks = np.array([800.0, 0.0, 0.0, 0.0])
+    out, w, lse = attention(Q, K, V, sinks=sinks, return_weights=True, return_lse=True)
     assert np.isfinite(out).all() and np.isfinite(lse).all()
     np.testing.assert_allclose(lse[:, 0], 800.0, rtol=1e-15)
     assert (w[:, 0] < 1e-300).all()
