@@ -298,8 +298,8 @@ def check_align(align: Any) -> Align:
     return align
 
 
-def _all(*masks: Array | None) -> Array | bool:  # masks broadcastable together -> their AND (True if none)
-    present = [m for m in masks if m is not None]
+def _all(*masks: Array | bool | None) -> Array | bool:  # broadcastable masks -> their AND (True if none)
+    present = [m for m in masks if m is not None and m is not True]
     return np.logical_and.reduce(np.broadcast_arrays(*present)) if present else True
 
 
@@ -309,11 +309,10 @@ def visible(
 ) -> Array | bool:  # -> [..., n_q, n_k] bool, or True when every key is visible
     """Which keys each query sees: causal ∧ window (per packed sequence) ∧ mask ∧ kv_lengths."""
 
-    def within(n_q: int, n_k: int) -> Array | None:  # one sequence's own positions
+    def within(n_q: int, n_k: int) -> Array | bool:  # one sequence's own positions
         causal_part = causal_mask(n_q, n_k, align=align) if causal else None
         window_part = None if window is None else sliding_window_mask(n_q, n_k, window=window, align=align)
-        present = [m for m in (causal_part, window_part) if m is not None]
-        return np.logical_and.reduce(present) if present else None
+        return _all(causal_part, window_part)
 
     positions = within(n_q, n_k) if packed is None else packed_mask(*packed, within)
     return _all(positions, mask, kv_lengths)
@@ -369,6 +368,10 @@ def _split_heads(x: Any, g: int) -> Any:  # [..., s, a, b] -> [..., min(s, g), s
     return x.reshape(*x.shape[:-3], groups, x.shape[-3] // groups, *x.shape[-2:])
 
 
+def _merge_heads(x: Array) -> Array:  # [..., g, h/g, a, b] -> [..., h, a, b]
+    return x.reshape(*x.shape[:-4], x.shape[-4] * x.shape[-3], *x.shape[-2:])
+
+
 def _grouped(q: Array, k: Array, v: Array, **per_row: Any) -> tuple[Array, Array, Array]:
     """Grouped-query attention without copying K or V: query head i reads K/V head ``i // (h // g)``.
 
@@ -381,10 +384,6 @@ def _grouped(q: Array, k: Array, v: Array, **per_row: Any) -> tuple[Array, Array
     split = {name: _split_heads(x, g) for name, x in per_row.items()}
     results = _core(_split_heads(q, g), _split_heads(k, g), _split_heads(v, g), **split)
     return tuple(_merge_heads(r) for r in results)  # type: ignore[return-value]
-
-
-def _merge_heads(x: Array) -> Array:  # [..., g, h/g, a, b] -> [..., h, a, b]
-    return x.reshape(*x.shape[:-4], x.shape[-4] * x.shape[-3], *x.shape[-2:])
 
 
 # --- the public function: validation ------------------------------------------------------------
