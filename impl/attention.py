@@ -18,6 +18,7 @@ FlashAttention's choice). NaN and Inf in the inputs propagate; they are never re
 from __future__ import annotations
 
 import math
+from functools import reduce
 from typing import Any, Literal, overload
 
 import numpy as np
@@ -197,10 +198,10 @@ def _float_array(name: str, x: Any, work: np.dtype) -> Array:
     return arr.astype(work, copy=False)
 
 
-def check_bias(bias: Any, shape: tuple[int, ...], work: np.dtype) -> Array | float:
-    """An additive float bias broadcasting to ``shape`` = (..., n_q, n_k), in the compute dtype; 0 if None."""
+def check_bias(bias: Any, shape: tuple[int, ...], work: np.dtype) -> Array | None:
+    """An additive float bias broadcasting to ``shape`` = (..., n_q, n_k), in the compute dtype."""
     if bias is None:
-        return 0.0
+        return None
     arr = _float_array("bias", bias, work)
     try:
         broadcast = np.broadcast_shapes(arr.shape, shape)
@@ -298,18 +299,18 @@ def check_align(align: Any) -> Align:
     return align
 
 
-def _all(*masks: Array | bool | None) -> Array | bool:  # broadcastable masks -> their AND (True if none)
-    present = [m for m in masks if m is not None and m is not True]
-    return np.logical_and.reduce(np.broadcast_arrays(*present)) if present else True
+def _all(*masks: Array | None) -> Array | None:  # broadcastable masks -> their AND (None if none)
+    present = [m for m in masks if m is not None]
+    return reduce(np.logical_and, present) if present else None
 
 
 def visible(
     n_q: int, n_k: int, *, causal: bool, window: tuple[int, int] | None, align: Align,
     mask: Array | None, kv_lengths: Array | None, packed: tuple[Array, Array] | None,
-) -> Array | bool:  # -> [..., n_q, n_k] bool, or True when every key is visible
+) -> Array | None:  # -> [..., n_q, n_k] bool, or None when every key is visible
     """Which keys each query sees: causal ∧ window (per packed sequence) ∧ mask ∧ kv_lengths."""
 
-    def within(n_q: int, n_k: int) -> Array | bool:  # one sequence's own positions
+    def within(n_q: int, n_k: int) -> Array | None:  # one sequence's own positions
         causal_part = causal_mask(n_q, n_k, align=align) if causal else None
         window_part = None if window is None else sliding_window_mask(n_q, n_k, window=window, align=align)
         return _all(causal_part, window_part)
@@ -342,16 +343,17 @@ def _dropout(weights: Array, p: float, seed: int | None) -> Array:  # [..., n_q,
 
 
 def _core(
-    q: Array, k: Array, v: Array, *, scale: float, softcap: float | None, bias: Array | float,
-    keep: Array | bool, sinks: Array | float, dropout: tuple[float, int | None],
+    q: Array, k: Array, v: Array, *, scale: float, softcap: float | None, bias: Array | None,
+    keep: Array | None, sinks: Array | float, dropout: tuple[float, int | None],
 ) -> tuple[Array, Array, Array]:
     # [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v]; bias, keep [..., n_q, n_k]; sinks [..., 1, 1]
     # -> out [..., n_q, d_v], weights [..., n_q, n_k], lse [..., n_q, 1]
     lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     q = np.broadcast_to(q, (*lead, *q.shape[-2:]))  # one score row per output row, even if only v has a dim
     scores = (q @ np.swapaxes(k, -1, -2)) * q.dtype.type(scale)  # [..., n_q, n_k]
-    scores = _cap(scores, softcap) + bias
-    scores = np.where(keep, scores, -np.inf)
+    scores = _cap(scores, softcap)  # c·tanh(s/c)
+    scores = scores if bias is None else scores + bias
+    scores = scores if keep is None else np.where(keep, scores, -np.inf)
     weights, lse = softmax_lse(scores, sinks)
     weights = _dropout(weights, *dropout)
     return weights @ v, weights, lse  # [..., n_q, n_k] @ [..., n_k, d_v]

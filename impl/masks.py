@@ -110,13 +110,13 @@ def sliding_window_mask(
 
 def packed_mask(
     cu_seqlens_q: np.ndarray, cu_seqlens_k: np.ndarray,
-    within: Callable[[int, int], np.ndarray | bool] = lambda n_q, n_k: True,
+    within: Callable[[int, int], np.ndarray | None] = lambda n_q, n_k: None,
 ) -> np.ndarray:  # [b + 1], [b + 1] -> [total_q, total_k]
     """Packed sequences (FlashAttention's varlen): a query sees only the keys of its own sequence.
 
     Sequence s holds queries ``cu_seqlens_q[s] : cu_seqlens_q[s + 1]`` and keys
     ``cu_seqlens_k[s] : cu_seqlens_k[s + 1]``; inside that block, ``within(n_q_s, n_k_s)`` (a
-    ``[n_q_s, n_k_s]`` mask in the sequence's own positions, e.g. a causal mask; True = all) says
+    ``[n_q_s, n_k_s]`` mask in the sequence's own positions, e.g. a causal mask; None = all) says
     which pairs are visible. Every other pair is hidden (a block-diagonal mask).
 
     >>> packed_mask(np.array([0, 1, 3]), np.array([0, 2, 3]), causal_mask).astype(int)
@@ -127,5 +127,6 @@ def packed_mask(
     cu_q, cu_k = np.asarray(cu_seqlens_q), np.asarray(cu_seqlens_k)
     keep = np.zeros((int(cu_q[-1]), int(cu_k[-1])), dtype=bool)
     for q0, q1, k0, k1 in zip(cu_q[:-1], cu_q[1:], cu_k[:-1], cu_k[1:], strict=True):
-        keep[q0:q1, k0:k1] = within(int(q1 - q0), int(k1 - k0))
+        block = within(int(q1 - q0), int(k1 - k0))
+        keep[q0:q1, k0:k1] = True if block is None else block
     return keep
