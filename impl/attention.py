@@ -9,6 +9,11 @@ Dimension letters, used in every shape code of this package:
 
     attention(Q, K, V) = softmax(Q Kᵀ · scale + mask) V,   scale = 1/√d_k by default
 
+and with every keyword, in this order: ``s = scale·q·kᵀ`` → softcap ``c·tanh(s/c)`` → ``+ bias`` →
+``-inf`` where hidden (causal ∧ window ∧ mask ∧ kv_lengths ∧ same packed sequence) → softmax with
+the sinks in its denominator → dropout → ``@ v``. Three layers, as JAX's: :func:`attention`
+validates, :func:`_grouped` maps grouped K/V heads, :func:`_core` is the maths.
+
 Numerics: scores, softmax and the weighted sum run in float64 for float64 inputs and in float32
 for float32, float16 and bfloat16-like inputs (as JAX does); the result is cast back to the input
 dtype. A query row with no visible key gives zeros and zero weights (PyTorch's and
