@@ -9,6 +9,7 @@ element by element.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,21 @@ from spec.target import Target
 
 # Widths worth hitting on purpose: perfect squares (where √d_k is exact) and their neighbours.
 WIDTHS = (1, 2, 3, 4, 7, 8, 9, 16, 17, 31, 32, 63, 64, 100, 128)
+
+TILE_SIZES = (16, 32, 64, 128, 256, 2048)
+"""Tile edges of real kernels, where tiled code breaks: query-row tiles of 16–256 (FlashAttention
+2/3, xformers, :mod:`impl.flash`'s 256) and :mod:`impl.flash`'s key tile of 2,048. Every tile size
+the suite draws comes from here (:func:`tile_edges`)."""
+LONG_TILE = 2048  # past the short tiles: only causal squares (a row block spanning key tiles)
+TILE_ODDS = 4  # with tiles=True, one case in TILE_ODDS (on average) is a tile-edge case
+TILE_WIDTH = 8  # d_k, d_v ≤ this in tile-edge cases: the sizes are big, the widths need not be
+BOUNDARY = 4  # the boundary grid: n_q, n_k ∈ 1..BOUNDARY
+
+
+def tile_edges(tiles: tuple[int, ...] = TILE_SIZES) -> tuple[int, ...]:
+    """Sizes just below, at and just above each tile, and one partial tile past it (t + 17 with
+    the smallest tile 16: the last tile holds 17 rows), ascending."""
+    return tuple(sorted({n for t in tiles for n in (t - 1, t, t + 1, t + tiles[0] + 1)}))
 
 
 @dataclass(frozen=True)
@@ -190,8 +206,16 @@ def cases(
     amplitudes: tuple[float, ...] = (1.0,),
     gqa: bool = False,
     scale: bool = False,
+    tiles: bool = False,
+    long: bool = False,
 ) -> Case:
-    """Cases the target accepts. ``pattern``: d_v = n_k, so that V = I reads the pattern out."""
+    """Cases the target accepts. ``pattern``: d_v = n_k, so that V = I reads the pattern out.
+    ``tiles``: one case in :data:`TILE_ODDS` has n_q and n_k at a tile edge (:func:`tile_edges`, up
+    to the short tiles, whatever ``n_max``), one head and widths ≤ :data:`TILE_WIDTH`; ``long``: some
+    of those are causal squares past :data:`LONG_TILE` (n_q = n_k > 2,048)."""
+    if tiles and draw(st.integers(0, TILE_ODDS - 1)) == 0:
+        return draw(tile_cases(target, causal=causal, n_k_min=n_k_min, n_q_min=n_q_min, pattern=pattern,
+                               masks=masks, values=values, long=long and True in causal))
     ranks = [r for r in target.ndims if r in ndims]
     ndim = draw(st.sampled_from(ranks))
     dtype = draw(st.sampled_from(target.dtypes))
@@ -223,3 +247,56 @@ def cases(
         mask=draw(st.sampled_from(masks)) if target.supports_mask else "none",
         scale=draw(st.one_of(st.none(), st.floats(0.05, 2.0))) if scale and target.supports_scale else None,
     )
+
+
+@st.composite
+def tile_cases(
+    draw: st.DrawFn,
+    target: Target,
+    *,
+    causal: tuple[bool, ...] = (False, True),
+    n_k_min: int = 1,
+    n_q_min: int = 1,
+    pattern: bool = False,
+    masks: tuple[str, ...] = ("none",),
+    values: tuple[str, ...] = ("normal", "ints"),
+    long: bool = False,
+) -> Case:
+    """n_q and n_k at tile edges (independently: partial last tiles on either side), one head,
+    narrow widths; with ``long``, half of them a causal square n_q = n_k past :data:`LONG_TILE`,
+    where a row block's keys span two key tiles."""
+    short = [n for n in tile_edges() if n < LONG_TILE - 1]
+    is_causal = draw(st.sampled_from(causal)) if target.causal_alignment else False
+    if long and is_causal and not pattern and draw(st.booleans()):
+        n_q = n_k = draw(st.sampled_from([n for n in tile_edges() if n >= LONG_TILE - 1]))
+    else:
+        n_q = draw(st.sampled_from([n for n in short if n >= n_q_min]))
+        n_k = draw(st.sampled_from([n for n in short if n >= n_k_min]))
+    d_k = draw(st.integers(1, TILE_WIDTH))
+    return Case(
+        dtype=draw(st.sampled_from(target.dtypes)), ndim=min(target.ndims), batch=1, heads=1,
+        n_q=n_q, n_k=n_k, d_k=d_k, d_v=n_k if pattern else draw(st.integers(1, TILE_WIDTH)),
+        seed=draw(st.integers(0, 2**32 - 1)), causal=is_causal, values=draw(st.sampled_from(values)),
+        mask=draw(st.sampled_from(masks)) if target.supports_mask else "none",
+    )
+
+
+def boundary_cases(
+    target: Target, *, causal: tuple[bool, ...] = (False, True), n_k_min: int = 1, n_q_min: int = 1,
+    pattern: bool = False, mask: str = "none", keep: Callable[[Case], bool] = lambda c: True,
+) -> list[Case]:
+    """The boundary grid, run before the random examples in every profile: n_q, n_k ∈
+    1..:data:`BOUNDARY` (from the minimums), each causal flag the target has (in its declared
+    alignment), the smallest rank, d_k = d_v = 3 (d_v = n_k with ``pattern``); the dtypes rotate
+    through the declared ones so each is met. ``keep`` drops the cases a law's strategy would not
+    draw."""
+    flags = causal if target.causal_alignment else (False,)
+    grid = [
+        Case(dtype=target.dtypes[(n_q + n_k) % len(target.dtypes)], ndim=min(target.ndims), batch=1, heads=1,
+             n_q=n_q, n_k=n_k, d_k=3, d_v=n_k if pattern else 3, seed=10 * n_q + n_k, causal=flag,
+             mask=mask if target.supports_mask else "none")
+        for flag in flags
+        for n_q in range(n_q_min, BOUNDARY + 1)
+        for n_k in range(n_k_min, BOUNDARY + 1)
+    ]
+    return [c for c in grid if keep(c)]

@@ -26,6 +26,7 @@ LAW_MODULES: tuple[str, ...] = (
     "spec.laws.core",
     "spec.laws.masks",
     "spec.laws.gradients",
+    "spec.laws.edges",
 )
 """Every module of laws, in report order. Add a family here (one line)."""
 
@@ -38,6 +39,7 @@ class Property:
     needs: Callable[[Target], str | None]  # why the target cannot be tested, or None
     reads_pattern: bool = False  # feeds V = I instead of the case's values
     needs_text: str = ""  # the capability needed, as text; "" = the needs check's docstring
+    grid: Callable[[Target], list[Case]] | None = None  # boundary cases run first, in every profile
 
     @property
     def family(self) -> str:
@@ -73,11 +75,13 @@ def law(
     needs: Callable[[Target], str | None] | None = None,
     reads_pattern: bool = False,
     requires: str = "",
+    grid: Callable[[Target], list[Case]] | None = None,
 ) -> Callable[[Check], Check]:
     """Mark a law with the cases it is run on and the capability it needs (``needs(target)``
     returns why the target cannot be tested, or None). The mark is collected by
     :func:`collect`; nothing is registered here. ``requires`` says the capability as text
-    for generated docs (default: the docstring of ``needs``)."""
+    for generated docs (default: the docstring of ``needs``). ``grid(target)``: boundary cases
+    (:func:`spec.cases.boundary_cases`) run before the random ones in every profile."""
 
     def mark(fn: Check) -> Check:
         fn.__spec_law__ = Property(  # type: ignore[attr-defined]
@@ -87,6 +91,7 @@ def law(
             needs=needs or _needs_nothing,
             reads_pattern=reads_pattern,
             needs_text=requires,
+            grid=grid,
         )
         return fn
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import hypothesis
-from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+from hypothesis import HealthCheck, Phase, Verbosity, example, given, settings
 
 from spec.builtin import load_target
 from spec.calling import DEADLINE, TargetHung
@@ -78,7 +78,10 @@ def run_property(
         prop.check(target, case)
 
     test.__name__ = test.__qualname__ = prop.name  # derandomized streams differ per property
-    runner = _settings(chosen, max_examples, seed)(given(prop.strategy(target))(test))
+    runner = given(prop.strategy(target))(test)
+    for case in reversed(prop.grid(target) if prop.grid else []):  # explicit examples run first, in order
+        runner = example(case)(runner)
+    runner = _settings(chosen, max_examples, seed)(runner)
     if seed is not None:
         runner = hypothesis.seed(seed)(runner)
     deadline_token = DEADLINE.set(chosen.deadline_s)

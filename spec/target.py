@@ -30,6 +30,7 @@ Layout = Literal["bhnd", "bnhd"]
 Alignment = Literal["top_left", "bottom_right"]
 MaskedRows = Literal["zeros", "nan", "uniform", "any"]
 Isolation = Literal["thread", "caller", "process"]
+EmptyKeys = Literal["compute", "raise"]
 
 FLOAT_DTYPES = ("float16", "float32", "float64", "bfloat16")
 
@@ -72,6 +73,10 @@ class Target:
     """Output of a query row that sees no key at all: ``zeros`` (PyTorch's fused kernels,
     FlashAttention, :mod:`impl`), ``nan`` (a plain softmax over all -inf), ``uniform`` (the plain
     mean of the values: an additive finite mask such as -1e9), ``any`` (unspecified; not tested)."""
+    empty_keys: EmptyKeys = "compute"
+    """What a call with no keys (n_k = 0) does: ``compute`` returns ``[..., n_q, d_v]``, every row as
+    ``masked_rows`` says for a row that sees no key (zeros for ``zeros`` and ``uniform``, NaN for
+    ``nan``); ``raise`` refuses it with ValueError or TypeError (never a silent NaN)."""
     exact_masking: bool = True
     """Masked keys contribute exactly nothing, so changing them leaves outputs bit-identical.
     False (e.g. an additive -1e4 mask): such changes are only required to stay within tolerance."""
@@ -139,6 +144,7 @@ class Target:
         _check_choice("causal_alignment", self.causal_alignment, ("top_left", "bottom_right", None))
         _check_choice("masked_rows", self.masked_rows, ("zeros", "nan", "uniform", "any"))
         _check_choice("isolation", self.isolation, ("thread", "caller", "process"))
+        _check_choice("empty_keys", self.empty_keys, ("compute", "raise"))
         for flag in (*KEYWORD_FIELDS.values(), "deterministic"):
             if not isinstance(getattr(self, flag), bool):
                 raise TargetError(f"Target {flag} must be True or False, got {getattr(self, flag)!r}")

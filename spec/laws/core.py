@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from spec import dtypes, tolerance
 from spec.calling import DEADLINE, call
-from spec.cases import Case, cases
+from spec.cases import Case, boundary_cases, cases
 from spec.laws._helpers import (
     _short,
     assert_matches,
@@ -76,7 +76,8 @@ def inputs_not_mutated(target: Target, case: Case) -> None:
         )
 
 
-@law(strategy=lambda t: cases(t, masks=("none", "random"), scale=True))
+@law(strategy=lambda t: cases(t, masks=("none", "random"), scale=True, tiles=True, long=True),
+     grid=boundary_cases)
 def matches_golden(target: Target, case: Case) -> None:
     """The output equals an independent float64 attention within the tolerance policy.
 
@@ -87,7 +88,8 @@ def matches_golden(target: Target, case: Case) -> None:
     assert_matches(target, case, run(target, case, q, k, v), q, k, v)
 
 
-@law(strategy=lambda t: cases(t, pattern=True, n_max=130), reads_pattern=True)
+@law(strategy=lambda t: cases(t, pattern=True, n_max=130, tiles=True), reads_pattern=True,
+     grid=lambda t: boundary_cases(t, pattern=True))
 def rows_sum_to_one(target: Target, case: Case) -> None:
     """Every query row that sees a key has attention weights ≥ 0 summing to 1 (read via V = I).
 
@@ -303,7 +305,8 @@ def large_logits(target: Target, case: Case) -> None:
     assert_matches(target, case, out, q, k, v)
 
 
-@law(strategy=lambda t: cases(t, causal=(True,), n_k_min=2), needs=needs_causal)
+@law(strategy=lambda t: cases(t, causal=(True,), n_k_min=2, tiles=True, long=True), needs=needs_causal,
+     grid=lambda t: boundary_cases(t, causal=(True,), n_k_min=2))
 def causal_no_leak(target: Target, case: Case) -> None:
     """Changing the keys and values from position t on leaves every output that cannot see
     position t bit-identical (up to the sign of zero; within tolerance if the target declares
@@ -352,7 +355,13 @@ def _masked_rows_cases(t: Target) -> st.SearchStrategy[Case]:
     return cases(t, causal=(True,), n_q_min=2).filter(lambda c: c.n_q > c.n_k)
 
 
-@law(strategy=_masked_rows_cases, needs=_masked_rows_needs)
+def _masked_rows_grid(t: Target) -> list[Case]:
+    if t.supports_mask:
+        return boundary_cases(t, mask="rows")
+    return boundary_cases(t, causal=(True,), n_q_min=2, keep=lambda c: c.n_q > c.n_k)
+
+
+@law(strategy=_masked_rows_cases, needs=_masked_rows_needs, grid=_masked_rows_grid)
 def masked_rows_policy(target: Target, case: Case) -> None:
     """A query that sees no key at all returns what the target declares: exact zeros, all NaN,
     or the plain mean of all values; the other rows are unaffected.
@@ -394,7 +403,8 @@ def gqa_matches_repeated_kv(target: Target, case: Case) -> None:
     assert_matches(target, case, out, q, k, v, what="grouped-query output")
 
 
-@law(strategy=lambda t: cases(t, n_k_min=2), needs=needs_mask)
+@law(strategy=lambda t: cases(t, n_k_min=2, tiles=True), needs=needs_mask,
+     grid=lambda t: boundary_cases(t, n_k_min=2))
 def mask_semantics(target: Target, case: Case) -> None:
     """``mask=True`` means *may attend*: an all-True mask changes nothing, and the causal mask
     passed as ``mask=`` equals ``causal=True``.

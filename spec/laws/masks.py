@@ -14,7 +14,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from spec import golden, tolerance
-from spec.cases import Case, cases
+from spec.cases import Case, boundary_cases, cases
 from spec.laws._helpers import assert_matches, needs_mask, run
 from spec.registry import law
 from spec.target import Target
@@ -46,7 +46,8 @@ def padding(case: Case) -> Array:  # -> [batch, 1, 1, n_k] for 4-D, [1, n_k] oth
     return golden.lengths_visible(lengths, case.n_k)[0, 0]
 
 
-@law(strategy=lambda t: cases(t, n_k_min=2, values=("normal",)), needs=needs_mask)
+@law(strategy=lambda t: cases(t, n_k_min=2, values=("normal",), tiles=True), needs=needs_mask,
+     grid=lambda t: boundary_cases(t, n_k_min=2))
 def padding_mask_is_truncation(target: Target, case: Case) -> None:
     """A key-padding mask ``[batch, 1, 1, n_k]`` (broadcast over heads and queries) makes each
     sequence's output what it would be with only its first L_b keys: within tolerance of the
@@ -86,10 +87,11 @@ def padding_mask_is_truncation(target: Target, case: Case) -> None:
 
 
 def _decoding_cases(t: Target) -> st.SearchStrategy[Case]:
-    return cases(t, causal=(False,), n_max=48).filter(lambda c: c.n_k >= c.n_q)
+    return cases(t, causal=(False,), n_max=48, tiles=True).filter(lambda c: c.n_k >= c.n_q)
 
 
-@law(strategy=_decoding_cases, needs=needs_mask)
+@law(strategy=_decoding_cases, needs=needs_mask,
+     grid=lambda t: boundary_cases(t, causal=(False,), keep=lambda c: c.n_k >= c.n_q))
 def bottom_right_causal_mask(target: Target, case: Case) -> None:
     """``mask=causal_mask(n_q, n_k, align="bottom_right")`` (query i sees keys j ≤ i + n_k − n_q,
     the alignment of decoding after n_k − n_q cached tokens) gives, in each row i, the output of a

@@ -22,7 +22,7 @@ def scores(q: Array, k: Array, scale: float) -> Array:  # [..., n_q, d_k], [...,
 
 
 def stable_softmax(s: Array) -> Array:
-    top = np.max(s, axis=-1, keepdims=True)
+    top = np.max(s, axis=-1, keepdims=True, initial=-np.inf)  # -inf over no keys (n_k = 0)
     e = np.exp(s - np.where(np.isfinite(top), top, 0))
     total = e.sum(axis=-1, keepdims=True)
     return e / np.where(total > 0, total, 1)

@@ -1,0 +1,272 @@
+"""The suite's own mutation score: Cosmic Ray mutates impl's files one change at a time and runs
+the suite (:mod:`tools.mutation.suite`) on each mutant.
+
+    python -m tools.mutation.run [--jobs 2] [--timeout 120] [--docs docs/mutation.md] [FILE ...]
+
+Each file is mutated in a copy of the tree of its own (Cosmic Ray edits files in place), so the
+working tree is never touched and files run side by side (``--jobs``). Mutants of the operators in
+:data:`OPERATORS` are run (one natural change per operator: ``+``→``-``, ``<``→``<=``, n→n±1, ...);
+mutants inside type annotations are never run (with ``from __future__ import annotations`` they
+are never evaluated). A surviving mutant must be listed in ``tools/mutation/equivalent.toml``
+(the original line, the mutated line and a reason); the exit code is 1 when one is not, 2 when
+the unmutated tree fails the suite or a tool fails, 0 otherwise. A score per file is printed,
+and with ``--docs`` written as Markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import datetime
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+FILES = ("impl/attention.py", "impl/flash.py", "impl/masks.py")
+EQUIVALENT = Path(__file__).with_name("equivalent.toml")
+COPIED = ("impl", "spec", "tests", "tools", "pyproject.toml")
+SUITE = "-m tools.mutation.suite"
+
+# One natural change per operator; Cosmic Ray's full cross product (every binary operator into
+# every other, << and ** included) would be ~2,000 mutants for these files, mostly absurd ones.
+OPERATORS = re.compile("|".join((
+    r"core/ReplaceBinaryOperator_(Add_Sub|Sub_Add|Mul_Div|Div_Mul|FloorDiv_Div|Mod_FloorDiv|Pow_Mul"
+    r"|BitAnd_BitOr|BitOr_BitAnd|BitXor_BitOr)",
+    r"core/ReplaceComparisonOperator_(Lt_LtE|LtE_Lt|Gt_GtE|GtE_Gt|Eq_NotEq|NotEq_Eq|Is_IsNot|IsNot_Is)",
+    r"core/NumberReplacer",
+    r"core/ReplaceUnaryOperator_(USub_UAdd|Delete_Not|Delete_Invert)",
+    r"core/(AddNot|ReplaceAndWithOr|ReplaceOrWithAnd|ReplaceTrueWithFalse|ReplaceFalseWithTrue)",
+    r"core/(ZeroIterationForLoop|RemoveDecorator|ExceptionReplacer|ReplaceBreakWithContinue)",
+)) + "$")
+
+
+@dataclass(frozen=True)
+class Mutant:
+    file: str
+    line_no: int
+    operator: str
+    original: str  # the source line, stripped
+    mutated: str  # the line after the mutation, stripped
+    outcome: str  # killed | survived | incompetent
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return self.file, self.original, self.mutated
+
+
+@dataclass
+class FileResult:
+    file: str
+    mutants: list[Mutant] = field(default_factory=list)
+    skipped: int = 0  # operators not in OPERATORS, and annotations
+    seconds: float = 0.0
+
+    def count(self, outcome: str) -> int:
+        return sum(m.outcome == outcome for m in self.mutants)
+
+
+class ToolError(RuntimeError):
+    """Cosmic Ray or the unmutated suite failed: no score can be given."""
+
+
+def annotation_lines(source: str) -> set[tuple[int, int]]:
+    """(line, column) of every character inside a type annotation of ``source``."""
+    spots: set[tuple[int, int]] = set()
+    for node in ast.walk(ast.parse(source)):
+        notes = []
+        if isinstance(node, ast.arg | ast.AnnAssign) and node.annotation is not None:
+            notes.append(node.annotation)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.returns is not None:
+            notes.append(node.returns)
+        for note in notes:
+            assert note.end_lineno is not None and note.end_col_offset is not None
+            for line in range(note.lineno, note.end_lineno + 1):
+                first = note.col_offset if line == note.lineno else 0
+                last = note.end_col_offset if line == note.end_lineno else 10_000
+                spots.update((line, c) for c in range(first, last))
+    return spots
+
+
+def copy_tree(dest: Path) -> None:
+    for name in COPIED:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__", ".hypothesis"))
+        elif src.exists():
+            shutil.copy2(src, dest / name)
+
+
+def _run(cmd: list[str], cwd: Path, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
+    env = {"PYTHONPATH": str(cwd), "PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin",
+           "HOME": str(cwd)}
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def mutate_file(file: str, timeout: float) -> FileResult:
+    """Every chosen mutant of ``file``, each run against the suite in a copy of the tree."""
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import TestOutcome, WorkerOutcome, WorkResult
+
+    start = time.perf_counter()
+    result = FileResult(file)
+    with tempfile.TemporaryDirectory(prefix="mutation-") as tmp:
+        work = Path(tmp)
+        copy_tree(work)
+        test = f"{sys.executable} {SUITE} --first {file}"
+        clean = _run(test.split(), work, timeout=timeout * 4)
+        if clean.returncode != 0:
+            tail = (clean.stdout + clean.stderr)[-3000:]
+            raise ToolError(f"the unmutated tree fails the suite:\n{tail}")
+        config = work / "cosmic-ray.toml"
+        config.write_text(
+            "[cosmic-ray]\n"
+            f'module-path = ["{file}"]\ntimeout = {timeout}\nexcluded-modules = []\n'
+            f'test-command = "{test}"\n\n[cosmic-ray.distributor]\nname = "local"\n'
+        )
+        session = work / "session.sqlite"
+        cosmic = str(Path(sys.executable).parent / "cosmic-ray")
+        done = _run([cosmic, "init", str(config), str(session)], work)
+        if done.returncode != 0:
+            raise ToolError(f"cosmic-ray init failed: {done.stderr[-2000:]}")
+        source = (work / file).read_text()
+        lines = source.splitlines()
+        notes = annotation_lines(source)
+        with use_db(str(session), WorkDB.Mode.open) as db:
+            for item in db.work_items:
+                (spec,) = item.mutations
+                if not OPERATORS.match(spec.operator_name) or tuple(spec.start_pos) in notes:
+                    db.set_result(item.job_id, WorkResult(worker_outcome=WorkerOutcome.SKIPPED))
+                    result.skipped += 1
+        done = _run([cosmic, "exec", str(config), str(session)], work)
+        if done.returncode != 0:
+            raise ToolError(f"cosmic-ray exec failed: {done.stderr[-2000:]}")
+        with use_db(str(session), WorkDB.Mode.open) as db:
+            for item, res in db.completed_work_items:
+                if res.worker_outcome == WorkerOutcome.SKIPPED:
+                    continue
+                (spec,) = item.mutations
+                line_no = spec.start_pos[0]
+                outcome = {TestOutcome.KILLED: "killed", TestOutcome.SURVIVED: "survived"}.get(
+                    res.test_outcome, "incompetent")
+                result.mutants.append(Mutant(file, line_no, spec.operator_name, lines[line_no - 1].strip(),
+                                             mutated_line(res.diff or ""), outcome))
+    result.mutants.sort(key=lambda m: (m.line_no, m.operator, m.mutated))
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def mutated_line(diff: str) -> str:
+    """The first added line of a unified diff, stripped."""
+    for line in diff.splitlines():
+        if line.startswith("+") and not line.startswith("+++"):
+            return line[1:].strip()
+    return ""
+
+
+def load_equivalent(path: Path = EQUIVALENT) -> dict[tuple[str, str, str], str]:
+    """The reviewed equivalent mutants: (file, original line, mutated line) -> reason."""
+    entries = tomllib.loads(path.read_text()).get("equivalent", []) if path.exists() else []
+    out: dict[tuple[str, str, str], str] = {}
+    for i, entry in enumerate(entries):
+        missing = [k for k in ("file", "original", "mutated", "reason") if not str(entry.get(k, "")).strip()]
+        if missing:
+            raise ToolError(f"{path.name}: entry {i + 1} lacks {', '.join(missing)}")
+        out[(entry["file"], entry["original"].strip(), entry["mutated"].strip())] = entry["reason"]
+    return out
+
+
+def score_table(results: list[FileResult], equivalent: dict[tuple[str, str, str], str]) -> list[str]:
+    rows = ["| file | mutants run | killed | equivalent (reviewed) | survivors | score | seconds |",
+            "|---|---|---|---|---|---|---|"]
+    for r in results:
+        survivors = [m for m in r.mutants if m.outcome == "survived"]
+        listed = sum(m.key in equivalent for m in survivors)
+        killed = r.count("killed") + r.count("incompetent")
+        relevant = len(r.mutants) - listed
+        score = f"{100 * killed / relevant:.1f} %" if relevant else "n/a"
+        rows.append(f"| {r.file} | {len(r.mutants)} | {killed} | {listed} | {len(survivors) - listed} | "
+                    f"{score} | {r.seconds:.0f} |")
+    return rows
+
+
+def report(results: list[FileResult], equivalent: dict[tuple[str, str, str], str], command: str,
+           seconds: float) -> tuple[str, list[Mutant]]:
+    """The Markdown report and the survivors not on the equivalent list."""
+    survivors = [m for r in results for m in r.mutants if m.outcome == "survived"]
+    unlisted = [m for m in survivors if m.key not in equivalent]
+    seen = {m.key for m in survivors}
+    stale = [key for key in equivalent if key[0] in {r.file for r in results} and key not in seen]
+    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    out = [
+        "# Mutation score",
+        "",
+        f"Generated by `{command}` on {when} in {seconds / 60:.1f} min (do not edit by hand). Cosmic Ray "
+        "mutates each file one change at a time; the test command is `python -m tools.mutation.suite` "
+        "(`python -m spec check reference|flash --profile quick` and impl's mask-builder tests). "
+        "Score = killed / (mutants run − reviewed equivalents).",
+        "",
+        *score_table(results, equivalent),
+        "",
+        f"Mutants not run: {sum(r.skipped for r in results)} (operators outside the chosen set, and "
+        "mutants inside type annotations, which are never evaluated).",
+        "",
+        "## Survivors not on the equivalent list",
+        "",
+        *([f"- `{m.file}:{m.line_no}` {m.operator}: `{m.original}` → `{m.mutated}`" for m in unlisted]
+          or ["None."]),
+        "",
+        "## Reviewed equivalent mutants that survived",
+        "",
+        *([f"- `{m.file}:{m.line_no}` `{m.original}` → `{m.mutated}`: {equivalent[m.key]}"
+           for m in survivors if m.key in equivalent] or ["None."]),
+    ]
+    if stale:
+        out += ["", "## Equivalent-list entries that no longer match a survivor", "",
+                *(f"- `{f}`: `{o}` → `{m}`" for f, o, m in stale)]
+    return "\n".join(out) + "\n", unlisted
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.mutation.run",
+                                     description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("files", nargs="*", default=list(FILES), help=f"files to mutate (default: {FILES})")
+    parser.add_argument("--jobs", type=int, default=2, help="files mutated side by side (default 2)")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per mutant (default 120)")
+    parser.add_argument("--docs", type=Path, help="write the Markdown report here (e.g. docs/mutation.md)")
+    args = parser.parse_args(argv)
+    for file in args.files:
+        if not (ROOT / file).is_file():
+            print(f"error: file {file!r} does not exist under {ROOT}", file=sys.stderr)
+            return 2
+    if args.jobs < 1 or not args.timeout > 0:
+        print("error: --jobs must be >= 1 and --timeout > 0", file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    try:
+        equivalent = load_equivalent()
+        with ThreadPoolExecutor(args.jobs) as pool:
+            results = list(pool.map(lambda f: mutate_file(f, args.timeout), args.files))
+    except (ToolError, subprocess.TimeoutExpired, tomllib.TOMLDecodeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    command = "python -m tools.mutation.run " + " ".join(sys.argv[1:] if argv is None else argv)
+    text, unlisted = report(results, equivalent, command.strip(), time.perf_counter() - start)
+    print("\n".join(score_table(results, equivalent)))
+    for m in unlisted:
+        print(f"SURVIVED {m.file}:{m.line_no} {m.operator}: {m.original}  ->  {m.mutated}")
+    if args.docs:
+        args.docs.parent.mkdir(parents=True, exist_ok=True)
+        args.docs.write_text(text)
+    return 1 if unlisted else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
