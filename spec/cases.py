@@ -284,19 +284,26 @@ def tile_cases(
 def boundary_cases(
     target: Target, *, causal: tuple[bool, ...] = (False, True), n_k_min: int = 1, n_q_min: int = 1,
     pattern: bool = False, mask: str = "none", keep: Callable[[Case], bool] = lambda c: True,
+    tiles: bool = False, long: bool = False,
 ) -> list[Case]:
     """The boundary grid, run before the random examples in every profile: n_q, n_k ∈
     1..:data:`BOUNDARY` (from the minimums), each causal flag the target has (in its declared
     alignment), the smallest rank, d_k = d_v = 3 (d_v = n_k with ``pattern``); the dtypes rotate
-    through the declared ones so each is met. ``keep`` drops the cases a law's strategy would not
-    draw."""
+    through the declared ones so each is met. ``tiles`` adds n_q, n_k = t ± 1 across the largest
+    short tile t (partial last tiles on both sides), ``long`` a causal square one partial query
+    tile past :data:`LONG_TILE`. ``keep`` drops the cases a law's strategy would not draw."""
     flags = causal if target.causal_alignment else (False,)
-    grid = [
-        Case(dtype=target.dtypes[(n_q + n_k) % len(target.dtypes)], ndim=min(target.ndims), batch=1, heads=1,
-             n_q=n_q, n_k=n_k, d_k=3, d_v=n_k if pattern else 3, seed=10 * n_q + n_k, causal=flag,
-             mask=mask if target.supports_mask else "none")
-        for flag in flags
-        for n_q in range(n_q_min, BOUNDARY + 1)
-        for n_k in range(n_k_min, BOUNDARY + 1)
-    ]
+    sizes = [(n_q, n_k) for n_q in range(n_q_min, BOUNDARY + 1) for n_k in range(n_k_min, BOUNDARY + 1)]
+    top = max(t for t in TILE_SIZES if t < LONG_TILE)
+    sizes += [(top + 1, top - 1), (top - 1, top + 1)] if tiles else []
+    squares = [LONG_TILE + TILE_SIZES[0] + 1] if long and True in flags and not pattern else []
+    grid = [_grid_case(target, n_q, n_k, flag, pattern, mask) for flag in flags for n_q, n_k in sizes]
+    grid += [_grid_case(target, n, n, True, pattern, mask) for n in squares]
     return [c for c in grid if keep(c)]
+
+
+def _grid_case(target: Target, n_q: int, n_k: int, causal: bool, pattern: bool, mask: str) -> Case:
+    """One grid case: the smallest rank, one head, d_k = 3 (d_v = 3, or n_k with ``pattern``)."""
+    return Case(dtype=target.dtypes[(n_q + n_k) % len(target.dtypes)], ndim=min(target.ndims), batch=1,
+                heads=1, n_q=n_q, n_k=n_k, d_k=3, d_v=n_k if pattern else 3, seed=10 * n_q + n_k,
+                causal=causal, mask=mask if target.supports_mask else "none")

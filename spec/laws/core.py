@@ -76,8 +76,8 @@ def inputs_not_mutated(target: Target, case: Case) -> None:
         )
 
 
-@law(strategy=lambda t: cases(t, masks=("none", "random"), scale=True, tiles=True, long=True),
-     grid=boundary_cases)
+@law(strategy=lambda t: cases(t, masks=("none", "random"), scale=True, tiles=True),
+     grid=lambda t: boundary_cases(t, tiles=True, long=True))
 def matches_golden(target: Target, case: Case) -> None:
     """The output equals an independent float64 attention within the tolerance policy.
 
@@ -89,7 +89,7 @@ def matches_golden(target: Target, case: Case) -> None:
 
 
 @law(strategy=lambda t: cases(t, pattern=True, n_max=130, tiles=True), reads_pattern=True,
-     grid=lambda t: boundary_cases(t, pattern=True))
+     grid=lambda t: boundary_cases(t, pattern=True, tiles=True))
 def rows_sum_to_one(target: Target, case: Case) -> None:
     """Every query row that sees a key has attention weights ≥ 0 summing to 1 (read via V = I).
 
@@ -306,7 +306,7 @@ def large_logits(target: Target, case: Case) -> None:
 
 
 @law(strategy=lambda t: cases(t, causal=(True,), n_k_min=2, tiles=True, long=True), needs=needs_causal,
-     grid=lambda t: boundary_cases(t, causal=(True,), n_k_min=2))
+     grid=lambda t: boundary_cases(t, causal=(True,), n_k_min=2, tiles=True, long=True))
 def causal_no_leak(target: Target, case: Case) -> None:
     """Changing the keys and values from position t on leaves every output that cannot see
     position t bit-identical (up to the sign of zero; within tolerance if the target declares
@@ -404,7 +404,7 @@ def gqa_matches_repeated_kv(target: Target, case: Case) -> None:
 
 
 @law(strategy=lambda t: cases(t, n_k_min=2, tiles=True), needs=needs_mask,
-     grid=lambda t: boundary_cases(t, n_k_min=2))
+     grid=lambda t: boundary_cases(t, n_k_min=2, tiles=True))
 def mask_semantics(target: Target, case: Case) -> None:
     """``mask=True`` means *may attend*: an all-True mask changes nothing, and the causal mask
     passed as ``mask=`` equals ``causal=True``.

@@ -47,7 +47,7 @@ def padding(case: Case) -> Array:  # -> [batch, 1, 1, n_k] for 4-D, [1, n_k] oth
 
 
 @law(strategy=lambda t: cases(t, n_k_min=2, values=("normal",), tiles=True), needs=needs_mask,
-     grid=lambda t: boundary_cases(t, n_k_min=2))
+     grid=lambda t: boundary_cases(t, n_k_min=2, tiles=True))
 def padding_mask_is_truncation(target: Target, case: Case) -> None:
     """A key-padding mask ``[batch, 1, 1, n_k]`` (broadcast over heads and queries) makes each
     sequence's output what it would be with only its first L_b keys: within tolerance of the
@@ -91,7 +91,7 @@ def _decoding_cases(t: Target) -> st.SearchStrategy[Case]:
 
 
 @law(strategy=_decoding_cases, needs=needs_mask,
-     grid=lambda t: boundary_cases(t, causal=(False,), keep=lambda c: c.n_k >= c.n_q))
+     grid=lambda t: boundary_cases(t, causal=(False,), keep=lambda c: c.n_k >= c.n_q, tiles=True))
 def bottom_right_causal_mask(target: Target, case: Case) -> None:
     """``mask=causal_mask(n_q, n_k, align="bottom_right")`` (query i sees keys j ≤ i + n_k − n_q,
     the alignment of decoding after n_k − n_q cached tokens) gives, in each row i, the output of a

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 SUITE_PROFILE = "quick"
-BUILDER_TESTS = "tests/test_masks.py"
+BUILDER_TESTS = ("tests/test_masks.py", "tests/test_impl_edges.py")
 
 
 def spec_check(target: str) -> Callable[[], bool]:
@@ -38,12 +38,13 @@ def spec_check(target: str) -> Callable[[], bool]:
 
 
 def builder_tests() -> bool:
-    """impl's tests of the mask builders (when the file exists)."""
-    if not Path(BUILDER_TESTS).exists():
+    """impl's tests of the mask builders and of its argument checks (the files that exist)."""
+    files = [f for f in BUILDER_TESTS if Path(f).exists()]
+    if not files:
         return True
     import pytest
 
-    code = pytest.main(["-q", "-x", "-p", "no:cacheprovider", "--hypothesis-profile=ci", BUILDER_TESTS])
+    code = pytest.main(["-q", "-x", "-p", "no:cacheprovider", "--hypothesis-profile=ci", *files])
     return code == 0
 
 
