@@ -86,7 +86,8 @@ class FileResult:
         if not path.exists():
             return None
         raw = json.loads(path.read_text())
-        return cls(raw["file"], [Mutant(**m) for m in raw["mutants"]], raw["skipped"], raw["seconds"], raw["when"])
+        mutants = [Mutant(**m) for m in raw["mutants"]]
+        return cls(raw["file"], mutants, raw["skipped"], raw["seconds"], raw["when"])
 
 
 class ToolError(RuntimeError):
