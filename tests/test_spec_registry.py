@@ -10,9 +10,9 @@ from spec import registry
 
 def test_properties_come_from_the_explicit_module_list_in_order():
     families = [p.family for p in spec.PROPERTIES.values()]
-    assert [f for i, f in enumerate(families) if f not in families[:i]] == ["core", "masks", "gradients"]
-    assert registry.LAW_MODULES == ("spec.laws.core", "spec.laws.masks", "spec.laws.gradients")
-    assert len(spec.PROPERTIES) == 21
+    assert [f for i, f in enumerate(families) if f not in families[:i]] == ["core", "masks", "gradients", "edges"]
+    assert registry.LAW_MODULES == ("spec.laws.core", "spec.laws.masks", "spec.laws.gradients", "spec.laws.edges")
+    assert len(spec.PROPERTIES) == 22
 
 
 def test_collecting_one_module_gives_only_its_laws():

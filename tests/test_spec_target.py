@@ -24,7 +24,7 @@ def test_plain_callable_gets_default_capabilities():
     [("dtypes", ("int8",), "dtypes"), ("dtypes", ("nope",), "dtypes"), ("dtypes", (), "dtypes"),
      ("layout", "nhd", "layout"), ("masked_rows", "ones", "masked_rows"), ("ndims", (5,), "ndims"),
      ("causal_alignment", "left", "causal_alignment"), ("tolerance", 0.0, "tolerance"),
-     ("deadline_s", -1.0, "deadline_s")],
+     ("deadline_s", -1.0, "deadline_s"), ("empty_keys", "zeros", "empty_keys")],
 )
 def test_bad_declaration_is_refused_naming_the_field(field, value, named):
     with pytest.raises(TargetError, match=named):

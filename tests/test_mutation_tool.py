@@ -1,0 +1,70 @@
+"""tools/mutation: the parts of the driver that decide what runs and what fails (the run itself
+takes half an hour: ``tox -e mutation``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/ is not an installed package
+
+from tools.mutation import run, suite  # noqa: E402
+from tools.mutation.run import FileResult, Mutant  # noqa: E402
+
+
+def test_annotations_are_found_and_code_is_not():
+    source = "from __future__ import annotations\ndef f(x: int | None = 1) -> list[int]:\n    return [x or 2]\n"
+    spots = run.annotation_lines(source)
+    line = source.splitlines()[1]
+    assert (2, line.index("int | None") + 4) in spots  # the | inside the annotation
+    assert (2, line.index("list")) in spots
+    assert (2, line.index("1)")) not in spots  # the default is evaluated: mutated
+    assert not any(row == 3 for row, _ in spots)
+
+
+def test_operators_chosen_are_one_natural_change_each():
+    assert run.OPERATORS.match("core/ReplaceBinaryOperator_Add_Sub")
+    assert run.OPERATORS.match("core/NumberReplacer")
+    assert not run.OPERATORS.match("core/ReplaceBinaryOperator_Add_LShift")
+    assert not run.OPERATORS.match("core/ReplaceComparisonOperator_Lt_IsNot")
+
+
+def test_mutated_line_is_the_first_added_line():
+    diff = "--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-    a = b + c\n+    a = b - c\n"
+    assert run.mutated_line(diff) == "a = b - c"
+
+
+def test_equivalent_entries_need_a_reason(tmp_path):
+    path = tmp_path / "eq.toml"
+    path.write_text('[[equivalent]]\nfile = "impl/x.py"\noriginal = "a"\nmutated = "b"\nreason = ""\n')
+    with pytest.raises(run.ToolError, match="reason"):
+        run.load_equivalent(path)
+    path.write_text('[[equivalent]]\nfile = "impl/x.py"\noriginal = " a "\nmutated = "b"\nreason = "same"\n')
+    assert run.load_equivalent(path) == {("impl/x.py", "a", "b"): "same"}
+
+
+def test_a_survivor_not_listed_fails_and_listed_ones_count_as_equivalent():
+    def mutant(mutated: str, outcome: str) -> Mutant:
+        return Mutant("impl/x.py", 3, "core/NumberReplacer", "n = 1", mutated, outcome)
+
+    result = FileResult("impl/x.py", [mutant("n = 2", "killed"), mutant("n = 0", "survived"),
+                                      mutant("n = 3", "survived")])
+    listed = {("impl/x.py", "n = 1", "n = 0"): "n is never read", ("impl/x.py", "gone", "x"): "stale"}
+    text, unlisted = run.report([result], listed, "python -m tools.mutation.run", 60.0)
+    assert [m.mutated for m in unlisted] == ["n = 3"]
+    assert "| impl/x.py | 3 | 1 | 1 | 1 | 50.0 % |" in text
+    assert "n is never read" in text and "no longer match" in text
+
+
+def test_suite_order_puts_the_files_own_checks_first_and_runs_all():
+    assert suite.order("impl/flash.py") == ["flash", "reference", "builders"]
+    assert sorted(suite.order(None)) == sorted(suite.CHECKS)
+
+
+def test_results_round_trip(tmp_path):
+    result = FileResult("impl/x.py", [Mutant("impl/x.py", 1, "op", "a", "b", "killed")], 4, 1.5, "now")
+    result.save(tmp_path)
+    assert FileResult.load(tmp_path, "impl/x.py") == result
+    assert FileResult.load(tmp_path, "impl/y.py") is None
