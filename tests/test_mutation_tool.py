@@ -10,12 +10,13 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/ is not an installed package
 
-from tools.mutation import run, suite  # noqa: E402
-from tools.mutation.run import FileResult, Mutant  # noqa: E402
+from tools.mutation import run, suite
+from tools.mutation.run import FileResult, Mutant
 
 
 def test_annotations_are_found_and_code_is_not():
-    source = "from __future__ import annotations\ndef f(x: int | None = 1) -> list[int]:\n    return [x or 2]\n"
+    source = ("from __future__ import annotations\n"
+              "def f(x: int | None = 1) -> list[int]:\n    return [x or 2]\n")
     spots = run.annotation_lines(source)
     line = source.splitlines()[1]
     assert (2, line.index("int | None") + 4) in spots  # the | inside the annotation

@@ -84,5 +84,6 @@ def test_a_refusal_must_be_a_clear_error():
             raise RuntimeError("")
         return attention(q, k, v, causal=causal)
 
-    report = spec.check(spec.Target(refuses_vaguely, empty_keys="raise"), profile="quick", only=["empty_keys"])
+    target = spec.Target(refuses_vaguely, empty_keys="raise")
+    report = spec.check(target, profile="quick", only=["empty_keys"])
     assert report.results[0].status == "fail" and "ValueError or TypeError" in report.results[0].message
