@@ -55,7 +55,7 @@ def test_a_survivor_not_listed_fails_and_listed_ones_count_as_equivalent():
     listed = {("impl/x.py", "n = 1", "n = 0"): "n is never read", ("impl/x.py", "gone", "x"): "stale"}
     text, unlisted = run.report([result], listed, "python -m tools.mutation.run", 60.0)
     assert [m.mutated for m in unlisted] == ["n = 3"]
-    assert "| impl/x.py | 3 | 1 | 1 | 1 | 50.0 % |" in text
+    assert "| impl/x.py | 3 (of 0) | 1 | 1 | 1 | 50.0 % |" in text
     assert "n is never read" in text and "no longer match" in text
 
 
@@ -65,7 +65,7 @@ def test_suite_order_puts_the_files_own_checks_first_and_runs_all():
 
 
 def test_results_round_trip(tmp_path):
-    result = FileResult("impl/x.py", [Mutant("impl/x.py", 1, "op", "a", "b", "killed")], 4, 1.5, "now")
+    result = FileResult("impl/x.py", [Mutant("impl/x.py", 1, "op", "a", "b", "killed")], 4, 7, 1.5, "now")
     result.save(tmp_path)
     assert FileResult.load(tmp_path, "impl/x.py") == result
     assert FileResult.load(tmp_path, "impl/y.py") is None

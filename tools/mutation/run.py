@@ -1,7 +1,7 @@
 """The suite's own mutation score: Cosmic Ray mutates impl's files one change at a time and runs
 the suite (:mod:`tools.mutation.suite`) on each mutant.
 
-    python -m tools.mutation.run [--jobs 2] [--timeout 120] [--docs docs/mutation.md] [FILE ...]
+    python -m tools.mutation.run [--jobs 2] [--timeout 120] [--sample N] [--docs docs/mutation.md] [FILE ...]
 
 Each file is mutated in a copy of the tree of its own (Cosmic Ray edits files in place), so the
 working tree is never touched and files run side by side (``--jobs``). Mutants of the operators in
@@ -20,6 +20,7 @@ import ast
 import dataclasses
 import datetime
 import json
+import random
 import re
 import shutil
 import subprocess
@@ -70,6 +71,7 @@ class FileResult:
     file: str
     mutants: list[Mutant] = field(default_factory=list)
     skipped: int = 0  # operators not in OPERATORS, and annotations
+    eligible: int = 0  # mutants of the chosen operators outside annotations (all run unless sampled)
     seconds: float = 0.0
     when: str = ""  # when the run ended (UTC)
 
@@ -87,7 +89,8 @@ class FileResult:
             return None
         raw = json.loads(path.read_text())
         mutants = [Mutant(**m) for m in raw["mutants"]]
-        return cls(raw["file"], mutants, raw["skipped"], raw["seconds"], raw["when"])
+        return cls(raw["file"], mutants, skipped=raw["skipped"], eligible=raw["eligible"],
+                   seconds=raw["seconds"], when=raw["when"])
 
 
 class ToolError(RuntimeError):
@@ -127,8 +130,9 @@ def _run(cmd: list[str], cwd: Path, timeout: float | None = None) -> subprocess.
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def mutate_file(file: str, timeout: float) -> FileResult:
-    """Every chosen mutant of ``file``, each run against the suite in a copy of the tree."""
+def mutate_file(file: str, timeout: float, sample: int | None = None) -> FileResult:
+    """Every chosen mutant of ``file`` (or a fixed sample of ``sample`` of them: the same ones on
+    every run of the same source), each run against the suite in a copy of the tree."""
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import TestOutcome, WorkerOutcome, WorkResult
 
@@ -157,9 +161,16 @@ def mutate_file(file: str, timeout: float) -> FileResult:
         lines = source.splitlines()
         notes = annotation_lines(source)
         with use_db(str(session), WorkDB.Mode.open) as db:
-            for item in db.work_items:
-                (spec,) = item.mutations
-                if not OPERATORS.match(spec.operator_name) or tuple(spec.start_pos) in notes:
+            items = sorted(db.work_items, key=lambda i: (
+                tuple(i.mutations[0].start_pos), i.mutations[0].operator_name, i.mutations[0].occurrence))
+            chosen = [i for i in items if OPERATORS.match(i.mutations[0].operator_name)
+                      and tuple(i.mutations[0].start_pos) not in notes]
+            result.eligible = len(chosen)
+            if sample is not None and sample < len(chosen):
+                chosen = random.Random(0).sample(chosen, sample)
+            keep = {i.job_id for i in chosen}
+            for item in items:
+                if item.job_id not in keep:
                     db.set_result(item.job_id, WorkResult(worker_outcome=WorkerOutcome.SKIPPED))
                     result.skipped += 1
         done = _run([cosmic, "exec", str(config), str(session)], work)
@@ -206,16 +217,16 @@ def load_equivalent(path: Path = EQUIVALENT) -> dict[tuple[str, str, str], str]:
 
 
 def score_table(results: list[FileResult], equivalent: dict[tuple[str, str, str], str]) -> list[str]:
-    rows = ["| file | mutants run | killed | equivalent (reviewed) | survivors | score | seconds | run at |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = ["| file | mutants run (of eligible) | killed | equivalent (reviewed) | survivors | score "
+            "| seconds | run at |", "|---|---|---|---|---|---|---|---|"]
     for r in results:
         survivors = [m for m in r.mutants if m.outcome == "survived"]
         listed = sum(m.key in equivalent for m in survivors)
         killed = r.count("killed") + r.count("incompetent")
         relevant = len(r.mutants) - listed
         score = f"{100 * killed / relevant:.1f} %" if relevant else "n/a"
-        rows.append(f"| {r.file} | {len(r.mutants)} | {killed} | {listed} | {len(survivors) - listed} | "
-                    f"{score} | {r.seconds:.0f} | {r.when} |")
+        rows.append(f"| {r.file} | {len(r.mutants)} (of {r.eligible}) | {killed} | {listed} | "
+                    f"{len(survivors) - listed} | {score} | {r.seconds:.0f} | {r.when} |")
     return rows
 
 
@@ -238,8 +249,9 @@ def report(results: list[FileResult], equivalent: dict[tuple[str, str, str], str
         "",
         *score_table(results, equivalent),
         "",
-        f"Mutants not run: {sum(r.skipped for r in results)} (operators outside the chosen set, and "
-        "mutants inside type annotations, which are never evaluated).",
+        f"Mutants not run: {sum(r.skipped for r in results)} (operators outside the chosen set, "
+        "mutants inside type annotations, which are never evaluated, and, where fewer were run than are "
+        "eligible, those outside a fixed random sample: `--sample N`).",
         "",
         "## Survivors not on the equivalent list",
         "",
@@ -263,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("files", nargs="*", default=list(FILES), help=f"files to mutate (default: {FILES})")
     parser.add_argument("--jobs", type=int, default=2, help="files mutated side by side (default 2)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per mutant (default 120)")
+    parser.add_argument("--sample", type=int, help="run a fixed random sample of N mutants per file")
     parser.add_argument("--docs", type=Path, help="write the Markdown report here (e.g. docs/mutation.md), "
                         "with the stored results of the files not run this time")
     args = parser.parse_args(argv)
@@ -270,14 +283,14 @@ def main(argv: list[str] | None = None) -> int:
         if not (ROOT / file).is_file():
             print(f"error: file {file!r} does not exist under {ROOT}", file=sys.stderr)
             return 2
-    if args.jobs < 1 or not args.timeout > 0:
-        print("error: --jobs must be >= 1 and --timeout > 0", file=sys.stderr)
+    if args.jobs < 1 or not args.timeout > 0 or (args.sample is not None and args.sample < 1):
+        print("error: --jobs and --sample must be >= 1 and --timeout > 0", file=sys.stderr)
         return 2
     start = time.perf_counter()
     try:
         equivalent = load_equivalent()
         with ThreadPoolExecutor(args.jobs) as pool:
-            results = list(pool.map(lambda f: mutate_file(f, args.timeout), args.files))
+            results = list(pool.map(lambda f: mutate_file(f, args.timeout, args.sample), args.files))
         for r in results:
             r.save(STORE)
     except (ToolError, subprocess.TimeoutExpired, tomllib.TOMLDecodeError) as e:
