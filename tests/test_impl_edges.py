@@ -41,3 +41,12 @@ def test_packed_sequences_must_pair_up():
         packed_mask(np.array([0, 1, 2]), np.array([0, 2]))
     with pytest.raises(ValueError):
         packed_mask(np.array([0, 2]), np.array([0, 1, 2]))
+
+
+@pytest.mark.parametrize("block", [0, (0, 4), (4, 0), -1, (2, 2, 2), True, 2.0])
+def test_flash_block_must_be_positive_integers(block):
+    from impl import flash_attention
+
+    x = np.ones((3, 2))
+    with pytest.raises(ValueError, match="block"):
+        flash_attention(x, x, x, block=block)

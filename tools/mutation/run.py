@@ -2,6 +2,8 @@
 the suite (:mod:`tools.mutation.suite`) on each mutant.
 
     python -m tools.mutation.run [--jobs 2] [--timeout 120] [--sample N] [--docs docs/mutation.md] [FILE ...]
+    python -m tools.mutation.run --survivors [--docs ...]   # rerun only the stored survivors
+    python -m tools.mutation.run --report-only [--docs ...]  # the stored results, no run
 
 Each file is mutated in a copy of the tree of its own (Cosmic Ray edits files in place), so the
 working tree is never touched and files run side by side (``--jobs``). Mutants of the operators in
@@ -31,6 +33,7 @@ import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = ("impl/attention.py", "impl/flash.py", "impl/masks.py")
@@ -130,9 +133,22 @@ def _run(cmd: list[str], cwd: Path, timeout: float | None = None) -> subprocess.
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def mutate_file(file: str, timeout: float, sample: int | None = None) -> FileResult:
+def mutated_source_line(
+    source: str, operator: str, occurrence: int, line_no: int, args: dict[str, Any],
+) -> str:
+    """The line ``line_no`` of ``source`` after Cosmic Ray's mutation (stripped), without running it."""
+    from cosmic_ray.mutating import mutate_code
+    from cosmic_ray.plugins import get_operator
+
+    code = mutate_code(source, get_operator(operator)(**args), occurrence)
+    return "" if code is None else code.splitlines()[line_no - 1].strip()
+
+
+def mutate_file(file: str, timeout: float, sample: int | None = None,
+                only: set[tuple[str, str, str]] | None = None) -> FileResult:
     """Every chosen mutant of ``file`` (or a fixed sample of ``sample`` of them: the same ones on
-    every run of the same source), each run against the suite in a copy of the tree."""
+    every run of the same source; or those whose key is in ``only``), each run against the suite
+    in a copy of the tree."""
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import TestOutcome, WorkerOutcome, WorkResult
 
@@ -168,6 +184,8 @@ def mutate_file(file: str, timeout: float, sample: int | None = None) -> FileRes
             result.eligible = len(chosen)
             if sample is not None and sample < len(chosen):
                 chosen = random.Random(0).sample(chosen, sample)
+            if only is not None:
+                chosen = [i for i in chosen if _key(file, source, i.mutations[0], only) in only]
             keep = {i.job_id for i in chosen}
             for item in items:
                 if item.job_id not in keep:
@@ -194,6 +212,26 @@ def mutate_file(file: str, timeout: float, sample: int | None = None) -> FileRes
 
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _key(file: str, source: str, spec: Any, only: set[tuple[str, str, str]]) -> tuple[str, str, str] | None:
+    """The (file, original, mutated) key of a mutation spec, computed only if its line is in ``only``."""
+    line_no = spec.start_pos[0]
+    original = source.splitlines()[line_no - 1].strip()
+    if not any(o == original for _, o, _ in only):
+        return None
+    return file, original, mutated_source_line(source, spec.operator_name, spec.occurrence, line_no,
+                                               spec.operator_args)
+
+
+def rerun_survivors(stored: FileResult, timeout: float) -> FileResult:
+    """``stored`` with its survivors run again (on the tree as it is now) and their outcomes updated."""
+    keys = {m.key for m in stored.mutants if m.outcome == "survived"}
+    if not keys:
+        return stored
+    again = {m.key: m for m in mutate_file(stored.file, timeout, only=keys).mutants}
+    mutants = [again.get(m.key, m) if m.key in keys else m for m in stored.mutants]
+    return dataclasses.replace(stored, mutants=mutants, when=_now() + " (survivors rerun)")
 
 
 def mutated_line(diff: str) -> str:
@@ -276,6 +314,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="files mutated side by side (default 2)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per mutant (default 120)")
     parser.add_argument("--sample", type=int, help="run a fixed random sample of N mutants per file")
+    parser.add_argument("--survivors", action="store_true",
+                        help="rerun only the survivors stored by the last run of each file, and update it")
+    parser.add_argument("--report-only", action="store_true", help="no run: report the stored results")
     parser.add_argument("--docs", type=Path, help="write the Markdown report here (e.g. docs/mutation.md), "
                         "with the stored results of the files not run this time")
     args = parser.parse_args(argv)
@@ -289,8 +330,14 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     try:
         equivalent = load_equivalent()
-        with ThreadPoolExecutor(args.jobs) as pool:
-            results = list(pool.map(lambda f: mutate_file(f, args.timeout, args.sample), args.files))
+        if args.report_only:
+            results = [r for f in args.files if (r := FileResult.load(STORE, f)) is not None]
+        elif args.survivors:
+            results = [rerun_survivors(r, args.timeout) for f in args.files
+                       if (r := FileResult.load(STORE, f)) is not None]
+        else:
+            with ThreadPoolExecutor(args.jobs) as pool:
+                results = list(pool.map(lambda f: mutate_file(f, args.timeout, args.sample), args.files))
         for r in results:
             r.save(STORE)
     except (ToolError, subprocess.TimeoutExpired, tomllib.TOMLDecodeError) as e:
