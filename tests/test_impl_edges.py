@@ -50,3 +50,108 @@ def test_flash_block_must_be_positive_integers(block):
     x = np.ones((3, 2))
     with pytest.raises(ValueError, match="block"):
         flash_attention(x, x, x, block=block)
+
+
+# --- impl.attention: the survivors of its argument checks and keyword paths (tools/mutation) ------
+
+def _qkv(*lead: int, n_q: int = 5, n_k: int = 6, d: int = 3, kv_heads: int | None = None):
+    rng = np.random.default_rng(sum(lead) + n_q + n_k)
+    kv_lead = (*lead[:-1], kv_heads) if kv_heads else lead
+    return (rng.standard_normal((*lead, n_q, d)), rng.standard_normal((*kv_lead, n_k, d)),
+            rng.standard_normal((*kv_lead, n_k, d + 1)))
+
+
+def _golden(q, k, v, **kw):
+    from spec import golden
+
+    vis = np.ones((*q.shape[:-1], k.shape[-2]), dtype=bool)
+    return golden.forward(q, k, v, visible=vis, scale=1 / np.sqrt(q.shape[-1]), **kw)[0]
+
+
+def test_softmax_defaults_to_the_last_axis():
+    from impl.attention import softmax
+
+    got = softmax(np.arange(24.0).reshape(2, 3, 4))
+    np.testing.assert_allclose(got.sum(axis=-1), 1.0)
+
+
+@pytest.mark.parametrize(("lead", "kv_heads", "n_q"), [((4,), 2, 5), ((2, 6), 3, 7), ((2, 4), 2, 4)])
+def test_grouped_kv_heads_equal_repeated_heads(lead, kv_heads, n_q):
+    from impl import attention
+
+    q, k, v = _qkv(*lead, n_q=n_q, kv_heads=kv_heads)
+    rep = lead[-1] // kv_heads
+    want = attention(q, np.repeat(k, rep, axis=-3), np.repeat(v, rep, axis=-3))
+    np.testing.assert_allclose(attention(q, k, v), want, rtol=1e-12, atol=1e-12)
+
+
+def test_grouped_heads_must_agree_between_k_and_v():
+    from impl import attention
+
+    q, k, _ = _qkv(4, kv_heads=2)
+    with pytest.raises(ValueError):
+        attention(q, k, np.ones((4, 6, 3)))
+
+
+def test_sinks_join_the_denominator_per_head():
+    from impl import attention
+
+    q, k, v = _qkv(3)
+    sinks = np.array([0.5, -1.0, 2.0])
+    np.testing.assert_allclose(attention(q, k, v, sinks=sinks), _golden(q, k, v, sinks=sinks), rtol=1e-10)
+
+
+def test_softcap_is_accepted_and_applied():
+    from impl import attention
+
+    q, k, v = _qkv(2)
+    np.testing.assert_allclose(attention(q, k, v, softcap=1.5), _golden(q, k, v, softcap=1.5), rtol=1e-10)
+
+
+def test_bias_must_be_floats():
+    from impl import attention
+
+    q, k, v = _qkv(2)
+    with pytest.raises(TypeError, match="bias"):
+        attention(q, k, v, bias=np.ones((5, 6), dtype=np.int64))
+    np.testing.assert_allclose(attention(q, k, v, bias=np.zeros((5, 6))), attention(q, k, v))
+
+
+def test_kv_lengths_accepted_in_range_and_refused_outside():
+    from impl import attention
+
+    q, k, v = _qkv(1, 2)
+    out = attention(q, k, v, kv_lengths=np.array([4]))
+    np.testing.assert_allclose(out, attention(q, k[..., :4, :], v[..., :4, :]), rtol=1e-12)
+    for bad in ([-1], [7]):
+        with pytest.raises(ValueError, match="kv_lengths"):
+            attention(q, k, v, kv_lengths=np.array(bad))
+
+
+def test_packed_sequences_valid_and_invalid_offsets():
+    from impl import attention
+
+    q, k, v = _qkv(2, n_q=3, n_k=5)
+    out = attention(q, k, v, cu_seqlens_q=np.array([0, 1, 3]), cu_seqlens_k=np.array([0, 2, 5]))
+    np.testing.assert_allclose(out[:, :1], attention(q[:, :1], k[:, :2], v[:, :2]), rtol=1e-12)
+    with pytest.raises(ValueError, match="same sequences"):
+        attention(q, k, v, cu_seqlens_q=np.array([0, 3]), cu_seqlens_k=np.array([0, 2, 5]))
+    with pytest.raises(ValueError, match="cu_seqlens_q"):
+        attention(q, k, v, cu_seqlens_q=np.array([0, 1, 2]), cu_seqlens_k=np.array([0, 2, 5]))
+
+
+def test_mask_that_does_not_broadcast_is_named():
+    from impl import attention
+
+    q, k, v = _qkv(2)
+    with pytest.raises(ValueError, match="does not broadcast"):
+        attention(q, k, v, mask=np.ones((4, 6), dtype=bool))
+
+
+def test_inputs_need_two_dims_and_a_positive_width():
+    from impl import attention
+
+    with pytest.raises(ValueError, match="2 dims"):
+        attention(np.ones(3), np.ones((4, 3)), np.ones((4, 2)))
+    with pytest.raises(ValueError, match="d_k"):
+        attention(np.ones((2, 0)), np.ones((4, 0)), np.ones((4, 2)))
