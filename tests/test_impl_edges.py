@@ -155,3 +155,11 @@ def test_inputs_need_two_dims_and_a_positive_width():
         attention(np.ones(3), np.ones((4, 3)), np.ones((4, 2)))
     with pytest.raises(ValueError, match="d_k"):
         attention(np.ones((2, 0)), np.ones((4, 0)), np.ones((4, 2)))
+
+
+def test_flash_accepts_one_by_one_tiles():
+    from impl import attention, flash_attention
+
+    q, k, v = _qkv(2, n_q=3, n_k=4)
+    np.testing.assert_allclose(flash_attention(q, k, v, causal=True, block=1), attention(q, k, v, causal=True),
+                               rtol=1e-12, atol=1e-12)

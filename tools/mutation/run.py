@@ -247,7 +247,9 @@ def load_equivalent(path: Path = EQUIVALENT) -> dict[tuple[str, str, str], str]:
     entries = tomllib.loads(path.read_text()).get("equivalent", []) if path.exists() else []
     out: dict[tuple[str, str, str], str] = {}
     for i, entry in enumerate(entries):
-        missing = [k for k in ("file", "original", "mutated", "reason") if not str(entry.get(k, "")).strip()]
+        # mutated may be "": the mutation deleted the line (a decorator removed)
+        missing = [k for k in ("file", "original", "reason") if not str(entry.get(k, "")).strip()]
+        missing += [] if isinstance(entry.get("mutated"), str) else ["mutated"]
         if missing:
             raise ToolError(f"{path.name}: entry {i + 1} lacks {', '.join(missing)}")
         out[(entry["file"], entry["original"].strip(), entry["mutated"].strip())] = entry["reason"]
