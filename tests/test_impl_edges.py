@@ -161,5 +161,5 @@ def test_flash_accepts_one_by_one_tiles():
     from impl import attention, flash_attention
 
     q, k, v = _qkv(2, n_q=3, n_k=4)
-    np.testing.assert_allclose(flash_attention(q, k, v, causal=True, block=1), attention(q, k, v, causal=True),
-                               rtol=1e-12, atol=1e-12)
+    got = flash_attention(q, k, v, causal=True, block=1)
+    np.testing.assert_allclose(got, attention(q, k, v, causal=True), rtol=1e-12, atol=1e-12)
