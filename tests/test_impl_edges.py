@@ -163,3 +163,18 @@ def test_flash_accepts_one_by_one_tiles():
     q, k, v = _qkv(2, n_q=3, n_k=4)
     got = flash_attention(q, k, v, causal=True, block=1)
     np.testing.assert_allclose(got, attention(q, k, v, causal=True), rtol=1e-12, atol=1e-12)
+
+
+def test_grouped_heads_still_need_broadcasting_batches():
+    from impl import attention
+
+    with pytest.raises(ValueError, match="must broadcast"):
+        attention(np.ones((2, 4, 5, 3)), np.ones((3, 2, 6, 3)), np.ones((2, 2, 6, 4)))
+
+
+def test_empty_packed_offsets_are_refused():
+    from impl import attention
+
+    q, k, v = _qkv(2, n_q=5, n_k=6)
+    with pytest.raises(ValueError, match="cu_seqlens_q"):
+        attention(q, k, v, cu_seqlens_q=np.array([], dtype=np.int64), cu_seqlens_k=np.array([0, 6]))
