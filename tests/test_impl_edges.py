@@ -178,3 +178,11 @@ def test_empty_packed_offsets_are_refused():
     q, k, v = _qkv(2, n_q=5, n_k=6)
     with pytest.raises(ValueError, match="cu_seqlens_q"):
         attention(q, k, v, cu_seqlens_q=np.array([], dtype=np.int64), cu_seqlens_k=np.array([0, 6]))
+
+
+@pytest.mark.parametrize(("q_shape", "k_shape"), [((3, 5, 3), (2, 6, 3)), ((1, 3, 5, 3), (1, 2, 6, 3))])
+def test_indivisible_heads_are_explained(q_shape, k_shape):
+    from impl import attention
+
+    with pytest.raises(ValueError, match=r"divisible by k's and v's \(g = 2\)"):
+        attention(np.ones(q_shape), np.ones(k_shape), np.ones(k_shape))
