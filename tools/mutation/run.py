@@ -224,9 +224,10 @@ def _key(file: str, source: str, spec: Any, only: set[tuple[str, str, str]]) -> 
                                                spec.operator_args)
 
 
-def rerun_survivors(stored: FileResult, timeout: float) -> FileResult:
-    """``stored`` with its survivors run again (on the tree as it is now) and their outcomes updated."""
-    keys = {m.key for m in stored.mutants if m.outcome == "survived"}
+def rerun_survivors(stored: FileResult, timeout: float, equivalent: set[tuple[str, str, str]]) -> FileResult:
+    """``stored`` with its survivors not listed as equivalent run again (on the tree as it is now)
+    and their outcomes updated."""
+    keys = {m.key for m in stored.mutants if m.outcome == "survived" and m.key not in equivalent}
     if not keys:
         return stored
     again = {m.key: m for m in mutate_file(stored.file, timeout, only=keys).mutants}
@@ -335,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.report_only:
             results = [r for f in args.files if (r := FileResult.load(STORE, f)) is not None]
         elif args.survivors:
-            results = [rerun_survivors(r, args.timeout) for f in args.files
+            results = [rerun_survivors(r, args.timeout, set(equivalent)) for f in args.files
                        if (r := FileResult.load(STORE, f)) is not None]
         else:
             with ThreadPoolExecutor(args.jobs) as pool:
