@@ -62,6 +62,7 @@ def test_a_survivor_not_listed_fails_and_listed_ones_count_as_equivalent():
 def test_suite_order_puts_the_files_own_checks_first_and_runs_all():
     assert suite.order("impl/flash.py") == ["flash", "reference", "builders"]
     assert sorted(suite.order(None)) == sorted(suite.CHECKS)
+    assert suite.order("builders")[0] == "builders"
 
 
 def test_results_round_trip(tmp_path):

@@ -145,7 +145,7 @@ def mutated_source_line(
 
 
 def mutate_file(file: str, timeout: float, sample: int | None = None,
-                only: set[tuple[str, str, str]] | None = None) -> FileResult:
+                only: set[tuple[str, str, str]] | None = None, first: str | None = None) -> FileResult:
     """Every chosen mutant of ``file`` (or a fixed sample of ``sample`` of them: the same ones on
     every run of the same source; or those whose key is in ``only``), each run against the suite
     in a copy of the tree."""
@@ -157,7 +157,7 @@ def mutate_file(file: str, timeout: float, sample: int | None = None,
     with tempfile.TemporaryDirectory(prefix="mutation-") as tmp:
         work = Path(tmp)
         copy_tree(work)
-        test = f"{sys.executable} {SUITE} --first {file}"
+        test = f"{sys.executable} {SUITE} --first {first or file}"
         clean = _run(test.split(), work, timeout=timeout * 4)
         if clean.returncode != 0:
             tail = (clean.stdout + clean.stderr)[-3000:]
@@ -230,7 +230,8 @@ def rerun_survivors(stored: FileResult, timeout: float, equivalent: set[tuple[st
     keys = {m.key for m in stored.mutants if m.outcome == "survived" and m.key not in equivalent}
     if not keys:
         return stored
-    again = {m.key: m for m in mutate_file(stored.file, timeout, only=keys).mutants}
+    # What the suite's laws let through before is likeliest caught by impl's own tests: those first.
+    again = {m.key: m for m in mutate_file(stored.file, timeout, only=keys, first="builders").mutants}
     mutants = [again.get(m.key, m) if m.key in keys else m for m in stored.mutants]
     return dataclasses.replace(stored, mutants=mutants, when=_now() + " (survivors rerun)")
 

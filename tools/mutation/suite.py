@@ -57,14 +57,15 @@ FIRST = {"impl/flash.py": "flash", "impl/masks.py": "builders", "impl/attention.
 
 
 def order(first: str | None) -> list[str]:
-    """The checks, the one most likely to notice a mutant of ``first`` (a file) leading."""
-    lead = FIRST.get(first or "", "reference")
+    """The checks, the one most likely to notice a mutant of ``first`` (a file, or a check's
+    name) leading."""
+    lead = first if first in CHECKS else FIRST.get(first or "", "reference")
     return [lead, *(name for name in CHECKS if name != lead)]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.mutation.suite", description=__doc__)
-    parser.add_argument("--first", help="the mutated file (only reorders the checks)")
+    parser.add_argument("--first", help="the mutated file or a check's name (only reorders the checks)")
     args = parser.parse_args(argv)
     for name in order(args.first):
         if not CHECKS[name]():
