@@ -186,3 +186,16 @@ def test_indivisible_heads_are_explained(q_shape, k_shape):
 
     with pytest.raises(ValueError, match=r"divisible by k's and v's \(g = 2\)"):
         attention(np.ones(q_shape), np.ones(k_shape), np.ones(k_shape))
+
+
+def test_dropout_scales_kept_weights_by_one_over_keep_probability():
+    from impl import attention
+
+    q, k, v = _qkv(2, n_q=8, n_k=9)
+    _, plain_w = attention(q, k, v, return_weights=True)
+    _, w = attention(q, k, v, dropout_p=0.25, seed=0, return_weights=True)
+    kept = w != 0
+    assert kept.any() and not kept.all()
+    np.testing.assert_allclose(w[kept], plain_w[kept] / 0.75, rtol=1e-12)
+    with pytest.raises(ValueError, match="seed"):
+        attention(q, k, v, dropout_p=0.25, seed=-1)
