@@ -134,7 +134,7 @@ def test_packed_sequences_valid_and_invalid_offsets():
     q, k, v = _qkv(2, n_q=3, n_k=5)
     out = attention(q, k, v, cu_seqlens_q=np.array([0, 1, 3]), cu_seqlens_k=np.array([0, 2, 5]))
     np.testing.assert_allclose(out[:, :1], attention(q[:, :1], k[:, :2], v[:, :2]), rtol=1e-12)
-    with pytest.raises(ValueError, match="same sequences"):
+    with pytest.raises(ValueError, match="same sequences, got lengths 2 and 3"):
         attention(q, k, v, cu_seqlens_q=np.array([0, 3]), cu_seqlens_k=np.array([0, 2, 5]))
     with pytest.raises(ValueError, match="cu_seqlens_q"):
         attention(q, k, v, cu_seqlens_q=np.array([0, 1, 2]), cu_seqlens_k=np.array([0, 2, 5]))
