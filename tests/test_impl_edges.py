@@ -199,3 +199,13 @@ def test_dropout_scales_kept_weights_by_one_over_keep_probability():
     np.testing.assert_allclose(w[kept], plain_w[kept] / 0.75, rtol=1e-12)
     with pytest.raises(ValueError, match="seed"):
         attention(q, k, v, dropout_p=0.25, seed=-1)
+
+
+@pytest.mark.parametrize("lead", [(), (2,), (1, 2)])
+def test_no_queries_give_an_empty_output(lead):
+    from impl import attention, flash_attention
+
+    q, k, v = np.ones((*lead, 0, 3)), np.ones((*lead, 4, 3)), np.ones((*lead, 4, 2))
+    for fn in (attention, flash_attention):
+        for causal in (False, True):
+            assert fn(q, k, v, causal=causal).shape == (*lead, 0, 2)
