@@ -207,15 +207,14 @@ def cases(
     gqa: bool = False,
     scale: bool = False,
     tiles: bool = False,
-    long: bool = False,
 ) -> Case:
     """Cases the target accepts. ``pattern``: d_v = n_k, so that V = I reads the pattern out.
     ``tiles``: one case in :data:`TILE_ODDS` has n_q and n_k at a tile edge (:func:`tile_edges`, up
-    to the short tiles, whatever ``n_max``), one head and widths ≤ :data:`TILE_WIDTH`; ``long``: some
-    of those are causal squares past :data:`LONG_TILE` (n_q = n_k > 2,048)."""
+    to the short tiles, whatever ``n_max``), one head and widths ≤ :data:`TILE_WIDTH`. Sizes past
+    :data:`LONG_TILE` cost seconds each: only the boundary grid has them (``boundary_cases(long=True)``)."""
     if tiles and draw(st.integers(0, TILE_ODDS - 1)) == 0:
         return draw(tile_cases(target, causal=causal, n_k_min=n_k_min, n_q_min=n_q_min, pattern=pattern,
-                               masks=masks, values=values, long=long and True in causal))
+                               masks=masks, values=values))
     ranks = [r for r in target.ndims if r in ndims]
     ndim = draw(st.sampled_from(ranks))
     dtype = draw(st.sampled_from(target.dtypes))
@@ -260,18 +259,13 @@ def tile_cases(
     pattern: bool = False,
     masks: tuple[str, ...] = ("none",),
     values: tuple[str, ...] = ("normal", "ints"),
-    long: bool = False,
 ) -> Case:
-    """n_q and n_k at tile edges (independently: partial last tiles on either side), one head,
-    narrow widths; with ``long``, half of them a causal square n_q = n_k past :data:`LONG_TILE`,
-    where a row block's keys span two key tiles."""
+    """n_q and n_k at the edges of the short tiles (independently: partial last tiles on either
+    side), one head, narrow widths."""
     short = [n for n in tile_edges() if n < LONG_TILE - 1]
     is_causal = draw(st.sampled_from(causal)) if target.causal_alignment else False
-    if long and is_causal and not pattern and draw(st.booleans()):
-        n_q = n_k = draw(st.sampled_from([n for n in tile_edges() if n >= LONG_TILE - 1]))
-    else:
-        n_q = draw(st.sampled_from([n for n in short if n >= n_q_min]))
-        n_k = draw(st.sampled_from([n for n in short if n >= n_k_min]))
+    n_q = draw(st.sampled_from([n for n in short if n >= n_q_min]))
+    n_k = draw(st.sampled_from([n for n in short if n >= n_k_min]))
     d_k = draw(st.integers(1, TILE_WIDTH))
     return Case(
         dtype=draw(st.sampled_from(target.dtypes)), ndim=min(target.ndims), batch=1, heads=1,
