@@ -209,3 +209,58 @@ def test_no_queries_give_an_empty_output(lead):
     for fn in (attention, flash_attention):
         for causal in (False, True):
             assert fn(q, k, v, causal=causal).shape == (*lead, 0, 2)
+
+
+def test_flash_flags_are_keyword_only():
+    from impl import flash_attention
+
+    x = np.ones((3, 2))
+    with pytest.raises(TypeError):
+        flash_attention(x, x, x, True)  # type: ignore[misc]
+
+
+def test_softmax_lse_without_sinks_and_softmax_on_any_axis():
+    from impl.attention import softmax, softmax_lse
+
+    x = np.array([[0.0, np.log(3.0)], [1.0, 1.0]])
+    weights, lse = softmax_lse(x)
+    np.testing.assert_allclose(weights, [[0.25, 0.75], [0.5, 0.5]])
+    np.testing.assert_allclose(lse[:, 0], np.log(np.exp(x).sum(axis=-1)))
+    np.testing.assert_allclose(softmax(x, axis=0).sum(axis=0), 1.0)
+
+
+def test_lse_is_the_log_of_the_denominator():
+    from impl import attention
+    from spec import golden
+
+    q, k, v = _qkv(2)
+    _, lse = attention(q, k, v, return_lse=True)
+    vis = np.ones((2, 5, 6), dtype=bool)
+    np.testing.assert_allclose(lse, golden.forward(q, k, v, visible=vis, scale=1 / np.sqrt(3))[2], rtol=1e-12)
+
+
+@pytest.mark.parametrize("cap", [0.0, -1.0, np.inf, np.nan])
+def test_softcap_must_be_positive_and_finite(cap):
+    from impl import attention
+
+    q, k, v = _qkv(2)
+    with pytest.raises(ValueError, match="softcap"):
+        attention(q, k, v, softcap=cap)
+
+
+def test_packed_offsets_come_in_pairs_and_start_at_zero():
+    from impl import attention
+
+    q, k, v = _qkv(2, n_q=3, n_k=5)
+    with pytest.raises(ValueError, match="together"):
+        attention(q, k, v, cu_seqlens_q=np.array([0, 3]))
+    with pytest.raises(ValueError, match="cu_seqlens_q"):
+        attention(q, k, v, cu_seqlens_q=np.array([1, 2, 3]), cu_seqlens_k=np.array([0, 2, 5]))
+
+
+def test_the_grouped_query_hint_only_for_grouped_calls():
+    from impl import flash_attention
+
+    with pytest.raises(ValueError) as raised:
+        flash_attention(np.ones((3, 5, 3)), np.ones((2, 6, 3)), np.ones((2, 6, 3)))
+    assert "grouped-query" not in str(raised.value)
