@@ -264,3 +264,11 @@ def test_the_grouped_query_hint_only_for_grouped_calls():
     with pytest.raises(ValueError) as raised:
         flash_attention(np.ones((3, 5, 3)), np.ones((2, 6, 3)), np.ones((2, 6, 3)))
     assert "grouped-query" not in str(raised.value)
+
+
+def test_bias_that_does_not_broadcast_is_named():
+    from impl import attention
+
+    q, k, v = _qkv(2)
+    with pytest.raises(ValueError, match="bias of shape"):
+        attention(q, k, v, bias=np.zeros((4, 6)))
