@@ -32,6 +32,8 @@ SEEDS = 32
 """Seeds averaged by :func:`dropout_unbiased`."""
 PATTERN_ENTRIES = 2048
 """Pattern entries (at least) read by :func:`dropout_drops_fraction_p`."""
+OUTPUT_ENTRIES = 512
+"""Output entries (at least) averaged by :func:`dropout_unbiased`."""
 
 
 def needs_dropout(t: Target) -> str | None:
@@ -86,15 +88,8 @@ def dropout_same_seed_same_output(target: Target, case: Case) -> None:
 def _fraction_cases(draw: st.DrawFn, t: Target) -> Case:
     """Pattern cases (d_v = n_k, no mask, not causal) with at least PATTERN_ENTRIES weights."""
     case = draw(dropout_cases(t, n_max=24).filter(lambda c: c.n_k >= 2))
-    n_q, n_k = case.n_q, case.n_k
-    slices = -(-PATTERN_ENTRIES // (n_q * n_k))
-    if case.ndim == 2:
-        n_q = -(-PATTERN_ENTRIES // n_k)
-        heads, batch = 1, 1
-    else:
-        heads, batch = slices, 1
-    return dataclasses.replace(case, n_q=n_q, d_v=n_k, heads=heads, batch=batch, kv_heads=None,
-                               causal=False, mask="none")
+    case = dataclasses.replace(case, d_v=case.n_k, batch=1, causal=False, mask="none")
+    return _many_rows(case, PATTERN_ENTRIES, case.n_k)
 
 
 @law(strategy=_fraction_cases, needs=needs_dropout, reads_pattern=True)
@@ -146,9 +141,25 @@ def bernstein_threshold(variance: float, bound: float, delta: float = FALSE_ALAR
     return ln * bound / 3 + math.sqrt((ln * bound / 3) ** 2 + 2 * ln * variance)
 
 
-@law(strategy=lambda t: dropout_cases(t, n_max=16), needs=needs_dropout)
+def _many_rows(case: Case, entries: int, width: int) -> Case:
+    """The case with more heads (3-D, 4-D) or more queries (2-D), so that its output has at least
+    ``entries`` rows × ``width``."""
+    if case.ndim == 2:
+        return dataclasses.replace(case, n_q=max(case.n_q, -(-entries // width)))
+    heads = max(case.heads, -(-entries // (case.n_q * width)))
+    return dataclasses.replace(case, heads=heads, kv_heads=None)
+
+
+@st.composite
+def _unbiased_cases(draw: st.DrawFn, t: Target) -> Case:
+    case = draw(dropout_cases(t, n_max=16))
+    return _many_rows(case, OUTPUT_ENTRIES, case.d_v)
+
+
+@law(strategy=_unbiased_cases, needs=needs_dropout)
 def dropout_unbiased(target: Target, case: Case) -> None:
-    """The mean of the output over 32 seeds is the undropped output: dropout is unbiased. The
+    """The mean of the output over 32 seeds is the undropped output: dropout is unbiased (on
+    outputs of at least 512 entries, more heads or queries drawn as needed). The
     statistic is the sign-weighted total deviation T = Σ_s Σ_(i,c) sign(g_ic)·(out_s,ic − g_ic),
     g the undropped golden. For a correct target T = Σ_s Σ_(i,j) a_ij·(m_s,ij/(1 − p) − 1) with
     a_ij = w_ij·Σ_c sign(g_ic)·v_jc and m ~ Bernoulli(1 − p) independent: a sum of independent
