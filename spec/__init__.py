@@ -16,7 +16,7 @@ The package, one owner per thing (arrows: "imports"; none point back):
 - ``report``     Result/Report as data and the one renderer                        (→ tabulate)
 - ``runner``     check, run_property, replay                  (→ registry, profiles, report, builtin)
 - ``builtin``    names → targets; the only module importing impl          (→ target, impl, frameworks)
-- ``frameworks`` torch/jax adapters and their declared Targets                    (→ target, golden)
+- ``frameworks`` torch/jax adapters, their declared Targets, from_torch/from_jax   (→ target, golden)
 - ``peers``      ``python -m spec.peers``: the per-dtype table            (→ frameworks, runner)
 - ``cli``, ``pytest_plugin``: the two other doors                        (→ runner, report, builtin)
 
@@ -28,6 +28,7 @@ The package, one owner per thing (arrows: "imports"; none point back):
 
 from spec import golden
 from spec.builtin import BUILTIN, as_target, load_target
+from spec.frameworks import from_jax, from_torch
 from spec.profiles import PROFILES
 from spec.registry import LAW_MODULES, PROPERTIES, Property
 from spec.report import Report, Result
@@ -46,6 +47,8 @@ __all__ = [
     "TargetError",
     "as_target",
     "check",
+    "from_jax",
+    "from_torch",
     "golden",
     "load_target",
     "replay",
