@@ -13,7 +13,6 @@ from spec.cases import Case, cases
 from spec.laws._helpers import (
     assert_matches,
     assert_same,
-    differs_at,
     needs_mask,
     observe,
     run,
@@ -77,21 +76,21 @@ def assert_lse_close(target: Target, case: Case, lse: Array, gold: Array, q: Arr
 
 @law(strategy=lambda t: cases(t, masks=("none", "random"), scale=True, n_max=96), needs=needs_lse)
 def lse_matches_golden(target: Target, case: Case) -> None:
-    """With ``return_lse=True`` the output is unchanged (bit-identical to the call without it)
-    and lse is the natural-log logsumexp of each row's scaled, masked scores, within the scores'
-    rounding of the float64 golden.
+    """With ``return_lse=True`` the output is the call's without it (within twice the tolerance:
+    asking for lse may rightly select another fused graph — measured on JAX's XLA path, 4e-9
+    apart in float32) and lse is the natural-log logsumexp of each row's scaled, masked scores,
+    within the scores' rounding of the float64 golden.
 
-    Catches: the lse of the Triton fused-attention tutorial, kept in base 2 (m + log2 l, scores
-    pre-multiplied by log2 e), read as a natural log; an lse of the unscaled scores (scale applied
-    after the softmax); log Σ exp(s − max) returned without the max added back.
+    Catches: an unnormalised accumulator returned as the output when lse is asked for (the
+    caller is then expected to divide); the lse of the Triton fused-attention tutorial, kept in
+    base 2 (m + log2 l, scores pre-multiplied by log2 e), read as a natural log; an lse of the
+    unscaled scores (scale applied after the softmax); log Σ exp(s − max) returned without the
+    max added back.
     """
     q, k, v = case.arrays()
     out, lse = run_lse(target, case, q, k, v)
-    plain = run(target, case, q, k, v)
-    if not np.array_equal(out, plain, equal_nan=True):
-        at = differs_at(plain, out)
-        raise AssertionError(f"return_lse=True changed output {list(at)} from {float(plain[at])!r} "
-                             f"to {float(out[at])!r}")
+    assert_same(target, case, run(target, case, q, k, v), out, q, k, v,
+                what="with return_lse=True, against the call without it, the output")
     _, _, gold_lse = case.golden(target, q, k, v, scale=scale_of(case))
     assert_lse_close(target, case, lse, gold_lse, q, k, what="lse")
     assert_matches(target, case, out, q, k, v, what="with return_lse=True, the output")
