@@ -119,7 +119,7 @@ def _offsets(lengths: list[int]) -> tuple[int, ...]:
 @st.composite
 def packed_cases(draw: st.DrawFn, t: Target) -> Case:
     """3-D packed cases: 1–4 sequences, each with its own query and key count (0 allowed)."""
-    case = draw(cases(t, ndims=(3,), causal=_causal_choices(t) if t.causal_alignment else (False,),
+    case = draw(cases(t, ndims=(3,), causal=_causal_choices(t),
                       n_max=24, values=("normal",)))
     count = draw(st.integers(1, 4))
     n_qs = draw(st.lists(st.integers(0, 12), min_size=count, max_size=count))
