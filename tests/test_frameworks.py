@@ -9,7 +9,10 @@ import pytest
 import spec
 from spec import dtypes, golden
 
-torch = pytest.importorskip("torch")
+
+@pytest.fixture
+def torch():
+    return pytest.importorskip("torch")
 
 BF16 = dtypes.as_dtype(dtypes.BFLOAT16) if dtypes.has_bfloat16() else None
 
@@ -29,7 +32,7 @@ def _awkward(dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "bfloat16"])
-def test_from_torch_passes_every_bit_both_ways(dtype):
+def test_from_torch_passes_every_bit_both_ways(torch, dtype):
     if dtype == "bfloat16" and BF16 is None:
         pytest.skip("needs ml_dtypes")
     dt = dtypes.as_dtype(dtype)
@@ -47,7 +50,7 @@ def test_from_torch_passes_every_bit_both_ways(dtype):
     assert out.dtype == dt and np.array_equal(_bits(out), _bits(q))
 
 
-def test_from_torch_renames_keywords_and_converts_keyword_arrays():
+def test_from_torch_renames_keywords_and_converts_keyword_arrays(torch):
     import torch.nn.functional as F
 
     rename = {"causal": "is_causal", "mask": "attn_mask"}
@@ -68,7 +71,7 @@ def test_from_torch_renames_keywords_and_converts_keyword_arrays():
     assert spec.check(plain, profile="quick", only=["matches_golden", "causal_no_leak"]).ok
 
 
-def test_from_torch_returns_tuples_converted():
+def test_from_torch_returns_tuples_converted(torch):
     def with_lse(q, k, v, return_lse=False):
         return q.clone(), q[..., 0].clone()
 
@@ -87,7 +90,7 @@ def test_rename_is_checked():
         spec.from_jax(3)
 
 
-def test_torch_target_takes_a_float_bias_and_seeded_dropout():
+def test_torch_target_takes_a_float_bias_and_seeded_dropout(torch):
     from spec.frameworks import torch_attention
 
     rng = np.random.default_rng(1)
