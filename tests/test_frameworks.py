@@ -134,3 +134,19 @@ def test_jax_target_keywords_are_jaxs_own():
     want, _, want_lse = golden.forward(q, k, v, visible=vis, scale=0.5)
     np.testing.assert_allclose(out, want, atol=1e-5)
     np.testing.assert_allclose(lse, want_lse, atol=1e-5)
+
+
+def test_jax_row_with_no_key_has_a_finite_lse_and_torch_all_minus_inf_bias_row_gives_zeros(torch):
+    # The measurements behind two declarations: jax's lse_empty_row_is_neg_inf is skipped (its
+    # masked_rows is "uniform", the empty row's lse is the finite fill's), torch takes bias.
+    pytest.importorskip("jax")
+    from spec.frameworks import jax_attention, torch_attention
+
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((2, 1, n, 4)).astype(np.float32) for n in (3, 5, 5))
+    out, lse = jax_attention(q, k, v, kv_lengths=np.array([0, 5]), return_lse=True)
+    assert np.all(np.isfinite(lse[0])) and np.all(lse[0] < -1e37)
+    np.testing.assert_allclose(out[0, 0], np.broadcast_to(v[0, 0].mean(axis=0), (3, 4)), atol=1e-6)
+    bias = np.zeros((2, 1, 3, 5), dtype=np.float32)
+    bias[0, 0, 1] = -np.inf
+    assert np.array_equal(torch_attention(q, k, v, bias=bias)[0, 0, 1], np.zeros(4, dtype=np.float32))
