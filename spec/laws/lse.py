@@ -76,10 +76,10 @@ def assert_lse_close(target: Target, case: Case, lse: Array, gold: Array, q: Arr
 
 @law(strategy=lambda t: cases(t, masks=("none", "random"), scale=True, n_max=96), needs=needs_lse)
 def lse_matches_golden(target: Target, case: Case) -> None:
-    """With ``return_lse=True`` the output is the call's without it (within twice the tolerance:
-    asking for lse may rightly select another fused graph — measured on JAX's XLA path, 4e-9
-    apart in float32) and lse is the natural-log logsumexp of each row's scaled, masked scores,
-    within the scores' rounding of the float64 golden.
+    """With ``return_lse=True``, lse is the natural-log logsumexp of each row's scaled, masked
+    scores, within the scores' rounding of the float64 golden, and the output is the call's
+    without it, within twice the tolerance. Not bit-identical: asking for lse may rightly select
+    another fused graph (measured on JAX's XLA path: 4e-9 apart in float32).
 
     Catches: an unnormalised accumulator returned as the output when lse is asked for (the
     caller is then expected to divide); the lse of the Triton fused-attention tutorial, kept in
