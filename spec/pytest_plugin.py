@@ -6,7 +6,10 @@ adds one test per property, ``attention-spec::<property>``, to whatever else is 
 (``-k`` selects among them; pytest-xdist spreads them over workers). Registered through the
 ``pytest11`` entry point, so installing the package is enough; without a target the plugin adds
 nothing. Options: ``--attention-profile quick|ci|thorough`` (default ci), ``--attention-seed N``,
-``--attention-max-examples N``.
+``--attention-max-examples N``, ``--attention-isolation thread|caller|process`` (overrides the
+target's declaration; ``process`` turns a crash or a call stuck in C into that law's failure),
+``--attention-deadline SECONDS`` (per call; overrides the profile's and the target's).
+A failing property's short summary line (``-ra``) carries what broke.
 """
 
 from __future__ import annotations
@@ -16,11 +19,10 @@ from typing import Any
 
 import pytest
 
-from spec.builtin import load_target
 from spec.profiles import PROFILES
 from spec.registry import PROPERTIES, Property
 from spec.report import Result, failure
-from spec.runner import run_property
+from spec.runner import configure, load, run_property
 from spec.target import Target, TargetError
 
 ENV = "ATTENTION_TARGET"
@@ -35,6 +37,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--attention-seed", type=int, default=None, metavar="N", help="random seed")
     group.addoption("--attention-max-examples", type=int, default=None, metavar="N",
                     help="examples per property")
+    group.addoption("--attention-isolation", choices=["thread", "caller", "process"], default=None,
+                    help="where each call runs (overrides the target's declaration); process: a "
+                    "forked worker, so a crash or a hang in C is the law's failure (fork copies one "
+                    "thread: torch/jax thread pools used before the fork may hang the child)")
+    group.addoption("--attention-deadline", type=float, default=None, metavar="SECONDS",
+                    help="time limit per call (overrides the profile's and the target's)")
 
 
 class PropertyFailed(Exception):
@@ -63,7 +71,7 @@ class PropertyItem(pytest.Item):
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
         if isinstance(excinfo.value, PropertyFailed):
-            return failure(excinfo.value.result)
+            return failure(excinfo.value.result, headline=True)
         return super().repr_failure(excinfo)
 
     def reportinfo(self) -> tuple[str, int | None, str]:
@@ -90,7 +98,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     if not source:
         return
     try:
-        target = load_target(source)
+        target = configure(load(source), isolation=config.getoption("attention_isolation"),
+                           deadline=config.getoption("attention_deadline"))
     except TargetError as e:
         raise pytest.UsageError(f"--attention-target: {e}") from None
     suite = PropertySuite.from_parent(session, name="attention-spec", nodeid="attention-spec",
