@@ -156,7 +156,7 @@ def signature_hint(error: TypeError, target: Target) -> str | None:
     if unexpected and unexpected.group(1) in PASSED:
         name = unexpected.group(1)
         spelled = _spelled(fn, name)
-        fix = (f"declare Target(fn, {DECLARED_BY[name]}) if it has no {name}, or " if not grad else "")
+        fix = "" if grad else f"declare Target(fn, {DECLARED_BY[name]}) if it does not support {name}, or "
         call_it = f"{spelled}={name}" if spelled else f"<its name for {name}>={name}"
         params = "q, k, v, d_out" if grad else "q, k, v"
         default = "False" if name == "causal" else "None"
