@@ -91,8 +91,11 @@ def invoke(target: Target, what: str, fn: Callable[[], Any], deadline: float | N
     SIGABRT, ``os._exit``) is a failure naming the signal, an overrun SIGKILLs the worker, and
     the next call starts a fresh one. Within :func:`workers` (each property run) a target keeps
     one worker that receives :class:`Request` objects; any other ``fn`` runs in a one-off fork.
-    Fork copies only the calling thread: a library whose thread pool was used before the fork
-    (PyTorch's, JAX's) may deadlock in the child — then the deadline fails the call.
+    Fork copies only the calling thread: PyTorch's intra-op pool is set to one thread in the
+    worker (else a parent that used it makes the child hang); another library whose threads ran
+    in the parent before the fork (an OpenMP or XLA pool) may deadlock in the child — then the
+    deadline fails the call. JAX runs (its backend starts in each worker, so each property
+    compiles afresh).
     """
     seconds = target.deadline_s if target.deadline_s is not None else deadline
     try:
@@ -400,6 +403,7 @@ def _serve(conn: Any, target: Target, once: Callable[[], Any] | None) -> None:
     faulthandler.disable()
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C: the parent reaps us
+    _single_threaded_torch()
     while True:
         message = conn.recv()
         if message is None:
@@ -424,6 +428,14 @@ def _serve(conn: Any, target: Target, once: Callable[[], Any] | None) -> None:
         except Exception as e:  # an unpicklable result or exception: sent as text
             kind, shown = ("error" if reply[0] == "error" else "returned"), reply[1]
             conn.send(("text", kind, type(shown).__name__, str(shown)[:500], str(e)[:200]))
+
+
+def _single_threaded_torch() -> None:
+    """In a forked worker, PyTorch's OpenMP pool, if the parent ever used it, is threads that do
+    not exist: the first parallel region would hang. One thread runs it inline instead."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
 
 
 def _in_process(target: Target, what: str, fn: Callable[[], Any], seconds: float | None) -> Any:

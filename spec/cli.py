@@ -79,9 +79,9 @@ def parser() -> argparse.ArgumentParser:
                        help="where each call runs (overrides the target's declaration): thread (default: "
                        "a worker thread under the deadline), caller (this thread, no deadline), process "
                        "(a forked worker process: a crash such as SIGSEGV or a call stuck in C is that "
-                       "law's failure and the run goes on; fork copies one thread, so a library whose "
-                       "thread pool ran before the fork, e.g. torch, may hang in the child: the deadline "
-                       "then fails the call)")
+                       "law's failure and the run goes on; Linux/macOS; fork copies one thread: torch "
+                       "runs single-threaded in the worker, and a library whose own thread pool ran "
+                       "before the fork may hang there, which the deadline then fails)")
     check.add_argument("--deadline", type=_seconds, metavar="SECONDS",
                        help="time limit per call (overrides the profile's and the target's)")
     check.add_argument("--json", metavar="FILE", help="also write the report as JSON ('-' for stdout only)")

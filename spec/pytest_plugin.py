@@ -40,7 +40,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--attention-isolation", choices=["thread", "caller", "process"], default=None,
                     help="where each call runs (overrides the target's declaration); process: a "
                     "forked worker, so a crash or a hang in C is the law's failure (fork copies one "
-                    "thread: torch/jax thread pools used before the fork may hang the child)")
+                    "thread: torch runs single-threaded there; another pool used before the fork "
+                    "may hang the child, which the deadline fails)")
     group.addoption("--attention-deadline", type=float, default=None, metavar="SECONDS",
                     help="time limit per call (overrides the profile's and the target's)")
 

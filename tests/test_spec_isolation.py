@@ -202,3 +202,15 @@ def test_cli_and_plugin_refuse_bad_isolation_and_deadline(capsys):
     assert main(["check", "reference", "--deadline", "0"]) == 2
     err = capsys.readouterr().err
     assert "invalid choice: 'fork'" in err and "expected a positive number of seconds, got '0'" in err
+
+
+def test_torch_in_process_mode_after_the_parent_used_its_thread_pool():
+    """Before the worker set torch to one thread, every call hung: the forked child inherited an
+    OpenMP pool whose threads did not exist (seen: all laws failed at the deadline)."""
+    torch = pytest.importorskip("torch")
+    a = torch.ones(256, 256)
+    assert float((a @ a).sum()) == 256.0**3  # runs the intra-op pool in this process
+    report = spec.check("torch", profile="quick", max_examples=5, only=["matches_golden", "causal_no_leak"],
+                        isolation="process", deadline=20.0)
+    assert report.ok, [(r.name, r.message) for r in report.failures]
+    assert torch.get_num_threads() >= 1 and all(r.examples >= 5 for r in report.results)
