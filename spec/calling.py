@@ -410,7 +410,7 @@ def _serve(conn: Any, target: Target, once: Callable[[], Any] | None) -> None:
             return
         if message == "once" and once is not None:
             request: Callable[[], Any] = once
-            arrays: list[tuple[int | str, np.ndarray]] = []
+            arrays = _arrays(once) if isinstance(once, Request) else []
         else:
             which, args, kwargs = message
             request = Request(target, which, tuple(args), dict(kwargs))

@@ -61,9 +61,16 @@ class PropertyItem(pytest.Item):
 
     def runtest(self) -> None:
         opt = self.config.getoption
+        suite = self.parent
+        fatal = suite.fatal if isinstance(suite, PropertySuite) else None
+        if fatal is not None:  # the target's signature differs: said once, at that property
+            raise pytest.skip.Exception(f"not run: see {fatal.name} (the target's signature)",
+                                        _use_item_location=True)
         result = run_property(self.prop, self.target, profile=opt("attention_profile"),
                               max_examples=opt("attention_max_examples"), seed=opt("attention_seed"),
                               source=self.source)
+        if result.fatal and isinstance(suite, PropertySuite):
+            suite.fatal = result
         if result.status == "skip":
             # Reported at the property (the item), not at this line of the plugin.
             raise pytest.skip.Exception(result.message, _use_item_location=True)
@@ -87,6 +94,7 @@ class PropertySuite(pytest.Collector):
     def __init__(self, *, target: Target, source: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.target, self.source = target, source
+        self.fatal: Result | None = None  # a property whose failure says the signature differs
 
     def collect(self) -> list[pytest.Item | pytest.Collector]:
         return [PropertyItem.from_parent(self, name=name, prop=prop, target=self.target, source=self.source)

@@ -150,7 +150,8 @@ def replay(target: str | Target | Any, name: str, **case: Any) -> None:
     loaded = load(target)
     token = DEADLINE.set(PROFILES["ci"].deadline_s)
     try:
-        prop.check(loaded, Case(**case))
+        with workers():
+            prop.check(loaded, Case(**case))
     finally:
         DEADLINE.reset(token)
 

@@ -147,3 +147,18 @@ def test_pytest_short_summary_carries_the_laws_message(tmp_path):
     assert "rows_sum_to_one" in line and " - FAIL rows_sum_to_one: " in line
     (result,) = spec.check("gallery.core:softmax_wrong_axis", "quick", only=["rows_sum_to_one"]).results
     assert line.split("FAIL rows_sum_to_one: ", 1)[1] == result.message, textwrap.shorten(run.stdout, 400)
+
+
+def test_the_pytest_plugin_reports_a_signature_mismatch_once(tmp_path):
+    installed = any(ep.value == "spec.pytest_plugin" for ep in entry_points(group="pytest11"))
+    (tmp_path / "test_own.py").write_text("def test_own():\n    pass\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]), "COLUMNS": "250"}
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", *([] if installed else ["-p", "spec.pytest_plugin"]),
+         "-p", "no:cacheprovider", "-q", "-ra", "--attention-profile=quick",
+         "--attention-target=test_spec_errors:sdpa"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert run.returncode == 1
+    failed = [s for s in run.stdout.splitlines() if s.startswith("FAILED")]
+    assert len(failed) == 1 and "does not take the keyword causal=" in failed[0], failed
+    assert "not run: see " in run.stdout

@@ -214,3 +214,13 @@ def test_torch_in_process_mode_after_the_parent_used_its_thread_pool():
                         isolation="process", deadline=20.0)
     assert report.ok, [(r.name, r.message) for r in report.failures]
     assert torch.get_num_threads() >= 1 and all(r.examples >= 5 for r in report.results)
+
+
+def test_a_one_off_worker_sends_mutations_back_too():
+    def mutating(q, k, v):
+        q[...] = 0
+        return attention(q, k, v)
+
+    q, k, v = _q_k_v()
+    call(Target(mutating, isolation="process"), q, k, v, deadline=30.0, copy=False)  # outside workers()
+    assert not q.any()
