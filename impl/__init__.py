@@ -9,7 +9,7 @@ from impl.attention import attention, softmax
 from impl.flash import flash_attention
 from impl.grad import attention_backward, gradcheck
 from impl.layers import multi_head_attention, self_attention
-from impl.masks import causal_mask, padding_mask, sliding_window_mask
+from impl.masks import causal_mask, packed_mask, padding_mask, sliding_window_mask
 
 __all__ = [
     "attention",
@@ -18,6 +18,7 @@ __all__ = [
     "flash_attention",
     "gradcheck",
     "multi_head_attention",
+    "packed_mask",
     "padding_mask",
     "self_attention",
     "sliding_window_mask",

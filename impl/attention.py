@@ -9,6 +9,11 @@ Dimension letters, used in every shape code of this package:
 
     attention(Q, K, V) = softmax(Q Kᵀ · scale + mask) V,   scale = 1/√d_k by default
 
+and with every keyword, in this order: ``s = scale·q·kᵀ`` → softcap ``c·tanh(s/c)`` → ``+ bias`` →
+``-inf`` where hidden (causal ∧ window ∧ mask ∧ kv_lengths ∧ same packed sequence) → softmax with
+the sinks in its denominator → dropout → ``@ v``. Three layers, as JAX's: :func:`attention`
+validates, :func:`_grouped` maps grouped K/V heads, :func:`_core` is the maths.
+
 Numerics: scores, softmax and the weighted sum run in float64 for float64 inputs and in float32
 for float32, float16 and bfloat16-like inputs (as JAX does); the result is cast back to the input
 dtype. A query row with no visible key gives zeros and zero weights (PyTorch's and
@@ -18,13 +23,34 @@ FlashAttention's choice). NaN and Inf in the inputs propagate; they are never re
 from __future__ import annotations
 
 import math
+from functools import reduce
 from typing import Any, Literal, overload
 
 import numpy as np
 
-from impl.masks import causal_mask
+from impl.masks import Align, causal_mask, check_window, packed_mask, padding_mask, sliding_window_mask
 
 Array = np.ndarray
+
+
+def softmax_lse(x: Array, sinks: Array | float = -np.inf) -> tuple[Array, Array]:
+    # [..., n], [..., 1] -> weights [..., n], lse [..., 1]
+    """Softmax along the last axis and its natural-log normaliser ``lse = log Σ exp``.
+
+    ``sinks`` is one extra logit per row that joins the denominator and gets no weight of its
+    own to return (attention sinks); ``-inf``, the default, adds exactly 0 — no sink at all.
+    The row maximum is subtracted before ``exp``, so nothing overflows. A row that is entirely
+    ``-inf`` gives zeros (not 0/0 = NaN) and ``lse = -inf``; NaN anywhere makes the row NaN.
+    """
+    row_max = np.maximum(np.max(x, axis=-1, keepdims=True, initial=-np.inf), sinks)
+    # An all -inf row has max -inf; shifting by it would give -inf - -inf = NaN.
+    shift = np.where(np.isneginf(row_max), 0.0, row_max).astype(x.dtype, copy=False)
+    e = np.exp(x - shift)
+    total = np.sum(e, axis=-1, keepdims=True) + np.exp(sinks - shift)
+    with np.errstate(divide="ignore"):  # log(0) = -inf for a row that sees nothing
+        lse = shift + np.log(total)
+    # total is exactly 0 only for rows with nothing visible (otherwise the max gives exp(0) = 1).
+    return e / np.where(total == 0, 1, total), lse
 
 
 def softmax(x: Array, axis: int = -1) -> Array:  # [..., n] -> [..., n]
@@ -40,14 +66,8 @@ def softmax(x: Array, axis: int = -1) -> Array:  # [..., n] -> [..., n]
     >>> softmax(np.array([-np.inf, -np.inf]))
     array([0., 0.])
     """
-    x = np.asarray(x)
-    row_max = np.max(x, axis=axis, keepdims=True, initial=-np.inf)
-    # An all -inf row has max -inf; shifting by it would give -inf - -inf = NaN.
-    shift = np.where(np.isneginf(row_max), 0.0, row_max)
-    e = np.exp(x - shift)
-    total = np.sum(e, axis=axis, keepdims=True)
-    # total is exactly 0 only for rows with nothing visible (otherwise the max gives exp(0) = 1).
-    return e / np.where(total == 0, 1, total)
+    weights, _ = softmax_lse(np.moveaxis(np.asarray(x), axis, -1))
+    return np.moveaxis(weights, -1, axis)
 
 
 def compute_dtype(dtype: np.dtype) -> np.dtype:
@@ -74,13 +94,31 @@ def _as_float_array(name: str, x: Any) -> Array:
     return arr
 
 
-def check_qkv(q: Any, k: Any, v: Any) -> tuple[Array, Array, Array, tuple[int, ...]]:
+def kv_groups(q_shape: tuple[int, ...], k_shape: tuple[int, ...], v_shape: tuple[int, ...]) -> int | None:
+    """The number g of K/V heads when k and v hold fewer heads than q (grouped-query attention), else None.
+
+    Heads sit on axis -3. With h query heads and g K/V heads, 1 < g < h and h divisible by g,
+    query head i reads K/V head ``i // (h // g)`` (PyTorch's ``enable_gqa``, JAX). g = 1 or g = h
+    is plain broadcasting and needs no grouping.
+    """
+    if min(len(q_shape), len(k_shape), len(v_shape)) < 3:
+        return None
+    h, g = q_shape[-3], k_shape[-3]
+    if v_shape[-3] != g or g == 1 or h in (1, g) or h % g:
+        return None
+    return g
+
+
+def check_qkv(
+    q: Any, k: Any, v: Any, *, grouped: bool = False
+) -> tuple[Array, Array, Array, tuple[int, ...]]:
     """Validate q, k, v and return them as arrays with the broadcast leading shape.
 
     q ``[..., n_q, d_k]``, k ``[..., n_k, d_k]``, v ``[..., n_k, d_v]``; the leading dims of the
-    three must broadcast together. Raises ``TypeError`` for non-float or mixed dtypes and
-    ``ValueError`` for wrong ndim, mismatched widths or lengths, unbroadcastable leading dims and
-    ``d_k = 0``.
+    three must broadcast together — or, with ``grouped=True``, k and v may have g heads (axis -3)
+    where q has h, h divisible by g (see :func:`kv_groups`). Raises ``TypeError`` for non-float or
+    mixed dtypes and ``ValueError`` for wrong ndim, mismatched widths or lengths, unbroadcastable
+    leading dims and ``d_k = 0``.
     """
     q = _as_float_array("q", q)
     k = _as_float_array("k", k)
@@ -99,11 +137,19 @@ def check_qkv(q: Any, k: Any, v: Any) -> tuple[Array, Array, Array, tuple[int, .
         raise ValueError(
             f"k and v must have the same length n_k, got k {k.shape} and v {v.shape}"
         )
+    k_lead, v_lead = k.shape[:-2], v.shape[:-2]
+    if grouped and kv_groups(q.shape, k.shape, v.shape):
+        # Each K/V head serves h/g query heads: as leading dims, k and v count q's h heads.
+        k_lead, v_lead = (*k_lead[:-1], q.shape[-3]), (*v_lead[:-1], q.shape[-3])
     try:
-        batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+        batch = np.broadcast_shapes(q.shape[:-2], k_lead, v_lead)
     except ValueError:
+        groups = (
+            f"; as grouped-query attention, q's heads (h = {q.shape[-3]}, axis -3) must be divisible "
+            f"by k's and v's (g = {k.shape[-3]})" if grouped and min(q.ndim, k.ndim) >= 3 else ""
+        )
         raise ValueError(
-            f"leading dims of q, k and v must broadcast, got q {q.shape}, k {k.shape}, v {v.shape}"
+            f"leading dims of q, k and v must broadcast{groups}, got q {q.shape}, k {k.shape}, v {v.shape}"
         ) from None
     return q, k, v, batch
 
@@ -133,26 +179,257 @@ def check_mask(mask: Any, shape: tuple[int, ...]) -> Array:
     return arr
 
 
+
+def _check_real(name: str, x: Any, expected: str) -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be {expected}, got {type(x).__name__}")
+    return float(x)
+
+
+def check_softcap(softcap: Any) -> float | None:
+    """``softcap = c``: a finite real number > 0, or None for no cap."""
+    if softcap is None:
+        return None
+    c = _check_real("softcap", softcap, "a real number > 0 or None")
+    if not (math.isfinite(c) and c > 0):
+        raise ValueError(f"softcap must be a finite number > 0, got {softcap}")
+    return c
+
+
+def _float_array(name: str, x: Any, work: np.dtype) -> Array:
+    arr = np.asarray(x)
+    if not _is_real_float(arr.dtype):
+        raise TypeError(f"{name} must be a real floating array, got dtype {arr.dtype} with shape {arr.shape}")
+    return arr.astype(work, copy=False)
+
+
+def check_bias(bias: Any, shape: tuple[int, ...], work: np.dtype) -> Array | None:
+    """An additive float bias broadcasting to ``shape`` = (..., n_q, n_k), in the compute dtype."""
+    if bias is None:
+        return None
+    arr = _float_array("bias", bias, work)
+    try:
+        broadcast = np.broadcast_shapes(arr.shape, shape)
+    except ValueError:
+        broadcast = None
+    if broadcast != shape:
+        raise ValueError(f"bias of shape {arr.shape} does not broadcast to (..., n_q, n_k) = {shape}")
+    return arr
+
+
+def check_sinks(sinks: Any, batch: tuple[int, ...], work: np.dtype) -> Array | float:
+    # [heads] -> [heads, 1, 1] ([1] -> [1, 1] for 2-D inputs), or -inf (no sink) if None
+    """One sink logit per query head: shape ``[heads]`` (``[1]`` for 2-D inputs), real floats."""
+    if sinks is None:
+        return -np.inf
+    arr = _float_array("sinks", sinks, work)
+    heads = batch[-1] if batch else 1
+    if arr.shape != (heads,):
+        raise ValueError(f"sinks must have shape (heads,) = ({heads},), one per query head, got {arr.shape}")
+    return arr.reshape(heads, 1, 1) if batch else arr.reshape(1, 1)
+
+
+def _check_int_array(name: str, x: Any) -> Array:
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be an integer array, got dtype {arr.dtype}")
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
+    return arr
+
+
+def check_kv_lengths(kv_lengths: Any, batch: tuple[int, ...], n_k: int) -> Array | None:
+    # [batch] -> [batch, 1, 1, n_k] bool
+    """Keys per batch row: int ``[batch]`` (4-D inputs), each in [0, n_k]; later keys are hidden."""
+    if kv_lengths is None:
+        return None
+    if len(batch) != 2:
+        raise ValueError(f"kv_lengths needs 4-D inputs (batch, heads, n, d), got leading dims {batch}")
+    lengths = _check_int_array("kv_lengths", kv_lengths)
+    if lengths.shape != batch[:1]:
+        raise ValueError(f"kv_lengths must have shape (batch,) = ({batch[0]},), got {lengths.shape}")
+    if np.any(lengths < 0) or np.any(lengths > n_k):
+        raise ValueError(f"kv_lengths must lie in [0, n_k={n_k}], got {lengths.tolist()}")
+    return padding_mask(lengths[:, None], n_k)
+
+
+def check_cu_seqlens(
+    cu_seqlens_q: Any, cu_seqlens_k: Any, batch: tuple[int, ...], n_q: int, n_k: int
+) -> tuple[Array, Array] | None:
+    """Packed sequences: both offsets or neither; int ``[b + 1]``, 0 first, non-decreasing, ending at n."""
+    if cu_seqlens_q is None and cu_seqlens_k is None:
+        return None
+    if cu_seqlens_q is None or cu_seqlens_k is None:
+        raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together (packed sequences)")
+    if len(batch) > 1:
+        raise ValueError(
+            f"cu_seqlens_q/cu_seqlens_k need packed 3-D inputs (heads, total, d), got leading dims {batch}"
+        )
+    checked = []
+    for name, cu, total in (("cu_seqlens_q", cu_seqlens_q, n_q), ("cu_seqlens_k", cu_seqlens_k, n_k)):
+        cu = _check_int_array(name, cu)
+        if cu.size == 0 or cu[0] != 0 or np.any(np.diff(cu) < 0) or cu[-1] != total:
+            raise ValueError(
+                f"{name} must start at 0, never decrease and end at the packed length {total}, "
+                f"got {cu.tolist()}"
+            )
+        checked.append(cu)
+    if checked[0].shape != checked[1].shape:
+        raise ValueError(
+            f"cu_seqlens_q and cu_seqlens_k must count the same sequences, got lengths "
+            f"{checked[0].size} and {checked[1].size}"
+        )
+    return checked[0], checked[1]
+
+
+def check_dropout(dropout_p: Any, seed: Any) -> tuple[float, int | None]:
+    """``dropout_p`` in [0, 1); a ``seed`` (int ≥ 0) is required when it is > 0: every output reproducible."""
+    p = _check_real("dropout_p", dropout_p, "a real number in [0, 1)")
+    if not 0 <= p < 1:
+        raise ValueError(f"dropout_p must lie in [0, 1), got {dropout_p}")
+    if seed is None:
+        if p > 0:
+            raise ValueError("seed is required when dropout_p > 0 (the reference's dropout is reproducible)")
+        return p, None
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed must be an integer >= 0 or None, got {type(seed).__name__}")
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0, got {seed}")
+    return p, int(seed)
+
+
+def check_align(align: Any) -> Align:
+    if align not in ("top_left", "bottom_right"):
+        raise ValueError(f"align must be 'top_left' or 'bottom_right', got {align!r}")
+    return align
+
+
+def _all(*masks: Array | None) -> Array | None:  # broadcastable masks -> their AND (None if none)
+    present = [m for m in masks if m is not None]
+    return reduce(np.logical_and, present) if present else None
+
+
 def visible(
-    n_q: int, n_k: int, *, causal: bool, mask: Array | None, shape: tuple[int, ...]
+    n_q: int, n_k: int, *, causal: bool, window: tuple[int, int] | None, align: Align,
+    mask: Array | None, kv_lengths: Array | None, packed: tuple[Array, Array] | None,
 ) -> Array | None:  # -> [..., n_q, n_k] bool, or None when every key is visible
-    """The combined visibility: the top-left causal mask and ``mask``, ANDed; None if neither."""
-    keep = causal_mask(n_q, n_k) if causal else None
-    if mask is not None:
-        keep = mask if keep is None else np.logical_and(keep, mask)
-    return None if keep is None else np.broadcast_to(keep, shape)
+    """Which keys each query sees: causal ∧ window (per packed sequence) ∧ mask ∧ kv_lengths."""
+
+    def within(n_q: int, n_k: int) -> Array | None:  # one sequence's own positions
+        causal_part = causal_mask(n_q, n_k, align=align) if causal else None
+        window_part = None if window is None else sliding_window_mask(n_q, n_k, window=window, align=align)
+        return _all(causal_part, window_part)
+
+    positions = within(n_q, n_k) if packed is None else packed_mask(*packed, within)
+    return _all(positions, mask, kv_lengths)
+
+
+# --- the core: plain maths ---------------------------------------------------------------------
+
+
+def _cap(scores: Array, softcap: float | None) -> Array:  # [..., n_q, n_k] -> same
+    """Logit soft-capping (Gemma 2): ``s → c·tanh(s/c)``, close to s for |s| ≪ c, never beyond ±c."""
+    if softcap is None:
+        return scores
+    c = scores.dtype.type(softcap)
+    return c * np.tanh(scores / c)
+
+
+def _dropout(weights: Array, p: float, seed: int | None) -> Array:  # [..., n_q, n_k] -> same
+    """Drop each weight with probability p and scale the kept ones by 1/(1 − p), so the mean is unchanged.
+
+    The kept entries are ``default_rng(seed).random(weights.shape) >= p`` (NumPy's PCG64, float64
+    draws over the whole ``[..., n_q, n_k]`` pattern in C order).
+    """
+    if p == 0:
+        return weights
+    kept = np.random.default_rng(seed).random(weights.shape) >= p
+    return np.where(kept, weights / weights.dtype.type(1 - p), weights.dtype.type(0))
+
+
+def _core(
+    q: Array, k: Array, v: Array, *, scale: float, softcap: float | None, bias: Array | None,
+    keep: Array | None, sinks: Array | float, dropout: tuple[float, int | None],
+) -> tuple[Array, Array, Array]:
+    # [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v]; bias, keep [..., n_q, n_k]; sinks [..., 1, 1]
+    # -> out [..., n_q, d_v], weights [..., n_q, n_k], lse [..., n_q, 1]
+    lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    q = np.broadcast_to(q, (*lead, *q.shape[-2:]))  # one score row per output row, even if only v has a dim
+    scores = (q @ np.swapaxes(k, -1, -2)) * q.dtype.type(scale)  # [..., n_q, n_k]
+    scores = _cap(scores, softcap)  # c·tanh(s/c)
+    scores = scores if bias is None else scores + bias
+    scores = scores if keep is None else np.where(keep, scores, -np.inf)
+    weights, lse = softmax_lse(scores, sinks)
+    weights = _dropout(weights, *dropout)
+    return weights @ v, weights, lse  # [..., n_q, n_k] @ [..., n_k, d_v]
+
+
+# --- the middle: grouped-query attention -------------------------------------------------------
+
+
+def _split_heads(x: Any, g: int) -> Any:  # [..., s, a, b] -> [..., min(s, g), s / min(s, g), a, b]
+    """Head axis s ∈ {h, g, 1} → (K/V head, query head in its group): head i = (i // (h/g), i % (h/g))."""
+    if not isinstance(x, np.ndarray) or x.ndim < 3:
+        return x  # scalars and arrays without a head axis broadcast as they are
+    groups = min(x.shape[-3], g)
+    return x.reshape(*x.shape[:-3], groups, x.shape[-3] // groups, *x.shape[-2:])
+
+
+def _merge_heads(x: Array) -> Array:  # [..., g, h/g, a, b] -> [..., h, a, b]
+    return x.reshape(*x.shape[:-4], x.shape[-4] * x.shape[-3], *x.shape[-2:])
+
+
+def _grouped(q: Array, k: Array, v: Array, **per_row: Any) -> tuple[Array, Array, Array]:
+    """Grouped-query attention without copying K or V: query head i reads K/V head ``i // (h // g)``.
+
+    The query heads are reshaped to ``[..., g, h/g, n_q, d_k]`` against K/V ``[..., g, 1, n_k, ·]``,
+    so each K/V head broadcasts over its group; the results are reshaped back to h heads.
+    """
+    g = kv_groups(q.shape, k.shape, v.shape)
+    if g is None:
+        return _core(q, k, v, **per_row)
+    split = {name: _split_heads(x, g) for name, x in per_row.items()}
+    results = _core(_split_heads(q, g), _split_heads(k, g), _split_heads(v, g), **split)
+    return tuple(_merge_heads(r) for r in results)  # type: ignore[return-value]
+
+
+# --- the public function: validation ------------------------------------------------------------
+
+_Results = Array | tuple[Array, Array] | tuple[Array, Array, Array]
 
 
 @overload
 def attention(
     q: Any, k: Any, v: Any, *, causal: bool = ..., mask: Any = ..., scale: float | None = ...,
-    return_weights: Literal[False] = ...,
+    bias: Any = ..., window: tuple[int, int] | None = ..., align: Align = ..., softcap: float | None = ...,
+    sinks: Any = ..., kv_lengths: Any = ..., cu_seqlens_q: Any = ..., cu_seqlens_k: Any = ...,
+    dropout_p: float = ..., seed: int | None = ...,
+    return_weights: Literal[False] = ..., return_lse: Literal[False] = ...,
 ) -> Array: ...
 @overload
 def attention(
     q: Any, k: Any, v: Any, *, causal: bool = ..., mask: Any = ..., scale: float | None = ...,
-    return_weights: Literal[True],
+    bias: Any = ..., window: tuple[int, int] | None = ..., align: Align = ..., softcap: float | None = ...,
+    sinks: Any = ..., kv_lengths: Any = ..., cu_seqlens_q: Any = ..., cu_seqlens_k: Any = ...,
+    dropout_p: float = ..., seed: int | None = ...,
+    return_weights: Literal[True], return_lse: Literal[False] = ...,
 ) -> tuple[Array, Array]: ...
+@overload
+def attention(
+    q: Any, k: Any, v: Any, *, causal: bool = ..., mask: Any = ..., scale: float | None = ...,
+    bias: Any = ..., window: tuple[int, int] | None = ..., align: Align = ..., softcap: float | None = ...,
+    sinks: Any = ..., kv_lengths: Any = ..., cu_seqlens_q: Any = ..., cu_seqlens_k: Any = ...,
+    dropout_p: float = ..., seed: int | None = ...,
+    return_weights: Literal[False] = ..., return_lse: Literal[True],
+) -> tuple[Array, Array]: ...
+@overload
+def attention(
+    q: Any, k: Any, v: Any, *, causal: bool = ..., mask: Any = ..., scale: float | None = ...,
+    bias: Any = ..., window: tuple[int, int] | None = ..., align: Align = ..., softcap: float | None = ...,
+    sinks: Any = ..., kv_lengths: Any = ..., cu_seqlens_q: Any = ..., cu_seqlens_k: Any = ...,
+    dropout_p: float = ..., seed: int | None = ...,
+    return_weights: Literal[True], return_lse: Literal[True],
+) -> tuple[Array, Array, Array]: ...
 def attention(
     q: Any,
     k: Any,
@@ -161,48 +438,82 @@ def attention(
     causal: bool = False,
     mask: Any = None,
     scale: float | None = None,
+    bias: Any = None,
+    window: tuple[int, int] | None = None,
+    align: Align = "top_left",
+    softcap: float | None = None,
+    sinks: Any = None,
+    kv_lengths: Any = None,
+    cu_seqlens_q: Any = None,
+    cu_seqlens_k: Any = None,
+    dropout_p: float = 0.0,
+    seed: int | None = None,
     return_weights: bool = False,
-) -> Array | tuple[Array, Array]:
-    """Scaled dot-product attention, ``softmax(q kᵀ · scale) v``.
+    return_lse: bool = False,
+) -> _Results:
+    """Scaled dot-product attention, ``softmax(q kᵀ · scale) v``, with the keywords real kernels take.
+
+    In order: ``s = scale·q·kᵀ`` → ``c·tanh(s/c)`` (softcap) → ``+ bias`` → hidden keys to ``-inf``
+    (causal ∧ window ∧ mask ∧ kv_lengths ∧ same packed sequence) → softmax with the sinks in the
+    denominator → dropout → ``@ v``.
 
     Args:
-      q: queries ``[..., n_q, d_k]``.
-      k: keys ``[..., n_k, d_k]``.
-      v: values ``[..., n_k, d_v]``. The leading dims of q, k and v broadcast.
-      causal: query i sees keys j ≤ i (top-left aligned, as PyTorch). For the bottom-right
-        alignment (FlashAttention ≥ 2.1) pass ``mask=causal_mask(n_q, n_k, align="bottom_right")``.
-      mask: boolean, True = may attend, broadcastable to ``[..., n_q, n_k]``; ANDed with ``causal``.
+      q: queries ``[..., h, n_q, d_k]`` (or any leading dims ``[..., n_q, d_k]``).
+      k: keys ``[..., g, n_k, d_k]``: g = h, or 1, or any divisor of h (grouped-query attention:
+        query head i reads K/V head ``i // (h // g)``).
+      v: values ``[..., g, n_k, d_v]``. The other leading dims of q, k and v broadcast.
+      causal: query i sees keys j ≤ diag (below), top-left aligned by default, as PyTorch.
+      mask: boolean, True = may attend, broadcastable to ``[..., n_q, n_k]``.
       scale: multiplies the scores; default ``1/√d_k``.
-      return_weights: also return the attention pattern ``[..., n_q, n_k]``.
+      bias: float, broadcastable to ``[..., n_q, n_k]``, added to the (capped) scores; ``-inf`` hides a key.
+      window: ``(left, right)``, ints ≥ 0: query i sees keys ``diag − left … diag + right``.
+      align: where the diagonal of ``causal`` and ``window`` sits: ``"top_left"`` (diag = i) or
+        ``"bottom_right"`` (diag = i + n_k − n_q, FlashAttention ≥ 2.1); per sequence when packed.
+      softcap: c > 0: scores become ``c·tanh(s/c)`` before bias and masks.
+      sinks: float ``[h]`` (``[1]`` for 2-D inputs): one extra logit per query head in every row's
+        softmax denominator that carries no value; the row's weights then sum to less than 1.
+      kv_lengths: int ``[batch]``, 4-D inputs: keys at positions ≥ ``kv_lengths[b]`` are hidden.
+      cu_seqlens_q, cu_seqlens_k: int ``[b + 1]``, 0 first, non-decreasing, ending at n_q and n_k:
+        packed sequences in 3-D inputs ``(heads, total, d)``; attention stays within a sequence.
+      dropout_p, seed: each weight is dropped with probability ``dropout_p`` in [0, 1), the kept ones
+        scaled by ``1/(1 − dropout_p)``; kept = ``np.random.default_rng(seed).random(shape) >= dropout_p``
+        with ``shape = [..., h, n_q, n_k]`` (the pattern's). A seed is required when ``dropout_p > 0``.
+      return_weights: also return the attention pattern ``[..., n_q, n_k]`` as applied (after dropout).
+      return_lse: also return ``lse [..., n_q]``, the natural-log logsumexp of each row's final scores,
+        sinks included (``-inf`` for a row that sees nothing and has no sink).
 
     Returns:
-      ``[..., n_q, d_v]`` in the input dtype, and the pattern (compute dtype) if asked.
+      ``out [..., n_q, d_v]`` in the input dtype; then the weights and the lse, if asked, in the
+      compute dtype (float64 for float64 inputs, float32 otherwise).
 
-    A query with no visible key gets zeros and zero weights.
+    A query with no visible key gets zeros and zero weights; n_k = 0 gives zeros, n_q = 0 an empty result.
 
     >>> q = np.array([[1.0, 0.0]]); k = np.array([[1.0, 0.0], [0.0, 1.0]])
     >>> v = np.array([[10.0], [20.0]])
     >>> out, w = attention(q, k, v, scale=np.log(3.0), return_weights=True)
     >>> w, out
     (array([[0.75, 0.25]]), array([[12.5]]))
+    >>> out, lse = attention(q, k, v, scale=np.log(3.0), sinks=np.array([0.0]), return_lse=True)
+    >>> out, lse  # the sink takes 1/5 of the weight: (3·10 + 20)/5; lse = log(3 + 1 + 1)
+    (array([[10.]]), array([1.60943791]))
     """
-    q, k, v, batch = check_qkv(q, k, v)
+    q, k, v, batch = check_qkv(q, k, v, grouped=True)
     n_q, d_k = q.shape[-2:]
     n_k = k.shape[-2]
-    scale = check_scale(scale, d_k)
     shape = (*batch, n_q, n_k)
-    if mask is not None:
-        mask = check_mask(mask, shape)
     work = compute_dtype(q.dtype)
-    q_, k_, v_ = (x.astype(work, copy=False) for x in (q, k, v))
-
-    scores = (q_ @ np.swapaxes(k_, -1, -2)) * work.type(scale)  # [..., n_q, n_k]
-    # The mask may carry leading dims that only v has, so broadcast to the full output batch.
-    keep = visible(n_q, n_k, causal=causal, mask=mask, shape=shape)
-    if keep is not None:
-        scores = np.where(keep, scores, -np.inf)
-    weights = softmax(scores, axis=-1)
-    out = (weights @ v_).astype(q.dtype, copy=False)  # [..., n_q, n_k] @ [..., n_k, d_v]
-    if return_weights:
-        return out, weights
-    return out
+    keep = visible(
+        n_q, n_k, causal=causal, align=check_align(align),
+        window=None if window is None else check_window(window),
+        mask=None if mask is None else check_mask(mask, shape),
+        kv_lengths=check_kv_lengths(kv_lengths, batch, n_k),
+        packed=check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, batch, n_q, n_k),
+    )
+    out, weights, lse = _grouped(
+        *(x.astype(work, copy=False) for x in (q, k, v)),
+        scale=check_scale(scale, d_k), softcap=check_softcap(softcap), bias=check_bias(bias, shape, work),
+        keep=keep, sinks=check_sinks(sinks, batch, work), dropout=check_dropout(dropout_p, seed),
+    )
+    out = out.astype(q.dtype, copy=False)
+    extras = (weights,) * bool(return_weights) + (lse[..., 0],) * bool(return_lse)
+    return (out, *extras) if extras else out  # type: ignore[return-value]

@@ -80,10 +80,6 @@ def multi_head_attention(
     q = _split_heads(x @ wq, h)  # [..., h, n, d_k]
     k = _split_heads(x @ wk, g)  # [..., g, n, d_k]
     v = _split_heads(x @ wv, g)  # [..., g, n, d_v]
-    # Group the query heads by the K/V head they share: [..., g, h/g, n, d_k] against
-    # [..., g, 1, n, d_k] — a broadcast, no copy of K or V.
-    q = q.reshape(*q.shape[:-3], g, h // g, *q.shape[-2:])
-    heads = attention(q, k[..., None, :, :], v[..., None, :, :], causal=causal)
-    heads = heads.reshape(*heads.shape[:-4], h, *heads.shape[-2:])  # [..., h, n, d_v]
+    heads = attention(q, k, v, causal=causal)  # grouped-query attention: [..., h, n, d_v]
     concat = np.swapaxes(heads, -2, -3).reshape(*x.shape[:-1], h * d_v)  # [..., n, h·d_v]
     return concat @ wo

@@ -1,0 +1,132 @@
+"""impl.masks against independent definitions: each expected mask is written as a double loop over
+(i, j) straight from the definition, never through the builders' own arithmetic (issue 15: mutants
+of the bottom-right causal mask and of the sliding window survived because nothing checked them)."""
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from impl.masks import causal_mask, packed_mask, padding_mask, sliding_window_mask
+
+# Small sizes in every combination (0 and 1 included, n_q < n_k, n_q = n_k, n_q > n_k), plus a few
+# sizes past the usual tile edges.
+SIZES = [*itertools.product(range(6), range(6)), (17, 5), (5, 17), (33, 64), (64, 33)]
+WINDOWS = [(0, 0), (1, 0), (0, 1), (2, 1), (1, 3), (4, 0), (40, 40)]
+
+
+def diagonal(i, n_q, n_k, align):
+    """The key that query i is aligned with: i (top-left) or i + n_k - n_q (bottom-right)."""
+    return i if align == "top_left" else i + n_k - n_q
+
+
+def loop_mask(n_q, n_k, sees):
+    out = np.zeros((n_q, n_k), dtype=bool)
+    for i in range(n_q):
+        for j in range(n_k):
+            out[i, j] = sees(i, j)
+    return out
+
+
+@pytest.mark.parametrize("align", ["top_left", "bottom_right"])
+@pytest.mark.parametrize(("n_q", "n_k"), SIZES)
+def test_causal_mask_is_the_definition(n_q, n_k, align):
+    def sees(i, j):
+        return j <= diagonal(i, n_q, n_k, align)
+
+    got = causal_mask(n_q, n_k, align=align)
+    assert got.dtype == bool and got.shape == (n_q, n_k)
+    np.testing.assert_array_equal(got, loop_mask(n_q, n_k, sees))
+
+
+@pytest.mark.parametrize("align", ["top_left", "bottom_right"])
+@pytest.mark.parametrize("window", WINDOWS)
+@pytest.mark.parametrize(("n_q", "n_k"), SIZES)
+def test_sliding_window_mask_is_the_definition(n_q, n_k, window, align):
+    left, right = window
+
+    def sees(i, j):
+        d = diagonal(i, n_q, n_k, align)
+        return d - left <= j <= d + right
+
+    got = sliding_window_mask(n_q, n_k, window=window, align=align)
+    assert got.dtype == bool and got.shape == (n_q, n_k)
+    np.testing.assert_array_equal(got, loop_mask(n_q, n_k, sees))
+
+
+@given(n_q=st.integers(0, 40), n_k=st.integers(0, 40), left=st.integers(0, 45), right=st.integers(0, 45),
+       align=st.sampled_from(["top_left", "bottom_right"]))
+def test_window_and_causal_match_their_definitions_at_any_size(n_q, n_k, left, right, align):
+    def in_window(i, j):
+        return diagonal(i, n_q, n_k, align) - left <= j <= diagonal(i, n_q, n_k, align) + right
+
+    np.testing.assert_array_equal(
+        sliding_window_mask(n_q, n_k, window=(left, right), align=align), loop_mask(n_q, n_k, in_window)
+    )
+    np.testing.assert_array_equal(
+        causal_mask(n_q, n_k, align=align),
+        loop_mask(n_q, n_k, lambda i, j: j <= diagonal(i, n_q, n_k, align)),
+    )
+
+
+def test_square_defaults_and_the_default_alignment():
+    np.testing.assert_array_equal(causal_mask(4), loop_mask(4, 4, lambda i, j: j <= i))
+    np.testing.assert_array_equal(causal_mask(2, 4), loop_mask(2, 4, lambda i, j: j <= i))
+    np.testing.assert_array_equal(
+        sliding_window_mask(5, window=(1, 2)), loop_mask(5, 5, lambda i, j: i - 1 <= j <= i + 2)
+    )
+
+
+@pytest.mark.parametrize("n_k", [0, 1, 4, 9])
+def test_padding_mask_is_the_definition(n_k):
+    lengths = np.array([0, n_k, n_k // 2, min(1, n_k)])
+    got = padding_mask(lengths, n_k)
+    assert got.shape == (4, 1, n_k)
+    for b, length in enumerate(lengths.tolist()):
+        np.testing.assert_array_equal(got[b, 0], [j < length for j in range(n_k)])
+
+
+def sequence_of(position, cu):
+    """The packed sequence s with cu[s] <= position < cu[s + 1], by a plain search."""
+    for s in range(len(cu) - 1):
+        if cu[s] <= position < cu[s + 1]:
+            return s
+    raise AssertionError(position)
+
+
+@pytest.mark.parametrize("align", ["top_left", "bottom_right"])
+@pytest.mark.parametrize(
+    ("cu_q", "cu_k"),
+    [([0, 3], [0, 5]), ([0, 2, 2, 5], [0, 1, 4, 4]), ([0, 0], [0, 3]), ([0], [0]),
+     ([0, 1, 4, 6], [0, 3, 4, 9])],
+)
+def test_packed_mask_is_the_definition(cu_q, cu_k, align):
+    def sees(i, j):
+        s = sequence_of(i, cu_q)
+        if not cu_k[s] <= j < cu_k[s + 1]:
+            return False
+        n_q_s, n_k_s = cu_q[s + 1] - cu_q[s], cu_k[s + 1] - cu_k[s]
+        return j - cu_k[s] <= diagonal(i - cu_q[s], n_q_s, n_k_s, align)
+
+    got = packed_mask(np.array(cu_q), np.array(cu_k), lambda a, b: causal_mask(a, b, align=align))
+    np.testing.assert_array_equal(got, loop_mask(cu_q[-1], cu_k[-1], sees))
+    same_sequence = loop_mask(cu_q[-1], cu_k[-1], lambda i, j: cu_k[sequence_of(i, cu_q)] <= j
+                              < cu_k[sequence_of(i, cu_q) + 1])
+    np.testing.assert_array_equal(packed_mask(np.array(cu_q), np.array(cu_k)), same_sequence)
+
+
+def test_mask_builders_reject_bad_arguments():
+    with pytest.raises(ValueError, match="align"):
+        causal_mask(3, align="diagonal")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="align"):
+        sliding_window_mask(3, window=(1, 1), align="center")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="n_k"):
+        sliding_window_mask(3, -2, window=(1, 1))
+    with pytest.raises(ValueError, match="window"):
+        sliding_window_mask(3, window=(0, -1))
+    with pytest.raises(TypeError, match="window"):
+        sliding_window_mask(3, window=(1.5, 0))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="window"):
+        sliding_window_mask(3, window=3)  # type: ignore[arg-type]
