@@ -491,10 +491,12 @@ def workers() -> Iterator[None]:
     exception or Ctrl-C) every worker is stopped and reaped, so none outlives the run."""
     pool: dict[int, _Worker] = {}
     token, crash_token = WORKERS.set(pool), CRASHES.set([])
+    interrupted = True  # until the block ends normally: then a worker may still be mid-call
     try:
         yield
+        interrupted = False
     finally:
         WORKERS.reset(token)
         CRASHES.reset(crash_token)
         for worker in pool.values():
-            worker.close(kill=False)
+            worker.close(kill=interrupted)
