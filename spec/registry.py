@@ -26,6 +26,10 @@ LAW_MODULES: tuple[str, ...] = (
     "spec.laws.core",
     "spec.laws.masks",
     "spec.laws.gradients",
+    "spec.laws.bias",
+    "spec.laws.window",
+    "spec.laws.softcap",
+    "spec.laws.sinks",
 )
 """Every module of laws, in report order. Add a family here (one line)."""
 

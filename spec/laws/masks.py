@@ -60,7 +60,7 @@ def padding_mask_is_truncation(target: Target, case: Case) -> None:
     mask = padding(case)
     vis = np.broadcast_to(mask, (*case.lead(), case.n_q, case.n_k))
     if case.causal:
-        vis = vis & golden.causal_visible(case.n_q, case.n_k, target.causal_alignment or "top_left")
+        vis = vis & golden.causal_visible(case.n_q, case.n_k, target.alignment)
     out = run(target, case, q, k, v, mask=mask)
     assert_close(target, case, out, q, k, v, visible=vis, what="with key padding, the output")
     # Replace what is padded, and nothing else.
