@@ -72,7 +72,8 @@ def baseline(
     def rounded(x: Array) -> Array:  # no-op for NumPy's own floats, whose results keep the dtype
         return np.asarray(x).astype(dtype, copy=False)
 
-    scores = rounded(rounded(q @ np.swapaxes(k, -1, -2)) * dtype.type(scale))
+    with np.errstate(over="ignore"):  # a naive product may overflow where the scaled scores fit
+        scores = rounded(rounded(q @ np.swapaxes(k, -1, -2)) * dtype.type(scale))
     if softcap is not None:  # the §2b order: cap, then bias, then masks
         scores = rounded(dtype.type(softcap) * rounded(np.tanh(rounded(scores / dtype.type(softcap)))))
     if bias is not None:

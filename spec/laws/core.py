@@ -396,10 +396,10 @@ def _masked_row_expectation(
     work = target.precision(case.dtype)
     qw, kw, vw = (x.astype(dtypes.as_dtype(work)) for x in (q, k, v))
     floor = tolerance.floor(qw, kw, vw, scale=scale_of(case))
-    if target.masked_rows == "uniform":
+    if target.masked_rows == "uniform":  # no score enters the mean: the floor of scale 0
         kv = v if case.kv_heads is None else tolerance.repeat_kv(v, case.heads)
         return kv.astype(np.float64).mean(axis=-2, keepdims=True), "the mean of all values", \
-            target.tolerance * floor
+            target.tolerance * tolerance.floor(qw, kw, vw, scale=0.0)
     every = np.ones((*case.lead(), case.n_q, case.n_k), dtype=bool)
     gold, _, _ = expected(target, case, q, k, v, visible=every)[:3]
     shift = min(1.0, dtypes.eps(work) * FINITE_FILL)  # each score moved by up to this
