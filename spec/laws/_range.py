@@ -48,7 +48,7 @@ def edge_amplitude(case: Case, scale: float) -> float:
     products = float(np.max(qa @ np.swapaxes(ka, -1, -2)))
     if products == 0:
         return 1.0
-    limit = min(float(finfo(case.dtype).max) / (2 * abs(scale)),
+    limit = min(float(finfo(case.dtype).max) / (2 * abs(float(scale))),
                 float(finfo(accumulator(case.dtype)).max) / 4)
     return limit / products
 
