@@ -24,7 +24,8 @@ CAUSAL_LAWS = ["matches_golden", "causal_no_leak", "uniform_scores_average"]
 @pytest.mark.parametrize(
     ("value", "message"),
     [([("float64", "float32")], "dict"), ({"float16": "float16"}, "not among the declared"),
-     ({"float64": "float64"}, "narrower"), ({"float32": "float64"}, "narrower"), ({"float64": "int8"}, "narrower"),
+     ({"float64": "float64"}, "narrower"), ({"float32": "float64"}, "narrower"),
+     ({"float64": "int8"}, "narrower"),
      ({"float64": "nope"}, "dtype names")],
 )
 def test_bad_computes_is_refused_naming_the_field(value, message):
