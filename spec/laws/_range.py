@@ -59,10 +59,11 @@ def at_edge(
     keep: float = 0.0,
 ) -> Case:
     """Cases from ``base`` with amplitude a drawn fraction of the edge; with probability
-    ``keep`` the case keeps its own amplitude (small scores still get examples)."""
+    ``keep`` the case keeps its own amplitude (moderate scores still get examples), but never
+    beyond the edge."""
     case = draw(base)
-    if keep and draw(st.floats(0, 1)) < keep:
-        return case
     scale = 1.0 / np.sqrt(case.d_k) if case.scale is None else case.scale
-    fraction = draw(st.sampled_from(fractions))
-    return dataclasses.replace(case, amplitude=fraction * edge_amplitude(case, scale))
+    edge = edge_amplitude(case, scale)
+    if keep and draw(st.floats(0, 1)) < keep:
+        return case if case.amplitude <= edge else dataclasses.replace(case, amplitude=edge)
+    return dataclasses.replace(case, amplitude=draw(st.sampled_from(fractions)) * edge)
