@@ -285,7 +285,11 @@ def batch_head_independence(target: Target, case: Case) -> None:
                     what=f"(batch, head) slice {list(index)} alone, against the batched call")
 
 
-@law(strategy=lambda t: at_edge(cases(t, values=("normal",), n_max=64, amplitudes=(1e2, 1e3, 1e4)), keep=0.3))
+def _large_logit_cases(t: Target) -> st.SearchStrategy[Case]:
+    return at_edge(cases(t, values=("normal",), n_max=64, amplitudes=(1e2, 1e3, 1e4)), keep=0.3)
+
+
+@law(strategy=_large_logit_cases)
 def large_logits(target: Target, case: Case) -> None:
     """With scores of magnitude 1e2–1e4 and up to the edge of the dtype's range (scaled scores
     near half its largest finite value, derived from finfo: see :mod:`spec.laws._range`) every
@@ -422,12 +426,15 @@ def gqa_matches_repeated_kv(target: Target, case: Case) -> None:
     assert_matches(target, case, out, q, k, v, what="grouped-query output")
 
 
-@law(strategy=lambda t: cases(t, n_k_min=2), needs=needs_mask)
+@law(strategy=lambda t: at_edge(cases(t, n_k_min=2), keep=0.5), needs=needs_mask)
 def mask_semantics(target: Target, case: Case) -> None:
     """``mask=True`` means *may attend*: an all-True mask changes nothing, and the causal mask
-    passed as ``mask=`` equals ``causal=True``.
+    passed as ``mask=`` equals ``causal=True``; half the examples with scores up to the edge of
+    the dtype's range (finfo).
 
-    Catches: the inverted convention (True = masked out, as in PyTorch's old key_padding_mask).
+    Catches: the inverted convention (True = masked out, as in PyTorch's old key_padding_mask);
+    an additive ``finfo(float16).min`` mask, under which a hidden key whose score exceeds a
+    visible one's by more than 65504 outweighs it.
     """
     q, k, v = case.arrays()
     lead = (*case.lead(), case.n_q, case.n_k)

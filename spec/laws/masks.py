@@ -90,7 +90,7 @@ def padding_mask_is_truncation(target: Target, case: Case) -> None:
 
 
 def _decoding_cases(t: Target) -> st.SearchStrategy[Case]:
-    return cases(t, causal=(False,), n_max=48).filter(lambda c: c.n_k >= c.n_q)
+    return at_edge(cases(t, causal=(False,), n_max=48).filter(lambda c: c.n_k >= c.n_q), keep=0.5)
 
 
 @law(strategy=_decoding_cases, needs=needs_mask)
@@ -98,7 +98,7 @@ def bottom_right_causal_mask(target: Target, case: Case) -> None:
     """``mask=causal_mask(n_q, n_k, align="bottom_right")`` (query i sees keys j ≤ i + n_k − n_q,
     the alignment of decoding after n_k − n_q cached tokens) gives, in each row i, the output of a
     call with that query alone and the keys 0..i + n_k − n_q, no mask: both within tolerance of the
-    golden.
+    golden. Half the examples have scores up to the edge of the dtype's range (finfo).
 
     Catches: a mask argument that is dropped in favour of the kernel's own top-left causal mode
     (FlashAttention < 2.1 semantics, PyTorch's is_causal); a mask read transposed or shifted by
