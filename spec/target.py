@@ -84,7 +84,7 @@ class Target:
     supports_gqa: bool = False
     """4-D k and v may have fewer heads g than q's h (h divisible by g); query head i reads K/V
     head ``i // (h // g)`` (grouped-query attention, PyTorch's ``enable_gqa``, JAX)."""
-    computes: dict[str, str] = dataclasses.field(default_factory=dict)
+    computes: dict[str, str] = dataclasses.field(default_factory=dict, hash=False)
     """Dtypes accepted but computed in a narrower one: ``{"float64": "float32"}`` says float64
     inputs are taken (and returned as float64) but computed in float32. Laws then allow the
     tolerance of the narrower dtype (baseline and floor computed in it), and reports name both
