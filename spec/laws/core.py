@@ -441,7 +441,7 @@ def mask_semantics(target: Target, case: Case) -> None:
     out = run(target, case, q, k, v, causal=False, mask=np.ones(lead, dtype=bool))
     assert_matches(target, dataclasses.replace(case, causal=False, mask="none"), out, q, k, v,
                    what="with an all-True mask, the output")
-    if target.causal_alignment is not None:
+    if target.causal_alignment is not None and target.causal_shape_ok(case.n_q, case.n_k):
         causal = dataclasses.replace(case, causal=True, mask="none")
         as_mask = np.ascontiguousarray(np.broadcast_to(causal.visible(target), lead))
         out = run(target, case, q, k, v, causal=False, mask=as_mask)

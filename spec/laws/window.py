@@ -130,8 +130,8 @@ def window_alignment(target: Target, case: Case) -> None:
      needs=lambda t: needs_window(t) or (None if t.causal_alignment else "needs a causal mode"),
      requires="window= (supports_window) and a causal mode")
 def window_with_causal(target: Target, case: Case) -> None:
-    """``causal=True`` with ``window=(left, right)`` sees only keys diag − left .. diag: it matches
-    the golden, and equals ``window=(left, 0)`` with causal (the right side is cut by causal).
+    """``causal=True`` with ``window=(left, right)`` sees only the keys from diag − left to diag: it
+    matches the golden, and equals ``window=(left, 0)`` with causal (the right side is cut by causal).
 
     Catches: a kernel that takes the window path and drops the causal mask (right > 0 then sees
     future keys); a causal mask and window composed with OR instead of AND.
