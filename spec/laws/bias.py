@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from spec.cases import Case, cases
 from spec.dtypes import finfo
-from spec.laws._helpers import assert_matches, needs_keyword, run, same_bits, sees_any
+from spec.laws._helpers import assert_matches, assert_same, needs_keyword, run, same_bits, sees_any
 from spec.registry import law
 from spec.target import Target
 
@@ -99,9 +99,9 @@ def hiding_bias(case: Case) -> tuple[Array, Array, Array]:
 @law(strategy=lambda t: bias_cases(t, causal=(False,), n_k_min=2), needs=needs_bias)
 def bias_neg_inf_hides_keys(target: Target, case: Case) -> None:
     """A −inf bias entry hides its key exactly as a boolean mask does: the output matches the
-    golden, and replacing keys and values (by others ×1e5; ×10 in float16) leaves every row that
-    a −inf hides them from bit-identical (within tolerance if the target declares
-    exact_masking=False).
+    golden (and, with mask=, the call that hides the same keys by the mask), and replacing keys
+    and values (by others ×1e5; ×10 in float16) leaves every row that a −inf hides them from
+    bit-identical (within tolerance if the target declares exact_masking=False).
 
     Catches: −inf clamped to a finite fill (−1e4, transformers' old additive mask value), so a
     hidden key whose score exceeds the fill still leaks; −inf − (−inf) = NaN when the bias is
@@ -111,6 +111,11 @@ def bias_neg_inf_hides_keys(target: Target, case: Case) -> None:
     bias, changed, blind = hiding_bias(case)
     out = run(target, case, q, k, v, bias=bias)
     assert_matches(target, case, out, q, k, v, bias=bias, what="with −inf bias entries, the output")
+    if target.supports_mask:  # the same keys hidden by mask= instead: the same output
+        finite = case.bias_array()
+        as_mask = run(target, case, q, k, v, bias=finite, mask=~np.isneginf(bias))
+        assert_same(target, case, as_mask, out, q, k, v, bias=bias,
+                    what="−inf bias entries against the same keys hidden by mask=")
     rng = case.rng(14)
     factor = 10.0 if case.dtype == "float16" else 1e5
     where = changed[..., None]  # [*lead, n_k, 1] against [*lead, n_k, d]
