@@ -7,10 +7,10 @@ A new family of laws adds one module here and one name to :data:`FAMILIES`.
 
 from __future__ import annotations
 
-from gallery import bias, core, range_edges, sinks, softcap, window
+from gallery import bias, core, gradients, masks, range_edges, sinks, softcap, window
 from gallery.base import Broken
 
-FAMILIES = (core, range_edges, bias, window, softcap, sinks)
+FAMILIES = (core, masks, gradients, range_edges, bias, window, softcap, sinks)
 
 BROKEN: list[Broken] = [b for family in FAMILIES for b in family.BROKEN]
 CORRECT = [t for family in FAMILIES for t in family.CORRECT]
