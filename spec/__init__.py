@@ -10,8 +10,9 @@ The package, one owner per thing (arrows: "imports"; none point back):
 - ``cases``      Case: a small replayable record → arrays, keywords, visibility     (→ golden, target)
 - ``calling``    THE call path into a target (forward, lse, gradients), isolation   (→ target)
 - ``registry``   Property, @law (marks only), LAW_MODULES, PROPERTIES               (→ cases, target)
-- ``laws/``      _helpers (run, the one tolerance assertion, needs), core, masks, gradients
-                 (→ calling, cases, golden, tolerance, registry)
+- ``laws/``      _helpers (run, the one tolerance assertion, needs), _range (amplitudes at the
+                 edge of a dtype's range, from finfo); core, masks, gradients, and one module
+                 per keyword: bias, window, softcap, sinks   (→ calling, cases, golden, tolerance, registry)
 - ``profiles``   every Hypothesis profile                                         (→ hypothesis)
 - ``report``     Result/Report as data and the one renderer                        (→ tabulate)
 - ``runner``     check, run_property, replay                  (→ registry, profiles, report, builtin)
