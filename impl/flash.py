@@ -31,12 +31,13 @@ measures it against PyTorch and against the sgemm floor.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
@@ -67,44 +68,139 @@ def _tile_shape(block: Any) -> tuple[int, int]:
     return int(pair[0]), int(pair[1])
 
 
+class Visibility:
+    """Which keys each query sees: key j is visible to query i when ``i − left ≤ j ≤ i + right``.
+
+    ``left``/``right`` are None for no limit. A sliding window ``(left, right)`` gives both; the
+    causal mask caps ``right`` at 0 (keys j ≤ i); both bounds are top-left aligned and ANDed. Each
+    bound moves by one key per query, so a block of rows sees one contiguous key range, and a tile
+    crosses a bound only near the diagonals ``j − i = right`` and ``i − j = left``.
+    """
+
+    def __init__(self, *, causal: bool, window: tuple[int, int] | None) -> None:
+        left, right = window if window is not None else (None, None)
+        if causal:
+            right = 0 if right is None else min(right, 0)
+        self.left, self.right = left, right
+
+    def keys(self, q0: int, q1: int, n_k: int) -> tuple[int, int]:
+        """The key range ``[k0, k1)`` that rows ``q0:q1`` see, clipped to ``[0, n_k]`` (may be empty)."""
+        k0 = 0 if self.left is None else max(0, q0 - self.left)
+        k1 = n_k if self.right is None else min(n_k, q1 + self.right)
+        return k0, max(k0, k1)
+
+    def queries(self, k0: int, k1: int, n_q: int) -> tuple[int, int]:
+        """The query range ``[q0, q1)`` that sees any of keys ``k0:k1`` (the transpose of :meth:`keys`)."""
+        q0 = 0 if self.right is None else max(0, k0 - self.right)
+        q1 = n_q if self.left is None else min(n_q, k1 + self.left)
+        return q0, max(q0, q1)
+
+    def hide(self, s: Array, q0: int, k0: int) -> None:  # [rows, cols] score tile at (q0, k0), in place
+        """Set the scores of the hidden (query, key) pairs of a tile to −∞.
+
+        Only the columns where a bound crosses the tile are compared entry by entry (at most
+        ``rows`` columns per bound); columns beyond a bound for every row are filled whole.
+        """
+        rows, cols = s.shape
+        q1, k1 = q0 + rows, k0 + cols
+        if self.right is not None:  # hidden: j > i + right
+            c0 = max(k0, q0 + self.right + 1)  # the first column hidden from row q0
+            c1 = min(k1, q1 + self.right)  # from here on, hidden from every row
+            if c0 < c1:
+                past = np.arange(c0, c1)[None, :] > np.arange(q0, q1)[:, None] + self.right
+                np.copyto(s[:, c0 - k0 : c1 - k0], -np.inf, where=past)
+            s[:, max(c1, c0) - k0 :] = -np.inf
+        if self.left is not None:  # hidden: j < i − left
+            c1 = min(k1, q1 - 1 - self.left)  # columns before this are hidden from row q1 − 1
+            c0 = max(k0, q0 - self.left)  # columns before this are hidden from every row
+            s[:, : max(k0, min(c0, k1)) - k0] = -np.inf
+            if c0 < c1:
+                before = np.arange(c0, c1)[None, :] < np.arange(q0, q1)[:, None] - self.left
+                np.copyto(s[:, c0 - k0 : c1 - k0], -np.inf, where=before)
+
+    def crosses(self, q0: int, q1: int, k0: int, k1: int) -> bool:
+        """Whether the tile rows ``q0:q1`` × keys ``k0:k1`` holds any hidden pair."""
+        over = self.right is not None and k1 - 1 > q0 + self.right
+        under = self.left is not None and k0 < q1 - 1 - self.left
+        return over or under
+
+
+# A tile whose row maxima all lie within ±_SHIFT_FREE needs no shift before exp: its weights stay
+# within [e^-20, e^20] of 1 at their maximum, far from float32's overflow (e^88) and underflow.
+_SHIFT_FREE = 20.0
+
+
+def _tile_shift(tile_max: Array, shift_free: bool) -> Array | None:  # [rows] -> [rows] or None
+    """What to subtract from each row of a score tile before exp; None when nothing needs to be.
+
+    Softmax is invariant to any per-row shift, so the max is only a guard against overflow (and
+    against a row of very negative scores underflowing to 0). When every row's max is within
+    ±_SHIFT_FREE, or −∞ (a row that sees nothing here, whose weights are 0 whatever the shift),
+    the subtraction pass is skipped: exp of the raw scores is as exact, one pass less. Otherwise
+    each row is shifted by its max (0 for a row that sees nothing: −∞ − −∞ would be NaN).
+    """
+    shift_needed = ~((np.abs(tile_max) <= _SHIFT_FREE) | np.isneginf(tile_max))
+    if shift_free and not shift_needed.any():
+        return None
+    return np.where(np.isneginf(tile_max), tile_max.dtype.type(0), tile_max)
+
+
 def _row_block(
-    q: Array, k: Array, v: Array, out: Array, q0: int, q1: int, *, causal: bool, scale: float,
-    block_k: int, skip_masked: bool,
-) -> None:  # [n_q, d_k], [n_k, d_k], [n_k, d_v] -> writes out[q0:q1]: [q1 - q0, d_v]
-    """Attention for query rows ``q0:q1`` of one head, one key tile at a time (the law above)."""
+    q: Array, k: Array, v: Array, out: Array, lse: Array | None, q0: int, q1: int, *,
+    seen: Visibility, scale: float, softcap: float | None, block_k: int, skip_hidden: bool,
+    shift_free: bool,
+) -> None:  # [n_q, d_k], [n_k, d_k], [n_k, d_v] -> writes out[q0:q1]: [q1 - q0, d_v], lse[q0:q1]
+    """Attention for query rows ``q0:q1`` of one head, one key tile at a time (the law above).
+
+    Per tile, outside the two matmuls: one max and one exp over the scores (and a subtraction
+    only when :func:`_tile_shift` asks for one), in place; the row sums come from a matrix-vector
+    product (BLAS, half of NumPy's sum time). ``m`` is each row's reference shift: the sums hold
+    ``e^(s − m)``, and ``m`` is the row max whenever a shift was needed.
+    """
     work = out.dtype
     n_k, d_v = v.shape
     rows = q1 - q0
-    # Under the causal mask no key after the block's last query is visible: those tiles are skipped.
-    k_end = min(n_k, q1) if causal and skip_masked else n_k
-    q_t = q[q0:q1] * work.type(scale)  # [rows, d_k]; the scale folded in once
+    # Keys no row of the block sees are skipped (exact for finite values; see flash_attention).
+    k_lo, k_hi = seen.keys(q0, q1, n_k) if skip_hidden else (0, n_k)
+    # softcap: c·tanh(s/c); the 1/c joins the scale, folded into q once.
+    q_t = q[q0:q1] * work.type(scale if softcap is None else scale / softcap)  # [rows, d_k]
     m = np.full(rows, -np.inf, dtype=work)  # running row max
     l = np.zeros(rows, dtype=work)  # running softmax denominator
     acc = np.zeros((rows, d_v), dtype=work)  # running unnormalised output
     pv = np.empty((rows, d_v), dtype=work)
-    scores = np.empty((rows, min(block_k, k_end)), dtype=work)
-    for k0 in range(0, k_end, block_k):
-        k1 = min(k0 + block_k, k_end)
+    scores = np.empty((rows, min(block_k, k_hi - k_lo)), dtype=work)
+    ones = np.ones(scores.shape[1], dtype=work)
+    for k0 in range(k_lo, k_hi, block_k):
+        k1 = min(k0 + block_k, k_hi)
         s = scores[:, : k1 - k0]
         np.matmul(q_t, k[k0:k1].T, out=s)  # [rows, d_k] @ [d_k, k1 - k0]
-        if causal and k1 - 1 > q0:  # the tile reaches past the diagonal: hide keys j > i
-            c0 = max(k0, q0 + 1)
-            above = np.arange(c0, k1)[None, :] > np.arange(q0, q1)[:, None]
-            np.copyto(s[:, c0 - k0 :], -np.inf, where=above)
-        m_new = np.maximum(m, np.max(s, axis=1))
-        # A row with nothing visible yet keeps m = -inf; shift it by 0 to avoid -inf − -inf = NaN.
-        shift = np.where(np.isneginf(m_new), work.type(0), m_new)
-        np.subtract(s, shift[:, None], out=s)
-        np.exp(s, out=s)  # s is now e^(s − m'), the tile's unnormalised weights
-        rescale = np.exp(m - shift)  # e^(m − m'): the correction for what came before
-        l *= rescale
-        l += np.sum(s, axis=1)
-        acc *= rescale[:, None]
-        acc += np.matmul(s, v[k0:k1], out=pv)  # [rows, k1-k0] @ [k1-k0, d_v]
+        if softcap is not None:
+            np.tanh(s, out=s)
+            s *= work.type(softcap)
+        if seen.crosses(q0, q1, k0, k1):
+            seen.hide(s, q0, k0)
+        shift = _tile_shift(np.maximum.reduce(s, axis=1), shift_free)
+        if shift is not None:
+            np.subtract(s, shift[:, None], out=s)
+        np.exp(s, out=s)  # s is now e^(s − shift), the tile's unnormalised weights
+        shift = np.zeros(rows, dtype=work) if shift is None else shift
+        # Both the running sums and the tile's are re-expressed relative to m' = max(m, shift).
+        m_new = np.maximum(m, shift)
+        before, tile = np.exp(m - m_new), np.exp(shift - m_new)
+        l *= before
+        l += np.matmul(s, ones[: k1 - k0]) * tile
+        acc *= before[:, None]
+        np.matmul(s, v[k0:k1], out=pv)  # [rows, k1-k0] @ [k1-k0, d_v]
+        pv *= tile[:, None]
+        acc += pv
         m = m_new
     # l is exactly 0 only for rows that saw no key (or only −Inf scores); they get zeros, as in
-    # impl.attention.
-    np.divide(acc, np.where(l == 0, work.type(1), l)[:, None], out=out[q0:q1])
+    # impl.attention, and a logsumexp of −∞.
+    empty = l == 0
+    np.divide(acc, np.where(empty, work.type(1), l)[:, None], out=out[q0:q1])
+    if lse is not None:
+        with np.errstate(divide="ignore"):  # log(0) = −∞ is the logsumexp of nothing
+            lse[q0:q1] = np.where(empty, -np.inf, m + np.log(l))
 
 
 def _cores() -> int:
@@ -127,6 +223,54 @@ def _one_thread_blas() -> AbstractContextManager[Any]:
     return _blas_controller().limit(limits=1, user_api="blas")
 
 
+def _check_window(window: Any) -> tuple[int, int] | None:
+    """``window`` as (left, right), both ints ≥ 0, or None for no window."""
+    if window is None:
+        return None
+    pair = tuple(window) if isinstance(window, (tuple, list)) else None
+    if pair is None or len(pair) != 2 or not all(
+        isinstance(w, (int, np.integer)) and not isinstance(w, bool) for w in pair
+    ):
+        raise TypeError(f"window must be None or a pair of integers (left, right), got {window!r}")
+    if min(pair) < 0:
+        raise ValueError(f"window must be (left, right) with both >= 0, got {window!r}")
+    return int(pair[0]), int(pair[1])
+
+
+def _check_softcap(softcap: Any) -> float | None:
+    """``softcap`` as a finite float > 0, or None for no cap."""
+    if softcap is None:
+        return None
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float, np.integer, np.floating)):
+        raise TypeError(f"softcap must be a real number > 0 or None, got {type(softcap).__name__}")
+    if not (math.isfinite(softcap) and softcap > 0):
+        raise ValueError(f"softcap must be finite and > 0, got {softcap}")
+    return float(softcap)
+
+
+def _threads(n_jobs: int, n_scores: int) -> int:
+    """Threads to run ``n_jobs`` on: one per core for big calls when BLAS can be made single-threaded."""
+    threads = min(_cores(), n_jobs)
+    if threads > 1 and n_scores >= _THREADED_MIN_SCORES and _blas_controller() is not None:
+        return threads
+    return 1
+
+
+def _in_parallel(run: Callable[[Any], None], items: Sequence[Any], threads: int) -> None:
+    """``run(item)`` for every item, on ``threads`` threads, each with a one-thread BLAS.
+
+    One thread per core, each with a one-thread BLAS: no core is oversubscribed (BLAS's own
+    threads would be, and they wait on each other at every call), and one thread's exp overlaps
+    another's matmul, since NumPy releases the GIL in both.
+    """
+    if threads == 1:
+        for item in items:
+            run(item)
+        return
+    with _blas_turn, _one_thread_blas(), ThreadPoolExecutor(threads) as pool:
+        list(pool.map(run, items))  # list() re-raises a worker's exception here
+
+
 def _jobs(n_heads: int, n_q: int, block_q: int, causal: bool) -> Iterator[tuple[int, int, int]]:
     """(head, q0, q1) for every row block, costliest first so threads finish together."""
     starts = range(0, n_q, block_q)
@@ -135,6 +279,28 @@ def _jobs(n_heads: int, n_q: int, block_q: int, causal: bool) -> Iterator[tuple[
             yield h, q0, min(q0 + block_q, n_q)
 
 
+def _prepare(q: Any, k: Any, v: Any, scale: Any) -> tuple[Array, Array, Array, tuple[int, ...], float]:
+    """Validated q, k, v as broadcast views in the compute dtype (one 2-D slice per head), their
+    leading shape and the scale. Copied only to widen float16/bfloat16."""
+    q, k, v, batch = check_qkv(q, k, v)
+    scale = check_scale(scale, q.shape[-1])
+    work = compute_dtype(q.dtype)
+    qs, ks, vs = (np.broadcast_to(x.astype(work, copy=False), (*batch, *x.shape[-2:])) for x in (q, k, v))
+    return qs, ks, vs, batch, scale
+
+
+@overload
+def flash_attention(
+    q: Any, k: Any, v: Any, *, causal: bool = ..., scale: float | None = ...,
+    block: int | tuple[int, int] = ..., window: tuple[int, int] | None = ...,
+    softcap: float | None = ..., return_lse: Literal[False] = ...,
+) -> Array: ...
+@overload
+def flash_attention(
+    q: Any, k: Any, v: Any, *, causal: bool = ..., scale: float | None = ...,
+    block: int | tuple[int, int] = ..., window: tuple[int, int] | None = ...,
+    softcap: float | None = ..., return_lse: Literal[True],
+) -> tuple[Array, Array]: ...
 def flash_attention(
     q: Any,
     k: Any,
@@ -143,7 +309,10 @@ def flash_attention(
     causal: bool = False,
     scale: float | None = None,
     block: int | tuple[int, int] = DEFAULT_BLOCK,
-) -> Array:  # [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v] -> [..., n_q, d_v]
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    return_lse: bool = False,
+) -> Array | tuple[Array, Array]:  # [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v] -> [..., n_q, d_v] (, [..., n_q])
     """Attention computed tile by tile; equal to :func:`impl.attention` up to float rounding.
 
     Args:
@@ -153,42 +322,43 @@ def flash_attention(
       scale: multiplies the scores; default ``1/√d_k``.
       block: tile shape (query rows, keys); an int gives square tiles. Memory beyond the inputs
         and output is about ``threads × block_q × block_k`` scores.
+      window: ``(left, right)``, ints ≥ 0: query i sees keys ``i − left ≤ j ≤ i + right``
+        (top-left aligned, ANDed with ``causal``); tiles entirely outside it are skipped.
+      softcap: ``c > 0``: the scaled scores ``s`` become ``c·tanh(s/c)`` before the masks.
+      return_lse: also return ``lse [..., n_q]``, the natural-log logsumexp of each row's final
+        scores (−∞ for a row that sees nothing), in the compute dtype: float32 for float16,
+        bfloat16 and float32 inputs, float64 for float64.
 
     Numerics follow :func:`impl.attention`: float64 stays float64, narrower floats compute in
-    float32 and are cast back; NaN and Inf propagate.
+    float32 and are cast back; NaN and Inf propagate. No keys (n_k = 0) gives zeros.
     """
-    q, k, v, batch = check_qkv(q, k, v)
+    qs, ks, vs, batch, scale = _prepare(q, k, v, scale)
     block_q, block_k = _tile_shape(block)
-    n_q, d_k = q.shape[-2:]
-    n_k, d_v = v.shape[-2:]
-    scale = check_scale(scale, d_k)
-    work = compute_dtype(q.dtype)
+    seen = Visibility(causal=bool(causal), window=_check_window(window))
+    softcap = _check_softcap(softcap)
+    n_q, n_k, d_v = qs.shape[-2], ks.shape[-2], vs.shape[-1]
+    work = qs.dtype
     out = np.empty((*batch, n_q, d_v), dtype=work)
-    # Broadcast views in the compute dtype: one 2-D slice per head, copied only to widen float16.
+    lse = np.empty((*batch, n_q), dtype=work) if return_lse else None
     heads = list(np.ndindex(*batch))
-    qs, ks, vs = (np.broadcast_to(x.astype(work, copy=False), (*batch, *x.shape[-2:])) for x in (q, k, v))
 
-    # Skipping the tiles above the diagonal is exact for finite values. A NaN or Inf value behind
+    # Skipping the tiles outside the mask is exact for finite values. A NaN or Inf value behind
     # the mask still reaches every row in impl.attention (weight 0 · Inf = NaN); then compute those
     # tiles too, so the result never depends on the tiling.
-    skip_masked = bool(np.isfinite(v).all())
+    skip_hidden = bool(np.isfinite(vs).all())
+    # Unshifted weights reach e^_SHIFT_FREE: allowed when no sum of n_k of them times a value can
+    # overflow (the bound is on the largest value, so it holds for every row at once).
+    v_max = float(np.max(np.abs(vs), initial=0.0)) if skip_hidden else math.inf
+    shift_free = n_k * max(v_max, 1.0) * math.exp(_SHIFT_FREE) < float(np.finfo(work).max) / 16
 
     def run(job: tuple[int, int, int]) -> None:
         h, q0, q1 = job
         idx = heads[h]
-        _row_block(qs[idx], ks[idx], vs[idx], out[idx], q0, q1, causal=causal, scale=scale,
-                   block_k=block_k, skip_masked=skip_masked)
+        _row_block(qs[idx], ks[idx], vs[idx], out[idx], None if lse is None else lse[idx], q0, q1,
+                   seen=seen, scale=scale, softcap=softcap, block_k=block_k, skip_hidden=skip_hidden,
+                   shift_free=shift_free)
 
-    jobs = list(_jobs(len(heads), n_q, block_q, causal))
-    threads = min(_cores(), len(jobs))
-    big = len(heads) * n_q * n_k >= _THREADED_MIN_SCORES
-    if threads > 1 and big and _blas_controller() is not None:
-        # One thread per core, each with a one-thread BLAS: no core is oversubscribed (BLAS's own
-        # threads would be, and they wait on each other at every call), and one thread's exp
-        # overlaps another's matmul, since NumPy releases the GIL in both.
-        with _blas_turn, _one_thread_blas(), ThreadPoolExecutor(threads) as pool:
-            list(pool.map(run, jobs))  # list() re-raises a worker's exception here
-    else:
-        for job in jobs:
-            run(job)
-    return out.astype(q.dtype, copy=False)
+    jobs = list(_jobs(len(heads), n_q, block_q, bool(causal)))
+    _in_parallel(run, jobs, _threads(len(jobs), len(heads) * n_q * n_k))
+    result = out.astype(np.asarray(q).dtype, copy=False)
+    return (result, lse) if lse is not None else result
