@@ -42,6 +42,7 @@ from typing import Any, Literal, overload
 import numpy as np
 
 from impl.attention import Array, check_qkv, check_scale, compute_dtype
+from impl.grad import _check_d_out, _unbroadcast
 
 # Query rows × keys per tile. A 256 × 2048 float32 score tile is 2 MiB: big enough that each matmul
 # runs near full sgemm speed and Python's per-tile cost vanishes, small enough to stay in cache.
@@ -312,7 +313,7 @@ def flash_attention(
     window: tuple[int, int] | None = None,
     softcap: float | None = None,
     return_lse: bool = False,
-) -> Array | tuple[Array, Array]:  # [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v] -> [..., n_q, d_v] (, [..., n_q])
+) -> Array | tuple[Array, Array]:  # [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v] -> [..., n_q, d_v]
     """Attention computed tile by tile; equal to :func:`impl.attention` up to float rounding.
 
     Args:
@@ -325,7 +326,7 @@ def flash_attention(
       window: ``(left, right)``, ints ≥ 0: query i sees keys ``i − left ≤ j ≤ i + right``
         (top-left aligned, ANDed with ``causal``); tiles entirely outside it are skipped.
       softcap: ``c > 0``: the scaled scores ``s`` become ``c·tanh(s/c)`` before the masks.
-      return_lse: also return ``lse [..., n_q]``, the natural-log logsumexp of each row's final
+      return_lse: also return ``lse [..., n_q]`` (then the result is ``(out, lse)``), the natural-log logsumexp of each row's final
         scores (−∞ for a row that sees nothing), in the compute dtype: float32 for float16,
         bfloat16 and float32 inputs, float64 for float64.
 
@@ -362,3 +363,176 @@ def flash_attention(
     _in_parallel(run, jobs, _threads(len(jobs), len(heads) * n_q * n_k))
     result = out.astype(np.asarray(q).dtype, copy=False)
     return (result, lse) if lse is not None else result
+
+
+# Backward tiles: key blocks are the jobs (each owns its rows of dk and dv), query tiles the inner
+# loop. Key blocks of 256 give a causal call enough jobs to share between cores evenly; tall
+# query tiles keep each matmul large.
+DEFAULT_BACKWARD_BLOCK = (1024, 256)
+
+
+def _with_column(x: Array, column: Array | float) -> Array:  # [n, d], [n] or scalar -> [n, d + 1]
+    """``x`` with one more column: lets a matmul add a per-row (or per-key) term for free."""
+    wide = np.empty((*x.shape[:-1], x.shape[-1] + 1), dtype=x.dtype)
+    wide[..., :-1] = x
+    wide[..., -1] = column
+    return wide
+
+
+def _key_block(
+    q_lse: Array, k: Array, v: Array, do_d: Array, dq: Array, dk: Array, dv: Array, k0: int, k1: int, *,
+    seen: Visibility, scale: float, softcap: float | None, block_q: int, skip_hidden: bool,
+) -> None:  # one head: q_lse [n_q, d_k + 1]; k, dk [n_k, d_k]; v, dv [n_k, d_v]; do_d [n_q, d_v + 1]
+    """Gradients from keys ``k0:k1`` of one head: writes ``dk[k0:k1]``, ``dv[k0:k1]``, adds into ``dq``.
+
+    For each query tile the weights are recomputed from the forward's logsumexp,
+    ``P = e^(S − lse)``, so the pattern is never stored (FlashAttention-2, Algorithm 2):
+
+        dV += Pᵀ dO,   dP = dO Vᵀ,   dS = P ∘ (dP − D),   dQ += dS K·scale,   dK += dSᵀ Q·scale
+
+    with ``D = rowsum(dO ∘ O)``; under a softcap ``dS`` also takes the factor ``1 − tanh²``.
+    ``q_lse = [q, −lse]`` and ``do_d = [dO, −D]`` carry the two per-row subtractions into the
+    matmuls against ``[k·scale, 1]`` and ``[v, 1]``: two passes over each tile saved.
+    """
+    work = dq.dtype
+    n_q, d_k = dq.shape
+    q, do = q_lse[:, :d_k], do_d[:, :-1]  # views: [n_q, d_k], [n_q, d_v]
+    q_lo, q_hi = seen.queries(k0, k1, n_q) if skip_hidden else (0, n_q)
+    if softcap is None:  # S − lse in one matmul
+        q_s, k_s = q_lse, _with_column(k[k0:k1] * work.type(scale), 1)  # [cols, d_k + 1]
+    else:  # c·tanh(S/c) first, then − lse
+        q_s, k_s = q, k[k0:k1] * work.type(scale / softcap)
+    k_grad = k[k0:k1] * work.type(scale)  # ∂S/∂q = scale·k: [cols, d_k]
+    v_one = _with_column(v[k0:k1], 1)  # [cols, d_v + 1]
+    dk_b, dv_b = dk[k0:k1], dv[k0:k1]  # [cols, d_k], [cols, d_v]: this job's rows, zero on entry
+    rows_max, cols = min(block_q, q_hi - q_lo), k1 - k0
+    p_buf, dp_buf = (np.empty((rows_max, cols), dtype=work) for _ in range(2))
+    t_buf = np.empty((rows_max, cols), dtype=work) if softcap is not None else None
+    dk_t, dv_t = np.empty_like(dk_b), np.empty_like(dv_b)
+    dq_t = np.empty((rows_max, d_k), dtype=work)
+    for q0 in range(q_lo, q_hi, block_q):
+        q1 = min(q0 + block_q, q_hi)
+        rows = q1 - q0
+        p, dp = p_buf[:rows], dp_buf[:rows]
+        np.matmul(q_s[q0:q1], k_s.T, out=p)  # S − lse (or S/c): [rows, d_k (+1)] @ [d_k (+1), cols]
+        if t_buf is not None:
+            t = t_buf[:rows]
+            np.tanh(p, out=t)
+            np.multiply(t, work.type(softcap), out=p)
+            p += q_lse[q0:q1, -1:]
+        if seen.crosses(q0, q1, k0, k1):
+            seen.hide(p, q0, k0)
+        np.exp(p, out=p)  # P = e^(S − lse)
+        dv_b += np.matmul(p.T, do[q0:q1], out=dv_t)  # [cols, rows] @ [rows, d_v]
+        np.matmul(do_d[q0:q1], v_one.T, out=dp)  # dP − D: [rows, d_v + 1] @ [d_v + 1, cols]
+        np.multiply(dp, p, out=dp)  # dS = P ∘ (dP − D)
+        if t_buf is not None:
+            np.multiply(t, t, out=t)
+            np.subtract(work.type(1), t, out=t)
+            np.multiply(dp, t, out=dp)  # through c·tanh(u/c): the factor 1 − tanh²
+        dq[q0:q1] += np.matmul(dp, k_grad, out=dq_t[:rows])  # [rows, cols] @ [cols, d_k]
+        dk_b += np.matmul(dp.T, q[q0:q1], out=dk_t)  # [cols, rows] @ [rows, d_k]
+    dk_b *= work.type(scale)
+
+
+def _shares(costs: Sequence[int], n: int) -> list[list[int]]:
+    """Indices of ``costs`` dealt to ``n`` workers, costliest first to the least loaded (LPT).
+
+    Deterministic, so each worker's sum of dq, and the final sum over workers, always adds in the
+    same order: two identical calls give identical bits.
+    """
+    shares: list[list[int]] = [[] for _ in range(n)]
+    loads = [0] * n
+    for i in sorted(range(len(costs)), key=lambda i: -costs[i]):
+        w = loads.index(min(loads))
+        shares[w].append(i)
+        loads[w] += costs[i]
+    return shares
+
+
+def _check_lse(lse: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Array:
+    """``lse`` as returned by ``flash_attention(..., return_lse=True)``: shape ``[..., n_q]``, compute dtype."""
+    if isinstance(lse, (bool, int, float, complex)) or lse is None:
+        raise TypeError(f"lse must be an array of shape {shape}, got {type(lse).__name__}")
+    lse = np.asarray(lse)
+    if lse.dtype != dtype:
+        raise TypeError(
+            f"lse must have the dtype flash_attention returns it in ({dtype}), got {lse.dtype}"
+        )
+    if lse.shape != shape:
+        raise ValueError(f"lse must have shape (..., n_q) = {shape}, got {lse.shape}")
+    return lse
+
+
+def flash_attention_backward(
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    d_out: Any,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    block: int | tuple[int, int] = DEFAULT_BACKWARD_BLOCK,
+) -> tuple[Array, Array, Array]:  # q, k, v, out [..., n_q, d_v], lse [..., n_q], d_out [..., n_q, d_v]
+    """Gradients ``(dq, dk, dv)`` of :func:`flash_attention`, tile by tile (FlashAttention-2).
+
+    Args:
+      q, k, v, causal, scale, window, softcap: as given to the forward call.
+      out, lse: what ``flash_attention(q, k, v, ..., return_lse=True)`` returned.
+      d_out: ``∂loss/∂out``, the shape of ``out`` and the dtype of q.
+      block: tile shape (query rows, keys). Key blocks are shared between cores; each tile's
+        weights are recomputed from ``lse``, so memory is the gradients plus a few tiles per core
+        (and one more dq per extra core), never the n_q × n_k pattern.
+
+    Returns:
+      ``dq``, ``dk``, ``dv``, each in the shape and dtype of its input (summed over the leading
+      dims it was broadcast along), equal to :func:`impl.attention_backward` up to float rounding.
+    """
+    qs, ks, vs, batch, scale = _prepare(q, k, v, scale)
+    block_q, block_k = _tile_shape(block)
+    seen = Visibility(causal=bool(causal), window=_check_window(window))
+    softcap = _check_softcap(softcap)
+    n_q, n_k = qs.shape[-2], ks.shape[-2]
+    d_k, d_v = qs.shape[-1], vs.shape[-1]
+    dtype, work = np.asarray(q).dtype, qs.dtype
+    out_ = _check_d_out(out, dtype, (*batch, n_q, d_v), name="out").astype(work, copy=False)
+    do = _check_d_out(d_out, dtype, (*batch, n_q, d_v)).astype(work, copy=False)
+    lse_ = _check_lse(lse, work, (*batch, n_q))
+    d_row = np.einsum("...ij,...ij->...i", do, out_)  # D = rowsum(dO ∘ O): [..., n_q]
+    # A row that sees nothing has lse = −∞; every score of it is hidden (−∞) before exp, so any
+    # finite stand-in serves, and none gives ∞ − ∞.
+    q_lse = _with_column(qs, -np.where(np.isneginf(lse_), work.type(0), lse_))  # [..., n_q, d_k + 1]
+    do_d = _with_column(do, -d_row)  # [..., n_q, d_v + 1]
+    # As in the forward: tiles outside the mask are skipped only when that is exact; with a NaN
+    # or Inf among the inputs, the hidden pairs' 0 · Inf terms must reach the gradients too.
+    skip_hidden = all(bool(np.isfinite(x).all()) for x in (qs, ks, vs, do))
+
+    heads = list(np.ndindex(*batch))
+    jobs = [(h, k0, min(k0 + block_k, n_k)) for h in range(len(heads)) for k0 in range(0, n_k, block_k)]
+    costs = [(lambda r: r[1] - r[0])(seen.queries(k0, k1, n_q)) * (k1 - k0) for _, k0, k1 in jobs]
+    threads = _threads(len(jobs), len(heads) * n_q * n_k)
+    shares = _shares(costs, threads)
+    dk = np.zeros((*batch, n_k, d_k), dtype=work)
+    dv = np.zeros((*batch, n_k, d_v), dtype=work)
+    # Each worker adds into its own dq (the first into the result); key blocks never share rows
+    # of dk and dv, so those need no copies.
+    dqs = [np.zeros((*batch, n_q, d_k), dtype=work) for _ in shares]
+
+    def run(worker: int) -> None:
+        for i in shares[worker]:
+            h, k0, k1 = jobs[i]
+            idx = heads[h]
+            _key_block(q_lse[idx], ks[idx], vs[idx], do_d[idx], dqs[worker][idx], dk[idx], dv[idx], k0, k1, seen=seen, scale=scale, softcap=softcap,
+                       block_q=block_q, skip_hidden=skip_hidden)
+
+    _in_parallel(run, range(len(shares)), threads)
+    dq = dqs[0]
+    for extra in dqs[1:]:
+        dq += extra
+    return tuple(  # type: ignore[return-value]
+        _unbroadcast(g, np.shape(x)).astype(dtype, copy=False) for g, x in ((dq, q), (dk, k), (dv, v))
+    )
