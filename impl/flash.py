@@ -326,9 +326,9 @@ def flash_attention(
       window: ``(left, right)``, ints ≥ 0: query i sees keys ``i − left ≤ j ≤ i + right``
         (top-left aligned, ANDed with ``causal``); tiles entirely outside it are skipped.
       softcap: ``c > 0``: the scaled scores ``s`` become ``c·tanh(s/c)`` before the masks.
-      return_lse: also return ``lse [..., n_q]`` (then the result is ``(out, lse)``), the natural-log logsumexp of each row's final
-        scores (−∞ for a row that sees nothing), in the compute dtype: float32 for float16,
-        bfloat16 and float32 inputs, float64 for float64.
+      return_lse: return ``(out, lse)``, ``lse [..., n_q]`` the natural-log logsumexp of each
+        row's final scores (−∞ for a row that sees nothing), in the compute dtype: float32 for
+        float16, bfloat16 and float32 inputs, float64 for float64.
 
     Numerics follow :func:`impl.attention`: float64 stays float64, narrower floats compute in
     float32 and are cast back; NaN and Inf propagate. No keys (n_k = 0) gives zeros.
@@ -451,7 +451,7 @@ def _shares(costs: Sequence[int], n: int) -> list[list[int]]:
 
 
 def _check_lse(lse: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Array:
-    """``lse`` as returned by ``flash_attention(..., return_lse=True)``: shape ``[..., n_q]``, compute dtype."""
+    """``lse`` as ``flash_attention(..., return_lse=True)`` returns it: ``[..., n_q]``, compute dtype."""
     if isinstance(lse, (bool, int, float, complex)) or lse is None:
         raise TypeError(f"lse must be an array of shape {shape}, got {type(lse).__name__}")
     lse = np.asarray(lse)
@@ -513,7 +513,12 @@ def flash_attention_backward(
 
     heads = list(np.ndindex(*batch))
     jobs = [(h, k0, min(k0 + block_k, n_k)) for h in range(len(heads)) for k0 in range(0, n_k, block_k)]
-    costs = [(lambda r: r[1] - r[0])(seen.queries(k0, k1, n_q)) * (k1 - k0) for _, k0, k1 in jobs]
+
+    def cost(k0: int, k1: int) -> int:  # the scores a key block's job computes
+        q0, q1 = seen.queries(k0, k1, n_q)
+        return (q1 - q0) * (k1 - k0)
+
+    costs = [cost(k0, k1) for _, k0, k1 in jobs]
     threads = _threads(len(jobs), len(heads) * n_q * n_k)
     shares = _shares(costs, threads)
     dk = np.zeros((*batch, n_k, d_k), dtype=work)
@@ -526,7 +531,8 @@ def flash_attention_backward(
         for i in shares[worker]:
             h, k0, k1 = jobs[i]
             idx = heads[h]
-            _key_block(q_lse[idx], ks[idx], vs[idx], do_d[idx], dqs[worker][idx], dk[idx], dv[idx], k0, k1, seen=seen, scale=scale, softcap=softcap,
+            _key_block(q_lse[idx], ks[idx], vs[idx], do_d[idx], dqs[worker][idx], dk[idx], dv[idx],
+                       k0, k1, seen=seen, scale=scale, softcap=softcap,
                        block_q=block_q, skip_hidden=skip_hidden)
 
     _in_parallel(run, range(len(shares)), threads)

@@ -286,3 +286,197 @@ def test_bad_block_is_refused_and_named(block):
     q, k, v = qkv(np.random.default_rng(14), 3, 3)
     with pytest.raises(ValueError, match=r"block must be a positive integer or a pair"):
         flash_attention(q, k, v, block=block)
+
+
+# --- window, softcap and logsumexp, against an independent float64 golden -------------------------
+
+
+def visible(n_q, n_k, *, causal=False, window=None):
+    """Which (query, key) pairs are seen, written from the definitions (not impl's code)."""
+    i, j = np.arange(n_q)[:, None], np.arange(n_k)[None, :]
+    seen = np.ones((n_q, n_k), dtype=bool)
+    if causal:
+        seen &= j <= i
+    if window is not None:
+        left, right = window
+        seen &= (i - left <= j) & (j <= i + right)
+    return seen
+
+
+def golden(q, k, v, *, causal=False, window=None, softcap=None, scale=None):
+    """(out, lse) in float64: scores, cap, mask, logsumexp and weighted sum, written out in full."""
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    s = q @ np.swapaxes(k, -1, -2) * (1 / np.sqrt(q.shape[-1]) if scale is None else scale)
+    if softcap is not None:
+        s = softcap * np.tanh(s / softcap)
+    s = np.where(visible(q.shape[-2], k.shape[-2], causal=causal, window=window), s, -np.inf)
+    top = np.max(s, axis=-1, keepdims=True, initial=-np.inf)
+    top = np.where(np.isneginf(top), 0.0, top)
+    e = np.exp(s - top)
+    total = e.sum(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        lse = np.where(total == 0, -np.inf, top + np.log(total))[..., 0]
+    return (e / np.where(total == 0, 1, total)) @ v, lse
+
+
+def assert_matches_golden(q, k, v, *, block, **options):
+    out, lse = flash_attention(q, k, v, block=block, return_lse=True, **options)
+    want_out, want_lse = golden(q, k, v, **options)
+    tol = TOL[np.float64] if q.dtype == np.float64 else dict(atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(out, want_out, **tol)
+    np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(want_lse))
+    np.testing.assert_allclose(lse, want_lse, **tol)
+
+
+# Sizes just below, at and just above the tile edges of block (8, 8) and (16, 32), and a grid of
+# the smallest shapes where every tile is also the first and the last.
+EDGES = [1, 2, 3, 4, 7, 8, 9, 15, 16, 17, 31, 32, 33, 65]
+
+
+@pytest.mark.parametrize("block", [(8, 8), (16, 32)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_size_around_the_tile_edges_matches_the_golden(block, causal):
+    rng = np.random.default_rng(20)
+    for n_q in EDGES:
+        for n_k in EDGES:
+            q, k, v = qkv(rng, n_q, n_k, 4, 3)
+            assert_matches_golden(q, k, v, block=block, causal=causal)
+
+
+WINDOWS = [(0, 0), (1, 0), (0, 1), (3, 5), (7, 7), (8, 8), (9, 0), (0, 17), (40, 2), (100, 100)]
+
+
+@pytest.mark.parametrize("block", [(8, 8), (16, 32), (3, 5)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window", WINDOWS)
+def test_a_sliding_window_matches_the_golden_at_every_tile_edge(block, causal, window):
+    rng = np.random.default_rng(21)
+    for n_q, n_k in [(1, 1), (4, 3), (9, 9), (17, 33), (33, 17), (65, 64), (40, 8)]:
+        q, k, v = qkv(rng, n_q, n_k, 4, 3)
+        assert_matches_golden(q, k, v, block=block, causal=causal, window=window)
+
+
+def test_window_equals_impl_attention_with_the_sliding_window_mask():
+    from impl.masks import causal_mask, sliding_window_mask
+
+    q, k, v = qkv(np.random.default_rng(22), 70, 70, lead_q=(2,), lead_kv=(2,))
+    mask = sliding_window_mask(70, window=(9, 0)) & causal_mask(70)
+    got = flash_attention(q, k, v, causal=True, window=(9, 4), block=(16, 8))
+    np.testing.assert_allclose(got, attention(q, k, v, mask=mask), **TOL[np.float64])
+
+
+def test_keys_outside_the_window_cannot_leak():
+    q, k, v = qkv(np.random.default_rng(23), 48, 48)
+    before = flash_attention(q, k, v, window=(5, 2), block=(8, 8))
+    k[20:], v[20:] = 100.0, -100.0  # only queries 15 … 47 may see keys ≥ 20 (i + 2 ≥ 20 → i ≥ 18)
+    after = flash_attention(q, k, v, window=(5, 2), block=(8, 8))
+    np.testing.assert_array_equal(after[:18], before[:18])
+    assert not np.allclose(after[18:], before[18:])
+
+
+@pytest.mark.parametrize("softcap", [0.5, 3.0, 50.0])
+@pytest.mark.parametrize("causal", [False, True])
+def test_softcap_matches_the_golden(softcap, causal):
+    rng = np.random.default_rng(24)
+    for n_q, n_k in [(1, 1), (9, 17), (33, 16), (70, 45)]:
+        q, k, v = qkv(rng, n_q, n_k, 4, 3)
+        q *= 4  # scores of several units, so the cap bends them
+        assert_matches_golden(q, k, v, block=(8, 16), causal=causal, softcap=softcap, window=(20, 3))
+
+
+def test_softcap_keeps_huge_logits_finite_and_a_cap_far_above_them_changes_nothing():
+    q, k, v = qkv(np.random.default_rng(25), 40, 40, 4, 4)
+    q *= 1e4  # |scores| ~ 1e4: the cap holds them within ±30
+    out = flash_attention(q, k, v, softcap=30.0, block=(8, 8))
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(out, golden(q, k, v, softcap=30.0)[0], **TOL[np.float64])
+    small = q / 1e4
+    np.testing.assert_allclose(flash_attention(small, k, v, softcap=1e8, block=8),
+                               flash_attention(small, k, v, block=8), rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize(("dtype", "lse_dtype"), [(np.float16, np.float32), (np.float32, np.float32),
+                                                  (np.float64, np.float64)])
+def test_lse_is_in_the_compute_dtype(dtype, lse_dtype):
+    q, k, v = qkv(np.random.default_rng(26), 20, 30, lead_q=(2,), lead_kv=(2,), dtype=dtype)
+    out, lse = flash_attention(q, k, v, causal=True, return_lse=True, block=(8, 8))
+    assert out.dtype == dtype and lse.dtype == lse_dtype and lse.shape == (2, 20)
+    tol = TOL[np.float64] if dtype == np.float64 else dict(atol=1e-5, rtol=1e-5)  # float32 arithmetic
+    np.testing.assert_allclose(lse, golden(q, k, v, causal=True)[1], **tol)
+
+
+def test_lse_of_bfloat16_is_float32():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    q, k, v = qkv(np.random.default_rng(27), 9, 9, dtype=ml_dtypes.bfloat16)
+    out, lse = flash_attention(q, k, v, return_lse=True, block=4)
+    assert out.dtype == ml_dtypes.bfloat16 and lse.dtype == np.float32
+
+
+def test_lse_merges_two_halves_of_the_keys_into_the_whole():
+    # What split-KV decoding relies on: out = Σ_h e^(lse_h − lse) out_h, lse = logaddexp(lse_1, lse_2).
+    q, k, v = qkv(np.random.default_rng(28), 30, 50)
+    (o1, l1), (o2, l2) = (flash_attention(q, k[s], v[s], return_lse=True, block=8)
+                          for s in (slice(0, 23), slice(23, 50)))
+    out, lse = flash_attention(q, k, v, return_lse=True, block=8)
+    np.testing.assert_allclose(np.logaddexp(l1, l2), lse, rtol=1e-13)
+    merged = np.exp(l1 - lse)[:, None] * o1 + np.exp(l2 - lse)[:, None] * o2
+    np.testing.assert_allclose(merged, out, **TOL[np.float64])
+
+
+def test_rows_that_see_nothing_get_zeros_and_minus_inf_lse():
+    q, k, v = qkv(np.random.default_rng(29), 12, 4)
+    # Query i sees keys i − 1 and i; with 4 keys, queries 5 … 11 see none.
+    out, lse = flash_attention(q, k, v, window=(1, 0), return_lse=True, block=(4, 2))
+    assert (out[5:] == 0).all() and np.isneginf(lse[5:]).all()
+    assert np.isfinite(lse[:5]).all() and (out[:5] != 0).all()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_no_keys_gives_zeros_of_the_output_shape_and_minus_inf_lse(causal):
+    q, k, v = qkv(np.random.default_rng(30), 5, 0, 4, 3, lead_q=(2, 1), lead_kv=(3,))
+    out, lse = flash_attention(q, k, v, causal=causal, return_lse=True, block=(2, 2))
+    assert out.shape == (2, 3, 5, 3) and (out == 0).all()
+    assert lse.shape == (2, 3, 5) and np.isneginf(lse).all()
+
+
+def test_a_tile_without_a_shift_is_exact_and_a_shifted_one_too():
+    # Scores within ±20 skip the shift pass; then a later tile with scores near 80 must be shifted
+    # (e^80 · 8 keys would overflow nothing yet, but e^80 · e^80 would) and merged with the first.
+    q = np.ones((2, 1), dtype=np.float32)
+    k = np.concatenate([np.full(8, 1.0), np.full(8, 80.0), np.full(8, -60.0)]).astype(np.float32)[:, None]
+    v = np.arange(48.0, dtype=np.float32).reshape(24, 2)
+    out, lse = flash_attention(q, k, v, scale=1.0, return_lse=True, block=8)
+    want_out, want_lse = golden(q, k, v, scale=1.0)
+    np.testing.assert_allclose(out, want_out, rtol=1e-6)
+    np.testing.assert_allclose(lse, want_lse, rtol=1e-6)
+
+
+def test_huge_values_force_the_shifted_path_and_stay_finite():
+    # With |v| near float32's max / n, unshifted weights of e^20 would overflow the sums.
+    q, k, v = qkv(np.random.default_rng(31), 16, 16, dtype=np.float32)
+    v *= np.float32(1e36)
+    out = flash_attention(q, k, v, block=4)
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(out / 1e36, golden(q, k, v / 1e36)[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "says"),
+    [
+        (dict(window=3), TypeError, "window must be None or a pair of integers"),
+        (dict(window=(1,)), TypeError, "window must be None or a pair of integers"),
+        (dict(window=(1.0, 2)), TypeError, "window must be None or a pair of integers"),
+        (dict(window=(True, 2)), TypeError, "window must be None or a pair of integers"),
+        (dict(window=(-1, 2)), ValueError, "window must be .left, right. with both >= 0"),
+        (dict(softcap="1"), TypeError, "softcap must be a real number > 0 or None"),
+        (dict(softcap=True), TypeError, "softcap must be a real number > 0 or None"),
+        (dict(softcap=0.0), ValueError, "softcap must be finite and > 0"),
+        (dict(softcap=-2.0), ValueError, "softcap must be finite and > 0"),
+        (dict(softcap=np.nan), ValueError, "softcap must be finite and > 0"),
+        (dict(softcap=np.inf), ValueError, "softcap must be finite and > 0"),
+    ],
+)
+def test_bad_window_or_softcap_is_refused_and_named(options, error, says):
+    q, k, v = qkv(np.random.default_rng(32), 3, 3)
+    with pytest.raises(error, match=says):
+        flash_attention(q, k, v, **options)
