@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import impl.flash
-from impl import attention, flash_attention
+from impl import attention, attention_backward, flash_attention, flash_attention_backward, gradcheck
 
 TOL = {np.float32: dict(atol=2e-6, rtol=1e-5), np.float64: dict(atol=1e-13, rtol=1e-12)}
 
@@ -439,25 +439,33 @@ def test_no_keys_gives_zeros_of_the_output_shape_and_minus_inf_lse(causal):
     assert lse.shape == (2, 3, 5) and np.isneginf(lse).all()
 
 
-def test_a_tile_without_a_shift_is_exact_and_a_shifted_one_too():
-    # Scores within ±20 skip the shift pass; then a later tile with scores near 80 must be shifted
-    # (e^80 · 8 keys would overflow nothing yet, but e^80 · e^80 would) and merged with the first.
-    q = np.ones((2, 1), dtype=np.float32)
-    k = np.concatenate([np.full(8, 1.0), np.full(8, 80.0), np.full(8, -60.0)]).astype(np.float32)[:, None]
-    v = np.arange(48.0, dtype=np.float32).reshape(24, 2)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_tile_without_a_shift_is_exact_and_a_shifted_one_too(dtype):
+    # Scores within ±20 skip the shift pass; a later tile of scores near 800 must be shifted (e^800
+    # overflows even float64) and merged with the first; one near −600 must be shifted too, or
+    # its weights would all underflow to 0 — as would those of a row that sees only it.
+    q = np.ones((3, 1), dtype=dtype)
+    k = np.concatenate([np.full(8, 1.0), np.full(8, 800.0), np.full(8, -600.0)]).astype(dtype)[:, None]
+    v = np.arange(48.0, dtype=dtype).reshape(24, 2)
     out, lse = flash_attention(q, k, v, scale=1.0, return_lse=True, block=8)
     want_out, want_lse = golden(q, k, v, scale=1.0)
+    np.testing.assert_allclose(out, want_out, rtol=1e-6)
+    np.testing.assert_allclose(lse, want_lse, rtol=1e-6)
+    out, lse = flash_attention(q, k[16:], v[16:], scale=1.0, return_lse=True, block=8)
+    want_out, want_lse = golden(q, k[16:], v[16:], scale=1.0)
     np.testing.assert_allclose(out, want_out, rtol=1e-6)
     np.testing.assert_allclose(lse, want_lse, rtol=1e-6)
 
 
 def test_huge_values_force_the_shifted_path_and_stay_finite():
-    # With |v| near float32's max / n, unshifted weights of e^20 would overflow the sums.
-    q, k, v = qkv(np.random.default_rng(31), 16, 16, dtype=np.float32)
-    v *= np.float32(1e36)
-    out = flash_attention(q, k, v, block=4)
+    # Scores of 15 would skip the shift, but with |v| ~ 1e36 unshifted weights of e^15 would
+    # overflow float32's sums; shifted by the max, each weight is 1/16 and the output ~1e36.
+    q = np.ones((4, 1), dtype=np.float32)
+    k = np.full((16, 1), 15.0, dtype=np.float32)
+    v = np.random.default_rng(31).standard_normal((16, 3)).astype(np.float32) * np.float32(1e36)
+    out = flash_attention(q, k, v, scale=1.0, block=8)
     assert np.isfinite(out).all()
-    np.testing.assert_allclose(out / 1e36, golden(q, k, v / 1e36)[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(out / 1e36, golden(q, k, v / 1e36, scale=1.0)[0], rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -480,3 +488,145 @@ def test_bad_window_or_softcap_is_refused_and_named(options, error, says):
     q, k, v = qkv(np.random.default_rng(32), 3, 3)
     with pytest.raises(error, match=says):
         flash_attention(q, k, v, **options)
+
+
+# --- the tiled backward ---------------------------------------------------------------------------
+
+
+def grads(rng, q, k, v, *, block, **options):
+    """flash's backward from flash's own (out, lse), and a d_out drawn here."""
+    out, lse = flash_attention(q, k, v, return_lse=True, block=block, **options)
+    d_out = rng.standard_normal(out.shape).astype(q.dtype)
+    return flash_attention_backward(q, k, v, out, lse, d_out, block=block, **options), d_out
+
+
+GRAD_TOL = {np.float32: dict(atol=2e-5, rtol=1e-4), np.float64: dict(atol=1e-12, rtol=1e-10)}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("block", [(8, 8), (16, 32), (5, 3)])
+def test_backward_equals_attention_backward_around_the_tile_edges(dtype, causal, block):
+    rng = np.random.default_rng(40)
+    for n_q, n_k in [(1, 1), (2, 3), (7, 9), (8, 8), (9, 17), (17, 9), (33, 31), (65, 40)]:
+        q, k, v = qkv(rng, n_q, n_k, 6, 5, dtype=dtype)
+        got, d_out = grads(rng, q, k, v, block=block, causal=causal)
+        for g, want in zip(got, attention_backward(q, k, v, d_out, causal=causal), strict=True):
+            assert g.dtype == dtype
+            np.testing.assert_allclose(g, want, **GRAD_TOL[dtype])
+
+
+def test_backward_sums_gradients_over_broadcast_heads():
+    rng = np.random.default_rng(41)
+    q, k, v = qkv(rng, 20, 30, lead_q=(2, 3), lead_kv=(2, 1))  # one K/V head for three query heads
+    got, d_out = grads(rng, q, k, v, block=(8, 8), causal=True, scale=0.7)
+    want = attention_backward(q, k, v, d_out, causal=True, scale=0.7)
+    for g, w, x in zip(got, want, (q, k, v), strict=True):
+        assert g.shape == x.shape
+        np.testing.assert_allclose(g, w, **GRAD_TOL[np.float64])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window", [(0, 0), (3, 1), (8, 0), (0, 9), (30, 30)])
+def test_backward_with_a_window_equals_attention_backward_with_its_mask(causal, window):
+    rng = np.random.default_rng(42)
+    for n_q, n_k in [(17, 17), (33, 16), (9, 40)]:
+        q, k, v = qkv(rng, n_q, n_k, 4, 3)
+        got, d_out = grads(rng, q, k, v, block=(8, 8), causal=causal, window=window)
+        mask = visible(n_q, n_k, causal=causal, window=window)
+        for g, want in zip(got, attention_backward(q, k, v, d_out, mask=mask), strict=True):
+            np.testing.assert_allclose(g, want, **GRAD_TOL[np.float64])
+
+
+def fd_check(q, k, v, d_out, got, **options):
+    """Central differences of <flash_attention(q, k, v), d_out> against the analytic gradients."""
+    result = gradcheck(
+        lambda p: float(np.sum(flash_attention(p["q"], p["k"], p["v"], **options) * d_out)),
+        {"q": q, "k": k, "v": v}, dict(zip("qkv", got, strict=True)), n_samples=None, eps=1e-6,
+    )
+    assert result.max_rel_diff < 1e-6, result.samples
+
+
+@pytest.mark.parametrize("options", [dict(causal=True), dict(softcap=1.5), dict(softcap=0.8, causal=True,
+                                                                                   window=(2, 1))])
+def test_backward_matches_finite_differences(options):
+    rng = np.random.default_rng(43)
+    q, k, v = qkv(rng, 7, 9, 3, 2)
+    q *= 2  # scores of a few units: the softcap bends them
+    got, d_out = grads(rng, q, k, v, block=(4, 4), **options)
+    fd_check(q, k, v, d_out, got, block=(4, 4), **options)
+
+
+def test_backward_of_rows_that_see_nothing_and_of_no_keys_is_zero():
+    rng = np.random.default_rng(44)
+    q, k, v = qkv(rng, 12, 4)
+    (dq, dk, dv), _ = grads(rng, q, k, v, block=(4, 2), window=(1, 0))  # queries 5 … 11 see nothing
+    assert (dq[5:] == 0).all() and np.isfinite(dq).all() and np.isfinite(dk).all() and np.isfinite(dv).all()
+    q, k, v = qkv(rng, 5, 0, 4, 3)
+    (dq, dk, dv), _ = grads(rng, q, k, v, block=4)
+    assert dq.shape == (5, 4) and (dq == 0).all() and dk.shape == (0, 4) and dv.shape == (0, 3)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_threaded_backward_equals_the_reference_and_is_deterministic(threaded, causal):
+    rng = np.random.default_rng(45)
+    q, k, v = qkv(rng, 100, 90, lead_q=(2, 2), lead_kv=(2, 1), dtype=np.float32)
+    out, lse = flash_attention(q, k, v, return_lse=True, causal=causal)
+    d_out = rng.standard_normal(out.shape).astype(np.float32)
+    first, again = (flash_attention_backward(q, k, v, out, lse, d_out, causal=causal, block=(16, 8))
+                    for _ in range(2))
+    for g, a, want in zip(first, again, attention_backward(q, k, v, d_out, causal=causal), strict=True):
+        np.testing.assert_allclose(g, want, **GRAD_TOL[np.float32])
+        np.testing.assert_array_equal(g, a)
+
+
+def test_backward_lets_nan_through_where_the_reference_has_it():
+    rng = np.random.default_rng(46)
+    q, k, v = qkv(rng, 24, 24, 4, 3)
+    k[17, 0] = np.nan  # under the causal mask only queries ≥ 17 see it
+    (dq, dk, dv), d_out = grads(rng, q, k, v, block=(8, 4), causal=True)
+    want = attention_backward(q, k, v, d_out, causal=True)
+    for g, w in zip((dq, dk, dv), want, strict=True):
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(w))
+    assert np.isnan(dq[17:]).all() and np.isfinite(dv).sum() == 0  # every value reached a NaN row
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_memory_grows_with_the_tile_not_with_n_squared(causal, monkeypatch):
+    # At n = 4096 the float32 pattern is 64 MiB. The backward holds dq, dk, dv, one more dq per
+    # extra thread, [q, −lse] and [dO, −D] (each 4096 × 16 or 17 × 4 B ≈ 0.27 MiB) and three
+    # 1024 × 256 float32 tiles (1 MiB each) per thread.
+    monkeypatch.setattr(impl.flash, "_cores", lambda: 2)
+    n = 4096
+    rng = np.random.default_rng(47)
+    q, k, v = qkv(rng, n, n, 16, 16, dtype=np.float32)
+    out, lse = flash_attention(q, k, v, causal=causal, return_lse=True)
+    d_out = rng.standard_normal(out.shape).astype(np.float32)
+    tracemalloc.start()
+    try:
+        flash_attention_backward(q, k, v, out, lse, d_out, causal=causal)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 12 * 2**20, f"peak {peak / 2**20:.1f} MiB"
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "says"),
+    [
+        (dict(lse=np.zeros((4,))), ValueError, r"lse must have shape \(..., n_q\) = \(3,\)"),
+        (dict(lse=np.zeros((3,), dtype=np.float32)), TypeError, "lse must have the dtype flash_attention"),
+        (dict(lse=1.0), TypeError, "lse must be an array"),
+        (dict(out=np.zeros((3, 3))), ValueError, "out must have the shape of the attention output"),
+        (dict(d_out=np.zeros((3, 2), dtype=np.float32)), TypeError, "d_out must have the dtype of q"),
+        (dict(block=0), ValueError, "block must be a positive integer or a pair"),
+        (dict(window=(0, -1)), ValueError, "window must be"),
+    ],
+)
+def test_backward_refuses_bad_input_by_name(change, error, says):
+    q, k, v = qkv(np.random.default_rng(48), 3, 3, 4, 2)
+    out, lse = flash_attention(q, k, v, return_lse=True)
+    args = dict(out=out, lse=lse, d_out=np.ones_like(out)) | change
+    options = {key: args.pop(key) for key in ("block", "window") if key in args}
+    with pytest.raises(error, match=says):
+        flash_attention_backward(q, k, v, args["out"], args["lse"], args["d_out"], **options)
