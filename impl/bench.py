@@ -72,8 +72,10 @@ edited by hand.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib.util
+import inspect
 import json
 import math
 import os
@@ -81,11 +83,12 @@ import statistics
 import sys
 import time
 import tracemalloc
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
+import impl.flash
 from impl.attention import attention
 from impl.cli import Parser, UsageError, check_output_dir, int_at_least
 from impl.flash import flash_attention, flash_attention_backward
@@ -404,6 +407,73 @@ def run_benchmark(
     }
 
 
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """flash on one thread with a one-thread BLAS: line_profiler traces only the thread it runs in."""
+    from threadpoolctl import threadpool_limits
+
+    cores = impl.flash._cores
+    impl.flash._cores = lambda: 1
+    try:
+        with threadpool_limits(1, user_api="blas"):
+            yield
+    finally:
+        impl.flash._cores = cores
+
+
+def profile_lines(n: int, d_k: int, d_v: int, *, causal: bool, backward: bool = False) -> dict[str, Any]:
+    """Where one thread's time goes inside flash's tile loop, line by line (line_profiler).
+
+    Profiles ``_row_block`` (forward) or ``_key_block`` (backward) over one whole call at ``n``
+    tokens; lines under 0.5 % of the time are summed into one row.
+    """
+    from line_profiler import LineProfiler
+
+    kernel = impl.flash._key_block if backward else impl.flash._row_block
+    fn, _ = make_call("flash", n, d_k, d_v, causal=causal, backward=backward)
+    profiler = LineProfiler()
+    profiler.add_function(kernel)
+    with _one_thread():
+        fn()  # warm-up, untraced
+        start = time.perf_counter()
+        profiler.enable_by_count()
+        fn()
+        profiler.disable_by_count()
+        wall = time.perf_counter() - start
+    stats = profiler.get_stats()
+    ((_, first, name), timings), = stats.timings.items()
+    source = inspect.getsourcelines(kernel)[0]
+    total = sum(t for _, _, t in timings) * stats.unit
+    pairs = visible_pairs(n, n, causal=causal)
+    lines, rest = [], 0.0
+    for line, hits, t in timings:
+        seconds = t * stats.unit
+        if seconds < 0.005 * total:
+            rest += seconds
+            continue
+        lines.append({"line": line, "source": source[line - first].strip(), "hits": hits, "time_s": seconds,
+                      "share": seconds / total, "ns_per_pair": seconds / pairs * 1e9})
+    lines.append({"line": None, "source": "(every other line)", "hits": None, "time_s": rest,
+                  "share": rest / total, "ns_per_pair": rest / pairs * 1e9})
+    return {"function": f"impl.flash.{name}", "n_tokens": n, "visible_pairs": pairs, "traced_s": total,
+            "wall_s": wall, "lines": lines}
+
+
+def format_profile(profile: dict[str, Any]) -> str:
+    from tabulate import tabulate
+
+    rows = [[row["line"] or "", f"`{row['source']}`", _fmt(100 * row["share"], ".1f"),
+             _fmt(row["ns_per_pair"], ".3f")] for row in profile["lines"]]
+    return "\n".join([
+        f"{profile['function']}, n = {profile['n_tokens']}: {profile['traced_s'] * 1e3:.1f} ms in the "
+        f"traced lines of one thread ({profile['wall_s'] * 1e3:.1f} ms wall with tracing), "
+        f"{profile['visible_pairs']} visible pairs",
+        "",
+        tabulate(rows, ["line", "source", "% time", "ns / visible pair"], tablefmt="github",
+                 disable_numparse=True),
+    ])
+
+
 def _fmt(x: float | None, spec: str) -> str:
     return "—" if x is None else format(x, spec)
 
@@ -558,6 +628,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="FILE", help="write the record as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="write a log-log plot (needs matplotlib)")
     p.add_argument("--markdown", metavar="FILE.md", help="write the report as Markdown, for the docs")
+    p.add_argument("--profile", action="store_true",
+                   help="instead of timing peers, profile flash's tile loop line by line at each size "
+                        "(one thread; needs line_profiler)")
     return p
 
 
@@ -583,7 +656,40 @@ def _check(args: argparse.Namespace) -> list[str]:
             import matplotlib  # noqa: F401
         except ImportError:
             raise UsageError("--plot needs matplotlib, which is not installed") from None
+    if args.profile:
+        if args.plot or args.json:
+            raise UsageError("--profile writes a report only: use --markdown, not --json or --plot")
+        if not _found("line_profiler"):
+            raise UsageError("--profile needs line_profiler, which is not installed "
+                             "(pip install line_profiler)")
     return names
+
+
+def _profile(args: argparse.Namespace, command: str) -> int:
+    """``--profile``: print (and with ``--markdown``, write) the line profile at each size."""
+    date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    load = os.getloadavg()
+    reports = [
+        format_profile(profile_lines(n, args.d_k, args.d_v, causal=args.causal, backward=args.backward))
+        for n in args.sizes
+    ]
+    blas = ", ".join(f"{b['internal_api']} {b['version']} ({b['architecture']} kernels)"
+                     for b in _blas_runtime())
+    footer = (f"one thread, one-thread BLAS ({blas}); load average before {_load(load)}, "
+              f"after {_load(os.getloadavg())}; {date}")
+    text = "\n\n".join([*reports, footer])
+    print(text)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write("\n".join([
+                "# Where flash's time goes, line by line",
+                "",
+                f"Generated by `{command}` on {date}; regenerate with the same command, never edit by hand.",
+                "",
+                text,
+                "",
+            ]))
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -596,9 +702,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except SystemExit as done:  # --help
         return int(done.code or 0)
+    command = " ".join(["python -m impl.bench", *argv])
+    if args.profile:
+        return _profile(args, command)
     record = run_benchmark(args.sizes, names=names, repeat=args.repeat, causal=args.causal,
                            d_k=args.d_k, d_v=args.d_v, naive_max=args.naive_max, pause=args.pause,
-                           backward=args.backward, command=" ".join(["python -m impl.bench", *argv]))
+                           backward=args.backward, command=command)
     print(format_report(record))
     if args.json:
         with open(args.json, "w") as f:

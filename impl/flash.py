@@ -69,6 +69,16 @@ def _tile_shape(block: Any) -> tuple[int, int]:
     return int(pair[0]), int(pair[1])
 
 
+@functools.lru_cache(maxsize=16)
+def _diagonal_mask(rows: int, cols: int, offset: int, *, above: bool) -> Array:  # -> [rows, cols]
+    """``j − i > offset`` (above) or ``j − i < offset`` (below), read-only: a regular tiling
+    meets the same few diagonal rectangles again and again, so each is built once."""
+    diagonal = np.arange(cols)[None, :] - np.arange(rows)[:, None]
+    mask = diagonal > offset if above else diagonal < offset
+    mask.flags.writeable = False
+    return mask
+
+
 class Visibility:
     """Which keys each query sees: key j is visible to query i when ``i − left ≤ j ≤ i + right``.
 
@@ -99,25 +109,23 @@ class Visibility:
     def hide(self, s: Array, q0: int, k0: int) -> None:  # [rows, cols] score tile at (q0, k0), in place
         """Set the scores of the hidden (query, key) pairs of a tile to −∞.
 
-        Only the columns where a bound crosses the tile are compared entry by entry (at most
-        ``rows`` columns per bound); columns beyond a bound for every row are filled whole.
+        Each bound is applied to the one rectangle of the tile it reaches — the rows with a hidden
+        key and the columns hidden from some row — through a cached mask of that rectangle.
         """
         rows, cols = s.shape
         q1, k1 = q0 + rows, k0 + cols
         if self.right is not None:  # hidden: j > i + right
-            c0 = max(k0, q0 + self.right + 1)  # the first column hidden from row q0
-            c1 = min(k1, q1 + self.right)  # from here on, hidden from every row
-            if c0 < c1:
-                past = np.arange(c0, c1)[None, :] > np.arange(q0, q1)[:, None] + self.right
-                np.copyto(s[:, c0 - k0 : c1 - k0], -np.inf, where=past)
-            s[:, max(c1, c0) - k0 :] = -np.inf
+            r1 = min(q1, k1 - 1 - self.right)  # rows from here on see the tile's every key
+            c0 = max(k0, q0 + self.right + 1)  # columns before this are seen by every row
+            if q0 < r1 and c0 < k1:
+                past = _diagonal_mask(r1 - q0, k1 - c0, self.right + q0 - c0, above=True)
+                np.copyto(s[: r1 - q0, c0 - k0 :], -np.inf, where=past)
         if self.left is not None:  # hidden: j < i − left
-            c1 = min(k1, q1 - 1 - self.left)  # columns before this are hidden from row q1 − 1
-            c0 = max(k0, q0 - self.left)  # columns before this are hidden from every row
-            s[:, : max(k0, min(c0, k1)) - k0] = -np.inf
-            if c0 < c1:
-                before = np.arange(c0, c1)[None, :] < np.arange(q0, q1)[:, None] - self.left
-                np.copyto(s[:, c0 - k0 : c1 - k0], -np.inf, where=before)
+            r0 = max(q0, k0 + self.left + 1)  # rows before this see the tile's every key
+            c1 = min(k1, q1 - 1 - self.left)  # columns from here on are seen by every row
+            if r0 < q1 and k0 < c1:
+                before = _diagonal_mask(q1 - r0, c1 - k0, r0 - k0 - self.left, above=False)
+                np.copyto(s[r0 - q0 :, : c1 - k0], -np.inf, where=before)
 
     def crosses(self, q0: int, q1: int, k0: int, k1: int) -> bool:
         """Whether the tile rows ``q0:q1`` × keys ``k0:k1`` holds any hidden pair."""

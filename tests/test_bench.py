@@ -297,3 +297,29 @@ def test_markdown_page_says_the_command_that_regenerates_it(tmp_path, capsys):
 def test_jax_has_no_backward_pair(capsys):
     assert main(["--backward", "--impl", "jax"]) == 2
     assert "--impl jax: --backward compares with torch only" in capsys.readouterr().err
+
+
+def test_profile_names_the_lines_of_the_tile_loop(tmp_path, capsys):
+    pytest.importorskip("line_profiler")
+    path = tmp_path / "profile.md"
+    assert main(["--profile", "--sizes", "64", "--markdown", str(path)]) == 0
+    page = path.read_text()
+    assert page.startswith("# Where flash's time goes")
+    assert "`python -m impl.bench --profile --sizes 64" in page
+    assert "impl.flash._row_block, n = 64" in page and "np.exp(s, out=s)" in page and "% time" in page
+    assert main(["--profile", "--backward", "--sizes", "64"]) == 0
+    assert "impl.flash._key_block, n = 64" in capsys.readouterr().out
+
+
+def test_profile_shares_add_up_to_the_whole():
+    pytest.importorskip("line_profiler")
+    from impl.bench import profile_lines
+
+    profile = profile_lines(96, 16, 16, causal=True)
+    assert sum(row["share"] for row in profile["lines"]) == pytest.approx(1.0)
+    assert profile["visible_pairs"] == visible_pairs(96, 96, causal=True)
+
+
+def test_profile_refuses_json_and_plot(capsys):
+    assert main(["--profile", "--json", "x.json"]) == 2
+    assert "--profile writes a report only" in capsys.readouterr().err
