@@ -59,10 +59,10 @@ JSON (``--json FILE``), for other tools; keys are kept, more may be added:
   measured) and, for a size not run, the reason (else null).
 * ``floor[].{n_tokens, flops, times_s, time_s}`` — the sgemm floor per size: the useful FLOPs at the
   rate of the sgemm timed just before that size, per round, and their median.
-* ``paired[].{n_tokens, flash_over_torch, flash_over_jax, flash_over_floor}`` — per size, the
-  median over rounds of flash's time over each peer's and over the floor's in the same round (null
-  when one is missing): samples taken seconds apart share the machine's load, so these ratios are
-  the steadiest figures.
+* ``paired[].{n_tokens, flash_over_torch, flash_over_jax, flash_over_floor, torch_over_floor,
+  jax_over_floor}`` — per size, the median over rounds of flash's time over each peer's and over
+  the floor's, and of each peer's over the floor's, in the same round (null when one is missing):
+  samples taken seconds apart share the machine's load, so these ratios are the steadiest figures.
 
 ``--markdown FILE`` writes the report with its command, date and machine, for the docs
 (``python -m impl.bench --markdown docs/bench_results.md``): figures there are regenerated, never
@@ -401,7 +401,8 @@ def run_benchmark(
             {"n_tokens": n,
              **{f"flash_over_{peer}": paired(times.get(("flash", n)), times.get((peer, n)))
                 for peer in PEERS},
-             "flash_over_floor": paired(times.get(("flash", n)), floor[n])}
+             "flash_over_floor": paired(times.get(("flash", n)), floor[n]),
+             **{f"{peer}_over_floor": paired(times.get((peer, n)), floor[n]) for peer in PEERS}}
             for n in sizes
         ],
     }
@@ -512,13 +513,14 @@ def format_report(record: dict[str, Any]) -> str:
         row += [_fmt(by[name, n]["ratio"], ".2f") for name in names]
         row += [_fmt(pairs[n][f"flash_over_{peer}"], ".2f") for peer in peers]
         row += [_fmt(pairs[n]["flash_over_floor"], ".2f")]
+        row += [_fmt(pairs[n][f"{peer}_over_floor"], ".2f") for peer in peers]
         time_rows.append(row)
         rate = [n] + [_fmt(by[name, n]["gflops"], ".1f") for name in names]
         rate += [_fmt(None if by[name, n]["peak_bytes"] is None else by[name, n]["peak_bytes"] / MIB, ".1f")
                  for name in traced]
         rate_rows.append(rate)
     time_head = ["n", *(f"{x} ms" for x in names), "floor ms", *(f"{x} ×/2n" for x in names)]
-    time_head += [f"flash/{peer}" for peer in peers] + ["flash/floor"]
+    time_head += [f"flash/{peer}" for peer in peers] + ["flash/floor"] + [f"{peer}/floor" for peer in peers]
     rate_head = ["n", *(f"{x} GFLOP/s" for x in names), *(f"{x} MiB" for x in traced)]
     mask = "causal" if config["causal"] else "no mask"
     what = "backward (dq, dk, dv)" if config.get("mode") == "backward" else "forward"
@@ -536,7 +538,7 @@ def format_report(record: dict[str, Any]) -> str:
         f"floor: useful FLOPs at the rate of a {record['sgemm']['size']}³ float32 sgemm timed before "
         f"each size (median {record['sgemm']['gflops']:.1f} GFLOP/s, {machine['blas']}"
         + (f"; {kernels}" if kernels else "") + ")",
-        "flash/x columns: median over rounds of the ratio of back-to-back samples",
+        "x/y columns: median over rounds of the ratio of back-to-back samples",
         f"memory: {record['memory_method']}; MiB = 2²⁰ bytes",
         "paths:",
         *(f"  {_describe(name, record['paths'][name])}" for name in names if name in record["paths"]),

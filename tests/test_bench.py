@@ -264,6 +264,9 @@ def test_peers_and_their_paths_reach_the_json_and_the_report(tmp_path, capsys):
     assert data["paths"]["torch"]["input_ndim"] == 4 and data["paths"]["jax"]["input_ndim"] == 4
     (pair,) = data["paired"]
     assert pair["flash_over_torch"] > 0 and pair["flash_over_jax"] > 0
+    assert pair["torch_over_floor"] == pytest.approx(
+        statistics.median(t / f for t, f in zip(data["results"][1]["times_s"], data["floor"][0]["times_s"],
+                                                strict=True)))
     out = capsys.readouterr().out
     assert "flash/torch" in out and "flash/jax" in out
     assert "torch: torch " in out and "4-D (batch, heads, n, d) = (1, 1, n, d)" in out
