@@ -1,31 +1,39 @@
-"""Tiled attention with an online softmax (FlashAttention's algorithm, in NumPy).
+"""Tiled attention with an online softmax (FlashAttention's algorithm, in NumPy), and its backward.
 
-Keys and values are visited a tile at a time. Each query row i keeps three running values: the
-largest score seen so far ``m``, the softmax denominator ``l`` and the unnormalised output ``acc``.
-A new tile of scores ``s`` (and its values ``V_t``) updates them by the online-softmax law
+Keys and values are visited a tile at a time. Each query row i keeps three running values: a
+reference shift ``m`` (the largest score seen so far, in the textbook form), the softmax
+denominator ``l`` and the unnormalised output ``acc``, both relative to ``m``. A new tile of
+scores ``s`` (and its values ``V_t``), exponentiated relative to its own shift ``c``, updates them
+by the online-softmax law
 
-    m'   = max(m, max_j s_j)
-    l'   = e^(m − m') · l   + Σ_j e^(s_j − m')
-    acc' = e^(m − m') · acc + Σ_j e^(s_j − m') · V_t[j]
+    m'   = max(m, c)
+    l'   = e^(m − m') · l   + e^(c − m') · Σ_j e^(s_j − c)
+    acc' = e^(m − m') · acc + e^(c − m') · Σ_j e^(s_j − c) · V_t[j]
 
-and after the last tile ``out = acc / l``. The factor e^(m − m') re-expresses everything summed
-so far relative to the new maximum, so the result is exactly softmax(s)·V — the same shift-by-the-
-row-max that makes :func:`impl.attention.softmax` stable — yet the n_q × n_k pattern never exists:
+and after the last tile ``out = acc / l`` and ``lse = m + log l``. Softmax is invariant to any
+per-row shift, so ``c`` need not be the tile's max: it only has to keep ``e^(s − c)`` from
+overflowing or underflowing. The result is softmax(s)·V, yet the n_q × n_k pattern never exists:
 memory is O(n · block) instead of O(n²) (Dao et al., 2022, "FlashAttention", Algorithm 1).
 
 Speed in NumPy comes from doing as little per score as possible outside BLAS:
 
 * tiles are large (hundreds of query rows by thousands of keys), so each matmul is a big sgemm
   and Python's per-tile overhead is negligible;
-* under the causal mask, tiles entirely above the diagonal are never computed, and only the tiles
-  that cross it are masked;
-* the per-score work — max, subtract, exp, sum — runs in place in one preallocated buffer;
+* tiles that a causal mask or a sliding window hides entirely are never computed, and only the
+  tiles that a bound crosses are masked, through a cached mask of the rectangle it reaches;
+* per score outside BLAS there is one max and one exp, in place in a preallocated buffer: the
+  shift is 0 (no pass) whenever every row max of the tile is small, and the row sums come from a
+  matrix-vector product;
 * row blocks are independent, so each core takes its own, in a thread running a single-threaded
   BLAS (through threadpoolctl when installed): NumPy's ufuncs and BLAS release the GIL, so one
   thread's exp overlaps another's matmul, and no core is shared by two busy threads.
 
 What remains is BLAS time plus about one exp per visible score: ``python -m impl.bench``
-measures it against PyTorch and against the sgemm floor.
+measures it against PyTorch, JAX and the sgemm floor, and ``--profile`` shows it line by line
+(docs/performance.md).
+
+The backward (:func:`flash_attention_backward`) is FlashAttention-2's: key blocks are shared
+between cores, and each tile's weights are recomputed from the forward's ``lse``.
 """
 
 from __future__ import annotations
@@ -163,8 +171,8 @@ def _row_block(
 
     Per tile, outside the two matmuls: one max and one exp over the scores (and a subtraction
     only when :func:`_tile_shift` asks for one), in place; the row sums come from a matrix-vector
-    product (BLAS, half of NumPy's sum time). ``m`` is each row's reference shift: the sums hold
-    ``e^(s − m)``, and ``m`` is the row max whenever a shift was needed.
+    product (BLAS, quicker than NumPy's sum along rows). ``m`` is each row's reference shift: the
+    sums hold ``e^(s − m)``, and ``m`` is the row max whenever a shift was needed.
     """
     work = out.dtype
     n_k, d_v = v.shape
@@ -173,7 +181,7 @@ def _row_block(
     k_lo, k_hi = seen.keys(q0, q1, n_k) if skip_hidden else (0, n_k)
     # softcap: c·tanh(s/c); the 1/c joins the scale, folded into q once.
     q_t = q[q0:q1] * work.type(scale if softcap is None else scale / softcap)  # [rows, d_k]
-    m = np.full(rows, -np.inf, dtype=work)  # running row max
+    m = np.full(rows, -np.inf, dtype=work)  # running reference shift
     l = np.zeros(rows, dtype=work)  # running softmax denominator
     acc = np.zeros((rows, d_v), dtype=work)  # running unnormalised output
     pv = np.empty((rows, d_v), dtype=work)
