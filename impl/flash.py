@@ -38,6 +38,7 @@ between cores, and each tile's weights are recomputed from the forward's ``lse``
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -142,8 +143,8 @@ class Visibility:
         return over or under
 
 
-# A tile whose row maxima all lie within ±_SHIFT_FREE needs no shift before exp: its weights stay
-# within [e^-20, e^20] of 1 at their maximum, far from float32's overflow (e^88) and underflow.
+# A row whose max lies within ±_SHIFT_FREE needs no shift before exp: its weights stay within
+# [e^-20, e^20] of 1 at their maximum, far from float32's overflow (e^88) and underflow.
 _SHIFT_FREE = 20.0
 
 
@@ -151,15 +152,19 @@ def _tile_shift(tile_max: Array, shift_free: bool) -> Array | None:  # [rows] ->
     """What to subtract from each row of a score tile before exp; None when nothing needs to be.
 
     Softmax is invariant to any per-row shift, so the max is only a guard against overflow (and
-    against a row of very negative scores underflowing to 0). When every row's max is within
-    ±_SHIFT_FREE, or −∞ (a row that sees nothing here, whose weights are 0 whatever the shift),
-    the subtraction pass is skipped: exp of the raw scores is as exact, one pass less. Otherwise
-    each row is shifted by its max (0 for a row that sees nothing: −∞ − −∞ would be NaN).
+    against a row of very negative scores underflowing to 0). A row whose max is within
+    ±_SHIFT_FREE, or −∞ (a row that sees nothing here, whose weights are 0 whatever the shift), is
+    shifted by 0; the others by their max. When every row's shift is 0 the subtraction pass is
+    skipped — subtracting 0 changes no bit, so each row's result depends on that row alone, as the
+    causal law demands bit for bit. ``shift_free=False`` shifts every row by its max (0 for a row
+    that sees nothing: −∞ − −∞ would be NaN).
     """
-    shift_needed = ~((np.abs(tile_max) <= _SHIFT_FREE) | np.isneginf(tile_max))
-    if shift_free and not shift_needed.any():
-        return None
-    return np.where(np.isneginf(tile_max), tile_max.dtype.type(0), tile_max)
+    unshifted = np.isneginf(tile_max)
+    if shift_free:
+        unshifted |= np.abs(tile_max) <= _SHIFT_FREE
+        if unshifted.all():
+            return None
+    return np.where(unshifted, tile_max.dtype.type(0), tile_max)
 
 
 def _row_block(
@@ -187,30 +192,32 @@ def _row_block(
     pv = np.empty((rows, d_v), dtype=work)
     scores = np.empty((rows, min(block_k, k_hi - k_lo)), dtype=work)
     ones = np.ones(scores.shape[1], dtype=work)
-    for k0 in range(k_lo, k_hi, block_k):
-        k1 = min(k0 + block_k, k_hi)
-        s = scores[:, : k1 - k0]
-        np.matmul(q_t, k[k0:k1].T, out=s)  # [rows, d_k] @ [d_k, k1 - k0]
-        if softcap is not None:
-            np.tanh(s, out=s)
-            s *= work.type(softcap)
-        if seen.crosses(q0, q1, k0, k1):
-            seen.hide(s, q0, k0)
-        shift = _tile_shift(np.maximum.reduce(s, axis=1), shift_free)
-        if shift is not None:
-            np.subtract(s, shift[:, None], out=s)
-        np.exp(s, out=s)  # s is now e^(s − shift), the tile's unnormalised weights
-        shift = np.zeros(rows, dtype=work) if shift is None else shift
-        # Both the running sums and the tile's are re-expressed relative to m' = max(m, shift).
-        m_new = np.maximum(m, shift)
-        before, tile = np.exp(m - m_new), np.exp(shift - m_new)
-        l *= before
-        l += np.matmul(s, ones[: k1 - k0]) * tile
-        acc *= before[:, None]
-        np.matmul(s, v[k0:k1], out=pv)  # [rows, k1-k0] @ [k1-k0, d_v]
-        pv *= tile[:, None]
-        acc += pv
-        m = m_new
+    # Overflow in an unshifted tile is caught below and that row redone: no warning for it here.
+    with np.errstate(over="ignore", invalid="ignore") if shift_free else contextlib.nullcontext():
+        for k0 in range(k_lo, k_hi, block_k):
+            k1 = min(k0 + block_k, k_hi)
+            s = scores[:, : k1 - k0]
+            np.matmul(q_t, k[k0:k1].T, out=s)  # [rows, d_k] @ [d_k, k1 - k0]
+            if softcap is not None:
+                np.tanh(s, out=s)
+                s *= work.type(softcap)
+            if seen.crosses(q0, q1, k0, k1):
+                seen.hide(s, q0, k0)
+            shift = _tile_shift(np.maximum.reduce(s, axis=1), shift_free)
+            if shift is not None:
+                np.subtract(s, shift[:, None], out=s)
+            np.exp(s, out=s)  # s is now e^(s − shift), the tile's unnormalised weights
+            shift = np.zeros(rows, dtype=work) if shift is None else shift
+            # Both the running sums and the tile's are re-expressed relative to m' = max(m, shift).
+            m_new = np.maximum(m, shift)
+            before, tile = np.exp(m - m_new), np.exp(shift - m_new)
+            l *= before
+            l += np.matmul(s, ones[: k1 - k0]) * tile
+            acc *= before[:, None]
+            np.matmul(s, v[k0:k1], out=pv)  # [rows, k1-k0] @ [k1-k0, d_v]
+            pv *= tile[:, None]
+            acc += pv
+            m = m_new
     # l is exactly 0 only for rows that saw no key (or only −Inf scores); they get zeros, as in
     # impl.attention, and a logsumexp of −∞.
     empty = l == 0
@@ -218,6 +225,13 @@ def _row_block(
     if lse is not None:
         with np.errstate(divide="ignore"):  # log(0) = −∞ is the logsumexp of nothing
             lse[q0:q1] = np.where(empty, -np.inf, m + np.log(l))
+    if shift_free:
+        # Unshifted weights reach e^20: with values near float32's max / n_k a row's sums can
+        # overflow where shifted ones would not. Such a row (finite values, so nothing else made
+        # it non-finite, or a NaN of its own) is computed again alone, shifted by its max.
+        for i in np.flatnonzero(~(np.isfinite(l) & np.isfinite(acc).all(axis=1))):
+            _row_block(q, k, v, out, lse, q0 + i, q0 + i + 1, seen=seen, scale=scale, softcap=softcap,
+                       block_k=block_k, skip_hidden=skip_hidden, shift_free=False)
 
 
 def _cores() -> int:
@@ -363,17 +377,13 @@ def flash_attention(
     # the mask still reaches every row in impl.attention (weight 0 · Inf = NaN); then compute those
     # tiles too, so the result never depends on the tiling.
     skip_hidden = bool(np.isfinite(vs).all())
-    # Unshifted weights reach e^_SHIFT_FREE: allowed when no sum of n_k of them times a value can
-    # overflow (the bound is on the largest value, so it holds for every row at once).
-    v_max = float(np.max(np.abs(vs), initial=0.0)) if skip_hidden else math.inf
-    shift_free = n_k * max(v_max, 1.0) * math.exp(_SHIFT_FREE) < float(np.finfo(work).max) / 16
 
     def run(job: tuple[int, int, int]) -> None:
         h, q0, q1 = job
         idx = heads[h]
         _row_block(qs[idx], ks[idx], vs[idx], out[idx], None if lse is None else lse[idx], q0, q1,
                    seen=seen, scale=scale, softcap=softcap, block_k=block_k, skip_hidden=skip_hidden,
-                   shift_free=shift_free)
+                   shift_free=skip_hidden)
 
     jobs = list(_jobs(len(heads), n_q, block_q, bool(causal)))
     _in_parallel(run, jobs, _threads(len(jobs), len(heads) * n_q * n_k))

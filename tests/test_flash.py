@@ -468,6 +468,23 @@ def test_huge_values_force_the_shifted_path_and_stay_finite():
     np.testing.assert_allclose(out / 1e36, golden(q, k, v / 1e36, scale=1.0)[0], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("amplitude", ["scores", "values"])
+def test_what_other_rows_see_changes_no_bit_of_a_row(amplitude):
+    # The causal law, bit for bit, where rows take different paths: changing keys and values from
+    # position 5 on gives later rows scores beyond ±20 (shifted) or sums that overflow unshifted
+    # (redone alone); rows 0 … 4, in the same tiles, must not move by one bit.
+    q, k, v = qkv(np.random.default_rng(33), 12, 12, dtype=np.float32)
+    before = flash_attention(q, k, v, causal=True, block=(8, 8))
+    if amplitude == "scores":
+        k[5:] *= 50
+    else:
+        k[5:] = q[5:] * 30  # scores near 15 and more, unshifted
+        v[5:] *= np.float32(3e37)
+    after = flash_attention(q, k, v, causal=True, block=(8, 8))
+    np.testing.assert_array_equal(after[:5], before[:5])
+    assert np.isfinite(after).all() and not np.array_equal(after[5:], before[5:])
+
+
 @pytest.mark.parametrize(
     ("options", "error", "says"),
     [
