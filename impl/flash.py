@@ -229,7 +229,7 @@ def _row_block(
         # Unshifted weights reach e^20: with values near float32's max / n_k a row's sums can
         # overflow where shifted ones would not. Such a row (finite values, so nothing else made
         # it non-finite, or a NaN of its own) is computed again alone, shifted by its max.
-        for i in np.flatnonzero(~(np.isfinite(l) & np.isfinite(acc).all(axis=1))):
+        for i in np.flatnonzero(~(np.isfinite(l) & np.isfinite(acc).all(axis=1))).tolist():
             _row_block(q, k, v, out, lse, q0 + i, q0 + i + 1, seen=seen, scale=scale, softcap=softcap,
                        block_k=block_k, skip_hidden=skip_hidden, shift_free=False)
 
