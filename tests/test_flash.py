@@ -468,6 +468,16 @@ def test_huge_values_force_the_shifted_path_and_stay_finite():
     np.testing.assert_allclose(out / 1e36, golden(q, k, v / 1e36, scale=1.0)[0], rtol=1e-5, atol=1e-6)
 
 
+def test_threaded_window_softcap_and_lse_equal_the_golden(threaded):
+    q, k, v = qkv(np.random.default_rng(34), 70, 90, lead_q=(3,), lead_kv=(3,))
+    for h in range(3):
+        out, lse = flash_attention(q[h], k[h], v[h], causal=True, window=(20, 0), softcap=2.0, block=(16, 8),
+                                   return_lse=True)
+        want_out, want_lse = golden(q[h], k[h], v[h], causal=True, window=(20, 0), softcap=2.0)
+        np.testing.assert_allclose(out, want_out, **TOL[np.float64])
+        np.testing.assert_allclose(lse, want_lse, **TOL[np.float64])
+
+
 @pytest.mark.parametrize("amplitude", ["scores", "values"])
 def test_what_other_rows_see_changes_no_bit_of_a_row(amplitude):
     # The causal law, bit for bit, where rows take different paths: changing keys and values from
