@@ -543,6 +543,16 @@ def test_backward_equals_attention_backward_around_the_tile_edges(dtype, causal,
             np.testing.assert_allclose(g, want, **GRAD_TOL[dtype])
 
 
+def test_backward_of_float16_is_computed_in_float32_and_cast_back():
+    rng = np.random.default_rng(49)
+    q, k, v = qkv(rng, 20, 24, 8, 4, dtype=np.float16)
+    (dq, dk, dv), d_out = grads(rng, q, k, v, block=(8, 8), causal=True)
+    assert dq.dtype == dk.dtype == dv.dtype == np.float16
+    wide = [x.astype(np.float32) for x in (q, k, v, d_out)]
+    for g, want in zip((dq, dk, dv), attention_backward(*wide[:3], wide[3], causal=True), strict=True):
+        np.testing.assert_allclose(g.astype(np.float32), want, atol=2e-3, rtol=2e-3)  # float16 rounding
+
+
 def test_backward_sums_gradients_over_broadcast_heads():
     rng = np.random.default_rng(41)
     q, k, v = qkv(rng, 20, 30, lead_q=(2, 3), lead_kv=(2, 1))  # one K/V head for three query heads
