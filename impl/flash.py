@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -50,8 +49,9 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
-from impl.attention import Array, check_qkv, check_scale, compute_dtype
+from impl.attention import Array, check_qkv, check_scale, check_softcap, compute_dtype
 from impl.grad import _check_d_out, _unbroadcast
+from impl.masks import check_window
 
 # Query rows × keys per tile. A 256 × 2048 float32 score tile is 2 MiB: big enough that each matmul
 # runs near full sgemm speed and Python's per-tile cost vanishes, small enough to stay in cache.
@@ -254,31 +254,6 @@ def _one_thread_blas() -> AbstractContextManager[Any]:
     return _blas_controller().limit(limits=1, user_api="blas")
 
 
-def _check_window(window: Any) -> tuple[int, int] | None:
-    """``window`` as (left, right), both ints ≥ 0, or None for no window."""
-    if window is None:
-        return None
-    pair = tuple(window) if isinstance(window, (tuple, list)) else None
-    if pair is None or len(pair) != 2 or not all(
-        isinstance(w, (int, np.integer)) and not isinstance(w, bool) for w in pair
-    ):
-        raise TypeError(f"window must be None or a pair of integers (left, right), got {window!r}")
-    if min(pair) < 0:
-        raise ValueError(f"window must be (left, right) with both >= 0, got {window!r}")
-    return int(pair[0]), int(pair[1])
-
-
-def _check_softcap(softcap: Any) -> float | None:
-    """``softcap`` as a finite float > 0, or None for no cap."""
-    if softcap is None:
-        return None
-    if isinstance(softcap, bool) or not isinstance(softcap, (int, float, np.integer, np.floating)):
-        raise TypeError(f"softcap must be a real number > 0 or None, got {type(softcap).__name__}")
-    if not (math.isfinite(softcap) and softcap > 0):
-        raise ValueError(f"softcap must be finite and > 0, got {softcap}")
-    return float(softcap)
-
-
 def _threads(n_jobs: int, n_scores: int) -> int:
     """Threads to run ``n_jobs`` on: one per core for big calls when BLAS can be made single-threaded."""
     threads = min(_cores(), n_jobs)
@@ -365,8 +340,8 @@ def flash_attention(
     """
     qs, ks, vs, batch, scale = _prepare(q, k, v, scale)
     block_q, block_k = _tile_shape(block)
-    seen = Visibility(causal=bool(causal), window=_check_window(window))
-    softcap = _check_softcap(softcap)
+    seen = Visibility(causal=bool(causal), window=None if window is None else check_window(window))
+    softcap = check_softcap(softcap)
     n_q, n_k, d_v = qs.shape[-2], ks.shape[-2], vs.shape[-1]
     work = qs.dtype
     out = np.empty((*batch, n_q, d_v), dtype=work)
@@ -520,8 +495,8 @@ def flash_attention_backward(
     """
     qs, ks, vs, batch, scale = _prepare(q, k, v, scale)
     block_q, block_k = _tile_shape(block)
-    seen = Visibility(causal=bool(causal), window=_check_window(window))
-    softcap = _check_softcap(softcap)
+    seen = Visibility(causal=bool(causal), window=None if window is None else check_window(window))
+    softcap = check_softcap(softcap)
     n_q, n_k = qs.shape[-2], ks.shape[-2]
     d_k, d_v = qs.shape[-1], vs.shape[-1]
     dtype, work = np.asarray(q).dtype, qs.dtype

@@ -498,17 +498,17 @@ def test_what_other_rows_see_changes_no_bit_of_a_row(amplitude):
 @pytest.mark.parametrize(
     ("options", "error", "says"),
     [
-        (dict(window=3), TypeError, "window must be None or a pair of integers"),
-        (dict(window=(1,)), TypeError, "window must be None or a pair of integers"),
-        (dict(window=(1.0, 2)), TypeError, "window must be None or a pair of integers"),
-        (dict(window=(True, 2)), TypeError, "window must be None or a pair of integers"),
+        (dict(window=3), TypeError, "window must be a pair .left, right. of integers"),
+        (dict(window=(1,)), TypeError, "window must be a pair .left, right. of integers"),
+        (dict(window=(1.0, 2)), TypeError, "window must be a pair .left, right. of integers"),
+        (dict(window=(True, 2)), TypeError, "window must be a pair .left, right. of integers"),
         (dict(window=(-1, 2)), ValueError, "window must be .left, right. with both >= 0"),
         (dict(softcap="1"), TypeError, "softcap must be a real number > 0 or None"),
         (dict(softcap=True), TypeError, "softcap must be a real number > 0 or None"),
-        (dict(softcap=0.0), ValueError, "softcap must be finite and > 0"),
-        (dict(softcap=-2.0), ValueError, "softcap must be finite and > 0"),
-        (dict(softcap=np.nan), ValueError, "softcap must be finite and > 0"),
-        (dict(softcap=np.inf), ValueError, "softcap must be finite and > 0"),
+        (dict(softcap=0.0), ValueError, "softcap must be a finite number > 0"),
+        (dict(softcap=-2.0), ValueError, "softcap must be a finite number > 0"),
+        (dict(softcap=np.nan), ValueError, "softcap must be a finite number > 0"),
+        (dict(softcap=np.inf), ValueError, "softcap must be a finite number > 0"),
     ],
 )
 def test_bad_window_or_softcap_is_refused_and_named(options, error, says):
