@@ -7,6 +7,7 @@ Shape codes in every docstring use the letters of :mod:`impl.attention`.
 
 from impl.attention import attention, softmax
 from impl.flash import flash_attention
+from impl.flash import flash_attention_backward as flash_attention_backward  # re-exported
 from impl.grad import attention_backward, gradcheck
 from impl.layers import multi_head_attention, self_attention
 from impl.masks import causal_mask, packed_mask, padding_mask, sliding_window_mask

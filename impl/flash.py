@@ -1,46 +1,57 @@
-"""Tiled attention with an online softmax (FlashAttention's algorithm, in NumPy).
+"""Tiled attention with an online softmax (FlashAttention's algorithm, in NumPy), and its backward.
 
-Keys and values are visited a tile at a time. Each query row i keeps three running values: the
-largest score seen so far ``m``, the softmax denominator ``l`` and the unnormalised output ``acc``.
-A new tile of scores ``s`` (and its values ``V_t``) updates them by the online-softmax law
+Keys and values are visited a tile at a time. Each query row i keeps three running values: a
+reference shift ``m`` (the largest score seen so far, in the textbook form), the softmax
+denominator ``l`` and the unnormalised output ``acc``, both relative to ``m``. A new tile of
+scores ``s`` (and its values ``V_t``), exponentiated relative to its own shift ``c``, updates them
+by the online-softmax law
 
-    m'   = max(m, max_j s_j)
-    l'   = e^(m − m') · l   + Σ_j e^(s_j − m')
-    acc' = e^(m − m') · acc + Σ_j e^(s_j − m') · V_t[j]
+    m'   = max(m, c)
+    l'   = e^(m − m') · l   + e^(c − m') · Σ_j e^(s_j − c)
+    acc' = e^(m − m') · acc + e^(c − m') · Σ_j e^(s_j − c) · V_t[j]
 
-and after the last tile ``out = acc / l``. The factor e^(m − m') re-expresses everything summed
-so far relative to the new maximum, so the result is exactly softmax(s)·V — the same shift-by-the-
-row-max that makes :func:`impl.attention.softmax` stable — yet the n_q × n_k pattern never exists:
+and after the last tile ``out = acc / l`` and ``lse = m + log l``. Softmax is invariant to any
+per-row shift, so ``c`` need not be the tile's max: it only has to keep ``e^(s − c)`` from
+overflowing or underflowing. The result is softmax(s)·V, yet the n_q × n_k pattern never exists:
 memory is O(n · block) instead of O(n²) (Dao et al., 2022, "FlashAttention", Algorithm 1).
 
 Speed in NumPy comes from doing as little per score as possible outside BLAS:
 
 * tiles are large (hundreds of query rows by thousands of keys), so each matmul is a big sgemm
   and Python's per-tile overhead is negligible;
-* under the causal mask, tiles entirely above the diagonal are never computed, and only the tiles
-  that cross it are masked;
-* the per-score work — max, subtract, exp, sum — runs in place in one preallocated buffer;
+* tiles that a causal mask or a sliding window hides entirely are never computed, and only the
+  tiles that a bound crosses are masked, through a cached mask of the rectangle it reaches;
+* per score outside BLAS there is one max and one exp, in place in a preallocated buffer: the
+  shift is 0 (no pass) whenever every row max of the tile is small, and the row sums come from a
+  matrix-vector product;
 * row blocks are independent, so each core takes its own, in a thread running a single-threaded
   BLAS (through threadpoolctl when installed): NumPy's ufuncs and BLAS release the GIL, so one
   thread's exp overlaps another's matmul, and no core is shared by two busy threads.
 
 What remains is BLAS time plus about one exp per visible score: ``python -m impl.bench``
-measures it against PyTorch and against the sgemm floor.
+measures it against PyTorch, JAX and the sgemm floor, and ``--profile`` shows it line by line
+(docs/performance.md).
+
+The backward (:func:`flash_attention_backward`) is FlashAttention-2's: key blocks are shared
+between cores, and each tile's weights are recomputed from the forward's ``lse``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
-from impl.attention import Array, check_qkv, check_scale, compute_dtype
+from impl.attention import Array, check_qkv, check_scale, check_softcap, compute_dtype
+from impl.grad import _check_d_out, _unbroadcast
+from impl.masks import check_window
 
 # Query rows × keys per tile. A 256 × 2048 float32 score tile is 2 MiB: big enough that each matmul
 # runs near full sgemm speed and Python's per-tile cost vanishes, small enough to stay in cache.
@@ -67,44 +78,160 @@ def _tile_shape(block: Any) -> tuple[int, int]:
     return int(pair[0]), int(pair[1])
 
 
+@functools.lru_cache(maxsize=16)
+def _diagonal_mask(rows: int, cols: int, offset: int, *, above: bool) -> Array:  # -> [rows, cols]
+    """``j − i > offset`` (above) or ``j − i < offset`` (below), read-only: a regular tiling
+    meets the same few diagonal rectangles again and again, so each is built once."""
+    diagonal = np.arange(cols)[None, :] - np.arange(rows)[:, None]
+    mask = diagonal > offset if above else diagonal < offset
+    mask.flags.writeable = False
+    return mask
+
+
+class Visibility:
+    """Which keys each query sees: key j is visible to query i when ``i − left ≤ j ≤ i + right``.
+
+    ``left``/``right`` are None for no limit. A sliding window ``(left, right)`` gives both; the
+    causal mask caps ``right`` at 0 (keys j ≤ i); both bounds are top-left aligned and ANDed. Each
+    bound moves by one key per query, so a block of rows sees one contiguous key range, and a tile
+    crosses a bound only near the diagonals ``j − i = right`` and ``i − j = left``.
+    """
+
+    def __init__(self, *, causal: bool, window: tuple[int, int] | None) -> None:
+        left, right = window if window is not None else (None, None)
+        if causal:
+            right = 0 if right is None else min(right, 0)
+        self.left, self.right = left, right
+
+    def keys(self, q0: int, q1: int, n_k: int) -> tuple[int, int]:
+        """The key range ``[k0, k1)`` that rows ``q0:q1`` see, clipped to ``[0, n_k]`` (may be empty)."""
+        k0 = 0 if self.left is None else max(0, q0 - self.left)
+        k1 = n_k if self.right is None else min(n_k, q1 + self.right)
+        return k0, max(k0, k1)
+
+    def queries(self, k0: int, k1: int, n_q: int) -> tuple[int, int]:
+        """The query range ``[q0, q1)`` that sees any of keys ``k0:k1`` (the transpose of :meth:`keys`)."""
+        q0 = 0 if self.right is None else max(0, k0 - self.right)
+        q1 = n_q if self.left is None else min(n_q, k1 + self.left)
+        return q0, max(q0, q1)
+
+    def hide(self, s: Array, q0: int, k0: int) -> None:  # [rows, cols] score tile at (q0, k0), in place
+        """Set the scores of the hidden (query, key) pairs of a tile to −∞.
+
+        Each bound is applied to the one rectangle of the tile it reaches — the rows with a hidden
+        key and the columns hidden from some row — through a cached mask of that rectangle.
+        """
+        rows, cols = s.shape
+        q1, k1 = q0 + rows, k0 + cols
+        if self.right is not None:  # hidden: j > i + right
+            r1 = min(q1, k1 - 1 - self.right)  # rows from here on see the tile's every key
+            c0 = max(k0, q0 + self.right + 1)  # columns before this are seen by every row
+            if q0 < r1 and c0 < k1:
+                past = _diagonal_mask(r1 - q0, k1 - c0, self.right + q0 - c0, above=True)
+                np.copyto(s[: r1 - q0, c0 - k0 :], -np.inf, where=past)
+        if self.left is not None:  # hidden: j < i − left
+            r0 = max(q0, k0 + self.left + 1)  # rows before this see the tile's every key
+            c1 = min(k1, q1 - 1 - self.left)  # columns from here on are seen by every row
+            if r0 < q1 and k0 < c1:
+                before = _diagonal_mask(q1 - r0, c1 - k0, r0 - k0 - self.left, above=False)
+                np.copyto(s[r0 - q0 :, : c1 - k0], -np.inf, where=before)
+
+    def crosses(self, q0: int, q1: int, k0: int, k1: int) -> bool:
+        """Whether the tile rows ``q0:q1`` × keys ``k0:k1`` holds any hidden pair."""
+        over = self.right is not None and k1 - 1 > q0 + self.right
+        under = self.left is not None and k0 < q1 - 1 - self.left
+        return over or under
+
+
+# A row whose max lies within ±_SHIFT_FREE needs no shift before exp: its weights stay within
+# [e^-20, e^20] of 1 at their maximum, far from float32's overflow (e^88) and underflow.
+_SHIFT_FREE = 20.0
+
+
+def _tile_shift(tile_max: Array, shift_free: bool) -> Array | None:  # [rows] -> [rows] or None
+    """What to subtract from each row of a score tile before exp; None when nothing needs to be.
+
+    Softmax is invariant to any per-row shift, so the max is only a guard against overflow (and
+    against a row of very negative scores underflowing to 0). A row whose max is within
+    ±_SHIFT_FREE, or −∞ (a row that sees nothing here, whose weights are 0 whatever the shift), is
+    shifted by 0; the others by their max. When every row's shift is 0 the subtraction pass is
+    skipped — subtracting 0 changes no bit, so each row's result depends on that row alone, as the
+    causal law demands bit for bit. ``shift_free=False`` shifts every row by its max (0 for a row
+    that sees nothing: −∞ − −∞ would be NaN).
+    """
+    unshifted = np.isneginf(tile_max)
+    if shift_free:
+        unshifted |= np.abs(tile_max) <= _SHIFT_FREE
+        if unshifted.all():
+            return None
+    return np.where(unshifted, tile_max.dtype.type(0), tile_max)
+
+
 def _row_block(
-    q: Array, k: Array, v: Array, out: Array, q0: int, q1: int, *, causal: bool, scale: float,
-    block_k: int, skip_masked: bool,
-) -> None:  # [n_q, d_k], [n_k, d_k], [n_k, d_v] -> writes out[q0:q1]: [q1 - q0, d_v]
-    """Attention for query rows ``q0:q1`` of one head, one key tile at a time (the law above)."""
+    q: Array, k: Array, v: Array, out: Array, lse: Array | None, q0: int, q1: int, *,
+    seen: Visibility, scale: float, softcap: float | None, block_k: int, skip_hidden: bool,
+    shift_free: bool,
+) -> None:  # [n_q, d_k], [n_k, d_k], [n_k, d_v] -> writes out[q0:q1]: [q1 - q0, d_v], lse[q0:q1]
+    """Attention for query rows ``q0:q1`` of one head, one key tile at a time (the law above).
+
+    Per tile, outside the two matmuls: one max and one exp over the scores (and a subtraction
+    only when :func:`_tile_shift` asks for one), in place; the row sums come from a matrix-vector
+    product (BLAS, quicker than NumPy's sum along rows). ``m`` is each row's reference shift: the
+    sums hold ``e^(s − m)``, and ``m`` is the row max whenever a shift was needed.
+    """
     work = out.dtype
     n_k, d_v = v.shape
     rows = q1 - q0
-    # Under the causal mask no key after the block's last query is visible: those tiles are skipped.
-    k_end = min(n_k, q1) if causal and skip_masked else n_k
-    q_t = q[q0:q1] * work.type(scale)  # [rows, d_k]; the scale folded in once
-    m = np.full(rows, -np.inf, dtype=work)  # running row max
+    # Keys no row of the block sees are skipped (exact for finite values; see flash_attention).
+    k_lo, k_hi = seen.keys(q0, q1, n_k) if skip_hidden else (0, n_k)
+    # softcap: c·tanh(s/c); the 1/c joins the scale, folded into q once.
+    q_t = q[q0:q1] * work.type(scale if softcap is None else scale / softcap)  # [rows, d_k]
+    m = np.full(rows, -np.inf, dtype=work)  # running reference shift
     l = np.zeros(rows, dtype=work)  # running softmax denominator
     acc = np.zeros((rows, d_v), dtype=work)  # running unnormalised output
     pv = np.empty((rows, d_v), dtype=work)
-    scores = np.empty((rows, min(block_k, k_end)), dtype=work)
-    for k0 in range(0, k_end, block_k):
-        k1 = min(k0 + block_k, k_end)
-        s = scores[:, : k1 - k0]
-        np.matmul(q_t, k[k0:k1].T, out=s)  # [rows, d_k] @ [d_k, k1 - k0]
-        if causal and k1 - 1 > q0:  # the tile reaches past the diagonal: hide keys j > i
-            c0 = max(k0, q0 + 1)
-            above = np.arange(c0, k1)[None, :] > np.arange(q0, q1)[:, None]
-            np.copyto(s[:, c0 - k0 :], -np.inf, where=above)
-        m_new = np.maximum(m, np.max(s, axis=1))
-        # A row with nothing visible yet keeps m = -inf; shift it by 0 to avoid -inf − -inf = NaN.
-        shift = np.where(np.isneginf(m_new), work.type(0), m_new)
-        np.subtract(s, shift[:, None], out=s)
-        np.exp(s, out=s)  # s is now e^(s − m'), the tile's unnormalised weights
-        rescale = np.exp(m - shift)  # e^(m − m'): the correction for what came before
-        l *= rescale
-        l += np.sum(s, axis=1)
-        acc *= rescale[:, None]
-        acc += np.matmul(s, v[k0:k1], out=pv)  # [rows, k1-k0] @ [k1-k0, d_v]
-        m = m_new
+    scores = np.empty((rows, min(block_k, k_hi - k_lo)), dtype=work)
+    ones = np.ones(scores.shape[1], dtype=work)
+    # Overflow in an unshifted tile is caught below and that row redone: no warning for it here.
+    with np.errstate(over="ignore", invalid="ignore") if shift_free else contextlib.nullcontext():
+        for k0 in range(k_lo, k_hi, block_k):
+            k1 = min(k0 + block_k, k_hi)
+            s = scores[:, : k1 - k0]
+            np.matmul(q_t, k[k0:k1].T, out=s)  # [rows, d_k] @ [d_k, k1 - k0]
+            if softcap is not None:
+                np.tanh(s, out=s)
+                s *= work.type(softcap)
+            if seen.crosses(q0, q1, k0, k1):
+                seen.hide(s, q0, k0)
+            shift = _tile_shift(np.maximum.reduce(s, axis=1), shift_free)
+            if shift is not None:
+                np.subtract(s, shift[:, None], out=s)
+            np.exp(s, out=s)  # s is now e^(s − shift), the tile's unnormalised weights
+            shift = np.zeros(rows, dtype=work) if shift is None else shift
+            # Both the running sums and the tile's are re-expressed relative to m' = max(m, shift).
+            m_new = np.maximum(m, shift)
+            before, tile = np.exp(m - m_new), np.exp(shift - m_new)
+            l *= before
+            l += np.matmul(s, ones[: k1 - k0]) * tile
+            acc *= before[:, None]
+            np.matmul(s, v[k0:k1], out=pv)  # [rows, k1-k0] @ [k1-k0, d_v]
+            pv *= tile[:, None]
+            acc += pv
+            m = m_new
     # l is exactly 0 only for rows that saw no key (or only −Inf scores); they get zeros, as in
-    # impl.attention.
-    np.divide(acc, np.where(l == 0, work.type(1), l)[:, None], out=out[q0:q1])
+    # impl.attention, and a logsumexp of −∞.
+    empty = l == 0
+    np.divide(acc, np.where(empty, work.type(1), l)[:, None], out=out[q0:q1])
+    if lse is not None:
+        with np.errstate(divide="ignore"):  # log(0) = −∞ is the logsumexp of nothing
+            lse[q0:q1] = np.where(empty, -np.inf, m + np.log(l))
+    if shift_free:
+        # Unshifted weights reach e^20: with values near float32's max / n_k a row's sums can
+        # overflow where shifted ones would not. Such a row (finite values, so nothing else made
+        # it non-finite, or a NaN of its own) is computed again alone, shifted by its max.
+        for i in np.flatnonzero(~(np.isfinite(l) & np.isfinite(acc).all(axis=1))).tolist():
+            _row_block(q, k, v, out, lse, q0 + i, q0 + i + 1, seen=seen, scale=scale, softcap=softcap,
+                       block_k=block_k, skip_hidden=skip_hidden, shift_free=False)
 
 
 def _cores() -> int:
@@ -127,6 +254,29 @@ def _one_thread_blas() -> AbstractContextManager[Any]:
     return _blas_controller().limit(limits=1, user_api="blas")
 
 
+def _threads(n_jobs: int, n_scores: int) -> int:
+    """Threads to run ``n_jobs`` on: one per core for big calls when BLAS can be made single-threaded."""
+    threads = min(_cores(), n_jobs)
+    if threads > 1 and n_scores >= _THREADED_MIN_SCORES and _blas_controller() is not None:
+        return threads
+    return 1
+
+
+def _in_parallel(run: Callable[[Any], None], items: Sequence[Any], threads: int) -> None:
+    """``run(item)`` for every item, on ``threads`` threads, each with a one-thread BLAS.
+
+    One thread per core, each with a one-thread BLAS: no core is oversubscribed (BLAS's own
+    threads would be, and they wait on each other at every call), and one thread's exp overlaps
+    another's matmul, since NumPy releases the GIL in both.
+    """
+    if threads == 1:
+        for item in items:
+            run(item)
+        return
+    with _blas_turn, _one_thread_blas(), ThreadPoolExecutor(threads) as pool:
+        list(pool.map(run, items))  # list() re-raises a worker's exception here
+
+
 def _jobs(n_heads: int, n_q: int, block_q: int, causal: bool) -> Iterator[tuple[int, int, int]]:
     """(head, q0, q1) for every row block, costliest first so threads finish together."""
     starts = range(0, n_q, block_q)
@@ -135,6 +285,28 @@ def _jobs(n_heads: int, n_q: int, block_q: int, causal: bool) -> Iterator[tuple[
             yield h, q0, min(q0 + block_q, n_q)
 
 
+def _prepare(q: Any, k: Any, v: Any, scale: Any) -> tuple[Array, Array, Array, tuple[int, ...], float]:
+    """Validated q, k, v as broadcast views in the compute dtype (one 2-D slice per head), their
+    leading shape and the scale. Copied only to widen float16/bfloat16."""
+    q, k, v, batch = check_qkv(q, k, v)
+    scale = check_scale(scale, q.shape[-1])
+    work = compute_dtype(q.dtype)
+    qs, ks, vs = (np.broadcast_to(x.astype(work, copy=False), (*batch, *x.shape[-2:])) for x in (q, k, v))
+    return qs, ks, vs, batch, scale
+
+
+@overload
+def flash_attention(
+    q: Any, k: Any, v: Any, *, causal: bool = ..., scale: float | None = ...,
+    block: int | tuple[int, int] = ..., window: tuple[int, int] | None = ...,
+    softcap: float | None = ..., return_lse: Literal[False] = ...,
+) -> Array: ...
+@overload
+def flash_attention(
+    q: Any, k: Any, v: Any, *, causal: bool = ..., scale: float | None = ...,
+    block: int | tuple[int, int] = ..., window: tuple[int, int] | None = ...,
+    softcap: float | None = ..., return_lse: Literal[True],
+) -> tuple[Array, Array]: ...
 def flash_attention(
     q: Any,
     k: Any,
@@ -143,7 +315,10 @@ def flash_attention(
     causal: bool = False,
     scale: float | None = None,
     block: int | tuple[int, int] = DEFAULT_BLOCK,
-) -> Array:  # [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v] -> [..., n_q, d_v]
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    return_lse: bool = False,
+) -> Array | tuple[Array, Array]:  # [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v] -> [..., n_q, d_v]
     """Attention computed tile by tile; equal to :func:`impl.attention` up to float rounding.
 
     Args:
@@ -153,42 +328,218 @@ def flash_attention(
       scale: multiplies the scores; default ``1/√d_k``.
       block: tile shape (query rows, keys); an int gives square tiles. Memory beyond the inputs
         and output is about ``threads × block_q × block_k`` scores.
+      window: ``(left, right)``, ints ≥ 0: query i sees keys ``i − left ≤ j ≤ i + right``
+        (top-left aligned, ANDed with ``causal``); tiles entirely outside it are skipped.
+      softcap: ``c > 0``: the scaled scores ``s`` become ``c·tanh(s/c)`` before the masks.
+      return_lse: return ``(out, lse)``, ``lse [..., n_q]`` the natural-log logsumexp of each
+        row's final scores (−∞ for a row that sees nothing), in the compute dtype: float32 for
+        float16, bfloat16 and float32 inputs, float64 for float64.
 
     Numerics follow :func:`impl.attention`: float64 stays float64, narrower floats compute in
-    float32 and are cast back; NaN and Inf propagate.
+    float32 and are cast back; NaN and Inf propagate. No keys (n_k = 0) gives zeros.
     """
-    q, k, v, batch = check_qkv(q, k, v)
+    qs, ks, vs, batch, scale = _prepare(q, k, v, scale)
     block_q, block_k = _tile_shape(block)
-    n_q, d_k = q.shape[-2:]
-    n_k, d_v = v.shape[-2:]
-    scale = check_scale(scale, d_k)
-    work = compute_dtype(q.dtype)
+    seen = Visibility(causal=bool(causal), window=None if window is None else check_window(window))
+    softcap = check_softcap(softcap)
+    n_q, n_k, d_v = qs.shape[-2], ks.shape[-2], vs.shape[-1]
+    work = qs.dtype
     out = np.empty((*batch, n_q, d_v), dtype=work)
-    # Broadcast views in the compute dtype: one 2-D slice per head, copied only to widen float16.
+    lse = np.empty((*batch, n_q), dtype=work) if return_lse else None
     heads = list(np.ndindex(*batch))
-    qs, ks, vs = (np.broadcast_to(x.astype(work, copy=False), (*batch, *x.shape[-2:])) for x in (q, k, v))
 
-    # Skipping the tiles above the diagonal is exact for finite values. A NaN or Inf value behind
+    # Skipping the tiles outside the mask is exact for finite values. A NaN or Inf value behind
     # the mask still reaches every row in impl.attention (weight 0 · Inf = NaN); then compute those
     # tiles too, so the result never depends on the tiling.
-    skip_masked = bool(np.isfinite(v).all())
+    skip_hidden = bool(np.isfinite(vs).all())
 
     def run(job: tuple[int, int, int]) -> None:
         h, q0, q1 = job
         idx = heads[h]
-        _row_block(qs[idx], ks[idx], vs[idx], out[idx], q0, q1, causal=causal, scale=scale,
-                   block_k=block_k, skip_masked=skip_masked)
+        _row_block(qs[idx], ks[idx], vs[idx], out[idx], None if lse is None else lse[idx], q0, q1,
+                   seen=seen, scale=scale, softcap=softcap, block_k=block_k, skip_hidden=skip_hidden,
+                   shift_free=skip_hidden)
 
-    jobs = list(_jobs(len(heads), n_q, block_q, causal))
-    threads = min(_cores(), len(jobs))
-    big = len(heads) * n_q * n_k >= _THREADED_MIN_SCORES
-    if threads > 1 and big and _blas_controller() is not None:
-        # One thread per core, each with a one-thread BLAS: no core is oversubscribed (BLAS's own
-        # threads would be, and they wait on each other at every call), and one thread's exp
-        # overlaps another's matmul, since NumPy releases the GIL in both.
-        with _blas_turn, _one_thread_blas(), ThreadPoolExecutor(threads) as pool:
-            list(pool.map(run, jobs))  # list() re-raises a worker's exception here
-    else:
-        for job in jobs:
-            run(job)
-    return out.astype(q.dtype, copy=False)
+    jobs = list(_jobs(len(heads), n_q, block_q, bool(causal)))
+    _in_parallel(run, jobs, _threads(len(jobs), len(heads) * n_q * n_k))
+    result = out.astype(np.asarray(q).dtype, copy=False)
+    return (result, lse) if lse is not None else result
+
+
+# Backward tiles: key blocks are the jobs (each owns its rows of dk and dv), query tiles the inner
+# loop. Key blocks of 256 give a causal call enough jobs to share between cores evenly; tall
+# query tiles keep each matmul large.
+DEFAULT_BACKWARD_BLOCK = (1024, 256)
+
+
+def _with_column(x: Array, column: Array | float) -> Array:  # [n, d], [n] or scalar -> [n, d + 1]
+    """``x`` with one more column: lets a matmul add a per-row (or per-key) term for free."""
+    wide = np.empty((*x.shape[:-1], x.shape[-1] + 1), dtype=x.dtype)
+    wide[..., :-1] = x
+    wide[..., -1] = column
+    return wide
+
+
+def _key_block(
+    q_lse: Array, k: Array, v: Array, do_d: Array, dq: Array, dk: Array, dv: Array, k0: int, k1: int, *,
+    seen: Visibility, scale: float, softcap: float | None, block_q: int, skip_hidden: bool,
+) -> None:  # one head: q_lse [n_q, d_k + 1]; k, dk [n_k, d_k]; v, dv [n_k, d_v]; do_d [n_q, d_v + 1]
+    """Gradients from keys ``k0:k1`` of one head: writes ``dk[k0:k1]``, ``dv[k0:k1]``, adds into ``dq``.
+
+    For each query tile the weights are recomputed from the forward's logsumexp,
+    ``P = e^(S − lse)``, so the pattern is never stored (FlashAttention-2, Algorithm 2):
+
+        dV += Pᵀ dO,   dP = dO Vᵀ,   dS = P ∘ (dP − D),   dQ += dS K·scale,   dK += dSᵀ Q·scale
+
+    with ``D = rowsum(dO ∘ O)``; under a softcap ``dS`` also takes the factor ``1 − tanh²``.
+    ``q_lse = [q, −lse]`` and ``do_d = [dO, −D]`` carry the two per-row subtractions into the
+    matmuls against ``[k·scale, 1]`` and ``[v, 1]``: two passes over each tile saved.
+    """
+    work = dq.dtype
+    n_q, d_k = dq.shape
+    q, do = q_lse[:, :d_k], do_d[:, :-1]  # views: [n_q, d_k], [n_q, d_v]
+    q_lo, q_hi = seen.queries(k0, k1, n_q) if skip_hidden else (0, n_q)
+    if softcap is None:  # S − lse in one matmul
+        q_s, k_s = q_lse, _with_column(k[k0:k1] * work.type(scale), 1)  # [cols, d_k + 1]
+    else:  # c·tanh(S/c) first, then − lse
+        q_s, k_s = q, k[k0:k1] * work.type(scale / softcap)
+    k_grad = k[k0:k1] * work.type(scale)  # ∂S/∂q = scale·k: [cols, d_k]
+    v_one = _with_column(v[k0:k1], 1)  # [cols, d_v + 1]
+    dk_b, dv_b = dk[k0:k1], dv[k0:k1]  # [cols, d_k], [cols, d_v]: this job's rows, zero on entry
+    rows_max, cols = min(block_q, q_hi - q_lo), k1 - k0
+    p_buf, dp_buf = (np.empty((rows_max, cols), dtype=work) for _ in range(2))
+    t_buf = np.empty((rows_max, cols), dtype=work) if softcap is not None else None
+    dk_t, dv_t = np.empty_like(dk_b), np.empty_like(dv_b)
+    dq_t = np.empty((rows_max, d_k), dtype=work)
+    for q0 in range(q_lo, q_hi, block_q):
+        q1 = min(q0 + block_q, q_hi)
+        rows = q1 - q0
+        p, dp = p_buf[:rows], dp_buf[:rows]
+        np.matmul(q_s[q0:q1], k_s.T, out=p)  # S − lse (or S/c): [rows, d_k (+1)] @ [d_k (+1), cols]
+        if t_buf is not None:
+            t = t_buf[:rows]
+            np.tanh(p, out=t)
+            np.multiply(t, work.type(softcap), out=p)
+            p += q_lse[q0:q1, -1:]
+        if seen.crosses(q0, q1, k0, k1):
+            seen.hide(p, q0, k0)
+        np.exp(p, out=p)  # P = e^(S − lse)
+        dv_b += np.matmul(p.T, do[q0:q1], out=dv_t)  # [cols, rows] @ [rows, d_v]
+        np.matmul(do_d[q0:q1], v_one.T, out=dp)  # dP − D: [rows, d_v + 1] @ [d_v + 1, cols]
+        np.multiply(dp, p, out=dp)  # dS = P ∘ (dP − D)
+        if t_buf is not None:
+            np.multiply(t, t, out=t)
+            np.subtract(work.type(1), t, out=t)
+            np.multiply(dp, t, out=dp)  # through c·tanh(u/c): the factor 1 − tanh²
+        dq[q0:q1] += np.matmul(dp, k_grad, out=dq_t[:rows])  # [rows, cols] @ [cols, d_k]
+        dk_b += np.matmul(dp.T, q[q0:q1], out=dk_t)  # [cols, rows] @ [rows, d_k]
+    dk_b *= work.type(scale)
+
+
+def _shares(costs: Sequence[int], n: int) -> list[list[int]]:
+    """Indices of ``costs`` dealt to ``n`` workers, costliest first to the least loaded (LPT).
+
+    Deterministic, so each worker's sum of dq, and the final sum over workers, always adds in the
+    same order: two identical calls give identical bits.
+    """
+    shares: list[list[int]] = [[] for _ in range(n)]
+    loads = [0] * n
+    for i in sorted(range(len(costs)), key=lambda i: -costs[i]):
+        w = loads.index(min(loads))
+        shares[w].append(i)
+        loads[w] += costs[i]
+    return shares
+
+
+def _check_lse(lse: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Array:
+    """``lse`` as ``flash_attention(..., return_lse=True)`` returns it: ``[..., n_q]``, compute dtype."""
+    if isinstance(lse, (bool, int, float, complex)) or lse is None:
+        raise TypeError(f"lse must be an array of shape {shape}, got {type(lse).__name__}")
+    lse = np.asarray(lse)
+    if lse.dtype != dtype:
+        raise TypeError(
+            f"lse must have the dtype flash_attention returns it in ({dtype}), got {lse.dtype}"
+        )
+    if lse.shape != shape:
+        raise ValueError(f"lse must have shape (..., n_q) = {shape}, got {lse.shape}")
+    return lse
+
+
+def flash_attention_backward(
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    d_out: Any,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    block: int | tuple[int, int] = DEFAULT_BACKWARD_BLOCK,
+) -> tuple[Array, Array, Array]:  # q, k, v, out [..., n_q, d_v], lse [..., n_q], d_out [..., n_q, d_v]
+    """Gradients ``(dq, dk, dv)`` of :func:`flash_attention`, tile by tile (FlashAttention-2).
+
+    Args:
+      q, k, v, causal, scale, window, softcap: as given to the forward call.
+      out, lse: what ``flash_attention(q, k, v, ..., return_lse=True)`` returned.
+      d_out: ``∂loss/∂out``, the shape of ``out`` and the dtype of q.
+      block: tile shape (query rows, keys). Key blocks are shared between cores; each tile's
+        weights are recomputed from ``lse``, so memory is the gradients plus a few tiles per core
+        (and one more dq per extra core), never the n_q × n_k pattern.
+
+    Returns:
+      ``dq``, ``dk``, ``dv``, each in the shape and dtype of its input (summed over the leading
+      dims it was broadcast along), equal to :func:`impl.attention_backward` up to float rounding.
+    """
+    qs, ks, vs, batch, scale = _prepare(q, k, v, scale)
+    block_q, block_k = _tile_shape(block)
+    seen = Visibility(causal=bool(causal), window=None if window is None else check_window(window))
+    softcap = check_softcap(softcap)
+    n_q, n_k = qs.shape[-2], ks.shape[-2]
+    d_k, d_v = qs.shape[-1], vs.shape[-1]
+    dtype, work = np.asarray(q).dtype, qs.dtype
+    out_ = _check_d_out(out, dtype, (*batch, n_q, d_v), name="out").astype(work, copy=False)
+    do = _check_d_out(d_out, dtype, (*batch, n_q, d_v)).astype(work, copy=False)
+    lse_ = _check_lse(lse, work, (*batch, n_q))
+    d_row = np.einsum("...ij,...ij->...i", do, out_)  # D = rowsum(dO ∘ O): [..., n_q]
+    # A row that sees nothing has lse = −∞; every score of it is hidden (−∞) before exp, so any
+    # finite stand-in serves, and none gives ∞ − ∞.
+    q_lse = _with_column(qs, -np.where(np.isneginf(lse_), work.type(0), lse_))  # [..., n_q, d_k + 1]
+    do_d = _with_column(do, -d_row)  # [..., n_q, d_v + 1]
+    # As in the forward: tiles outside the mask are skipped only when that is exact; with a NaN
+    # or Inf among the inputs, the hidden pairs' 0 · Inf terms must reach the gradients too.
+    skip_hidden = all(bool(np.isfinite(x).all()) for x in (qs, ks, vs, do))
+
+    heads = list(np.ndindex(*batch))
+    jobs = [(h, k0, min(k0 + block_k, n_k)) for h in range(len(heads)) for k0 in range(0, n_k, block_k)]
+
+    def cost(k0: int, k1: int) -> int:  # the scores a key block's job computes
+        q0, q1 = seen.queries(k0, k1, n_q)
+        return (q1 - q0) * (k1 - k0)
+
+    costs = [cost(k0, k1) for _, k0, k1 in jobs]
+    threads = _threads(len(jobs), len(heads) * n_q * n_k)
+    shares = _shares(costs, threads)
+    dk = np.zeros((*batch, n_k, d_k), dtype=work)
+    dv = np.zeros((*batch, n_k, d_v), dtype=work)
+    # Each worker adds into its own dq (the first into the result); key blocks never share rows
+    # of dk and dv, so those need no copies.
+    dqs = [np.zeros((*batch, n_q, d_k), dtype=work) for _ in shares]
+
+    def run(worker: int) -> None:
+        for i in shares[worker]:
+            h, k0, k1 = jobs[i]
+            idx = heads[h]
+            _key_block(q_lse[idx], ks[idx], vs[idx], do_d[idx], dqs[worker][idx], dk[idx], dv[idx],
+                       k0, k1, seen=seen, scale=scale, softcap=softcap,
+                       block_q=block_q, skip_hidden=skip_hidden)
+
+    _in_parallel(run, range(len(shares)), threads)
+    dq = dqs[0]
+    for extra in dqs[1:]:
+        dq += extra
+    return tuple(  # type: ignore[return-value]
+        _unbroadcast(g, np.shape(x)).astype(dtype, copy=False) for g, x in ((dq, q), (dk, k), (dv, v))
+    )

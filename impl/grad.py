@@ -41,15 +41,16 @@ def _unbroadcast(grad: Array, shape: tuple[int, ...]) -> Array:  # [..., *shape]
     return grad.sum(axis=stretched, keepdims=True) if stretched else grad
 
 
-def _check_d_out(d_out: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Array:
+def _check_d_out(d_out: Any, dtype: np.dtype, shape: tuple[int, ...], *, name: str = "d_out") -> Array:
+    """``d_out`` (or another array called ``name``) as an array shaped like the attention output."""
     if isinstance(d_out, (bool, int, float, complex)) or d_out is None:
-        raise TypeError(f"d_out must be an array of shape {shape}, got {type(d_out).__name__}")
+        raise TypeError(f"{name} must be an array of shape {shape}, got {type(d_out).__name__}")
     d_out = np.asarray(d_out)
     if d_out.dtype != dtype:
-        raise TypeError(f"d_out must have the dtype of q, k and v ({dtype}), got {d_out.dtype}")
+        raise TypeError(f"{name} must have the dtype of q, k and v ({dtype}), got {d_out.dtype}")
     if d_out.shape != shape:
         raise ValueError(
-            f"d_out must have the shape of the attention output (..., n_q, d_v) = {shape}, "
+            f"{name} must have the shape of the attention output (..., n_q, d_v) = {shape}, "
             f"got {d_out.shape}"
         )
     return d_out

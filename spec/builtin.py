@@ -25,14 +25,22 @@ def _reference() -> Target:
 
     return Target(attention, name="reference", supports_mask=True, supports_scale=True,
                   dtypes=("float16", "float32", "float64", *dt.bfloat16_if_installed()), ndims=(2, 3, 4),
-                  grad_fn=attention_backward)
+                  grad_fn=attention_backward, supports_gqa=True, supports_bias=True, supports_window=True,
+                  supports_softcap=True, supports_sinks=True, supports_kv_lengths=True, supports_varlen=True,
+                  supports_dropout=True, returns_lse=True)
 
 
 def _flash() -> Target:
-    from impl import flash_attention
+    from impl import flash_attention, flash_attention_backward
+
+    def flash_grad(q: Any, k: Any, v: Any, d_out: Any, *, causal: bool = False) -> Any:
+        """The tiled backward from the forward's logsumexp, as a training step runs it."""
+        out, lse = flash_attention(q, k, v, causal=causal, return_lse=True)
+        return flash_attention_backward(q, k, v, out, lse, d_out, causal=causal)
 
     return Target(flash_attention, name="flash", supports_scale=True,
-                  dtypes=("float16", "float32", "float64", *dt.bfloat16_if_installed()), ndims=(2, 3, 4))
+                  dtypes=("float16", "float32", "float64", *dt.bfloat16_if_installed()), ndims=(2, 3, 4),
+                  supports_window=True, supports_softcap=True, returns_lse=True, grad_fn=flash_grad)
 
 
 def _framework(name: str) -> Callable[[], Target]:

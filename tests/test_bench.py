@@ -47,12 +47,18 @@ def record(tmp_path_factory):
 
 def test_json_has_the_documented_keys(record):
     data, _ = record
-    assert set(data) >= {"config", "machine", "sgemm", "memory_method", "results", "floor", "paired"}
+    assert set(data) >= {"command", "date", "config", "machine", "paths", "sgemm", "memory_method", "results",
+                         "floor", "paired"}
+    assert data["command"].startswith("python -m impl.bench --sizes 16 32 64")
+    assert data["date"].endswith("+00:00")  # UTC
     assert data["config"] == {
-        "sizes": [16, 32, 64], "d_k": 128, "d_v": 128, "dtype": "float32", "causal": True,
+        "mode": "forward", "sizes": [16, 32, 64], "d_k": 128, "d_v": 128, "dtype": "float32", "causal": True,
         "repeat": 2, "naive_max": 32, "pause_s": 0.0, "implementations": ["naive", "flash"],
     }
-    assert set(data["machine"]) >= {"cpu_count", "load_before", "load_after", "numpy", "blas", "openblas_env"}
+    assert set(data["machine"]) >= {"cpu_count", "load_before", "load_after", "numpy", "blas", "blas_runtime",
+                                    "torch", "jax", "openblas_env"}
+    assert set(data["paths"]) == {"naive", "flash"}
+    assert data["paths"]["flash"]["input_ndim"] == 2 and data["paths"]["flash"]["fused"] is True
     assert len(data["machine"]["load_before"]) == 3
     for row in data["results"]:
         assert set(row) == {"implementation", "n_tokens", "flops", "times_s", "calls_per_sample", "time_s",
@@ -160,6 +166,7 @@ def test_plot_is_a_png(tmp_path, capsys):
         (["--impl", "cuda"], "--impl: unknown implementation 'cuda'"),
         (["--json", "/no/such/dir/b.json"], "--json: no such directory"),
         (["--plot", "/no/such/dir/b.png"], "--plot: no such directory"),
+        (["--markdown", "/no/such/dir/b.md"], "--markdown: no such directory"),
         (["--bogus"], "unrecognized arguments: --bogus"),
     ],
 )
@@ -197,9 +204,125 @@ def test_real_subprocess(tmp_path):
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
 
 
-def test_inputs_are_float32_one_head():
-    from impl.bench import _inputs
+def test_arrays_are_float32_one_head():
+    from impl.bench import bench_arrays
 
-    q, k, v = _inputs("flash", 8, 4, 3)
-    assert q.shape == (8, 4) and k.shape == (8, 4) and v.shape == (8, 3)
-    assert {x.dtype for x in (q, k, v)} == {np.dtype(np.float32)}
+    q, k, v, d_out = bench_arrays(8, 4, 3)
+    assert q.shape == (8, 4) and k.shape == (8, 4) and v.shape == (8, 3) and d_out.shape == (8, 3)
+    assert {x.dtype for x in (q, k, v, d_out)} == {np.dtype(np.float32)}
+
+
+def test_backward_flops_count_five_products_per_visible_pair():
+    assert useful_flops(4, 3, 5, causal=True, backward=True) == 2 * (3 * 3 + 2 * 5) * 10
+
+
+# --- peers on their best paths ---------------------------------------------------------------------
+
+
+def test_torch_gets_contiguous_4d_tensors_and_its_fused_kernel():
+    # 2-D (n, d) tensors send SDPA down its unfused math path, which materialises the n × n pattern.
+    pytest.importorskip("torch")
+    from impl.bench import bench_arrays, make_call, torch_inputs
+
+    tensors = torch_inputs(bench_arrays(16, 8, 8))
+    assert [t.shape for t in tensors] == [(1, 1, 16, 8)] * 4
+    assert all(t.ndim == 4 and t.is_contiguous() for t in tensors)
+    for backward in (False, True):
+        _, path = make_call("torch", 16, 8, 8, causal=True, backward=backward)
+        assert path["input_ndim"] == 4 and path["backend"] == "FLASH_ATTENTION" and path["fused"] is True
+    assert "Flash" in path["autograd_node"]
+
+
+def test_torch_forward_runs_without_autograd_and_its_backward_times_only_the_gradients():
+    torch = pytest.importorskip("torch")
+    from impl.bench import make_call
+
+    forward, path = make_call("torch", 16, 8, 8, causal=True)
+    assert path["grad"] == "torch.no_grad()" and forward().grad_fn is None
+    backward, _ = make_call("torch", 16, 8, 8, causal=True, backward=True)
+    grads = backward()
+    assert len(grads) == 3 and all(isinstance(g, torch.Tensor) and g.shape == (1, 1, 16, 8) for g in grads)
+
+
+def test_jax_gets_its_layout_jitted_and_compiled_before_timing():
+    pytest.importorskip("jax")
+    from impl.bench import make_call
+
+    call, path = make_call("jax", 16, 8, 8, causal=True)
+    assert path["input_ndim"] == 4 and path["layout"].startswith("(batch, n, heads, d) = (1, n, 1, d)")
+    assert call().shape == (1, 16, 1, 8)
+
+
+def test_peers_and_their_paths_reach_the_json_and_the_report(tmp_path, capsys):
+    pytest.importorskip("torch")
+    pytest.importorskip("jax")
+    path = tmp_path / "b.json"
+    argv = ["--sizes", "8", *QUICK, "--impl", "flash", "--impl", "torch", "--impl", "jax",
+            "--json", str(path)]
+    assert main(argv) == 0
+    data = json.loads(path.read_text())
+    assert data["paths"]["torch"]["input_ndim"] == 4 and data["paths"]["jax"]["input_ndim"] == 4
+    (pair,) = data["paired"]
+    assert pair["flash_over_torch"] > 0 and pair["flash_over_jax"] > 0
+    assert pair["torch_over_floor"] == pytest.approx(
+        statistics.median(t / f for t, f in zip(data["results"][1]["times_s"], data["floor"][0]["times_s"],
+                                                strict=True)))
+    out = capsys.readouterr().out
+    assert "flash/torch" in out and "flash/jax" in out
+    assert "torch: torch " in out and "4-D (batch, heads, n, d) = (1, 1, n, d)" in out
+    assert "backend FLASH_ATTENTION" in out
+
+
+def test_backward_mode_times_the_gradient_pair(tmp_path, capsys):
+    pytest.importorskip("torch")
+    path = tmp_path / "b.json"
+    assert main(["--backward", "--sizes", "8", "16", *QUICK, "--impl", "flash", "--impl", "torch",
+                 "--json", str(path)]) == 0
+    data = json.loads(path.read_text())
+    assert data["config"]["mode"] == "backward"
+    flash = [r for r in data["results"] if r["implementation"] == "flash"]
+    want = [useful_flops(n, 128, 128, causal=True, backward=True) for n in (8, 16)]
+    assert [r["flops"] for r in flash] == want
+    assert all(r["peak_bytes"] > 0 for r in flash)
+    assert all(p["flash_over_torch"] > 0 for p in data["paired"])
+    assert "backward (dq, dk, dv)" in capsys.readouterr().out
+
+
+def test_markdown_page_says_the_command_that_regenerates_it(tmp_path, capsys):
+    path = tmp_path / "results.md"
+    assert main(["--sizes", "8", *QUICK, "--impl", "flash", "--markdown", str(path)]) == 0
+    page = path.read_text()
+    assert page.startswith("# Benchmark results")
+    assert f"`python -m impl.bench --sizes 8 --repeat 1 --pause 0 --impl flash --markdown {path}`" in page
+    assert "| n " in page and "load average before" in page and "- flash: numpy" in page
+
+
+def test_jax_has_no_backward_pair(capsys):
+    assert main(["--backward", "--impl", "jax"]) == 2
+    assert "--impl jax: --backward compares with torch only" in capsys.readouterr().err
+
+
+def test_profile_names_the_lines_of_the_tile_loop(tmp_path, capsys):
+    pytest.importorskip("line_profiler")
+    path = tmp_path / "profile.md"
+    assert main(["--profile", "--sizes", "64", "--markdown", str(path)]) == 0
+    page = path.read_text()
+    assert page.startswith("# Where flash's time goes")
+    assert "`python -m impl.bench --profile --sizes 64" in page
+    assert "impl.flash._row_block, n = 64" in page and "np.exp(s, out=s)" in page and "% time" in page
+    assert main(["--profile", "--backward", "--sizes", "64"]) == 0
+    assert "impl.flash._key_block, n = 64" in capsys.readouterr().out
+
+
+def test_profile_shares_add_up_to_the_whole():
+    pytest.importorskip("line_profiler")
+    from impl.bench import profile_lines
+
+    profile = profile_lines(96, 16, 16, causal=True)
+    assert sum(row["share"] for row in profile["lines"]) == pytest.approx(1.0)
+    assert profile["visible_pairs"] == visible_pairs(96, 96, causal=True)
+
+
+def test_profile_refuses_json_and_plot(capsys):
+    assert main(["--profile", "--json", "x.json"]) == 2
+    assert "--profile writes a report only" in capsys.readouterr().err

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import impl.flash
-from impl import attention, flash_attention
+from impl import attention, attention_backward, flash_attention, flash_attention_backward, gradcheck
 
 TOL = {np.float32: dict(atol=2e-6, rtol=1e-5), np.float64: dict(atol=1e-13, rtol=1e-12)}
 
@@ -286,3 +286,384 @@ def test_bad_block_is_refused_and_named(block):
     q, k, v = qkv(np.random.default_rng(14), 3, 3)
     with pytest.raises(ValueError, match=r"block must be a positive integer or a pair"):
         flash_attention(q, k, v, block=block)
+
+
+# --- window, softcap and logsumexp, against an independent float64 golden -------------------------
+
+
+def visible(n_q, n_k, *, causal=False, window=None):
+    """Which (query, key) pairs are seen, written from the definitions (not impl's code)."""
+    i, j = np.arange(n_q)[:, None], np.arange(n_k)[None, :]
+    seen = np.ones((n_q, n_k), dtype=bool)
+    if causal:
+        seen &= j <= i
+    if window is not None:
+        left, right = window
+        seen &= (i - left <= j) & (j <= i + right)
+    return seen
+
+
+def golden(q, k, v, *, causal=False, window=None, softcap=None, scale=None):
+    """(out, lse) in float64: scores, cap, mask, logsumexp and weighted sum, written out in full."""
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    s = q @ np.swapaxes(k, -1, -2) * (1 / np.sqrt(q.shape[-1]) if scale is None else scale)
+    if softcap is not None:
+        s = softcap * np.tanh(s / softcap)
+    s = np.where(visible(q.shape[-2], k.shape[-2], causal=causal, window=window), s, -np.inf)
+    top = np.max(s, axis=-1, keepdims=True, initial=-np.inf)
+    top = np.where(np.isneginf(top), 0.0, top)
+    e = np.exp(s - top)
+    total = e.sum(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        lse = np.where(total == 0, -np.inf, top + np.log(total))[..., 0]
+    return (e / np.where(total == 0, 1, total)) @ v, lse
+
+
+def assert_matches_golden(q, k, v, *, block, **options):
+    out, lse = flash_attention(q, k, v, block=block, return_lse=True, **options)
+    want_out, want_lse = golden(q, k, v, **options)
+    tol = TOL[np.float64] if q.dtype == np.float64 else dict(atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(out, want_out, **tol)
+    np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(want_lse))
+    np.testing.assert_allclose(lse, want_lse, **tol)
+
+
+# Sizes just below, at and just above the tile edges of block (8, 8) and (16, 32), and a grid of
+# the smallest shapes where every tile is also the first and the last.
+EDGES = [1, 2, 3, 4, 7, 8, 9, 15, 16, 17, 31, 32, 33, 65]
+
+
+@pytest.mark.parametrize("block", [(8, 8), (16, 32)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_size_around_the_tile_edges_matches_the_golden(block, causal):
+    rng = np.random.default_rng(20)
+    for n_q in EDGES:
+        for n_k in EDGES:
+            q, k, v = qkv(rng, n_q, n_k, 4, 3)
+            assert_matches_golden(q, k, v, block=block, causal=causal)
+
+
+WINDOWS = [(0, 0), (1, 0), (0, 1), (3, 5), (7, 7), (8, 8), (9, 0), (0, 17), (40, 2), (100, 100)]
+
+
+@pytest.mark.parametrize("block", [(8, 8), (16, 32), (3, 5)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window", WINDOWS)
+def test_a_sliding_window_matches_the_golden_at_every_tile_edge(block, causal, window):
+    rng = np.random.default_rng(21)
+    for n_q, n_k in [(1, 1), (4, 3), (9, 9), (17, 33), (33, 17), (65, 64), (40, 8)]:
+        q, k, v = qkv(rng, n_q, n_k, 4, 3)
+        assert_matches_golden(q, k, v, block=block, causal=causal, window=window)
+
+
+def test_window_equals_impl_attention_with_the_sliding_window_mask():
+    from impl.masks import causal_mask, sliding_window_mask
+
+    q, k, v = qkv(np.random.default_rng(22), 70, 70, lead_q=(2,), lead_kv=(2,))
+    mask = sliding_window_mask(70, window=(9, 0)) & causal_mask(70)
+    got = flash_attention(q, k, v, causal=True, window=(9, 4), block=(16, 8))
+    np.testing.assert_allclose(got, attention(q, k, v, mask=mask), **TOL[np.float64])
+
+
+def test_keys_outside_the_window_cannot_leak():
+    q, k, v = qkv(np.random.default_rng(23), 48, 48)
+    before = flash_attention(q, k, v, window=(5, 2), block=(8, 8))
+    k[20:], v[20:] = 100.0, -100.0  # only queries 15 … 47 may see keys ≥ 20 (i + 2 ≥ 20 → i ≥ 18)
+    after = flash_attention(q, k, v, window=(5, 2), block=(8, 8))
+    np.testing.assert_array_equal(after[:18], before[:18])
+    assert not np.allclose(after[18:], before[18:])
+
+
+@pytest.mark.parametrize("softcap", [0.5, 3.0, 50.0])
+@pytest.mark.parametrize("causal", [False, True])
+def test_softcap_matches_the_golden(softcap, causal):
+    rng = np.random.default_rng(24)
+    for n_q, n_k in [(1, 1), (9, 17), (33, 16), (70, 45)]:
+        q, k, v = qkv(rng, n_q, n_k, 4, 3)
+        q *= 4  # scores of several units, so the cap bends them
+        assert_matches_golden(q, k, v, block=(8, 16), causal=causal, softcap=softcap, window=(20, 3))
+
+
+def test_softcap_keeps_huge_logits_finite_and_a_cap_far_above_them_changes_nothing():
+    q, k, v = qkv(np.random.default_rng(25), 40, 40, 4, 4)
+    q *= 1e4  # |scores| ~ 1e4: the cap holds them within ±30
+    out = flash_attention(q, k, v, softcap=30.0, block=(8, 8))
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(out, golden(q, k, v, softcap=30.0)[0], **TOL[np.float64])
+    small = q / 1e4
+    np.testing.assert_allclose(flash_attention(small, k, v, softcap=1e8, block=8),
+                               flash_attention(small, k, v, block=8), rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize(("dtype", "lse_dtype"), [(np.float16, np.float32), (np.float32, np.float32),
+                                                  (np.float64, np.float64)])
+def test_lse_is_in_the_compute_dtype(dtype, lse_dtype):
+    q, k, v = qkv(np.random.default_rng(26), 20, 30, lead_q=(2,), lead_kv=(2,), dtype=dtype)
+    out, lse = flash_attention(q, k, v, causal=True, return_lse=True, block=(8, 8))
+    assert out.dtype == dtype and lse.dtype == lse_dtype and lse.shape == (2, 20)
+    tol = TOL[np.float64] if dtype == np.float64 else dict(atol=1e-5, rtol=1e-5)  # float32 arithmetic
+    np.testing.assert_allclose(lse, golden(q, k, v, causal=True)[1], **tol)
+
+
+def test_lse_of_bfloat16_is_float32():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    q, k, v = qkv(np.random.default_rng(27), 9, 9, dtype=ml_dtypes.bfloat16)
+    out, lse = flash_attention(q, k, v, return_lse=True, block=4)
+    assert out.dtype == ml_dtypes.bfloat16 and lse.dtype == np.float32
+
+
+def test_lse_merges_two_halves_of_the_keys_into_the_whole():
+    # What split-KV decoding relies on: out = Σ_h e^(lse_h − lse) out_h, lse = logaddexp(lse_1, lse_2).
+    q, k, v = qkv(np.random.default_rng(28), 30, 50)
+    (o1, l1), (o2, l2) = (flash_attention(q, k[s], v[s], return_lse=True, block=8)
+                          for s in (slice(0, 23), slice(23, 50)))
+    out, lse = flash_attention(q, k, v, return_lse=True, block=8)
+    np.testing.assert_allclose(np.logaddexp(l1, l2), lse, rtol=1e-13)
+    merged = np.exp(l1 - lse)[:, None] * o1 + np.exp(l2 - lse)[:, None] * o2
+    np.testing.assert_allclose(merged, out, **TOL[np.float64])
+
+
+def test_rows_that_see_nothing_get_zeros_and_minus_inf_lse():
+    q, k, v = qkv(np.random.default_rng(29), 12, 4)
+    # Query i sees keys i − 1 and i; with 4 keys, queries 5 … 11 see none.
+    out, lse = flash_attention(q, k, v, window=(1, 0), return_lse=True, block=(4, 2))
+    assert (out[5:] == 0).all() and np.isneginf(lse[5:]).all()
+    assert np.isfinite(lse[:5]).all() and (out[:5] != 0).all()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_no_keys_gives_zeros_of_the_output_shape_and_minus_inf_lse(causal):
+    q, k, v = qkv(np.random.default_rng(30), 5, 0, 4, 3, lead_q=(2, 1), lead_kv=(3,))
+    out, lse = flash_attention(q, k, v, causal=causal, return_lse=True, block=(2, 2))
+    assert out.shape == (2, 3, 5, 3) and (out == 0).all()
+    assert lse.shape == (2, 3, 5) and np.isneginf(lse).all()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_tile_without_a_shift_is_exact_and_a_shifted_one_too(dtype):
+    # Scores within ±20 skip the shift pass; a later tile of scores near 800 must be shifted (e^800
+    # overflows even float64) and merged with the first; one near −600 must be shifted too, or
+    # its weights would all underflow to 0 — as would those of a row that sees only it.
+    q = np.ones((3, 1), dtype=dtype)
+    k = np.concatenate([np.full(8, 1.0), np.full(8, 800.0), np.full(8, -600.0)]).astype(dtype)[:, None]
+    v = np.arange(48.0, dtype=dtype).reshape(24, 2)
+    out, lse = flash_attention(q, k, v, scale=1.0, return_lse=True, block=8)
+    want_out, want_lse = golden(q, k, v, scale=1.0)
+    np.testing.assert_allclose(out, want_out, rtol=1e-6)
+    np.testing.assert_allclose(lse, want_lse, rtol=1e-6)
+    out, lse = flash_attention(q, k[16:], v[16:], scale=1.0, return_lse=True, block=8)
+    want_out, want_lse = golden(q, k[16:], v[16:], scale=1.0)
+    np.testing.assert_allclose(out, want_out, rtol=1e-6)
+    np.testing.assert_allclose(lse, want_lse, rtol=1e-6)
+
+
+def test_huge_values_force_the_shifted_path_and_stay_finite():
+    # Scores of 15 would skip the shift, but with |v| ~ 1e36 unshifted weights of e^15 would
+    # overflow float32's sums; shifted by the max, each weight is 1/16 and the output ~1e36.
+    q = np.ones((4, 1), dtype=np.float32)
+    k = np.full((16, 1), 15.0, dtype=np.float32)
+    v = np.random.default_rng(31).standard_normal((16, 3)).astype(np.float32) * np.float32(1e36)
+    out = flash_attention(q, k, v, scale=1.0, block=8)
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(out / 1e36, golden(q, k, v / 1e36, scale=1.0)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_threaded_window_softcap_and_lse_equal_the_golden(threaded):
+    q, k, v = qkv(np.random.default_rng(34), 70, 90, lead_q=(3,), lead_kv=(3,))
+    for h in range(3):
+        out, lse = flash_attention(q[h], k[h], v[h], causal=True, window=(20, 0), softcap=2.0, block=(16, 8),
+                                   return_lse=True)
+        want_out, want_lse = golden(q[h], k[h], v[h], causal=True, window=(20, 0), softcap=2.0)
+        np.testing.assert_allclose(out, want_out, **TOL[np.float64])
+        np.testing.assert_allclose(lse, want_lse, **TOL[np.float64])
+
+
+@pytest.mark.parametrize("amplitude", ["scores", "values"])
+def test_what_other_rows_see_changes_no_bit_of_a_row(amplitude):
+    # The causal law, bit for bit, where rows take different paths: changing keys and values from
+    # position 5 on gives later rows scores beyond ±20 (shifted) or sums that overflow unshifted
+    # (redone alone); rows 0 … 4, in the same tiles, must not move by one bit.
+    q, k, v = qkv(np.random.default_rng(33), 12, 12, dtype=np.float32)
+    before = flash_attention(q, k, v, causal=True, block=(8, 8))
+    if amplitude == "scores":
+        k[5:] *= 50
+    else:
+        k[5:] = q[5:] * 30  # scores near 15 and more, unshifted
+        v[5:] *= np.float32(3e37)
+    after = flash_attention(q, k, v, causal=True, block=(8, 8))
+    np.testing.assert_array_equal(after[:5], before[:5])
+    assert np.isfinite(after).all() and not np.array_equal(after[5:], before[5:])
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "says"),
+    [
+        (dict(window=3), TypeError, "window must be a pair .left, right. of integers"),
+        (dict(window=(1,)), TypeError, "window must be a pair .left, right. of integers"),
+        (dict(window=(1.0, 2)), TypeError, "window must be a pair .left, right. of integers"),
+        (dict(window=(True, 2)), TypeError, "window must be a pair .left, right. of integers"),
+        (dict(window=(-1, 2)), ValueError, "window must be .left, right. with both >= 0"),
+        (dict(softcap="1"), TypeError, "softcap must be a real number > 0 or None"),
+        (dict(softcap=True), TypeError, "softcap must be a real number > 0 or None"),
+        (dict(softcap=0.0), ValueError, "softcap must be a finite number > 0"),
+        (dict(softcap=-2.0), ValueError, "softcap must be a finite number > 0"),
+        (dict(softcap=np.nan), ValueError, "softcap must be a finite number > 0"),
+        (dict(softcap=np.inf), ValueError, "softcap must be a finite number > 0"),
+    ],
+)
+def test_bad_window_or_softcap_is_refused_and_named(options, error, says):
+    q, k, v = qkv(np.random.default_rng(32), 3, 3)
+    with pytest.raises(error, match=says):
+        flash_attention(q, k, v, **options)
+
+
+# --- the tiled backward ---------------------------------------------------------------------------
+
+
+def grads(rng, q, k, v, *, block, **options):
+    """flash's backward from flash's own (out, lse), and a d_out drawn here."""
+    out, lse = flash_attention(q, k, v, return_lse=True, block=block, **options)
+    d_out = rng.standard_normal(out.shape).astype(q.dtype)
+    return flash_attention_backward(q, k, v, out, lse, d_out, block=block, **options), d_out
+
+
+GRAD_TOL = {np.float32: dict(atol=2e-5, rtol=1e-4), np.float64: dict(atol=1e-12, rtol=1e-10)}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("block", [(8, 8), (16, 32), (5, 3)])
+def test_backward_equals_attention_backward_around_the_tile_edges(dtype, causal, block):
+    rng = np.random.default_rng(40)
+    for n_q, n_k in [(1, 1), (2, 3), (7, 9), (8, 8), (9, 17), (17, 9), (33, 31), (65, 40)]:
+        q, k, v = qkv(rng, n_q, n_k, 6, 5, dtype=dtype)
+        got, d_out = grads(rng, q, k, v, block=block, causal=causal)
+        for g, want in zip(got, attention_backward(q, k, v, d_out, causal=causal), strict=True):
+            assert g.dtype == dtype
+            np.testing.assert_allclose(g, want, **GRAD_TOL[dtype])
+
+
+def test_backward_of_float16_is_computed_in_float32_and_cast_back():
+    rng = np.random.default_rng(49)
+    q, k, v = qkv(rng, 20, 24, 8, 4, dtype=np.float16)
+    (dq, dk, dv), d_out = grads(rng, q, k, v, block=(8, 8), causal=True)
+    assert dq.dtype == dk.dtype == dv.dtype == np.float16
+    wide = [x.astype(np.float32) for x in (q, k, v, d_out)]
+    for g, want in zip((dq, dk, dv), attention_backward(*wide[:3], wide[3], causal=True), strict=True):
+        np.testing.assert_allclose(g.astype(np.float32), want, atol=2e-3, rtol=2e-3)  # float16 rounding
+
+
+def test_backward_sums_gradients_over_broadcast_heads():
+    rng = np.random.default_rng(41)
+    q, k, v = qkv(rng, 20, 30, lead_q=(2, 3), lead_kv=(2, 1))  # one K/V head for three query heads
+    got, d_out = grads(rng, q, k, v, block=(8, 8), causal=True, scale=0.7)
+    want = attention_backward(q, k, v, d_out, causal=True, scale=0.7)
+    for g, w, x in zip(got, want, (q, k, v), strict=True):
+        assert g.shape == x.shape
+        np.testing.assert_allclose(g, w, **GRAD_TOL[np.float64])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window", [(0, 0), (3, 1), (8, 0), (0, 9), (30, 30)])
+def test_backward_with_a_window_equals_attention_backward_with_its_mask(causal, window):
+    rng = np.random.default_rng(42)
+    for n_q, n_k in [(17, 17), (33, 16), (9, 40)]:
+        q, k, v = qkv(rng, n_q, n_k, 4, 3)
+        got, d_out = grads(rng, q, k, v, block=(8, 8), causal=causal, window=window)
+        mask = visible(n_q, n_k, causal=causal, window=window)
+        for g, want in zip(got, attention_backward(q, k, v, d_out, mask=mask), strict=True):
+            np.testing.assert_allclose(g, want, **GRAD_TOL[np.float64])
+
+
+def fd_check(q, k, v, d_out, got, **options):
+    """Central differences of <flash_attention(q, k, v), d_out> against the analytic gradients."""
+    result = gradcheck(
+        lambda p: float(np.sum(flash_attention(p["q"], p["k"], p["v"], **options) * d_out)),
+        {"q": q, "k": k, "v": v}, dict(zip("qkv", got, strict=True)), n_samples=None, eps=1e-6,
+    )
+    assert result.max_rel_diff < 1e-6, result.samples
+
+
+@pytest.mark.parametrize("options", [dict(causal=True), dict(softcap=1.5), dict(softcap=0.8, causal=True,
+                                                                                   window=(2, 1))])
+def test_backward_matches_finite_differences(options):
+    rng = np.random.default_rng(43)
+    q, k, v = qkv(rng, 7, 9, 3, 2)
+    q *= 2  # scores of a few units: the softcap bends them
+    got, d_out = grads(rng, q, k, v, block=(4, 4), **options)
+    fd_check(q, k, v, d_out, got, block=(4, 4), **options)
+
+
+def test_backward_of_rows_that_see_nothing_and_of_no_keys_is_zero():
+    rng = np.random.default_rng(44)
+    q, k, v = qkv(rng, 12, 4)
+    (dq, dk, dv), _ = grads(rng, q, k, v, block=(4, 2), window=(1, 0))  # queries 5 … 11 see nothing
+    assert (dq[5:] == 0).all() and np.isfinite(dq).all() and np.isfinite(dk).all() and np.isfinite(dv).all()
+    q, k, v = qkv(rng, 5, 0, 4, 3)
+    (dq, dk, dv), _ = grads(rng, q, k, v, block=4)
+    assert dq.shape == (5, 4) and (dq == 0).all() and dk.shape == (0, 4) and dv.shape == (0, 3)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_threaded_backward_equals_the_reference_and_is_deterministic(threaded, causal):
+    rng = np.random.default_rng(45)
+    q, k, v = qkv(rng, 100, 90, lead_q=(2, 2), lead_kv=(2, 1), dtype=np.float32)
+    out, lse = flash_attention(q, k, v, return_lse=True, causal=causal)
+    d_out = rng.standard_normal(out.shape).astype(np.float32)
+    first, again = (flash_attention_backward(q, k, v, out, lse, d_out, causal=causal, block=(16, 8))
+                    for _ in range(2))
+    for g, a, want in zip(first, again, attention_backward(q, k, v, d_out, causal=causal), strict=True):
+        np.testing.assert_allclose(g, want, **GRAD_TOL[np.float32])
+        np.testing.assert_array_equal(g, a)
+
+
+def test_backward_lets_nan_through_where_the_reference_has_it():
+    rng = np.random.default_rng(46)
+    q, k, v = qkv(rng, 24, 24, 4, 3)
+    k[17, 0] = np.nan  # under the causal mask only queries ≥ 17 see it
+    (dq, dk, dv), d_out = grads(rng, q, k, v, block=(8, 4), causal=True)
+    want = attention_backward(q, k, v, d_out, causal=True)
+    for g, w in zip((dq, dk, dv), want, strict=True):
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(w))
+    assert np.isnan(dq[17:]).all() and np.isfinite(dv).sum() == 0  # every value reached a NaN row
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_memory_grows_with_the_tile_not_with_n_squared(causal, monkeypatch):
+    # At n = 4096 the float32 pattern is 64 MiB. The backward holds dq, dk, dv, one more dq per
+    # extra thread, [q, −lse] and [dO, −D] (each 4096 × 16 or 17 × 4 B ≈ 0.27 MiB) and three
+    # 1024 × 256 float32 tiles (1 MiB each) per thread.
+    monkeypatch.setattr(impl.flash, "_cores", lambda: 2)
+    n = 4096
+    rng = np.random.default_rng(47)
+    q, k, v = qkv(rng, n, n, 16, 16, dtype=np.float32)
+    out, lse = flash_attention(q, k, v, causal=causal, return_lse=True)
+    d_out = rng.standard_normal(out.shape).astype(np.float32)
+    tracemalloc.start()
+    try:
+        flash_attention_backward(q, k, v, out, lse, d_out, causal=causal)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 12 * 2**20, f"peak {peak / 2**20:.1f} MiB"
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "says"),
+    [
+        (dict(lse=np.zeros((4,))), ValueError, r"lse must have shape \(..., n_q\) = \(3,\)"),
+        (dict(lse=np.zeros((3,), dtype=np.float32)), TypeError, "lse must have the dtype flash_attention"),
+        (dict(lse=1.0), TypeError, "lse must be an array"),
+        (dict(out=np.zeros((3, 3))), ValueError, "out must have the shape of the attention output"),
+        (dict(d_out=np.zeros((3, 2), dtype=np.float32)), TypeError, "d_out must have the dtype of q"),
+        (dict(block=0), ValueError, "block must be a positive integer or a pair"),
+        (dict(window=(0, -1)), ValueError, "window must be"),
+    ],
+)
+def test_backward_refuses_bad_input_by_name(change, error, says):
+    q, k, v = qkv(np.random.default_rng(48), 3, 3, 4, 2)
+    out, lse = flash_attention(q, k, v, return_lse=True)
+    args = dict(out=out, lse=lse, d_out=np.ones_like(out)) | change
+    options = {key: args.pop(key) for key in ("block", "window") if key in args}
+    with pytest.raises(error, match=says):
+        flash_attention_backward(q, k, v, args["out"], args["lse"], args["d_out"], **options)

@@ -21,10 +21,10 @@ from spec.target import Target
 
 Array = np.ndarray
 
-# What a row over no keys holds under each masked-row policy: zeros and uniform agree (the
-# weighted sum of no values is the empty sum, 0; an additive finite mask over no keys leaves no
+# What a row over no keys holds under each masked-row policy: zeros, uniform and unmasked agree
+# (the weighted sum of no values is the empty sum, 0: a finite mask or fill over no keys leaves no
 # weights at all); nan: the plain softmax's 0/0; any: not tested.
-EMPTY_ROW = {"zeros": "zeros", "uniform": "zeros", "nan": "nan"}
+EMPTY_ROW = {"zeros": "zeros", "uniform": "zeros", "unmasked": "zeros", "nan": "nan"}
 
 
 def _empty_key_cases(t: Target) -> st.SearchStrategy[Case]:

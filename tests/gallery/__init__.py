@@ -7,10 +7,25 @@ A new family of laws adds one module here and one name to :data:`FAMILIES`.
 
 from __future__ import annotations
 
-from gallery import core, edges
+from gallery import (
+    bias,
+    calls,
+    core,
+    dropout,
+    edges,
+    gradients,
+    lengths,
+    lse,
+    masks,
+    range_edges,
+    sinks,
+    softcap,
+    window,
+)
 from gallery.base import Broken
 
-FAMILIES = (core, edges)
+FAMILIES = (core, masks, gradients, range_edges, bias, window, softcap, sinks, lengths, dropout, lse, calls,
+            edges)
 
 BROKEN: list[Broken] = [b for family in FAMILIES for b in family.BROKEN]
 CORRECT = [t for family in FAMILIES for t in family.CORRECT]
