@@ -94,4 +94,5 @@ def per_row(q: Array, k: Array, v: Array, *, causal: bool = False, mask: Any = N
     return np.concatenate(rows, axis=-2)
 
 
-CORRECT = [Target(per_row, name="per_row_keywords", ndims=(2, 3, 4), **KEYWORDS)]
+# Its row max raises on an empty key axis (n_k = 0): declared.
+CORRECT = [Target(per_row, name="per_row_keywords", ndims=(2, 3, 4), empty_keys="raise", **KEYWORDS)]

@@ -1,6 +1,6 @@
 """The test command of a mutation run: the conformance suite on the built-in targets, then impl's
-own tests of the mask builders; exit 1 at the first failure (a mutant is killed as soon as
-anything notices it), 0 when everything passes.
+own tests of its mask builders and argument checks (BUILDER_TESTS); exit 1 at the first failure
+(a mutant is killed as soon as anything notices it), 0 when everything passes.
 
     python -m tools.mutation.suite [--first impl/flash.py]
 
