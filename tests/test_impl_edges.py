@@ -272,3 +272,12 @@ def test_bias_that_does_not_broadcast_is_named():
     q, k, v = _qkv(2)
     with pytest.raises(ValueError, match="bias of shape"):
         attention(q, k, v, bias=np.zeros((4, 6)))
+
+
+@pytest.mark.parametrize("window", [(3, 0), (0, 2), (2, 5)])
+def test_flash_window_across_key_tiles(window):
+    from impl import attention, flash_attention
+
+    q, k, v = _qkv(2, n_q=19, n_k=21)
+    got = flash_attention(q, k, v, window=window, block=(4, 8))
+    np.testing.assert_allclose(got, attention(q, k, v, window=window), rtol=1e-12, atol=1e-12)
