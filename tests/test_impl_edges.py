@@ -281,3 +281,13 @@ def test_flash_window_across_key_tiles(window):
     q, k, v = _qkv(2, n_q=19, n_k=21)
     got = flash_attention(q, k, v, window=window, block=(4, 8))
     np.testing.assert_allclose(got, attention(q, k, v, window=window), rtol=1e-12, atol=1e-12)
+
+
+def test_flash_lse_of_a_row_that_sees_nothing_is_minus_infinity():
+    from impl import attention, flash_attention
+
+    q, k, v = _qkv(2, n_q=6, n_k=4)
+    _, lse = flash_attention(q, k, v, window=(0, 0), return_lse=True)
+    _, want = attention(q, k, v, window=(0, 0), return_lse=True)
+    assert np.all(np.isneginf(lse[:, 4:]))
+    np.testing.assert_allclose(lse, want, rtol=1e-12)
