@@ -291,3 +291,16 @@ def test_flash_lse_of_a_row_that_sees_nothing_is_minus_infinity():
     _, want = attention(q, k, v, window=(0, 0), return_lse=True)
     assert np.all(np.isneginf(lse[:, 4:]))
     np.testing.assert_allclose(lse, want, rtol=1e-12)
+
+
+def test_flash_backward_is_not_causal_by_default():
+    from impl import flash_attention
+    from impl.flash import flash_attention_backward
+    from impl.grad import attention_backward
+
+    q, k, v = _qkv(2, n_q=4, n_k=4)
+    d_out = np.ones((2, 4, 4))
+    out, lse = flash_attention(q, k, v, return_lse=True)
+    got = flash_attention_backward(q, k, v, out, lse, d_out)
+    for g, w in zip(got, attention_backward(q, k, v, d_out), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-12)
