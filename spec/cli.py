@@ -14,11 +14,10 @@ from typing import NoReturn
 
 from tabulate import tabulate
 
-from spec.builtin import load_target
 from spec.profiles import PROFILES
 from spec.registry import PROPERTIES
-from spec.report import Report, render
-from spec.runner import run_property, select
+from spec.report import Report, Result, render
+from spec.runner import configure, load, run_all, select
 from spec.target import TargetError
 
 
@@ -51,6 +50,17 @@ _positive = int_at_least(1)
 _seed = int_at_least(0)
 
 
+def _seconds(text: str) -> float:
+    """An argparse type: a positive number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
     top = Parser(prog="python -m spec", description="Check an attention implementation against the laws "
                   "of scaled dot-product attention.")
@@ -65,6 +75,15 @@ def parser() -> argparse.ArgumentParser:
                        help="random seed (changes the example stream; without it ci and quick are fixed)")
     check.add_argument("--only", nargs="+", action="extend", metavar="NAME",
                        help="run only these properties (repeatable)")
+    check.add_argument("--isolation", choices=["thread", "caller", "process"],
+                       help="where each call runs (overrides the target's declaration): thread (default: "
+                       "a worker thread under the deadline), caller (this thread, no deadline), process "
+                       "(a forked worker process: a crash such as SIGSEGV or a call stuck in C is that "
+                       "law's failure and the run goes on; Linux/macOS; fork copies one thread: torch "
+                       "runs single-threaded in the worker, and a library whose own thread pool ran "
+                       "before the fork may hang there, which the deadline then fails)")
+    check.add_argument("--deadline", type=_seconds, metavar="SECONDS",
+                       help="time limit per call (overrides the profile's and the target's)")
     check.add_argument("--json", metavar="FILE", help="also write the report as JSON ('-' for stdout only)")
     check.add_argument("--list", action="store_true", help="list the properties (and, with TARGET, "
                        "which it would skip) and exit")
@@ -72,7 +91,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def list_properties(target_spec: str | None) -> str:
-    target = load_target(target_spec) if target_spec else None
+    target = load(target_spec) if target_spec else None
     rows = []
     for name, prop in PROPERTIES.items():
         skip = prop.needs(target) if target else None
@@ -89,29 +108,41 @@ def _first_sentence(text: str) -> str:
     return text
 
 
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    """The command line, options before or after TARGET: ``--only NAME... TARGET`` gives the
+    last name to TARGET when it is not a property (``--only`` takes several names)."""
+    args = parser().parse_args(argv)
+    if args.target is None and args.only and args.only[-1] not in PROPERTIES:
+        args.target = args.only.pop()
+        if not args.only:
+            raise UsageError("--only needs at least one property NAME before TARGET")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = parser().parse_args(argv)
+        args = parse(argv)
         if args.list:
             print(list_properties(args.target))
             return 0
         if not args.target:
             raise UsageError("check needs a TARGET (a built-in name or package.module:attr)")
         props = select(args.only)
-        target = load_target(args.target)
+        target = configure(load(args.target), isolation=args.isolation, deadline=args.deadline)
     except (UsageError, TargetError, ValueError) as e:
         print(f"python -m spec: error: {e}", file=sys.stderr)
         return 2
     to_stdout = args.json == "-"
     report = Report(target=target.name, profile=args.profile, seed=args.seed)
-    start = time.perf_counter()
-    for prop in props:
-        result = run_property(prop, target, profile=args.profile, max_examples=args.max_examples,
-                              seed=args.seed, source=args.target)
-        report.results.append(result)
+
+    def progress(result: Result) -> None:
         if not to_stdout:
             status = result.status.upper() if result.status == "fail" else result.status
             print(f"  {result.name} … {status}", file=sys.stderr, flush=True)
+
+    start = time.perf_counter()
+    report.results = run_all(props, target, profile=args.profile, max_examples=args.max_examples,
+                             seed=args.seed, source=args.target, each=progress)
     elapsed = time.perf_counter() - start
     if args.json:
         text = report.to_json()

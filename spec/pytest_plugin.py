@@ -6,7 +6,10 @@ adds one test per property, ``attention-spec::<property>``, to whatever else is 
 (``-k`` selects among them; pytest-xdist spreads them over workers). Registered through the
 ``pytest11`` entry point, so installing the package is enough; without a target the plugin adds
 nothing. Options: ``--attention-profile quick|ci|thorough`` (default ci), ``--attention-seed N``,
-``--attention-max-examples N``.
+``--attention-max-examples N``, ``--attention-isolation thread|caller|process`` (overrides the
+target's declaration; ``process`` turns a crash or a call stuck in C into that law's failure),
+``--attention-deadline SECONDS`` (per call; overrides the profile's and the target's).
+A failing property's short summary line (``-ra``) carries what broke.
 """
 
 from __future__ import annotations
@@ -16,11 +19,10 @@ from typing import Any
 
 import pytest
 
-from spec.builtin import load_target
 from spec.profiles import PROFILES
 from spec.registry import PROPERTIES, Property
 from spec.report import Result, failure
-from spec.runner import run_property
+from spec.runner import configure, load, run_property
 from spec.target import Target, TargetError
 
 ENV = "ATTENTION_TARGET"
@@ -35,6 +37,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--attention-seed", type=int, default=None, metavar="N", help="random seed")
     group.addoption("--attention-max-examples", type=int, default=None, metavar="N",
                     help="examples per property")
+    group.addoption("--attention-isolation", choices=["thread", "caller", "process"], default=None,
+                    help="where each call runs (overrides the target's declaration); process: a "
+                    "forked worker, so a crash or a hang in C is the law's failure (fork copies one "
+                    "thread: torch runs single-threaded there; another pool used before the fork "
+                    "may hang the child, which the deadline fails)")
+    group.addoption("--attention-deadline", type=float, default=None, metavar="SECONDS",
+                    help="time limit per call (overrides the profile's and the target's)")
 
 
 class PropertyFailed(Exception):
@@ -52,9 +61,16 @@ class PropertyItem(pytest.Item):
 
     def runtest(self) -> None:
         opt = self.config.getoption
+        suite = self.parent
+        fatal = suite.fatal if isinstance(suite, PropertySuite) else None
+        if fatal is not None:  # the target's signature differs: said once, at that property
+            raise pytest.skip.Exception(f"not run: see {fatal.name} (the target's signature)",
+                                        _use_item_location=True)
         result = run_property(self.prop, self.target, profile=opt("attention_profile"),
                               max_examples=opt("attention_max_examples"), seed=opt("attention_seed"),
                               source=self.source)
+        if result.fatal and isinstance(suite, PropertySuite):
+            suite.fatal = result
         if result.status == "skip":
             # Reported at the property (the item), not at this line of the plugin.
             raise pytest.skip.Exception(result.message, _use_item_location=True)
@@ -63,7 +79,7 @@ class PropertyItem(pytest.Item):
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
         if isinstance(excinfo.value, PropertyFailed):
-            return failure(excinfo.value.result)
+            return failure(excinfo.value.result, headline=True)
         return super().repr_failure(excinfo)
 
     def reportinfo(self) -> tuple[str, int | None, str]:
@@ -78,6 +94,7 @@ class PropertySuite(pytest.Collector):
     def __init__(self, *, target: Target, source: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.target, self.source = target, source
+        self.fatal: Result | None = None  # a property whose failure says the signature differs
 
     def collect(self) -> list[pytest.Item | pytest.Collector]:
         return [PropertyItem.from_parent(self, name=name, prop=prop, target=self.target, source=self.source)
@@ -90,7 +107,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     if not source:
         return
     try:
-        target = load_target(source)
+        target = configure(load(source), isolation=config.getoption("attention_isolation"),
+                           deadline=config.getoption("attention_deadline"))
     except TargetError as e:
         raise pytest.UsageError(f"--attention-target: {e}") from None
     suite = PropertySuite.from_parent(session, name="attention-spec", nodeid="attention-spec",

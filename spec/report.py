@@ -26,6 +26,9 @@ class Result:
     observed: dict[str, float] = field(default_factory=dict)
     """Figures the law measured, worst over the examples run (e.g. ``"error ratio float32"``:
     error / allowed of the tolerance policy), as data: read these, never the message."""
+    fatal: bool = False
+    """The target cannot be called as declared (its signature differs): every further law would
+    fail the same way, so a run stops after this result."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -85,10 +88,12 @@ def _note(result: Result) -> str:
     return "" if result.status == "fail" else result.message
 
 
-def failure(result: Result) -> str:
-    """What a failure shows: the law, what broke, the shrunk case, small arrays, a reproduction."""
+def failure(result: Result, *, headline: bool = False) -> str:
+    """What a failure shows: the law, what broke, the shrunk case, small arrays, a reproduction.
+    ``headline``: the first line also says what broke (pytest's short summary shows only it)."""
     wrap = textwrap.TextWrapper(width=100, initial_indent="  ", subsequent_indent="    ")
-    lines = [f"FAIL {result.name}", wrap.fill("law: " + result.law), wrap.fill("broken: " + result.message)]
+    head = f"FAIL {result.name}" + (f": {result.message}" if headline and result.message else "")
+    lines = [head, wrap.fill("law: " + result.law), wrap.fill("broken: " + result.message)]
     example = result.counterexample
     if example:
         case = " ".join(f"{key}={value}" for key, value in example["case"].items())

@@ -9,14 +9,14 @@ from __future__ import annotations
 import math
 import shlex
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import hypothesis
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 
 from spec.builtin import load_target
-from spec.calling import DEADLINE, TargetHung
+from spec.calling import DEADLINE, SignatureMismatch, TargetHung, TargetStopped, workers
 from spec.cases import Case
 from spec.laws._helpers import OBSERVED, identity_values
 from spec.profiles import PROFILES, Profile
@@ -85,9 +85,16 @@ def run_property(
     observed_token = OBSERVED.set(observed)
     start = time.perf_counter()
     try:
-        runner()
+        with workers():  # process isolation: this property's worker processes, reaped on leaving
+            runner()
     except TargetHung as e:
         return _failure(prop, target, last, calls, start, f"the target {e}", source, observed)
+    except SignatureMismatch as e:
+        failed = _failure(prop, target, last, calls, start, str(e), source, observed)
+        failed.fatal = True
+        return failed
+    except TargetStopped as e:
+        return _failure(prop, target, last, calls, start, str(e), source, observed)
     except AssertionError as e:
         return _failure(prop, target, last, calls, start, str(e), source, observed)
     except Exception as e:  # a misbehaving target must never crash the suite
@@ -140,20 +147,69 @@ def replay(target: str | Target | Any, name: str, **case: Any) -> None:
     """Run property ``name`` on one case (the fields of a counterexample); raises AssertionError
     if the law is broken, returns None if it holds."""
     (prop,) = select([name])
-    loaded = load_target(target)
+    loaded = load(target)
     token = DEADLINE.set(PROFILES["ci"].deadline_s)
     try:
-        prop.check(loaded, Case(**case))
+        with workers():
+            prop.check(loaded, Case(**case))
     finally:
         DEADLINE.reset(token)
 
 
+def configure(target: Target, *, isolation: str | None = None, deadline: float | None = None) -> Target:
+    """``target`` with the run's overrides: ``isolation`` replaces its declaration, ``deadline``
+    (seconds per call) its ``deadline_s`` and so the profile's. Raises TargetError if invalid."""
+    changes: dict[str, Any] = {}
+    if isolation is not None:
+        changes["isolation"] = isolation
+    if deadline is not None:
+        changes["deadline_s"] = deadline
+    return target.replace(**changes) if changes else target
+
+
+def load(source: str | Target | Any) -> Target:
+    """:func:`~spec.builtin.load_target`, with anything raised while importing or building the
+    target (a factory that raises, ``Target(fn, wrong_field=1)``) a one-line TargetError."""
+    try:
+        return load_target(source)
+    except TargetError:
+        raise
+    except Exception as e:
+        shown = source if isinstance(source, str) else type(source).__name__
+        raise TargetError(f"loading target {shown!r} raised {type(e).__name__}: {e}") from None
+
+
+def run_all(
+    props: Iterable[Property], target: Target, *, profile: str = "ci", max_examples: int | None = None,
+    seed: int | None = None, source: str | None = None, each: Callable[[Result], None] | None = None,
+) -> list[Result]:
+    """Each property in turn (``each`` sees every result as it comes). After a result that is
+    ``fatal`` (the target's signature differs from its declaration) the rest are skipped with a
+    pointer to it, so the mismatch is reported once, not once per law."""
+    results: list[Result] = []
+    fatal: Result | None = None
+    for prop in props:
+        if fatal is not None:
+            result = Result(prop.name, "skip", 0, 0.0, f"not run: see {fatal.name} (the target's signature)",
+                            law=prop.law)
+        else:
+            result = run_property(prop, target, profile=profile, max_examples=max_examples, seed=seed,
+                                  source=source)
+            fatal = result if result.fatal else None
+        results.append(result)
+        if each is not None:
+            each(result)
+    return results
+
+
 def check(
     target: str | Target | Any, profile: str = "ci", *, max_examples: int | None = None,
-    seed: int | None = None, only: Iterable[str] | None = None,
+    seed: int | None = None, only: Iterable[str] | None = None, isolation: str | None = None,
+    deadline: float | None = None,
 ) -> Report:
     """Run the properties against ``target`` (a built-in name, ``module:attr``, a callable or a
-    :class:`~spec.Target`) and return the :class:`Report`.
+    :class:`~spec.Target`) and return the :class:`Report`. ``isolation`` (``thread``, ``caller``,
+    ``process``) and ``deadline`` (seconds per call) override the target's declarations.
 
     Raises :class:`~spec.TargetError` when the target does not load and ValueError for an
     unknown profile or property name.
@@ -163,15 +219,15 @@ def check(
     if max_examples is not None and max_examples < 1:
         raise ValueError(f"max_examples must be a positive integer, got {max_examples}")
     props = select(only)
-    loaded = load_target(target)
+    loaded = configure(load(target), isolation=isolation, deadline=deadline)
     source = target if isinstance(target, str) else loaded.name
     report = Report(target=loaded.name, profile=profile, seed=seed)
     start = time.perf_counter()
-    for prop in props:
-        report.results.append(run_property(prop, loaded, profile=profile, max_examples=max_examples,
-                                           seed=seed, source=source))
+    report.results = run_all(props, loaded, profile=profile, max_examples=max_examples, seed=seed,
+                             source=source)
     report.seconds = time.perf_counter() - start
     return report
 
 
-__all__ = ["PROFILES", "Report", "Result", "TargetError", "check", "replay", "run_property", "select"]
+__all__ = ["PROFILES", "Report", "Result", "TargetError", "check", "configure", "load", "replay", "run_all",
+           "run_property", "select"]

@@ -1,5 +1,5 @@
 """The gradient law of spec.laws.gradients: the golden backward is right, the reference and torch
-pass, and each broken backward in the gallery below is rejected."""
+pass, and each broken backward of gallery.gradients is rejected."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from gallery.gradients import BUGS, backward_with, max_before_mask, textbook_backward
+from gallery.gradients import CORRECT as GRADIENT_TARGETS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,10 +26,6 @@ from spec.target import Target
 
 LAW = "grad_matches_golden"
 Array = np.ndarray
-
-
-def _swap(x: Array) -> Array:
-    return np.swapaxes(x, -1, -2)
 
 
 def _visible(n_q: int, n_k: int, causal: bool) -> Array:
@@ -86,67 +84,24 @@ def test_baseline_backward_is_in_the_dtype_and_near_the_golden() -> None:
         assert 0 < np.max(np.abs(b - g)) < 1e-5
 
 
-# --- a gallery of backward passes ---------------------------------------------------------------
+# --- the gallery's backward passes (gallery.gradients) -------------------------------------------
 
 
-def _backward(q: Array, k: Array, v: Array, d_out: Array, *, causal: bool = False,
-              bug: str = "") -> tuple[Array, Array, Array]:
-    """The textbook backward in the inputs' dtype, with one named bug (or none)."""
-    scale = q.dtype.type(1 / math.sqrt(q.shape[-1]))
-    out, p = attention(q, k, v, causal=causal and bug != "causal_ignored", return_weights=True)
-    square = p.shape[-1] == p.shape[-2]
-    dv = p @ d_out if bug == "dv_transposed" and square else _swap(p) @ d_out
-    dp = d_out @ _swap(v)
-    d_row = 0 if bug == "no_row_term" else np.sum(d_out * out, axis=-1, keepdims=True)
-    ds = p * (dp - d_row)
-    dq = ds @ k * scale
-    dk = _swap(ds) @ q * (1 if bug == "dk_unscaled" else scale)
-    return tuple(g.astype(q.dtype) for g in (dq, dk, dv))  # type: ignore[return-value]
-
-
-def _with(bug: str) -> Any:
-    def grad_fn(q: Array, k: Array, v: Array, d_out: Array, *, causal: bool = False) -> Any:
-        return _backward(q, k, v, d_out, causal=causal, bug=bug)
-
-    grad_fn.__name__ = bug or "textbook"
-    return grad_fn
-
-
-BROKEN = {
-    "no_row_term": "dS = P ∘ dP, the row term D never subtracted",
-    "dk_unscaled": "dK = dSᵀ Q without the 1/√d_k",
-    "dv_transposed": "dV = P dO instead of Pᵀ dO (only visible when n_q = n_k)",
-    "causal_ignored": "the backward recomputes P without the causal mask",
-}
+BROKEN = BUGS
 
 
 @pytest.mark.parametrize("dtypes", [("float32", "float64"), ("float16",)])
 @pytest.mark.parametrize("bug", list(BROKEN))
 def test_broken_backward_is_rejected(bug: str, dtypes: tuple[str, ...]) -> None:
-    target = Target(attention, name=bug, ndims=(2, 3, 4), dtypes=dtypes, grad_fn=_with(bug))
+    target = Target(attention, name=bug, ndims=(2, 3, 4), dtypes=dtypes, grad_fn=backward_with(bug))
     (result,) = check(target, "ci", only=[LAW]).results
     assert result.status == "fail", f"{LAW} missed: {BROKEN[bug]}"
     assert "differs from the float64 golden backward" in result.message
     assert result.counterexample and "spec.replay" in result.counterexample["reproduce"]
 
 
-def _max_before_mask(q: Array, k: Array, v: Array, d_out: Array, *, causal: bool = False) -> Any:
-    """The textbook backward with its own softmax, whose row maximum is taken before masking:
-    right to rounding (and passes grad_matches_golden), but future keys move past gradients."""
-    scale = q.dtype.type(1 / math.sqrt(q.shape[-1]))
-    s = q @ _swap(k) * scale
-    e = np.exp(s - s.max(axis=-1, keepdims=True))
-    if causal:
-        e = np.where(_visible(q.shape[-2], k.shape[-2], True), e, q.dtype.type(0))
-    with np.errstate(invalid="ignore"):  # 0/0 once the past underflows: the bug's own NaN
-        p = e / e.sum(axis=-1, keepdims=True)
-    dp = d_out @ _swap(v)
-    ds = p * (dp - np.sum(p * dp, axis=-1, keepdims=True))
-    return tuple(g.astype(q.dtype) for g in (ds @ k * scale, _swap(ds) @ q * scale, _swap(p) @ d_out))
-
-
 def test_max_before_mask_is_caught_by_grad_causal_no_leak_only() -> None:
-    target = Target(attention, name="max-before-mask", ndims=(2, 3, 4), grad_fn=_max_before_mask)
+    target = Target(attention, name="max-before-mask", ndims=(2, 3, 4), grad_fn=max_before_mask)
     (result,) = check(target, "ci", only=["grad_causal_no_leak"]).results
     assert result.status == "fail" and "changed dq" in result.message, result.message
     (result,) = check(target, "ci", only=[LAW]).results
@@ -154,40 +109,13 @@ def test_max_before_mask_is_caught_by_grad_causal_no_leak_only() -> None:
 
 
 def test_causal_ignored_in_backward_is_caught_by_grad_causal_no_leak() -> None:
-    target = Target(attention, name="causal-ignored", ndims=(2, 3, 4), grad_fn=_with("causal_ignored"))
+    target = Target(attention, name="causal-ignored", ndims=(2, 3, 4),
+                    grad_fn=backward_with("causal_ignored"))
     (result,) = check(target, "ci", only=["grad_causal_no_leak"]).results
     assert result.status == "fail" and "though" in result.message, result.message
 
 
-def _reordered(q: Array, k: Array, v: Array, d_out: Array, *, causal: bool = False) -> Any:
-    """Correct, in another order: D from P ∘ dP, the scale folded into dS before the products."""
-    scale = q.dtype.type(1 / math.sqrt(q.shape[-1]))
-    _, p = attention(q, k, v, causal=causal, return_weights=True)
-    dp = d_out @ _swap(v)
-    ds = (p * (dp - np.sum(p * dp, axis=-1, keepdims=True))) * scale
-    return (ds @ k).astype(q.dtype), (_swap(ds) @ q).astype(q.dtype), (_swap(p) @ d_out).astype(q.dtype)
-
-
-def _bnhd(fn: Any) -> Any:
-    """A target in (batch, n, heads, d) layout: the same backward behind transposes."""
-    def grad_fn(q: Array, k: Array, v: Array, d_out: Array, *, causal: bool = False) -> Any:
-        t = (lambda x: np.swapaxes(x, 1, 2)) if q.ndim == 4 else (lambda x: x)
-        return tuple(t(g) for g in fn(t(q), t(k), t(v), t(d_out), causal=causal))
-
-    return grad_fn
-
-
-def _bnhd_forward(q: Array, k: Array, v: Array, *, causal: bool = False) -> Array:
-    t = (lambda x: np.swapaxes(x, 1, 2)) if q.ndim == 4 else (lambda x: x)
-    return t(attention(t(q), t(k), t(v), causal=causal))
-
-
-CORRECT = [
-    Target(attention, name="textbook", ndims=(2, 3, 4), grad_fn=_with("")),
-    Target(attention, name="reordered", ndims=(2, 3, 4), dtypes=("float16", "float32", "float64"),
-           grad_fn=_reordered),
-    Target(_bnhd_forward, name="bnhd", layout="bnhd", ndims=(4,), grad_fn=_bnhd(_reordered)),
-]
+CORRECT = GRADIENT_TARGETS
 
 
 @pytest.mark.parametrize("target", CORRECT, ids=[t.name for t in CORRECT])
@@ -247,7 +175,7 @@ def test_gradient_laws_are_registered_with_the_suite() -> None:
 
 
 def _textbook(q: Array, k: Array, v: Array, d_out: Array, causal: bool) -> tuple[Array, Array, Array]:
-    return _backward(q, k, v, d_out, causal=causal)
+    return textbook_backward(q, k, v, d_out, causal=causal)
 
 
 @pytest.mark.parametrize(("grad_fn", "words"), [
@@ -273,6 +201,7 @@ def test_misbehaving_grad_fn_is_a_failure_not_a_crash(grad_fn: Any, words: str) 
 def test_rows_that_see_no_key_are_drawn_only_when_their_gradient_is_zero(data: st.DataObject) -> None:
     """Bottom-right causal with n_q > n_k leaves queries that see nothing: fine for a target whose
     such rows are zeros (zero gradient), not drawn for one whose rows are NaN or the mean."""
-    nan_rows = Target(attention, causal_alignment="bottom_right", masked_rows="nan", grad_fn=_with(""))
+    nan_rows = Target(attention, causal_alignment="bottom_right", masked_rows="nan",
+                      grad_fn=backward_with(""))
     case = data.draw(_grad_cases(nan_rows))
     assert case.visible(nan_rows).any(axis=-1).all()

@@ -7,10 +7,10 @@ A new family of laws adds one module here and one name to :data:`FAMILIES`.
 
 from __future__ import annotations
 
-from gallery import core
+from gallery import core, gradients, masks
 from gallery.base import Broken
 
-FAMILIES = (core,)
+FAMILIES = (core, masks, gradients)
 
 BROKEN: list[Broken] = [b for family in FAMILIES for b in family.BROKEN]
 CORRECT = [t for family in FAMILIES for t in family.CORRECT]

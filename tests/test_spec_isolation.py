@@ -1,0 +1,226 @@
+"""Process isolation (DESIGN §2b): in ``process`` mode a target that crashes (SIGSEGV, os._exit)
+or hangs in C is that law's failure, its worker is killed and reaped, and the run goes on.
+
+The targets below are importable (``test_spec_isolation:segfault_when_causal``) for the CLI test.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import pickle
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import spec
+from impl import attention
+from spec import calling
+from spec.calling import TargetFailed, TargetHung, call, workers
+from spec.cli import main
+from spec.target import Target
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+LIBC = ctypes.CDLL(ctypes.util.find_library("c"))
+CAUSAL = ["causal_no_leak"]
+PLAIN = ["kv_permutation_invariance", "query_permutation_equivariance"]  # never causal
+
+
+def segfault_when_causal(q, k, v, *, causal=False):
+    if causal:
+        ctypes.string_at(0)  # reads address 0: SIGSEGV
+    return attention(q, k, v, causal=causal)
+
+
+def exits_when_causal(q, k, v, *, causal=False):
+    if causal:
+        os._exit(3)
+    return attention(q, k, v, causal=causal)
+
+
+def _q_k_v():
+    rng = np.random.default_rng(0)
+    return tuple(rng.standard_normal((3, 2)) for _ in range(3))
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_a_segfault_fails_that_law_naming_the_signal_and_the_run_goes_on():
+    """Before: isolation='process' raised TargetError; in a thread the SIGSEGV killed the run."""
+    target = Target(segfault_when_causal, isolation="process")
+    report = spec.check(target, profile="quick", only=PLAIN + CAUSAL)
+    by_name = {r.name: r for r in report.results}
+    assert [r.name for r in report.results] == PLAIN + CAUSAL  # the report is complete
+    assert all(by_name[name].status == "pass" for name in PLAIN)
+    broken = by_name["causal_no_leak"]
+    assert broken.status == "fail"
+    assert broken.message.startswith("the target crashed with SIGSEGV (signal 11)")
+    assert broken.counterexample is not None and broken.counterexample["case"]["causal"] is True
+
+
+def test_the_cli_overrides_isolation_and_exits_1_after_a_segfault():
+    """A target declared with the default thread isolation, run with --isolation process."""
+    run = subprocess.run(
+        [sys.executable, "-m", "spec", "check", "--only", "kv_permutation_invariance", "causal_no_leak",
+         "test_spec_isolation:segfault_when_causal", "--profile", "quick", "--isolation", "process"],
+        capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=300)
+    assert run.returncode == 1, run.stderr
+    assert "SIGSEGV (signal 11)" in run.stdout and "1 passed, 1 failed" in run.stdout
+
+
+def test_a_call_stuck_in_c_is_killed_at_the_deadline_and_its_worker_is_gone(tmp_path):
+    pids = tmp_path / "pids"
+
+    def stuck(q, k, v, *, causal=False):
+        with open(pids, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        LIBC.sleep(1000)  # in C: no Python instruction for an async exception to land on
+        return attention(q, k, v)
+
+    start = time.perf_counter()
+    report = spec.check(Target(stuck), profile="quick", only=["matches_golden"], isolation="process",
+                        deadline=0.5)
+    took = time.perf_counter() - start
+    (result,) = report.results
+    assert result.status == "fail" and "did not return within the 0.5 s deadline" in result.message
+    assert took < 30
+    seen = {int(line) for line in pids.read_text().split()}
+    assert seen and os.getpid() not in seen
+    assert all(_gone(pid) for pid in seen)  # killed and reaped: no orphan, no zombie
+
+
+def test_os_exit_in_the_target_is_a_failure_naming_the_status():
+    report = spec.check(Target(exits_when_causal, isolation="process"), profile="quick",
+                        only=PLAIN[:1] + CAUSAL)
+    first, second = report.results
+    assert first.status == "pass"
+    assert second.status == "fail" and "ended its worker process with exit status 3" in second.message
+
+
+def test_shrinking_a_crash_restarts_the_worker_a_bounded_number_of_times(monkeypatch):
+    monkeypatch.setattr(calling, "MAX_CRASHES", 2)  # Hypothesis calls a failing case at least twice
+
+    def long_rows_crash(q, k, v, *, causal=False):
+        if k.shape[-2] > 1:
+            ctypes.string_at(0)
+        return attention(q, k, v, causal=causal)
+
+    (result,) = spec.check(Target(long_rows_crash, isolation="process"), profile="ci",
+                           only=["matches_golden"]).results
+    assert result.status == "fail" and result.message.startswith("the target crashed with SIGSEGV")
+    assert result.message.endswith("(2 crashes: not called again)")
+
+
+def test_process_mode_sees_mutation_of_the_callers_arrays():
+    def mutating(q, k, v, *, causal=False):
+        out = attention(q, k, v, causal=causal)
+        q[...] = 0
+        return out
+
+    report = spec.check(Target(mutating, isolation="process"), profile="quick",
+                        only=["inputs_not_mutated", "matches_golden"])
+    assert [r.status for r in report.results] == ["fail", "pass"]
+    assert "changed its input q" in report.results[0].message
+
+
+def test_exceptions_come_back_from_the_worker_also_unpicklable_ones():
+    class Unpicklable(Exception):
+        def __reduce__(self):
+            raise pickle.PicklingError("no")
+
+    def raises_value_error(q, k, v):
+        raise ValueError("bad shapes")
+
+    def raises_unpicklable(q, k, v):
+        raise Unpicklable("held a lock")
+
+    q, k, v = _q_k_v()
+    for fn, text in [(raises_value_error, "the target raised ValueError: bad shapes"),
+                     (raises_unpicklable, "the target raised Unpicklable: held a lock")]:
+        with workers(), pytest.raises(TargetFailed, match=text):
+            call(Target(fn, isolation="process"), q, k, v, deadline=30.0)
+
+
+def test_the_worker_runs_in_another_process_and_serves_every_call_of_a_run():
+    pids = []
+
+    def where(q, k, v):
+        return np.full((q.shape[0], v.shape[1]), float(os.getpid()))
+
+    target = Target(where, isolation="process")
+    q, k, v = _q_k_v()
+    with workers():
+        pids = [int(call(target, q, k, v, deadline=30.0)[0, 0]) for _ in range(3)]
+    assert len(set(pids)) == 1 and pids[0] != os.getpid()
+    assert _gone(pids[0])  # leaving workers() reaped it
+    outside = int(call(target, q, k, v, deadline=30.0)[0, 0])  # outside a run: a one-off fork
+    assert outside != os.getpid() and _gone(outside)
+
+
+def test_workers_are_reaped_on_keyboard_interrupt():
+    def where(q, k, v):
+        return np.full((q.shape[0], v.shape[1]), float(os.getpid()))
+
+    target = Target(where, isolation="process")
+    q, k, v = _q_k_v()
+    pid = []
+    with pytest.raises(KeyboardInterrupt), workers():
+        pid.append(int(call(target, q, k, v, deadline=30.0)[0, 0]))
+        raise KeyboardInterrupt
+    assert pid and _gone(pid[0])
+
+
+def test_thread_mode_is_unchanged_it_runs_in_this_process_on_another_thread():
+    seen = []
+
+    def where(q, k, v):
+        seen.append((os.getpid(), threading.current_thread()))
+        return attention(q, k, v)
+
+    q, k, v = _q_k_v()
+    call(Target(where), q, k, v, deadline=30.0)
+    assert seen[0][0] == os.getpid() and seen[0][1] is not threading.current_thread()
+    with pytest.raises(TargetHung):
+        call(Target(lambda q, k, v: time.sleep(5)), q, k, v, deadline=0.2)
+
+
+def test_cli_and_plugin_refuse_bad_isolation_and_deadline(capsys):
+    assert main(["check", "reference", "--isolation", "fork"]) == 2
+    assert main(["check", "reference", "--deadline", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'fork'" in err and "expected a positive number of seconds, got '0'" in err
+
+
+def test_torch_in_process_mode_after_the_parent_used_its_thread_pool():
+    """Before the worker set torch to one thread, every call hung: the forked child inherited an
+    OpenMP pool whose threads did not exist (seen: all laws failed at the deadline)."""
+    torch = pytest.importorskip("torch")
+    a = torch.ones(256, 256)
+    assert float((a @ a).sum()) == 256.0**3  # runs the intra-op pool in this process
+    report = spec.check("torch", profile="quick", max_examples=5, only=["matches_golden", "causal_no_leak"],
+                        isolation="process", deadline=20.0)
+    assert report.ok, [(r.name, r.message) for r in report.failures]
+    assert torch.get_num_threads() >= 1 and all(r.examples >= 5 for r in report.results)
+
+
+def test_a_one_off_worker_sends_mutations_back_too():
+    def mutating(q, k, v):
+        q[...] = 0
+        return attention(q, k, v)
+
+    q, k, v = _q_k_v()
+    call(Target(mutating, isolation="process"), q, k, v, deadline=30.0, copy=False)  # outside workers()
+    assert not q.any()
