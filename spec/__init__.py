@@ -10,13 +10,14 @@ The package, one owner per thing (arrows: "imports"; none point back):
 - ``cases``      Case: a small replayable record → arrays, keywords, visibility     (→ golden, target)
 - ``calling``    THE call path into a target (forward, lse, gradients), isolation   (→ target)
 - ``registry``   Property, @law (marks only), LAW_MODULES, PROPERTIES               (→ cases, target)
-- ``laws/``      _helpers (run, the one tolerance assertion, needs), core, masks, gradients
-                 (→ calling, cases, golden, tolerance, registry)
+- ``laws/``      _helpers (run, the one tolerance assertion, needs), _range (amplitudes at the
+                 edge of a dtype's range, from finfo); core, masks, gradients, and one module
+                 per keyword: bias, window, softcap, sinks   (→ calling, cases, golden, tolerance, registry)
 - ``profiles``   every Hypothesis profile                                         (→ hypothesis)
 - ``report``     Result/Report as data and the one renderer                        (→ tabulate)
 - ``runner``     check, run_property, replay                  (→ registry, profiles, report, builtin)
 - ``builtin``    names → targets; the only module importing impl          (→ target, impl, frameworks)
-- ``frameworks`` torch/jax adapters and their declared Targets                    (→ target, golden)
+- ``frameworks`` torch/jax adapters, their declared Targets, from_torch/from_jax   (→ target, golden)
 - ``peers``      ``python -m spec.peers``: the per-dtype table            (→ frameworks, runner)
 - ``cli``, ``pytest_plugin``: the two other doors                        (→ runner, report, builtin)
 
@@ -28,6 +29,7 @@ The package, one owner per thing (arrows: "imports"; none point back):
 
 from spec import golden
 from spec.builtin import BUILTIN, as_target, load_target
+from spec.frameworks import from_jax, from_torch
 from spec.profiles import PROFILES
 from spec.registry import LAW_MODULES, PROPERTIES, Property
 from spec.report import Report, Result
@@ -46,6 +48,8 @@ __all__ = [
     "TargetError",
     "as_target",
     "check",
+    "from_jax",
+    "from_torch",
     "golden",
     "load_target",
     "replay",

@@ -25,7 +25,9 @@ def _reference() -> Target:
 
     return Target(attention, name="reference", supports_mask=True, supports_scale=True,
                   dtypes=("float16", "float32", "float64", *dt.bfloat16_if_installed()), ndims=(2, 3, 4),
-                  grad_fn=attention_backward)
+                  grad_fn=attention_backward, supports_gqa=True, supports_bias=True, supports_window=True,
+                  supports_softcap=True, supports_sinks=True, supports_kv_lengths=True, supports_varlen=True,
+                  supports_dropout=True, returns_lse=True)
 
 
 def _flash() -> Target:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from hypothesis import assume
 from hypothesis import strategies as st
 
 from spec import golden
@@ -135,18 +136,20 @@ class Case:
         and the key lengths (computed by :mod:`spec.golden`, never by the code under test)."""
         return golden.visibility(
             self.lead(), self.n_q, self.n_k, causal=self.causal,
-            align=target.causal_alignment or "top_left", mask=self.mask_array(), window=self.window,
+            align=target.alignment, mask=self.mask_array(), window=self.window,
             kv_lengths=None if self.kv_lengths is None else np.asarray(self.kv_lengths, dtype=np.int64),
         )
 
     def golden(self, target: Target, q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: float,
-               visible: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+               visible: np.ndarray | None = None, bias: Any = "case",
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """:func:`spec.golden.forward` for this case: ``(out, weights, lse)`` in float64, with the
-        case's bias, softcap and sinks. [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v] ->
-        [..., n_q, d_v], [..., n_q, n_k], [..., n_q]"""
+        case's bias (or the ``bias`` array given; None = none), softcap and sinks.
+        [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v] -> [..., n_q, d_v], [..., n_q, n_k], [..., n_q]"""
         sinks = None if self.sinks is None else np.asarray(self.sinks, dtype=np.float64)
         return golden.forward(q, k, v, visible=self.visible(target) if visible is None else visible,
-                              scale=scale, bias=self.bias_array(), softcap=self.softcap, sinks=sinks)
+                              scale=scale, bias=self.bias_array() if isinstance(bias, str) else bias,
+                              softcap=self.softcap, sinks=sinks)
 
     def describe(self) -> dict[str, Any]:
         """The case as plain values, defaults left out (for reports and reproduction lines)."""
@@ -204,6 +207,10 @@ def cases(
         heads = draw(st.integers(1, 4)) if ndim >= 3 else 1
     n_q = draw(lengths(n_max, n_q_min))
     n_k = n_q if n_q >= n_k_min and draw(st.booleans()) else draw(lengths(n_max, n_k_min))
+    is_causal = draw(st.sampled_from(causal)) if target.causal_alignment else False
+    if is_causal and not target.causal_shape_ok(n_q, n_k):  # square_or_decoding: n_q = n_k or 1
+        n_q, n_k = (1, n_k) if n_q_min <= 1 and draw(st.booleans()) else (n_q, n_q)
+        assume(n_k >= n_k_min)
     d_k = draw(widths())
     d_v = n_k if pattern else (d_k if draw(st.booleans()) else draw(widths()))
     return Case(
@@ -216,7 +223,7 @@ def cases(
         d_k=d_k,
         d_v=d_v,
         seed=draw(st.integers(0, 2**32 - 1)),
-        causal=draw(st.sampled_from(causal)) if target.causal_alignment else False,
+        causal=is_causal,
         kv_heads=kv_heads,
         values=draw(st.sampled_from(values)),
         amplitude=draw(st.sampled_from(amplitudes)),

@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from spec import dtypes, golden
-from spec.target import Target
+from spec.target import KEYWORD_FIELDS, Target, _callable_name
 
 Array = np.ndarray
 
@@ -99,31 +99,46 @@ def _from_torch(t: Any) -> Array:  # torch -> NumPy, same bits
 
 def torch_attention(
     q: Array, k: Array, v: Array, *, causal: bool = False, mask: Array | None = None,
-    scale: float | None = None,
+    scale: float | None = None, bias: Array | None = None, dropout_p: float | None = None,
+    seed: int | None = None,
 ) -> Array:  # [..., h, n_q, d_k], [..., g, n_k, d_k], [..., g, n_k, d_v] -> [..., h, n_q, d_v]
     """``torch.nn.functional.scaled_dot_product_attention`` on NumPy arrays.
 
     SDPA refuses ``attn_mask`` together with ``is_causal``; both mean the same visibility as the
     suite's (top-left causal ANDed with a boolean mask), so the adapter ANDs them into one mask
-    first. Grouped K/V heads (``g < h``) turn on ``enable_gqa``.
+    first. A float ``bias`` is SDPA's float ``attn_mask`` (added to the scaled scores); with a mask
+    or ``causal`` too, hidden keys are folded into it as ``-inf`` (adding 0 elsewhere is exact). The
+    bias is given in q's dtype, as SDPA requires. ``dropout_p`` with ``seed``: SDPA draws its mask
+    from torch's global generator, so the call seeds it (``torch.manual_seed``) inside
+    ``torch.random.fork_rng``, leaving the caller's random state as it was. Grouped K/V heads
+    (``g < h``) turn on ``enable_gqa``.
     """
+    import torch
     import torch.nn.functional as F
 
     q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
-    attn_mask = None
+    attn_mask: Array | None = None
     if mask is not None:
         attn_mask = _check_mask(mask)
-        if causal:
-            attn_mask = np.logical_and(attn_mask, golden.causal_visible(q.shape[-2], k.shape[-2]))
-            causal = False
+    if causal and (mask is not None or bias is not None):
+        causal_part = golden.causal_visible(q.shape[-2], k.shape[-2])
+        attn_mask = causal_part if attn_mask is None else np.logical_and(attn_mask, causal_part)
+        causal = False
+    if bias is not None:
+        additive = np.asarray(bias).astype(q.dtype)
+        if attn_mask is not None:
+            additive = np.where(attn_mask, additive, np.asarray(-np.inf, dtype=q.dtype)).astype(q.dtype)
+        attn_mask = additive
     gqa = q.ndim >= 3 and k.ndim >= 3 and k.shape[-3] != q.shape[-3]
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
         # SDPA explains on each call why its flash kernel was not used (e.g. d_v ≠ d_k); noise here.
         warnings.filterwarnings("ignore", message=r".*(kernel not used|Flash attention requires)")
+        if seed is not None:
+            torch.manual_seed(seed)
         out = F.scaled_dot_product_attention(
             _to_torch(q), _to_torch(k), _to_torch(v),
             attn_mask=None if attn_mask is None else _to_torch(attn_mask),
-            is_causal=causal, scale=scale, enable_gqa=gqa,
+            dropout_p=float(dropout_p or 0.0), is_causal=causal, scale=scale, enable_gqa=gqa,
         )
     return _from_torch(out)
 
@@ -158,6 +173,13 @@ def torch_target() -> Target:
         masked_rows="zeros",
         exact_masking=True,
         supports_gqa=True,
+        # Measured: a float attn_mask is added to the scaled scores (float64: 7e-16 from the
+        # golden), an all -inf row gives zeros; dropout after the softmax, kept weights ×1/(1 − p),
+        # reproducible under torch.manual_seed (float16, bfloat16, float32, float64), and p = 0 is
+        # bit-identical to no dropout. No lse: the public SDPA does not return it (only the private
+        # aten._scaled_dot_product_flash_attention_for_cpu does).
+        supports_bias=True,
+        supports_dropout=True,
         # Generous, as for jax: on a loaded machine a slow first call is not a hang.
         deadline_s=60.0,
         grad_fn=torch_attention_grad,
@@ -185,16 +207,28 @@ def _from_btnh(out: Array, ndim: int) -> Array:  # [b, n, h, d] -> the input's r
     return np.swapaxes(out, 1, 2)
 
 
+def _lse_from_btn(lse: Array, ndim: int) -> Array:  # [b, n_q, h] -> [..., n_q], heads before n
+    if ndim == 2:
+        return lse[0, :, 0]
+    if ndim == 3:
+        return np.swapaxes(lse[0], 0, 1)
+    return np.swapaxes(lse, 1, 2)
+
+
 def jax_attention(
     q: Array, k: Array, v: Array, *, causal: bool = False, mask: Array | None = None,
-    scale: float | None = None,
-) -> Array:  # [..., h, n_q, d_k], [..., g, n_k, d_k], [..., g, n_k, d_v] -> [..., h, n_q, d_v]
+    scale: float | None = None, bias: Array | None = None, kv_lengths: Array | None = None,
+    window: tuple[int, int] | None = None, return_lse: bool = False,
+) -> Any:  # [..., h, n_q, d_k], [..., g, n_k, d_k], [..., g, n_k, d_v] -> [..., h, n_q, d_v] (, [..., n_q])
     """``jax.nn.dot_product_attention(implementation="xla")`` on NumPy arrays.
 
     JAX wants ``[batch, n, heads, d]`` and equal widths ``d_v = d_k``. The adapter transposes, and
     for ``d_v ≠ d_k`` calls JAX once per ``d_k``-wide slice of V (the last one zero-padded): output
     column c is the weighted sum of V's column c alone, so the slices are exact, and the scale is
     still JAX's own. float64 runs with x64 enabled for the call (JAX computes float32 otherwise).
+    The §2b keywords are JAX's own: ``bias`` → ``bias`` (``[b, h, n_q, n_k]``), ``kv_lengths`` →
+    ``key_value_seq_lengths`` (int32), ``window`` → ``local_window_size`` (top-left, as its causal
+    mask), ``return_lse`` → ``return_residual`` (its lse ``[b, n_q, h]``, natural log, float32).
     """
     import jax
     import jax.numpy as jnp
@@ -209,6 +243,8 @@ def jax_attention(
     mask_j = None
     if mask is not None:
         mask_j = np.broadcast_to(_check_mask(mask), (b, h, n_q, n_k))
+    bias_j = None if bias is None else np.broadcast_to(np.asarray(bias).astype(q.dtype), (b, h, n_q, n_k))
+    lengths_j = None if kv_lengths is None else np.asarray(kv_lengths).astype(np.int32)
     n_slices = max(1, -(-d_v // d_k))
     padded = np.zeros((*vj.shape[:3], n_slices * d_k), dtype=vj.dtype)
     padded[..., :d_v] = vj
@@ -216,17 +252,24 @@ def jax_attention(
     # (BF16_BF16_F32) and falls back only when that raises at once, as it does eagerly but not at
     # jit's later lowering ("Algorithm not supported by the ElementalIrEmitter").
     core = _jax_core(jit=q.dtype.itemsize > 2)
+    window_j = None if window is None else (int(window[0]), int(window[1]))
     with jax.enable_x64(True) if q.dtype == np.float64 else contextlib.nullcontext():
         pieces = [
-            np.asarray(core(
+            core(
                 jnp.asarray(qj), jnp.asarray(kj), jnp.asarray(padded[..., s * d_k:(s + 1) * d_k]),
                 None if mask_j is None else jnp.asarray(mask_j),
-                None if scale is None else jnp.asarray(scale, dtype=qj.dtype), causal=causal,
-            ))
+                None if scale is None else jnp.asarray(scale, dtype=qj.dtype),
+                None if bias_j is None else jnp.asarray(bias_j),
+                None if lengths_j is None else jnp.asarray(lengths_j),
+                causal=causal, window=window_j, lse=return_lse,
+            )
             for s in range(n_slices)
         ]
-    out = np.concatenate(pieces, axis=-1)[..., :d_v]
-    return np.array(_from_btnh(out, ndim))  # a writable copy, not a view of JAX's buffer
+    outs = [np.asarray(p[0] if return_lse else p) for p in pieces]
+    out = np.array(_from_btnh(np.concatenate(outs, axis=-1)[..., :d_v], ndim))  # a writable copy
+    if return_lse:
+        return out, np.array(_lse_from_btn(np.asarray(pieces[0][1]), ndim))
+    return out
 
 
 @functools.cache
@@ -236,11 +279,13 @@ def _jax_core(jit: bool) -> Any:
     scale is traced, so a new scale= does not recompile."""
     import jax
 
-    def core(q: Any, k: Any, v: Any, mask: Any, scale: Any, *, causal: bool) -> Any:
-        return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, is_causal=causal,
-                                            implementation="xla")
+    def core(q: Any, k: Any, v: Any, mask: Any, scale: Any, bias: Any, lengths: Any, *, causal: bool,
+             window: tuple[int, int] | None, lse: bool) -> Any:
+        return jax.nn.dot_product_attention(  # type: ignore[call-overload]  # lse: a traced bool
+            q, k, v, bias=bias, mask=mask, scale=scale, is_causal=causal, key_value_seq_lengths=lengths,
+            local_window_size=window, implementation="xla", return_residual=lse)
 
-    return jax.jit(core, static_argnames=("causal",)) if jit else core
+    return jax.jit(core, static_argnames=("causal", "window", "lse")) if jit else core
 
 
 def jax_target() -> Target:
@@ -263,6 +308,102 @@ def jax_target() -> Target:
         masked_rows="uniform",
         exact_masking=True,
         supports_gqa=True,
+        # Measured against the golden (float32, ~2e-7): bias is added to the scaled scores;
+        # key_value_seq_lengths hides keys j >= L per batch row (L = 0: the plain mean of all the
+        # values, as masked_rows="uniform" says); local_window_size=(left, right) is top-left
+        # aligned, with and without is_causal; return_residual is the natural-log lse. An
+        # all -inf bias row gives NaN. A row that sees no key has a finite lse (-2.4e38, from
+        # the finite mask fill), not -inf: with masked_rows="uniform" such a row is not empty.
+        supports_bias=True,
+        supports_kv_lengths=True,
+        supports_window=True,
+        returns_lse=True,
         # Each new shape is an XLA compilation (~1 s here, several under load), not a hang.
         deadline_s=60.0,
     )
+
+
+# ------------------------------------------------------------------------------ wrapping a function
+
+
+SUITE_KEYWORDS = ("causal", "mask", "scale", *KEYWORD_FIELDS)
+"""The keywords a target's ``fn`` may receive; ``rename`` maps them to a framework's names."""
+
+
+def _check_rename(rename: dict[str, str] | None) -> dict[str, str]:
+    if rename is None:
+        return {}
+    if not isinstance(rename, dict) or not all(isinstance(x, str) for x in (*rename, *rename.values())):
+        raise TypeError(f"rename must be a dict of keyword names to keyword names, got {rename!r}")
+    unknown = sorted(set(rename) - set(SUITE_KEYWORDS))
+    if unknown:
+        raise ValueError(f"rename names {', '.join(map(repr, unknown))}, which the suite never passes; "
+                         f"its keywords are {', '.join(SUITE_KEYWORDS)}")
+    return dict(rename)
+
+
+def _wrap(fn: Any, to: Any, back: Any, rename: dict[str, str] | None, around: Any) -> Any:
+    """``fn`` taking NumPy arrays: array arguments converted by ``to``, keywords renamed, results
+    (an array, or a tuple of them) converted by ``back``; ``around(arrays)`` is a context the call
+    runs in."""
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    names = _check_rename(rename)
+
+    def wrapped(q: Array, k: Array, v: Array, **kwargs: Any) -> Any:
+        arrays = [np.asarray(x) for x in (q, k, v)]
+        with around(arrays):
+            given = {names.get(key, key): to(x) if isinstance(x, np.ndarray) else x
+                     for key, x in kwargs.items()}
+            got = fn(*(to(x) for x in arrays), **given)
+            return tuple(back(x) for x in got) if isinstance(got, (tuple, list)) else back(got)
+
+    wrapped.__name__ = wrapped.__qualname__ = getattr(fn, "__name__", type(fn).__name__)
+    wrapped.__module__ = getattr(fn, "__module__", __name__)
+    return wrapped
+
+
+def from_torch(
+    fn: Any, *, rename: dict[str, str] | None = None, name: str = "", **declarations: Any
+) -> Target:
+    """A target from a PyTorch attention function, in one line:
+    ``spec.from_torch(F.scaled_dot_product_attention, rename={"causal": "is_causal", "mask": "attn_mask"})``.
+
+    ``fn(q, k, v, **keywords)`` gets torch tensors made from the suite's NumPy arrays bit for bit
+    (bfloat16 and float16 included; masks, biases and lengths too) and returns a tensor (or, with
+    ``return_lse=True``, a tuple), converted back bit for bit. ``rename`` maps the suite's keyword
+    names (``causal``, ``mask``, ``scale``, ``bias``, ...) to ``fn``'s. ``declarations`` are
+    :class:`~spec.Target`'s (``layout``, ``dtypes``, ``supports_mask``, ...); a keyword is passed
+    only when declared, as for any target.
+    """
+    wrapped = _wrap(fn, _to_torch, _from_torch, rename, lambda arrays: contextlib.nullcontext())
+    return Target(wrapped, name=name or _callable_name(fn), **declarations)
+
+
+def _to_jax(x: Array) -> Any:  # NumPy -> jax.Array, same bits (bfloat16 is ml_dtypes' in both)
+    import jax.numpy as jnp
+
+    return jnp.asarray(x)
+
+
+def _from_jax(x: Any) -> Array:  # jax.Array -> NumPy, same bits, writable
+    return np.array(x)
+
+
+def _jax_precision(arrays: list[Array]) -> Any:
+    """float64 inputs: x64 enabled for the call (JAX would otherwise make them float32)."""
+    import jax
+
+    return jax.enable_x64(True) if any(x.dtype == np.float64 for x in arrays) else contextlib.nullcontext()
+
+
+def from_jax(fn: Any, *, rename: dict[str, str] | None = None, name: str = "", **declarations: Any) -> Target:
+    """A target from a JAX attention function, in one line:
+    ``spec.from_jax(jax.nn.dot_product_attention, layout="bnhd", rename={"causal": "is_causal"})``.
+
+    As :func:`from_torch`, with ``jax.Array`` s: the suite's NumPy arrays go in bit for bit (bfloat16
+    is ml_dtypes' on both sides), float64 inputs run with x64 enabled for the call, and the results
+    come back as NumPy arrays.
+    """
+    wrapped = _wrap(fn, _to_jax, _from_jax, rename, _jax_precision)
+    return Target(wrapped, name=name or _callable_name(fn), **declarations)

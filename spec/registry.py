@@ -26,6 +26,14 @@ LAW_MODULES: tuple[str, ...] = (
     "spec.laws.core",
     "spec.laws.masks",
     "spec.laws.gradients",
+    "spec.laws.bias",
+    "spec.laws.window",
+    "spec.laws.softcap",
+    "spec.laws.sinks",
+    "spec.laws.lengths",
+    "spec.laws.dropout",
+    "spec.laws.lse",
+    "spec.laws.calls",
 )
 """Every module of laws, in report order. Add a family here (one line)."""
 

@@ -27,8 +27,8 @@ import numpy as np
 from spec import dtypes as dt
 
 Layout = Literal["bhnd", "bnhd"]
-Alignment = Literal["top_left", "bottom_right"]
-MaskedRows = Literal["zeros", "nan", "uniform", "any"]
+Alignment = Literal["top_left", "bottom_right", "square_or_decoding"]
+MaskedRows = Literal["zeros", "nan", "uniform", "unmasked", "any"]
 Isolation = Literal["thread", "caller", "process"]
 
 FLOAT_DTYPES = ("float16", "float32", "float64", "bfloat16")
@@ -67,17 +67,28 @@ class Target:
     causal_alignment: Alignment | None = "top_left"
     """What ``causal=True`` means: ``top_left`` (query i sees keys j ≤ i; PyTorch) or
     ``bottom_right`` (query i sees keys j ≤ i + n_k − n_q; FlashAttention ≥ 2.1, MLX, decoding
-    with a KV cache). The two agree when n_q = n_k. None: the target has no causal mode."""
+    with a KV cache). The two agree when n_q = n_k. ``square_or_decoding``: defined only for
+    n_q = n_k (top-left) and n_q = 1 (decoding: the query sees every key), as transformers' SDPA
+    path (``is_causal`` only when n_q > 1); causal cases are then drawn only with those shapes.
+    None: the target has no causal mode. A ``window=`` is aligned the same way."""
     masked_rows: MaskedRows = "zeros"
     """Output of a query row that sees no key at all: ``zeros`` (PyTorch's fused kernels,
     FlashAttention, :mod:`impl`), ``nan`` (a plain softmax over all -inf), ``uniform`` (the plain
-    mean of the values: an additive finite mask such as -1e9), ``any`` (unspecified; not tested)."""
+    mean of the values: an additive finite mask such as -1e9), ``unmasked`` (the output the row
+    would have without the mask: a finite fill that every score of the row shares, such as
+    picoGPT's -1e10 in float64; checked to a score error of ``eps·FINITE_FILL``, see
+    :data:`FINITE_FILL`), ``any`` (unspecified; not tested)."""
     exact_masking: bool = True
     """Masked keys contribute exactly nothing, so changing them leaves outputs bit-identical.
     False (e.g. an additive -1e4 mask): such changes are only required to stay within tolerance."""
     supports_gqa: bool = False
     """4-D k and v may have fewer heads g than q's h (h divisible by g); query head i reads K/V
     head ``i // (h // g)`` (grouped-query attention, PyTorch's ``enable_gqa``, JAX)."""
+    computes: dict[str, str] = dataclasses.field(default_factory=dict, hash=False)
+    """Dtypes accepted but computed in a narrower one: ``{"float64": "float32"}`` says float64
+    inputs are taken (and returned as float64) but computed in float32. Laws then allow the
+    tolerance of the narrower dtype (baseline and floor computed in it), and reports name both
+    ("float64 (computed in float32)"). Keys are declared dtypes; values are narrower float dtypes."""
     tolerance: float = 2.0
     """k in the tolerance policy: pass when ``max|out − golden| ≤ k·max|baseline − golden| +
     c·eps·max|golden|``, golden in float64, baseline a naive computation in the target's dtype."""
@@ -136,8 +147,10 @@ class Target:
             )
         object.__setattr__(self, "dtypes", dtypes)
         _check_choice("layout", self.layout, ("bhnd", "bnhd"))
-        _check_choice("causal_alignment", self.causal_alignment, ("top_left", "bottom_right", None))
-        _check_choice("masked_rows", self.masked_rows, ("zeros", "nan", "uniform", "any"))
+        _check_choice("causal_alignment", self.causal_alignment,
+                      ("top_left", "bottom_right", "square_or_decoding", None))
+        _check_choice("masked_rows", self.masked_rows, ("zeros", "nan", "uniform", "unmasked", "any"))
+        object.__setattr__(self, "computes", _check_computes(self.computes, self.dtypes))
         _check_choice("isolation", self.isolation, ("thread", "caller", "process"))
         for flag in (*KEYWORD_FIELDS.values(), "deterministic"):
             if not isinstance(getattr(self, flag), bool):
@@ -148,6 +161,28 @@ class Target:
             raise TargetError(f"Target tolerance must be positive, got {self.tolerance}")
         if self.deadline_s is not None and not self.deadline_s > 0:
             raise TargetError(f"Target deadline_s must be positive or None, got {self.deadline_s}")
+
+    @property
+    def alignment(self) -> Literal["top_left", "bottom_right"]:
+        """The diagonal the golden uses for ``causal`` and ``window``: ``square_or_decoding`` is
+        bottom-right (top-left on square shapes, every key for one query), no causal mode top-left."""
+        if self.causal_alignment in ("bottom_right", "square_or_decoding"):
+            return "bottom_right"
+        return "top_left"
+
+    def causal_shape_ok(self, n_q: int, n_k: int) -> bool:
+        """Whether the causal mode is defined for these lengths (always, except for
+        ``square_or_decoding``: n_q = n_k or n_q = 1)."""
+        return self.causal_alignment != "square_or_decoding" or n_q in (1, n_k)
+
+    def precision(self, dtype: str) -> str:
+        """The dtype inputs of ``dtype`` are computed in (``computes``; the dtype itself by default)."""
+        return self.computes.get(dtype, dtype)
+
+    def precision_text(self, dtype: str) -> str:
+        """``dtype``, or ``"float64 (computed in float32)"`` when ``computes`` narrows it."""
+        narrow = self.precision(dtype)
+        return dtype if narrow == dtype else f"{dtype} (computed in {narrow})"
 
     @property
     def has_gradients(self) -> bool:
@@ -237,6 +272,33 @@ KEYWORD_FIELDS: dict[str, str] = {
     "return_lse": "returns_lse",
 }
 """Each keyword of DESIGN §2b and the Target field that declares it."""
+
+
+FINITE_FILL = 1e10
+"""The largest finite fill ``masked_rows="unmasked"`` allows for (picoGPT's -1e10): a fully masked
+row's scores all move by it, so each is off by up to ``eps·FINITE_FILL`` after rounding."""
+
+
+def _check_computes(computes: Any, dtypes: tuple[str, ...]) -> dict[str, str]:
+    """``computes``: a dict from declared dtypes to strictly narrower float dtypes."""
+    if not isinstance(computes, dict):
+        raise TargetError(f"Target computes must be a dict such as {{'float64': 'float32'}}, "
+                          f"got {type(computes).__name__}")
+    out: dict[str, str] = {}
+    for given, used in computes.items():
+        try:
+            given_name, used_name = dt.as_dtype(given).name, dt.as_dtype(used).name
+        except TypeError:
+            raise TargetError(f"Target computes must map dtype names to dtype names, got "
+                              f"{given!r}: {used!r}") from None
+        if given_name not in dtypes:
+            raise TargetError(f"Target computes names {given_name}, which is not among the declared "
+                              f"dtypes {dtypes}")
+        if used_name not in FLOAT_DTYPES or not dt.eps(used_name) > dt.eps(given_name):
+            raise TargetError(f"Target computes must map {given_name} to a narrower float dtype, "
+                              f"got {used_name!r}")
+        out[given_name] = used_name
+    return out
 
 
 def _check_choice(field: str, value: Any, choices: tuple[Any, ...]) -> None:

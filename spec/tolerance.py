@@ -72,7 +72,8 @@ def baseline(
     def rounded(x: Array) -> Array:  # no-op for NumPy's own floats, whose results keep the dtype
         return np.asarray(x).astype(dtype, copy=False)
 
-    scores = rounded(rounded(q @ np.swapaxes(k, -1, -2)) * dtype.type(scale))
+    with np.errstate(over="ignore"):  # a naive product may overflow where the scaled scores fit
+        scores = rounded(rounded(q @ np.swapaxes(k, -1, -2)) * dtype.type(scale))
     if softcap is not None:  # the §2b order: cap, then bias, then masks
         scores = rounded(dtype.type(softcap) * rounded(np.tanh(rounded(scores / dtype.type(softcap)))))
     if bias is not None:
@@ -99,15 +100,19 @@ def _sum_last(x: Array) -> Array:  # [..., n] -> [..., 1], in x's dtype
     return np.sum(x, axis=-1, keepdims=True)
 
 
-def floor(q: Array, k: Array, v: Array, *, scale: float) -> float:
-    """The a-priori error of a correct computation in q's dtype (see the module docstring)."""
+def floor(q: Array, k: Array, v: Array, *, scale: float, bias: Array | None = None) -> float:
+    """The a-priori error of a correct computation in q's dtype (see the module docstring); a
+    ``bias`` adds 2·max|bias| to the score term (each biased score is rounded once more, to
+    eps·|s + bias|/2, which moves the weights by twice that)."""
     if v.size == 0 or q.size == 0 or k.size == 0:
         return 0.0
     d_k, n_k = q.shape[-1], k.shape[-2]
     q64, k64 = np.abs(q.astype(np.float64)), np.abs(k.astype(np.float64))
     s_abs = abs(scale) * float(np.max(q64 @ np.swapaxes(k64, -1, -2)))
     vmax = float(np.max(np.abs(v.astype(np.float64))))
-    return eps(q.dtype) * vmax * (4 + np.sqrt(n_k) + (d_k + 2) * s_abs)
+    b = np.abs(np.asarray(bias, dtype=np.float64)) if bias is not None else np.zeros(1)
+    b_abs = float(np.max(np.where(np.isfinite(b), b, 0.0), initial=0.0))
+    return eps(q.dtype) * vmax * (4 + np.sqrt(n_k) + (d_k + 2) * s_abs + 2 * b_abs)
 
 
 def weight_sum_slack(dtype: Any, n_k: int, max_score: float) -> float:

@@ -103,9 +103,12 @@ def _pytest(tmp_path, *args, env=ENV):
 
 
 def test_pytest_plugin_adds_the_properties_next_to_the_projects_tests(tmp_path):
-    run = _pytest(tmp_path, "--attention-target=reference", "-k", "own or rows_sum or gqa")
+    run = _pytest(tmp_path, "--attention-target=reference", "-k", "own or rows_sum_to_one or bias_per_head")
     assert run.returncode == 0, run.stdout
-    assert "2 passed, 1 skipped" in run.stdout
+    assert "3 passed" in run.stdout
+    run = _pytest(tmp_path, "--attention-target=impl:flash_attention", "-k", "own or bias_per_head")
+    assert run.returncode == 0, run.stdout
+    assert "1 passed, 1 skipped" in run.stdout
 
 
 def test_pytest_plugin_reports_a_broken_target_with_the_counterexample(tmp_path):

@@ -10,9 +10,11 @@ from spec import registry
 
 def test_properties_come_from_the_explicit_module_list_in_order():
     families = [p.family for p in spec.PROPERTIES.values()]
-    assert [f for i, f in enumerate(families) if f not in families[:i]] == ["core", "masks", "gradients"]
-    assert registry.LAW_MODULES == ("spec.laws.core", "spec.laws.masks", "spec.laws.gradients")
-    assert len(spec.PROPERTIES) == 21
+    order = ["core", "masks", "gradients", "bias", "window", "softcap", "sinks",
+             "lengths", "dropout", "lse", "calls"]
+    assert [f for i, f in enumerate(families) if f not in families[:i]] == order
+    assert registry.LAW_MODULES == tuple(f"spec.laws.{f}" for f in order)
+    assert len(spec.PROPERTIES) == sum(len(registry.collect((m,))) for m in registry.LAW_MODULES) == 51
 
 
 def test_collecting_one_module_gives_only_its_laws():

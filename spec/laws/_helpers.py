@@ -17,7 +17,8 @@ import numpy as np
 from spec import tolerance
 from spec.calling import DEADLINE, call
 from spec.cases import Case
-from spec.target import Target
+from spec.dtypes import as_dtype
+from spec.target import KEYWORD_FIELDS, Target
 
 Array = np.ndarray
 
@@ -67,31 +68,36 @@ def scale_of(case: Case) -> float:
 
 
 def expected(
-    target: Target, case: Case, q: Array, k: Array, v: Array, *, visible: Array | None = None
+    target: Target, case: Case, q: Array, k: Array, v: Array, *, visible: Array | None = None,
+    bias: Any = _FROM_CASE,
 ) -> tuple[Array, Array, Array, float]:
-    """Golden, its pattern, the baseline and the floor for these inputs (K/V heads repeated for GQA)."""
+    """Golden, its pattern, the baseline and the floor for these inputs (K/V heads repeated for GQA;
+    ``bias`` replaces the case's bias array; baseline and floor in the dtype the target computes in,
+    see ``Target.computes``)."""
     if case.kv_heads is not None:
         k, v = tolerance.repeat_kv(k, case.heads), tolerance.repeat_kv(v, case.heads)
     vis = case.visible(target) if visible is None else visible
     s = scale_of(case)
-    gold, weights, _ = case.golden(target, q, k, v, scale=s, visible=vis)
+    bias = case.bias_array() if bias is _FROM_CASE else bias
+    gold, weights, _ = case.golden(target, q, k, v, scale=s, visible=vis, bias=bias)
     sinks = None if case.sinks is None else np.asarray(case.sinks)
-    base = tolerance.baseline(q, k, v, visible=vis, scale=s, bias=case.bias_array(), softcap=case.softcap,
-                              sinks=sinks)
-    return gold, weights, base, tolerance.floor(q, k, v, scale=s)
+    work = as_dtype(target.precision(case.dtype))
+    qw, kw, vw = (x.astype(work) for x in (q, k, v))
+    base = tolerance.baseline(qw, kw, vw, visible=vis, scale=s, bias=bias, softcap=case.softcap, sinks=sinks)
+    return gold, weights, base, tolerance.floor(qw, kw, vw, scale=s, bias=bias)
 
 
 def assert_matches(
     target: Target, case: Case, out: Array, q: Array, k: Array, v: Array, *,
-    rows: Array | None = None, visible: Array | None = None, what: str = "output",
+    rows: Array | None = None, visible: Array | None = None, what: str = "output", bias: Any = _FROM_CASE,
 ) -> tolerance.Comparison:
     """Assert ``out`` is within the tolerance policy of the golden on rows that see a key."""
     __tracebackhide__ = True
-    gold, weights, base, floor = expected(target, case, q, k, v, visible=visible)
+    gold, weights, base, floor = expected(target, case, q, k, v, visible=visible, bias=bias)
     seen = weights.sum(axis=-1) > 0
     rows = seen if rows is None else rows & seen
     cmp = tolerance.compare(out, gold, base, rows=rows, tolerance=target.tolerance, floor_=floor)
-    assert_within_tolerance(cmp, dtype=case.dtype, what=what)
+    assert_within_tolerance(cmp, dtype=target.precision_text(case.dtype), what=what)
     return cmp
 
 
@@ -110,17 +116,17 @@ def slack(target: Target, case: Case, q: Array, k: Array) -> float:
     if case.kv_heads is not None:
         k = tolerance.repeat_kv(k, case.heads)
     top = tolerance.max_score(q, k, visible=case.visible(target), scale=scale_of(case))
-    return tolerance.weight_sum_slack(case.dtype, case.n_k, top)
+    return tolerance.weight_sum_slack(target.precision(case.dtype), case.n_k, top)
 
 
 def assert_same(
     target: Target, case: Case, a: Array, b: Array, q: Array, k: Array, v: Array, *,
-    visible: Array | None = None, what: str,
+    visible: Array | None = None, what: str, bias: Any = _FROM_CASE,
 ) -> None:
     """Assert two outputs of the target agree within twice what the tolerance policy allows each
     (they may round differently; they may not differ by more). NaN must match NaN."""
     __tracebackhide__ = True
-    gold, weights, base, floor = expected(target, case, q, k, v, visible=visible)
+    gold, weights, base, floor = expected(target, case, q, k, v, visible=visible, bias=bias)
     rows = weights.sum(axis=-1) > 0
     allowed = tolerance.compare(gold, gold, base, rows=rows, tolerance=target.tolerance, floor_=floor).allowed
     with np.errstate(invalid="ignore"):
@@ -182,3 +188,19 @@ def differs_at(a: Array, b: Array) -> tuple[int, ...]:
     return tuple(int(i) for i in np.argwhere(bad)[0])
 
 
+
+
+def needs_keyword(keyword: str) -> Callable[[Target], str | None]:
+    """The check that a target takes the §2b keyword (``bias``, ``window``, ...)."""
+    field = KEYWORD_FIELDS[keyword]
+
+    def need(t: Target) -> str | None:
+        return None if t.declares(keyword) else f"needs {keyword}= (target declares {field}=False)"
+
+    need.__doc__ = f"{keyword}= ({field})"
+    return need
+
+
+def same_bits(a: Array, b: Array) -> Array:  # -> bool, same shape
+    """Equal entry by entry, NaN equal to NaN (zeros of either sign are equal)."""
+    return (a == b) | (np.isnan(a) & np.isnan(b))

@@ -7,10 +7,23 @@ A new family of laws adds one module here and one name to :data:`FAMILIES`.
 
 from __future__ import annotations
 
-from gallery import core, gradients, masks
+from gallery import (
+    bias,
+    calls,
+    core,
+    dropout,
+    gradients,
+    lengths,
+    lse,
+    masks,
+    range_edges,
+    sinks,
+    softcap,
+    window,
+)
 from gallery.base import Broken
 
-FAMILIES = (core, masks, gradients)
+FAMILIES = (core, masks, gradients, range_edges, bias, window, softcap, sinks, lengths, dropout, lse, calls)
 
 BROKEN: list[Broken] = [b for family in FAMILIES for b in family.BROKEN]
 CORRECT = [t for family in FAMILIES for t in family.CORRECT]

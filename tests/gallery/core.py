@@ -362,7 +362,7 @@ CORRECT = [
     Target(sequence_major, name="sequence_major", layout="bnhd"),
     Target(bottom_right, name="bottom_right", causal_alignment="bottom_right"),
     Target(nan_for_masked_rows, name="nan_for_masked_rows_declared", supports_mask=True, masked_rows="nan"),
-    Target(additive_finfo_mask, name="additive_finfo_mask", supports_mask=True, masked_rows="uniform"),
+    # additive_finfo_mask is broken at the edge of the range (tests/gallery/range_edges.py).
     Target(additive_minus_1e9, name="additive_minus_1e9", supports_mask=True, masked_rows="any",
            exact_masking=False),
     Target(reversed_summation, name="reversed_summation"),

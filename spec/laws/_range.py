@@ -1,0 +1,69 @@
+"""Amplitudes at the edge of a dtype's range, derived from ``finfo``.
+
+A law that wants "scores as large as the dtype allows" draws a *fraction* of the edge; the
+amplitude that realises it depends on the case's own q and k, so it is computed here from the
+arrays the case makes (at amplitude 1) and stored in the case, which then replays exactly.
+
+The edge, for a case in dtype D computed in C (float32 for float16/bfloat16/float32, float64 for
+float64 — what a correct kernel accumulates in):
+
+    A·scale·P ≤ max(D) / 2      every scaled score is representable in D, with room to spare
+    A·P       ≤ max(C) / 4      the unscaled products q·k (and their partial sums) fit in C
+
+with ``P = max_ij Σ_l |q_il|·|k_jl|`` at amplitude 1. So float16 reaches scaled scores near
+65504/2 — where q·k formed in float16 *before* the scale overflows (pytorch#60939) and
+``finfo(float16).min + score`` overflows to −inf (transformers#17306) — while a correct kernel,
+which scales in float32 or scales q first, stays finite.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from hypothesis import strategies as st
+
+from spec.cases import Case
+from spec.dtypes import finfo
+
+EDGE_FRACTIONS = (1e-3, 1e-2, 0.1, 0.5, 1.0)
+"""Fractions of the edge a law draws (1.0 = the edge itself)."""
+
+
+def accumulator(dtype: str) -> str:
+    """What a correct kernel accumulates q·k in: float64 for float64, float32 otherwise."""
+    return "float64" if dtype == "float64" else "float32"
+
+
+def edge_amplitude(case: Case, scale: float) -> float:
+    """The amplitude at which this case's largest scores reach the edge (module docstring)."""
+    unit = dataclasses.replace(case, amplitude=1.0)
+    q, k, _ = unit.arrays()
+    if q.size == 0 or k.size == 0:
+        return 1.0
+    qa = np.abs(q.astype(np.float64))
+    ka = np.abs(k.astype(np.float64))
+    if case.kv_heads is not None:
+        ka = np.repeat(ka, case.heads // case.kv_heads, axis=-3)
+    products = float(np.max(qa @ np.swapaxes(ka, -1, -2)))
+    if products == 0:
+        return 1.0
+    limit = min(float(finfo(case.dtype).max) / (2 * abs(float(scale))),
+                float(finfo(accumulator(case.dtype)).max) / 4)
+    return limit / products
+
+
+@st.composite
+def at_edge(
+    draw: st.DrawFn, base: st.SearchStrategy[Case], *, fractions: tuple[float, ...] = EDGE_FRACTIONS,
+    keep: float = 0.0,
+) -> Case:
+    """Cases from ``base`` with amplitude a drawn fraction of the edge; with probability
+    ``keep`` the case keeps its own amplitude (moderate scores still get examples), but never
+    beyond the edge."""
+    case = draw(base)
+    scale = 1.0 / np.sqrt(case.d_k) if case.scale is None else case.scale
+    edge = edge_amplitude(case, scale)
+    if keep and draw(st.floats(0, 1)) < keep:
+        return case if case.amplitude <= edge else dataclasses.replace(case, amplitude=edge)
+    return dataclasses.replace(case, amplitude=draw(st.sampled_from(fractions)) * edge)

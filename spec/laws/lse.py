@@ -1,0 +1,159 @@
+"""Laws of the logsumexp a fused kernel returns (``return_lse=True``, DESIGN §2b): the natural-log
+normaliser of each row's final scores, what split-KV decoding and ring attention merge partial
+results with, and the backward pass recomputes the pattern from.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import strategies as st
+
+from spec import dtypes
+from spec.cases import Case, cases
+from spec.laws._helpers import (
+    assert_matches,
+    assert_same,
+    needs_mask,
+    observe,
+    run,
+    run_lse,
+    scale_of,
+)
+from spec.registry import law
+from spec.target import Target
+
+Array = np.ndarray
+
+
+def needs_lse(t: Target) -> str | None:
+    """return_lse=True (returns_lse)"""
+    return None if t.returns_lse else "needs return_lse=True (target declares returns_lse=False)"
+
+
+def needs_empty_rows(t: Target) -> str | None:
+    """return_lse=True (returns_lse), mask= (supports_mask) and rows that see no key left empty
+    (masked_rows "zeros" or "nan")"""
+    if t.masked_rows not in ("zeros", "nan"):
+        return (f"needs rows that see no key to stay empty (target declares masked_rows={t.masked_rows!r}: "
+                "such a row is not empty for it, so its lse is finite)")
+    return needs_lse(t) or needs_mask(t)
+
+
+def lse_allowance(target: Target, case: Case, q: Array, k: Array) -> float:
+    """How far a target's lse may lie from the golden's: the scores' rounding in the case's dtype
+    (each score q·k·scale carries ≲ (d_k + 2)·eps·scale·Σ|q||k|) plus the sum's (≲ n_k·eps
+    relative, i.e. n_k·eps in the log), times the target's tolerance factor. lse is returned in
+    float32 or float64, never coarser, so the input dtype's eps bounds both."""
+    eps = dtypes.eps(case.dtype)
+    q64, k64 = np.abs(q.astype(np.float64)), np.abs(k.astype(np.float64))
+    if case.kv_heads is not None:
+        k64 = np.repeat(k64, case.heads // case.kv_heads, axis=-3)
+    s_abs = abs(scale_of(case)) * float(np.max(q64 @ np.swapaxes(k64, -1, -2), initial=0.0))
+    return target.tolerance * eps * (8 + case.n_k + (case.d_k + 2) * s_abs)
+
+
+def assert_lse_close(target: Target, case: Case, lse: Array, gold: Array, q: Array, k: Array,
+                     *, what: str) -> None:
+    """Finite golden entries within :func:`lse_allowance`; ``-inf`` ones exactly ``-inf``."""
+    __tracebackhide__ = True
+    allowed = lse_allowance(target, case, q, k)
+    finite = np.isfinite(gold)
+    with np.errstate(invalid="ignore"):
+        err = np.where(finite, np.abs(lse - np.where(finite, gold, 0.0)), 0.0)
+    err = np.where(np.isnan(err), np.inf, err)
+    if err.size:
+        at = np.unravel_index(int(np.argmax(err)), err.shape)
+        observe(f"lse error ratio {case.dtype}", float(err[at]) / allowed if allowed > 0 else 0.0)
+        assert err[at] <= allowed, (
+            f"{what}: lse {list(map(int, at))} is {float(lse[at])!r}, the golden {float(gold[at])!r} "
+            f"(difference {float(err[at]):.3g}, allowed {allowed:.3g})")
+    empty = ~finite & ~np.isneginf(lse)
+    if empty.any():
+        first = [int(i) for i in np.argwhere(empty)[0]]
+        raise AssertionError(f"{what}: row {first} sees no key, so its lse must be -inf, "
+                             f"got {float(lse[tuple(first)])!r}")
+
+
+@law(strategy=lambda t: cases(t, masks=("none", "random"), scale=True, n_max=96), needs=needs_lse)
+def lse_matches_golden(target: Target, case: Case) -> None:
+    """With ``return_lse=True``, lse is the natural-log logsumexp of each row's scaled, masked
+    scores, within the scores' rounding of the float64 golden, and the output is the call's
+    without it, within twice the tolerance. Not bit-identical: asking for lse may rightly select
+    another fused graph (measured on JAX's XLA path: 4e-9 apart in float32).
+
+    Catches: an unnormalised accumulator returned as the output when lse is asked for (the
+    caller is then expected to divide); the lse of the Triton fused-attention tutorial, kept in
+    base 2 (m + log2 l, scores pre-multiplied by log2 e), read as a natural log; an lse of the
+    unscaled scores (scale applied after the softmax); log Σ exp(s − max) returned without the
+    max added back.
+    """
+    q, k, v = case.arrays()
+    out, lse = run_lse(target, case, q, k, v)
+    assert_same(target, case, run(target, case, q, k, v), out, q, k, v,
+                what="with return_lse=True, against the call without it, the output")
+    _, _, gold_lse = case.golden(target, q, k, v, scale=scale_of(case))
+    assert_lse_close(target, case, lse, gold_lse, q, k, what="lse")
+    assert_matches(target, case, out, q, k, v, what="with return_lse=True, the output")
+
+
+def _masked_row_cases(t: Target) -> st.SearchStrategy[Case]:
+    return cases(t, masks=("rows",), n_max=48)
+
+
+@law(strategy=_masked_row_cases, needs=needs_empty_rows)
+def lse_empty_row_is_neg_inf(target: Target, case: Case) -> None:
+    """A query row that sees no key has lse = −inf (log of an empty sum), so that merging it with
+    any other block gives that block's result unchanged; rows that see a key have a finite lse.
+
+    Catches: FlashAttention 2 returns +inf for such rows (a convention its backward relies on), and
+    a merge by logsumexp then weights the empty block by exp(+inf − +inf) = NaN; an lse of 0 or of
+    a finite fill (−1e30 + log n_k), which gives the empty block weight in the merge.
+    """
+    q, k, v = case.arrays()
+    _, lse = run_lse(target, case, q, k, v)
+    sees = np.asarray(case.visible(target).any(axis=-1))
+    wrong = (~sees & ~np.isneginf(lse)) | (sees & ~np.isfinite(lse))
+    if wrong.any():
+        at = tuple(int(i) for i in np.argwhere(wrong)[0])
+        want = "-inf (it sees no key)" if not sees[at] else "finite (it sees a key)"
+        raise AssertionError(f"lse of row {list(at)} is {float(lse[at])!r}, expected {want}")
+
+
+def merge(out_a: Array, lse_a: Array, out_b: Array, lse_b: Array) -> tuple[Array, Array]:
+    # [..., n_q, d_v], [..., n_q] twice -> merged out [..., n_q, d_v], lse [..., n_q] (float64)
+    """Combine two attentions over disjoint key sets by their logsumexps (split-KV, ring attention):
+    lse = log(e^lse_a + e^lse_b), out = e^(lse_a − lse)·out_a + e^(lse_b − lse)·out_b; a row that
+    sees nothing in either part keeps lse = −inf and out = 0."""
+    lse = np.logaddexp(lse_a, lse_b)
+    safe = np.where(np.isfinite(lse), lse, 0.0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        wa = np.where(np.isneginf(lse_a), 0.0, np.exp(lse_a - safe))[..., None]
+        wb = np.where(np.isneginf(lse_b), 0.0, np.exp(lse_b - safe))[..., None]
+    return wa * out_a + wb * out_b, lse
+
+
+@law(strategy=lambda t: cases(t, causal=(False,), masks=("none", "random"), n_k_min=2, n_max=96),
+     needs=needs_lse)
+def lse_merge_split_keys(target: Target, case: Case) -> None:
+    """Splitting the keys (and values, and the mask's columns) in two at t, computing (out, lse)
+    on each part and combining them by their logsumexps (:func:`merge`) gives the output and lse
+    of the call on all keys (within twice the tolerance; the lse within its rounding) — what
+    split-KV decoding and ring attention rely on.
+
+    Catches: an lse of the shifted scores (log Σ exp(s − max), the max not added back): each
+    part's output is right, the merge weights are wrong; an lse taken before the mask is applied
+    (masked keys counted in the normaliser); lse rows written in the wrong (batch, head) order.
+    """
+    q, k, v = case.arrays()
+    mask = case.mask_array()
+    t = int(case.rng(10).integers(1, case.n_k))
+    parts = []
+    for keys in (slice(0, t), slice(t, None)):
+        parts.append(run_lse(target, case, q, k[..., keys, :], v[..., keys, :],
+                             mask=None if mask is None else mask[..., keys]))
+    (out_a, lse_a), (out_b, lse_b) = parts
+    merged, merged_lse = merge(out_a, lse_a, out_b, lse_b)
+    full, full_lse = run_lse(target, case, q, k, v)
+    what = f"keys split at {t} and merged by logsumexp"
+    assert_same(target, case, full, merged, q, k, v, what=f"{what}, the output")
+    assert_lse_close(target, case, merged_lse, full_lse, q, k, what=f"{what}, against the full call's lse")

@@ -1,0 +1,152 @@
+"""spec.from_torch / spec.from_jax: a framework function becomes a target in one line, its inputs
+and outputs converted bit for bit (bfloat16 included), its keywords renamed as the user says."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import spec
+from spec import dtypes, golden
+
+
+@pytest.fixture
+def torch():
+    return pytest.importorskip("torch")
+
+BF16 = dtypes.as_dtype(dtypes.BFLOAT16) if dtypes.has_bfloat16() else None
+
+
+def _bits(x: np.ndarray) -> np.ndarray:
+    return x.view(np.uint16 if x.dtype.itemsize == 2 else np.uint32 if x.dtype.itemsize == 4 else np.uint64)
+
+
+def _awkward(dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """Values whose bits a lossy conversion would change: subnormals, ±0, ±inf, NaN, extremes."""
+    info = np.finfo(np.float32) if dtype == BF16 else np.finfo(dtype)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, float(info.max), float(info.tiny) / 4, 1 / 3],
+                       dtype=np.float64)
+    values = np.resize(special, int(np.prod(shape))).reshape(shape)
+    with np.errstate(over="ignore"):
+        return values.astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "bfloat16"])
+def test_from_torch_passes_every_bit_both_ways(torch, dtype):
+    if dtype == "bfloat16" and BF16 is None:
+        pytest.skip("needs ml_dtypes")
+    dt = dtypes.as_dtype(dtype)
+    seen = {}
+
+    def echo(q, k, v, *, is_causal=False):
+        seen["types"] = [type(x).__name__ for x in (q, k, v)]
+        seen["dtype"] = str(q.dtype)
+        return q.clone()
+
+    target = spec.from_torch(echo, rename={"causal": "is_causal"}, dtypes=(dtype,))
+    q = _awkward(dt, (2, 3, 4))
+    out = target(q, q[..., :2, :], q[..., :2, :], causal=True)
+    assert seen["types"] == ["Tensor"] * 3 and seen["dtype"] == f"torch.{dtype}"
+    assert out.dtype == dt and np.array_equal(_bits(out), _bits(q))
+
+
+def test_from_torch_renames_keywords_and_converts_keyword_arrays(torch):
+    import torch.nn.functional as F
+
+    rename = {"causal": "is_causal", "mask": "attn_mask"}
+    target = spec.from_torch(F.scaled_dot_product_attention, rename=rename, supports_mask=True,
+                             supports_scale=True, ndims=(2, 3, 4))
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, 3, n, 4)) for n in (5, 6, 6))
+    mask = rng.random((2, 3, 5, 6)) < 0.7
+    mask[..., 0] = True
+    out = target(q, k, v, mask=mask, scale=0.3)
+    want, _, _ = golden.forward(q, k, v, visible=mask, scale=0.3)
+    np.testing.assert_allclose(out, want, atol=1e-12)
+    assert spec.check(target, profile="quick", only=["mask_semantics"]).ok
+    # SDPA itself refuses attn_mask with is_causal=True: the suite reports it, it does not hide it.
+    (result,) = spec.check(target, profile="quick", only=["matches_golden"]).results
+    assert result.status == "fail" and "attn_mask should not be set when is_causal=True" in result.message
+    plain = spec.from_torch(F.scaled_dot_product_attention, rename={"causal": "is_causal"})
+    assert spec.check(plain, profile="quick", only=["matches_golden", "causal_no_leak"]).ok
+
+
+def test_from_torch_returns_tuples_converted(torch):
+    def with_lse(q, k, v, return_lse=False):
+        return q.clone(), q[..., 0].clone()
+
+    target = spec.from_torch(with_lse, returns_lse=True)
+    q = np.arange(6.0).reshape(2, 3)
+    out, lse = target(q, q, q, return_lse=True)
+    assert isinstance(out, np.ndarray) and np.array_equal(lse, q[..., 0])
+
+
+def test_rename_is_checked():
+    with pytest.raises(ValueError, match="rename names 'is_causal'"):
+        spec.from_torch(lambda q, k, v: q, rename={"is_causal": "causal"})
+    with pytest.raises(TypeError, match="rename must be a dict"):
+        spec.from_torch(lambda q, k, v: q, rename=[("causal", "is_causal")])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="fn must be callable"):
+        spec.from_jax(3)
+
+
+def test_torch_target_takes_a_float_bias_and_seeded_dropout(torch):
+    from spec.frameworks import torch_attention
+
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal((2, 3, n, 4)) for n in (5, 6, 6))
+    bias = rng.standard_normal((2, 3, 5, 6))
+    vis = golden.causal_visible(5, 6)
+    want, _, _ = golden.forward(q, k, v, visible=np.broadcast_to(vis, bias.shape), scale=0.5, bias=bias)
+    np.testing.assert_allclose(torch_attention(q, k, v, bias=bias, causal=True), want, atol=1e-12)
+    state = torch.random.get_rng_state()
+    a = torch_attention(q, k, v, dropout_p=0.3, seed=7)
+    assert np.array_equal(a, torch_attention(q, k, v, dropout_p=0.3, seed=7))
+    assert not np.array_equal(a, torch_attention(q, k, v, dropout_p=0.3, seed=8))
+    assert torch.equal(state, torch.random.get_rng_state())  # the caller's generator untouched
+
+
+def test_from_jax_passes_every_bit_and_enables_float64():
+    jnp = pytest.importorskip("jax.numpy")
+    seen = {}
+
+    def echo(q, k, v):
+        seen["dtype"] = str(q.dtype)
+        return jnp.asarray(q)
+
+    for dtype in ("float16", "float32", "float64", *(("bfloat16",) if BF16 is not None else ())):
+        dt = dtypes.as_dtype(dtype)
+        q = _awkward(dt, (3, 4))
+        out = spec.from_jax(echo, dtypes=(dtype,))(q, q, q)
+        assert seen["dtype"] == dtype and out.dtype == dt and np.array_equal(_bits(out), _bits(q))
+        assert out.flags.writeable
+
+
+def test_jax_target_keywords_are_jaxs_own():
+    pytest.importorskip("jax")
+    from spec.frameworks import jax_attention
+
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.standard_normal((2, 3, n, 4)).astype(np.float32) for n in (5, 7, 7))
+    lengths = np.array([3, 7])
+    out, lse = jax_attention(q, k, v, kv_lengths=lengths, window=(2, 1), causal=True, return_lse=True)
+    vis = golden.visibility((2, 3), 5, 7, causal=True, window=(2, 1), kv_lengths=lengths)
+    want, _, want_lse = golden.forward(q, k, v, visible=vis, scale=0.5)
+    np.testing.assert_allclose(out, want, atol=1e-5)
+    np.testing.assert_allclose(lse, want_lse, atol=1e-5)
+
+
+def test_jax_row_with_no_key_has_a_finite_lse_and_torch_all_minus_inf_bias_row_gives_zeros(torch):
+    # The measurements behind two declarations: jax's lse_empty_row_is_neg_inf is skipped (its
+    # masked_rows is "uniform", the empty row's lse is the finite fill's), torch takes bias.
+    pytest.importorskip("jax")
+    from spec.frameworks import jax_attention, torch_attention
+
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((2, 1, n, 4)).astype(np.float32) for n in (3, 5, 5))
+    out, lse = jax_attention(q, k, v, kv_lengths=np.array([0, 5]), return_lse=True)
+    assert np.all(np.isfinite(lse[0])) and np.all(lse[0] < -1e37)
+    np.testing.assert_allclose(out[0, 0], np.broadcast_to(v[0, 0].mean(axis=0), (3, 4)), atol=1e-6)
+    bias = np.zeros((2, 1, 3, 5), dtype=np.float32)
+    bias[0, 0, 1] = -np.inf
+    assert np.array_equal(torch_attention(q, k, v, bias=bias)[0, 0, 1], np.zeros(4, dtype=np.float32))
