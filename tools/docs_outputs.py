@@ -139,26 +139,27 @@ def stale(block: Block) -> str | None:
 
 
 def refresh(path: Path, machine_too: bool, only: str = "") -> int:
-    """Rewrite the blocks of ``path`` with fresh output; the number rewritten."""
-    text = path.read_text(encoding="utf-8")
-    count = 0
+    """Rewrite the selected blocks of ``path`` with fresh output; the number rewritten. Each block
+    is written as soon as its command has run, into the file as it is then (edits made to the
+    page meanwhile are kept)."""
+    chosen = [b for b in blocks(path) if (machine_too or b.kind != "machine") and only in b.command]
+    for block in chosen:
+        print(f"{path.relative_to(ROOT)}: {block.command}", file=sys.stderr)
+        body = run(block.command, timeout=3600 if block.kind == "machine" else 600)
 
-    def rewrite(m: re.Match[str]) -> str:
-        nonlocal count
-        kind = (m["kind"] or " output").strip()
-        if (kind == "machine" and not machine_too) or only not in m["command"]:
-            return m[0]
-        count += 1
-        print(f"{path.relative_to(ROOT)}: {m['command']}", file=sys.stderr)
-        body = run(m["command"], timeout=3600 if kind == "machine" else 600)
-        fence = m["fence"]
-        head = f"<!-- output{m['kind'] or ''}: {m['command']} -->\n{fence}{m['lang']}\n{body}{fence}\n"
-        return head + (stamp(m["command"]) if kind != "output" else "")
+        def rewrite(m: re.Match[str], command: str = block.command, body: str = body) -> str:
+            if m["command"] != command:
+                return m[0]
+            kind = (m["kind"] or " output").strip()
+            fence = m["fence"]
+            head = f"<!-- output{m['kind'] or ''}: {command} -->\n{fence}{m['lang']}\n{body}{fence}\n"
+            return head + (stamp(command) if kind != "output" else "")
 
-    new = BLOCK.sub(rewrite, text)
-    if new != text:
-        path.write_text(new, encoding="utf-8")
-    return count
+        text = path.read_text(encoding="utf-8")
+        new = BLOCK.sub(rewrite, text)
+        if new != text:
+            path.write_text(new, encoding="utf-8")
+    return len(chosen)
 
 
 def main(argv: list[str] | None = None) -> int:
