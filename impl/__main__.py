@@ -4,10 +4,26 @@ from __future__ import annotations
 
 import sys
 
+from impl.cli import Parser, UsageError
 from impl.leak import leak_experiment
+
+DESCRIPTION = (
+    "The source article's causal-mask experiment: 16 random tokens through one random head, then "
+    "token 10 changed; prints how much each output moves with and without the causal mask. "
+    "Related commands: python -m impl.bench (timings), python -m impl.recall (associative recall)."
+)
 
 
 def main(argv: list[str] | None = None) -> int:
+    parser = Parser(prog="python -m impl", description=DESCRIPTION)
+    try:
+        try:
+            parser.parse_args(argv)
+        except SystemExit as done:  # --help
+            return int(done.code or 0)
+    except UsageError as error:
+        print(f"python -m impl: error: {error}", file=sys.stderr)
+        return 2
     masked = leak_experiment(causal=True)
     unmasked = leak_experiment(causal=False)
     print("max |change| of each output after changing token 10 of 16 (one random head, float64)")

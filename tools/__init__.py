@@ -1,0 +1,1 @@
+"""Repository tools (not installed): generated documentation and shown outputs."""

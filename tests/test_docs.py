@@ -1,0 +1,117 @@
+"""The documentation: the generated law reference and Target fields are complete, the README is a
+front page, and ``python -m impl --help`` prints help."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # tools/ is the repository's, not an installed package
+from tools import docgen  # noqa: E402
+
+
+def listed_laws() -> list[str]:
+    """The names ``python -m spec check --list`` prints (first column after the header rule)."""
+    done = subprocess.run([sys.executable, "-m", "spec", "check", "--list"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, check=True)
+    lines = done.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("---")) + 1
+    return [line.split()[0] for line in lines[start:] if line and not line[0].isspace()]
+
+
+def law_entries(page: str) -> dict[str, str]:
+    """The law reference's entries: name -> the text under its ``### `name` `` heading."""
+    parts = re.split(r"^### `(\w+)`\n", page, flags=re.MULTILINE)
+    bodies = [re.split(r"^## ", body, flags=re.MULTILINE)[0] for body in parts[2::2]]
+    return dict(zip(parts[1::2], bodies, strict=True))
+
+
+def test_law_reference_names_every_listed_law_with_its_law_and_catches():
+    entries = law_entries(docgen.expand((ROOT / "docs" / "laws.md").read_text(encoding="utf-8")))
+    names = listed_laws()
+    assert len(names) >= 21
+    missing = [n for n in names if n not in entries]
+    assert not missing, f"laws without an entry in docs/laws.md: {missing}"
+    for name in names:
+        law = re.search(r"^\*\*Law\.\*\* (\S.*)$", entries[name], re.MULTILINE)
+        catches = re.search(r"^\*\*Catches\S*\*\* (\S.*)$", entries[name], re.MULTILINE)
+        needs = re.search(r"^\*\*Needs:\*\* (\S.*)$", entries[name], re.MULTILINE)
+        assert law and catches and needs, f"{name}: entry lacks its law, catches or needs:\n{entries[name]}"
+
+
+def test_law_reference_groups_laws_by_family_in_report_order():
+    from spec.registry import LAW_MODULES, PROPERTIES
+
+    page = docgen.law_reference()
+    families = re.findall(r"^## (\w+)$", page, re.MULTILINE)
+    assert families == [m.rsplit(".", 1)[-1] for m in LAW_MODULES]
+    assert list(law_entries(page)) == list(PROPERTIES)
+
+
+def test_a_law_without_catches_is_visible_in_the_reference():
+    """The check above fails on a law whose docstring lacks its "Catches" paragraph."""
+    from spec.registry import PROPERTIES, Property
+
+    prop = next(iter(PROPERTIES.values()))
+
+    def bare(target, case):
+        """A law with a statement and nothing else."""
+
+    broken = Property(name="bare", check=bare, strategy=prop.strategy, needs=prop.needs)
+    assert broken.catches == ""
+    entry = docgen._catches(broken.catches)
+    assert not re.search(r"^\*\*Catches\S*\*\* (\S.*)$", entry, re.MULTILINE)
+
+
+def test_every_target_field_is_on_the_targets_page_with_a_docstring():
+    from spec.target import Target
+
+    fields = {name: doc for name, _, _, doc in docgen.target_fields()}
+    assert list(fields) == [f.name for f in dataclasses.fields(Target)]
+    assert not [n for n, doc in fields.items() if not doc], "Target fields without a docstring"
+    page = docgen.expand((ROOT / "docs" / "targets.md").read_text(encoding="utf-8"))
+    assert not [n for n in fields if f"### `{n}`" not in page]
+
+
+def test_api_reference_lists_every_public_name():
+    import spec
+
+    page = docgen.api_reference("spec")
+    for name in spec.__all__:
+        assert f"spec.{name}" in page
+
+
+def test_unknown_generated_section_is_refused():
+    with pytest.raises(ValueError, match="unknown generated section 'nope'"):
+        docgen.expand("<!-- generate: nope -->\n")
+
+
+def test_readme_is_a_front_page():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 250
+    assert "python3 -m venv .venv && . .venv/bin/activate" in readme
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert "tox" in [line.strip() for line in ci] and "pip install tox && tox" in readme
+    assert "python -m calc gpt3" in readme and "python -m spec check reference" in readme
+
+
+def test_impl_help_prints_help_and_exits_0(capsys):
+    from impl.__main__ import main
+
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m impl") and "causal-mask experiment" in out
+
+
+def test_impl_bad_argument_is_one_line_and_exit_2(capsys):
+    from impl.__main__ import main
+
+    assert main(["--bogus"]) == 2
+    err = capsys.readouterr().err
+    assert err == "python -m impl: error: unrecognized arguments: --bogus\n"

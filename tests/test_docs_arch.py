@@ -1,0 +1,68 @@
+"""The import arrows that docs/architecture.md states hold in the code (the graph is read by
+tools.docgen.import_graph, which also writes the page's import tables)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # tools/ is the repository's, not an installed package
+from tools.docgen import PACKAGES, import_graph  # noqa: E402
+
+
+def test_impl_and_calc_import_no_other_package():
+    for module, deps in import_graph().items():
+        own = module.split(".")[0]
+        if own in ("impl", "calc"):
+            assert {d.split(".")[0] for d in deps} <= {own}, f"{module} imports {deps}"
+
+
+def test_only_spec_builtin_imports_impl():
+    importers = {m for m, deps in import_graph().items()
+                 if m.startswith("spec") and any(d.split(".")[0] == "impl" for d in deps)}
+    assert importers == {"spec.builtin"}
+
+
+def test_the_golden_imports_nothing_of_the_project():
+    assert import_graph()["spec.golden"] == set()
+
+
+def cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of ``edges`` as a path, or None."""
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for dep in sorted(edges.get(node, ())):
+            if state.get(dep) == 1:
+                return [*path, node, dep]
+            if dep not in state and (found := visit(dep, [*path, node])):
+                return found
+        state[node] = 2
+        return None
+
+    for node in sorted(edges):
+        if node not in state and (found := visit(node, [])):
+            return found
+    return None
+
+
+def module_edges() -> dict[str, set[str]]:
+    """Imports between modules; packages' ``__init__`` re-exports aside (they import their own)."""
+    packages = {*PACKAGES, "spec.laws"}
+    return {m: {d for d in deps if d not in packages and d != m}
+            for m, deps in import_graph().items() if m not in packages}
+
+
+def test_no_import_cycles_between_modules():
+    found = cycle(module_edges())
+    assert found is None, f"import cycle: {' -> '.join(found or [])}"
+
+
+def test_the_checks_can_fail():
+    """A back-arrow makes a cycle; the graph sees the one door from spec into impl."""
+    edges = module_edges()
+    found = cycle({**edges, "spec.golden": {"spec.tolerance"}})
+    assert found is not None and set(found[-2:]) == {"spec.golden", "spec.tolerance"}
+    assert "impl" in {d.split(".")[0] for d in import_graph()["spec.builtin"]}

@@ -1,0 +1,197 @@
+"""Pages generated from the code at build time, so that they cannot go stale.
+
+``docs/hooks.py`` (an MkDocs hook) replaces a marker line in a page with the text made here:
+
+    <!-- generate: laws -->      every registered law, by family (spec.registry.PROPERTIES)
+    <!-- generate: targets -->   every Target field with its type, default and docstring
+    <!-- generate: api impl -->  a mkdocstrings entry (``::: impl.name``) per name of ``impl.__all__``
+    <!-- generate: gallery -->   the gallery's broken implementations and the law meant to reject each
+    <!-- generate: imports spec -->  the project modules each module of ``spec`` imports (from the code)
+    <!-- generate: pages performance.md ... -->  links to those of these pages that exist (pages
+                                 other engineers' tools write); a line saying which are missing
+
+``tests/test_docs.py`` renders the same text and checks it names every law and every field.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MARKER = re.compile(r"^<!-- generate: ([\w-]+)((?: \S+)*) -->$", re.MULTILINE)
+
+
+def _markdown(text: str) -> str:
+    """reST's ``code`` and *emphasis* as Markdown."""
+    return re.sub(r"``(.+?)``", r"`\1`", text)
+
+
+def _catches(text: str) -> str:
+    """A law's "Catches ..." paragraph with its first word in bold."""
+    head, _, rest = text.partition(" ")
+    return f"**{head}** {_markdown(rest)}"
+
+
+def law_reference() -> str:
+    """Markdown: every law of :data:`spec.registry.PROPERTIES`, grouped by family, in report order."""
+    from spec.registry import LAW_MODULES, PROPERTIES
+
+    lines: list[str] = []
+    for module in LAW_MODULES:
+        laws = [p for p in PROPERTIES.values() if p.module == module]
+        family = module.rsplit(".", 1)[-1]
+        lines += [f"## {family}", "", f"{len(laws)} laws in `{module}`.", ""]
+        for prop in laws:
+            needs = prop.requires or "nothing beyond a plain target"
+            lines += [
+                f"### `{prop.name}`",
+                "",
+                f"**Law.** {_markdown(prop.law)}",
+                "",
+                _catches(prop.catches),
+                "",
+                f"**Needs:** {_markdown(needs)}.",
+                "",
+            ]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def target_fields() -> list[tuple[str, str, str, str]]:
+    """``(name, type, default, docstring)`` of every :class:`spec.Target` field, from the source
+    (the string after each field is its docstring)."""
+    from spec.target import Target
+
+    tree = ast.parse((ROOT / "spec" / "target.py").read_text(encoding="utf-8"))
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Target"]
+    docs: dict[str, str] = {}
+    for field, after in zip(cls.body, [*cls.body[1:], None], strict=True):
+        if isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name):
+            doc = ""
+            if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
+                doc = " ".join(str(after.value.value).split())
+            docs[field.target.id] = doc
+    rows = []
+    for f in dataclasses.fields(Target):
+        default = "required" if f.default is dataclasses.MISSING else repr(f.default)
+        rows.append((f.name, str(f.type), default, docs.get(f.name, "")))
+    return rows
+
+
+def target_reference() -> str:
+    """Markdown: one entry per :class:`spec.Target` field."""
+    lines = []
+    for name, type_, default, doc in target_fields():
+        lines += [f"### `{name}`", "", f"`{type_}` — default `{default}`", "", _markdown(doc), ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def api_reference(package: str) -> str:
+    """mkdocstrings entries for every public name of ``package`` (its ``__all__``), so that a new
+    export is documented without editing a page; modules and plain data are listed by name."""
+    import importlib
+    import inspect
+
+    module = importlib.import_module(package)
+    lines, data = [], []
+    for name in module.__all__:
+        obj = getattr(module, name)
+        if inspect.isclass(obj) or inspect.isfunction(obj):
+            lines += [f"::: {package}.{name}", ""]
+        else:
+            data.append(f"`{package}.{name}`")
+    if data:
+        lines += ["Also exported: " + ", ".join(data) + ".", ""]
+    return "\n".join(lines)
+
+
+def gallery_table() -> str:
+    """Markdown: each deliberately broken implementation of ``tests/gallery`` (``BROKEN``), the bug
+    and the law that must reject it (``tests/test_spec_gallery.py`` checks that it does)."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from gallery import BROKEN
+
+    rows = ["| bug | gallery name | rejected by |", "|---|---|---|"]
+    rows += [f"| {b.bug} | `{b.target.name}` | [`{b.catches}`](#{b.catches}) |" for b in BROKEN]
+    return "\n".join(rows) + "\n"
+
+
+PACKAGES = ("impl", "spec", "calc")
+
+
+def module_name(path: Path) -> str:
+    """``spec/laws/core.py`` -> ``spec.laws.core``; a package's ``__init__.py`` -> the package."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_module(name: str) -> bool:
+    path = ROOT.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def imports(path: Path) -> set[str]:
+    """The project modules ``path`` imports anywhere (lazy imports inside functions included);
+    ``from spec import golden`` counts as ``spec.golden`` when that is a module."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            subs = {f"{node.module}.{a.name}" for a in node.names if _is_module(f"{node.module}.{a.name}")}
+            found |= subs or {node.module}
+    return {m for m in found if m.split(".")[0] in PACKAGES}
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Every module of the three packages -> the project modules it imports."""
+    return {module_name(p): imports(p) for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+
+
+def import_table(package: str) -> str:
+    """Markdown: each module of ``package`` (``__init__`` and ``__main__`` aside) and what it imports."""
+    rows = ["| module | imports |", "|---|---|"]
+    for module, deps in import_graph().items():
+        if module.split(".")[0] == package and module != package and not module.endswith("__main__"):
+            shown = ", ".join(f"`{d}`" for d in sorted(deps)) or "nothing of the project"
+            rows.append(f"| `{module}` | {shown} |")
+    return "\n".join(rows) + "\n"
+
+
+def page_links(*pages: str) -> str:
+    """A bullet list linking the pages of ``docs/`` that exist; the missing ones are named."""
+    present = [p for p in pages if (ROOT / "docs" / p).is_file()]
+    missing = [p for p in pages if p not in present]
+    lines = [f"- [{_title(p)}]({p})" for p in present]
+    if missing:
+        lines.append(f"- not generated in this checkout yet: {', '.join(f'`docs/{p}`' for p in missing)}")
+    return "\n".join(lines) + "\n"
+
+
+def _title(page: str) -> str:
+    """The first ``# `` heading of a page, else its file name."""
+    for line in (ROOT / "docs" / page).read_text(encoding="utf-8").splitlines():
+        if line.startswith("# "):
+            return line[2:].strip()
+    return page
+
+
+GENERATORS = {"laws": law_reference, "targets": target_reference, "api": api_reference, "pages": page_links,
+              "imports": import_table,
+              "gallery": gallery_table}
+
+
+def expand(markdown: str) -> str:
+    """``markdown`` with each ``<!-- generate: NAME ARGS -->`` line replaced by its generated text."""
+
+    def generate(match: re.Match[str]) -> str:
+        name, args = match.group(1), match.group(2).split()
+        if name not in GENERATORS:
+            raise ValueError(f"unknown generated section {name!r}; known: {', '.join(GENERATORS)}")
+        return GENERATORS[name](*args)
+
+    return MARKER.sub(generate, markdown)
