@@ -114,7 +114,7 @@ def test_shrinking_a_crash_restarts_the_worker_a_bounded_number_of_times(monkeyp
     monkeypatch.setattr(calling, "MAX_CRASHES", 2)  # Hypothesis calls a failing case at least twice
 
     def long_rows_crash(q, k, v, *, causal=False):
-        if k.shape[-2] > 1:
+        if k.shape[-2] > 1 and q.shape[-1] != 3:  # the boundary grid (d_k = 3) passes: a drawn case crashes
             ctypes.string_at(0)
         return attention(q, k, v, causal=causal)
 
