@@ -163,6 +163,16 @@ def sees_any(target: Target, case: Case) -> Array:  # -> [*lead, n_q] bool
     return np.asarray(case.visible(target).any(axis=-1))
 
 
+def held_fixed(target: Target, case: Case, blind: Array) -> Array:  # [*lead, n_q] -> [*lead, n_q] bool
+    """Of the rows that see none of the changed keys (``blind``), those whose output may not move.
+    A row that sees no key at all is among them only where its declared policy ignores the values
+    (``zeros``, ``nan``): the mean of all values (``uniform``) or the unmasked row (``unmasked``)
+    legitimately moves with them."""
+    if target.masked_rows in ("zeros", "nan"):
+        return blind
+    return blind & sees_any(target, case)
+
+
 def needs_ndim(*ranks: int) -> Callable[[Target], str | None]:
     def need(t: Target) -> str | None:
         if any(r in t.ndims for r in ranks):  # docstring set below: the capability as text

@@ -26,6 +26,7 @@ from spec.laws._helpers import (
     assert_same,
     differs_at,
     expected,
+    held_fixed,
     needs_causal,
     needs_mask,
     needs_ndim,
@@ -330,7 +331,7 @@ def causal_no_leak(target: Target, case: Case) -> None:
     k2[..., t:, :] = (case.values_like(rng, k2[..., t:, :].shape) * factor).astype(case.dtype)
     v2[..., t:, :] = (case.values_like(rng, v2[..., t:, :].shape) * factor).astype(case.dtype)
     vis = case.visible(target)
-    blind = np.asarray(~vis[..., t:].any(axis=-1))  # [..., n_q]: rows that see no changed position
+    blind = held_fixed(target, case, np.asarray(~vis[..., t:].any(axis=-1)))  # [..., n_q]
     before = run(target, case, q, k, v)
     after = run(target, case, q, k2, v2)
     if target.exact_masking:
