@@ -279,9 +279,12 @@ def _jax_core(jit: bool) -> Any:
     scale is traced, so a new scale= does not recompile."""
     import jax
 
+    # Any: its overloads want a literal return_residual, and lse is a bool chosen at run time
+    dot_product_attention: Any = jax.nn.dot_product_attention
+
     def core(q: Any, k: Any, v: Any, mask: Any, scale: Any, bias: Any, lengths: Any, *, causal: bool,
              window: tuple[int, int] | None, lse: bool) -> Any:
-        return jax.nn.dot_product_attention(  # type: ignore[call-overload]  # lse: a traced bool
+        return dot_product_attention(
             q, k, v, bias=bias, mask=mask, scale=scale, is_causal=causal, key_value_seq_lengths=lengths,
             local_window_size=window, implementation="xla", return_residual=lse)
 
