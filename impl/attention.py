@@ -170,14 +170,18 @@ def check_mask(mask: Any, shape: tuple[int, ...]) -> Array:
     arr = np.asarray(mask)
     if arr.dtype != np.bool_:
         raise TypeError(f"mask must be boolean (True = may attend), got dtype {arr.dtype}")
+    return _broadcasts_to_scores("mask", arr, shape)
+
+
+def _broadcasts_to_scores(name: str, arr: Array, shape: tuple[int, ...]) -> Array:
+    """``arr`` itself, once it is known to broadcast to the scores' ``shape`` = (..., n_q, n_k)."""
     try:
         broadcast = np.broadcast_shapes(arr.shape, shape)
     except ValueError:
         broadcast = None
     if broadcast != shape:
-        raise ValueError(f"mask of shape {arr.shape} does not broadcast to (..., n_q, n_k) = {shape}")
+        raise ValueError(f"{name} of shape {arr.shape} does not broadcast to (..., n_q, n_k) = {shape}")
     return arr
-
 
 
 def _check_real(name: str, x: Any, expected: str) -> float:
@@ -207,14 +211,7 @@ def check_bias(bias: Any, shape: tuple[int, ...], work: np.dtype) -> Array | Non
     """An additive float bias broadcasting to ``shape`` = (..., n_q, n_k), in the compute dtype."""
     if bias is None:
         return None
-    arr = _float_array("bias", bias, work)
-    try:
-        broadcast = np.broadcast_shapes(arr.shape, shape)
-    except ValueError:
-        broadcast = None
-    if broadcast != shape:
-        raise ValueError(f"bias of shape {arr.shape} does not broadcast to (..., n_q, n_k) = {shape}")
-    return arr
+    return _broadcasts_to_scores("bias", _float_array("bias", bias, work), shape)
 
 
 def check_sinks(sinks: Any, batch: tuple[int, ...], work: np.dtype) -> Array | float:
