@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from tools import docgen
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # tools/ is the repository's, not an installed package
-from tools import docgen  # noqa: E402
 
 
 def listed_laws() -> list[str]:

@@ -3,12 +3,11 @@ tools.docgen.import_graph, which also writes the page's import tables)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
+from tools.docgen import PACKAGES, import_graph
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # tools/ is the repository's, not an installed package
-from tools.docgen import PACKAGES, import_graph  # noqa: E402
 
 
 def test_impl_and_calc_import_no_other_package():

@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
+from tools import docs_outputs as outputs
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # tools/ is the repository's, not an installed package
-from tools import docs_outputs as outputs  # noqa: E402
 
 BLOCKS = [b for path in outputs.files() for b in outputs.blocks(path)]
 

@@ -3,12 +3,7 @@ takes half an hour: ``tox -e mutation``)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/ is not an installed package
 
 from tools.mutation import run, suite
 from tools.mutation.run import FileResult, Mutant
