@@ -132,16 +132,21 @@ def test_only_with_no_target_still_asks_for_one(capsys):
     assert "check needs a TARGET" in capsys.readouterr().err
 
 
-def test_pytest_short_summary_carries_the_laws_message(tmp_path):
-    """Before: the -ra line said only ``FAIL rows_sum_to_one``."""
+def _pytest_with_the_plugin(tmp_path, *args: str) -> subprocess.CompletedProcess[str]:
+    """A real pytest run, in a project whose one test is ``test_own``, with the suite's plugin."""
     installed = any(ep.value == "spec.pytest_plugin" for ep in entry_points(group="pytest11"))
     (tmp_path / "test_own.py").write_text("def test_own():\n    pass\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]), "COLUMNS": "250"}
-    run = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-m", "pytest", *([] if installed else ["-p", "spec.pytest_plugin"]),
-         "-p", "no:cacheprovider", "-q", "-ra", "--attention-profile=quick",
-         "--attention-target=gallery.core:softmax_wrong_axis", "-k", "rows_sum"],
+         "-p", "no:cacheprovider", "-q", "-ra", "--attention-profile=quick", *args],
         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+
+
+def test_pytest_short_summary_carries_the_laws_message(tmp_path):
+    """Before: the -ra line said only ``FAIL rows_sum_to_one``."""
+    run = _pytest_with_the_plugin(tmp_path, "--attention-target=gallery.core:softmax_wrong_axis",
+                                  "-k", "rows_sum")
     assert run.returncode == 1
     (line,) = [s for s in run.stdout.splitlines() if s.startswith("FAILED")]
     assert "rows_sum_to_one" in line and " - FAIL rows_sum_to_one: " in line
@@ -150,14 +155,7 @@ def test_pytest_short_summary_carries_the_laws_message(tmp_path):
 
 
 def test_the_pytest_plugin_reports_a_signature_mismatch_once(tmp_path):
-    installed = any(ep.value == "spec.pytest_plugin" for ep in entry_points(group="pytest11"))
-    (tmp_path / "test_own.py").write_text("def test_own():\n    pass\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]), "COLUMNS": "250"}
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", *([] if installed else ["-p", "spec.pytest_plugin"]),
-         "-p", "no:cacheprovider", "-q", "-ra", "--attention-profile=quick",
-         "--attention-target=test_spec_errors:sdpa"],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    run = _pytest_with_the_plugin(tmp_path, "--attention-target=test_spec_errors:sdpa")
     assert run.returncode == 1
     failed = [s for s in run.stdout.splitlines() if s.startswith("FAILED")]
     assert len(failed) == 1 and "does not take the keyword causal=" in failed[0], failed
