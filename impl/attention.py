@@ -368,7 +368,7 @@ def _split_heads(x: Any, g: int) -> Any:  # [..., s, a, b] -> [..., min(s, g), s
     """Head axis s ∈ {h, g, 1} → (K/V head, query head in its group): head i = (i // (h/g), i % (h/g))."""
     if not isinstance(x, np.ndarray) or x.ndim < 3:
         return x  # scalars and arrays without a head axis broadcast as they are
-    groups = min(x.shape[-3], g)
+    groups = 1 if x.shape[-3] == 1 else g  # h = 0 query heads too: g groups of none
     return x.reshape(*x.shape[:-3], groups, x.shape[-3] // groups, *x.shape[-2:])
 
 

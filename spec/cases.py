@@ -57,6 +57,7 @@ class Case:
     kv_heads: int | None = None  # fewer K/V heads than query heads: grouped-query attention
     values: str = "normal"  # "normal": N(0, 1); "ints": integers in [-3, 3] (ties, exact sums)
     amplitude: float = 1.0  # q and k are multiplied by √amplitude, so scores scale by amplitude
+    v_amplitude: float = 1.0  # v is multiplied by v_amplitude (values near the dtype's edge)
     mask: str = "none"  # "none"; "random": every row keeps a key; "rows": some rows see nothing
     scale: float | None = None  # passed as scale= (targets that declare supports_scale)
     # The keywords of DESIGN §2b, None = not passed (law modules draw them; see keywords()).
@@ -101,6 +102,8 @@ class Case:
         q = (self.values_like(rng, (*self.lead(), self.n_q, self.d_k)) * root).astype(self.np_dtype)
         k = (self.values_like(rng, (*self.kv_lead, self.n_k, self.d_k)) * root).astype(self.np_dtype)
         v = self.values_like(rng, (*self.kv_lead, self.n_k, self.d_v))
+        if self.v_amplitude != 1.0:
+            v = (v.astype(np.float64) * self.v_amplitude).astype(self.np_dtype)
         return q, k, v
 
     def mask_array(self) -> np.ndarray | None:  # -> [*lead, n_q, n_k] bool, True = may attend

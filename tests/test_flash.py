@@ -5,6 +5,7 @@ import contextlib
 import threading
 import time
 import tracemalloc
+import warnings
 
 import numpy as np
 import pytest
@@ -457,13 +458,30 @@ def test_a_tile_without_a_shift_is_exact_and_a_shifted_one_too(dtype):
     np.testing.assert_allclose(lse, want_lse, rtol=1e-6)
 
 
+def test_an_inf_value_behind_the_mask_leaves_huge_values_before_it_finite():
+    # The Inf makes every tile count (no skipping) and every row shifted by its max. Its column
+    # is NaN in every row (weight 0 · Inf, as in impl.attention); the other columns of the rows
+    # that cannot see it must still be finite sums of e^(s − m)·v, not overflowing e^s·v.
+    q = np.ones((16, 1), dtype=np.float32)
+    k = np.full((16, 1), 15.0, dtype=np.float32)
+    v = np.random.default_rng(32).standard_normal((16, 3)).astype(np.float32) * np.float32(1e36)
+    v[15, 0] = np.inf  # only the last query sees it
+    with np.errstate(invalid="ignore"):
+        out = flash_attention(q, k, v, scale=1.0, causal=True, block=8)
+    assert np.isnan(out[:15, 0]).all() and np.isfinite(out[:15, 1:]).all()
+    want = golden(q[:15], k[:15], v[:15, 1:] / 1e36, scale=1.0, causal=True)[0]
+    np.testing.assert_allclose(out[:15, 1:] / 1e36, want, rtol=1e-5, atol=1e-6)
+
+
 def test_huge_values_force_the_shifted_path_and_stay_finite():
     # Scores of 15 would skip the shift, but with |v| ~ 1e36 unshifted weights of e^15 would
     # overflow float32's sums; shifted by the max, each weight is 1/16 and the output ~1e36.
     q = np.ones((4, 1), dtype=np.float32)
     k = np.full((16, 1), 15.0, dtype=np.float32)
     v = np.random.default_rng(31).standard_normal((16, 3)).astype(np.float32) * np.float32(1e36)
-    out = flash_attention(q, k, v, scale=1.0, block=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the overflow that sends a row to the shifted path is no warning
+        out = flash_attention(q, k, v, scale=1.0, block=8)
     assert np.isfinite(out).all()
     np.testing.assert_allclose(out / 1e36, golden(q, k, v / 1e36, scale=1.0)[0], rtol=1e-5, atol=1e-6)
 

@@ -170,6 +170,8 @@ def test_grouped_heads_still_need_broadcasting_batches():
 
     with pytest.raises(ValueError, match="must broadcast"):
         attention(np.ones((2, 4, 5, 3)), np.ones((3, 2, 6, 3)), np.ones((2, 2, 6, 4)))
+    with pytest.raises(ValueError, match="must broadcast"):  # v's batch too, not only k's
+        attention(np.ones((2, 4, 5, 3)), np.ones((2, 2, 6, 3)), np.ones((3, 2, 6, 4)))
 
 
 def test_empty_packed_offsets_are_refused():
@@ -211,12 +213,23 @@ def test_no_queries_give_an_empty_output(lead):
             assert fn(q, k, v, causal=causal).shape == (*lead, 0, 2)
 
 
-def test_flash_flags_are_keyword_only():
-    from impl import flash_attention
+def test_no_query_heads_over_grouped_kv_heads_give_an_empty_output():
+    from impl import attention
+
+    # h = 0 query heads is divisible by g = 2 K/V heads: grouped, not a broadcasting error
+    assert attention(np.ones((0, 5, 3)), np.ones((2, 6, 3)), np.ones((2, 6, 4))).shape == (0, 5, 4)
+
+
+def test_flags_are_keyword_only():
+    from impl import attention, flash_attention, flash_attention_backward
 
     x = np.ones((3, 2))
+    for fn in (attention, flash_attention):
+        with pytest.raises(TypeError):
+            fn(x, x, x, True)  # type: ignore[call-overload]
+    out, lse = flash_attention(x, x, x, return_lse=True)
     with pytest.raises(TypeError):
-        flash_attention(x, x, x, True)  # type: ignore[misc]
+        flash_attention_backward(x, x, x, out, lse, x, True)  # type: ignore[misc]
 
 
 def test_softmax_lse_without_sinks_and_softmax_on_any_axis():
@@ -259,10 +272,13 @@ def test_packed_offsets_come_in_pairs_and_start_at_zero():
 
 
 def test_the_grouped_query_hint_only_for_grouped_calls():
-    from impl import flash_attention
+    from impl import attention, flash_attention
 
     with pytest.raises(ValueError) as raised:
         flash_attention(np.ones((3, 5, 3)), np.ones((2, 6, 3)), np.ones((2, 6, 3)))
+    assert "grouped-query" not in str(raised.value)
+    with pytest.raises(ValueError, match="must broadcast") as raised:  # k without a head axis: no hint
+        attention(np.ones((2, 4, 5, 3)), np.ones((6, 3)), np.ones((3, 6, 4)))
     assert "grouped-query" not in str(raised.value)
 
 

@@ -50,14 +50,15 @@ def test_a_survivor_not_listed_fails_and_listed_ones_count_as_equivalent():
     listed = {("impl/x.py", "n = 1", "n = 0"): "n is never read", ("impl/x.py", "gone", "x"): "stale"}
     text, unlisted = run.report([result], listed, "python -m tools.mutation.run", 60.0)
     assert [m.mutated for m in unlisted] == ["n = 3"]
-    assert "| impl/x.py | 3 (of 0) | 1 | 1 | 1 | 50.0 % |" in text
+    assert "| impl/x.py | 3 (of 0) | 1 | 0 | 0 | 1 | 1 | 1 | 50.0 % |" in text
     assert "n is never read" in text and "no longer match" in text
 
 
-def test_suite_order_puts_the_files_own_checks_first_and_runs_all():
-    assert suite.order("impl/flash.py") == ["flash", "reference", "builders"]
+def test_suite_order_puts_the_files_own_target_first_and_impl_tests_last():
+    assert suite.order("impl/flash.py") == ["flash", "reference", suite.IMPL]
+    assert suite.order("impl/masks.py") == ["reference", "flash", suite.IMPL]
     assert sorted(suite.order(None)) == sorted(suite.CHECKS)
-    assert suite.order("builders")[0] == "builders"
+    assert suite.order("flash")[0] == "flash" and suite.order("anything")[-1] == suite.IMPL
 
 
 def test_results_round_trip(tmp_path):
@@ -65,3 +66,14 @@ def test_results_round_trip(tmp_path):
     result.save(tmp_path)
     assert FileResult.load(tmp_path, "impl/x.py") == result
     assert FileResult.load(tmp_path, "impl/y.py") is None
+
+
+def test_the_killer_is_read_from_the_suites_last_line_and_impl_only_kills_are_listed():
+    assert run.killer(f"flash: large_values fails: ...\n{suite.KILLED_BY}flash\n") == "flash"
+    assert run.killer("a crash before any check\n") == ""
+    by_law = Mutant("impl/x.py", 3, "op", "n = 1", "n = 2", "killed", "reference")
+    by_impl = Mutant("impl/x.py", 4, "op", "m = 1", "m = 2", "killed", suite.IMPL)
+    text, _ = run.report([FileResult("impl/x.py", [by_law, by_impl])], {}, "cmd", 1.0)
+    assert "| impl/x.py | 2 (of 0) | 2 | 1 | 1 | 0 | 0 | 0 | 100.0 % |" in text
+    only = text.split("## Killed by impl's tests only")[1].split("##")[0]
+    assert "`m = 1` → `m = 2`" in only and "n = 2" not in only

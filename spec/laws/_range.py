@@ -14,6 +14,11 @@ with ``P = max_ij Σ_l |q_il|·|k_jl|`` at amplitude 1. So float16 reaches scale
 65504/2 — where q·k formed in float16 *before* the scale overflows (pytorch#60939) and
 ``finfo(float16).min + score`` overflows to −inf (transformers#17306) — while a correct kernel,
 which scales in float32 or scales q first, stays finite.
+
+Values have an edge of their own (:func:`values_at_edge`, the ``large_values`` law): the output is
+a convex combination of the rows of V, and a kernel that shifts by the running max sums n_k terms
+e^(s − m)·v with weights ≤ 1, so max|v| = max(D) / (4·n_k) keeps every partial sum within a
+quarter of D's range — while an unshifted e^s·v already overflows there.
 """
 
 from __future__ import annotations
@@ -51,6 +56,16 @@ def edge_amplitude(case: Case, scale: float) -> float:
     limit = min(float(finfo(case.dtype).max) / (2 * abs(float(scale))),
                 float(finfo(accumulator(case.dtype)).max) / 4)
     return limit / products
+
+
+def values_at_edge(case: Case) -> Case:
+    """The case with ``v_amplitude`` set so that max|v| = max(D) / (4·n_k): the largest values for
+    which every sum of n_k weights ≤ 1 times values stays within a quarter of D's range."""
+    _, _, v = dataclasses.replace(case, v_amplitude=1.0).arrays()
+    top = float(np.max(np.abs(v.astype(np.float64)), initial=0.0))
+    if top == 0:
+        return case
+    return dataclasses.replace(case, v_amplitude=float(finfo(case.dtype).max) / (4 * max(case.n_k, 1) * top))
 
 
 @st.composite

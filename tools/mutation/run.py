@@ -1,7 +1,7 @@
 """The suite's own mutation score: Cosmic Ray mutates impl's files one change at a time and runs
 the suite (:mod:`tools.mutation.suite`) on each mutant.
 
-    python -m tools.mutation.run [--jobs 2] [--timeout 120] [--sample N] [--docs docs/mutation.md] [FILE ...]
+    python -m tools.mutation.run [--jobs 3] [--timeout 120] [--sample N] [--docs docs/mutation.md] [FILE ...]
     python -m tools.mutation.run --survivors [--docs ...]   # rerun only the stored survivors
     python -m tools.mutation.run --report-only [--docs ...]  # the stored results, no run
 
@@ -35,6 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tools.mutation.suite import CHECKS, IMPL, IMPL_TESTS, KILLED_BY, SUITE_PROFILE
+
+SUITE_CHECKS = tuple(name for name in CHECKS if name != IMPL)  # the suite's laws, one check a target
+
 ROOT = Path(__file__).resolve().parents[2]
 FILES = ("impl/attention.py", "impl/flash.py", "impl/masks.py")
 EQUIVALENT = Path(__file__).with_name("equivalent.toml")
@@ -63,6 +67,7 @@ class Mutant:
     original: str  # the source line, stripped
     mutated: str  # the line after the mutation, stripped
     outcome: str  # killed | survived | incompetent
+    killed_by: str = ""  # the check that noticed it (suite.CHECKS; "" when unknown or not killed)
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -203,7 +208,8 @@ def mutate_file(file: str, timeout: float, sample: int | None = None,
                 outcome = {TestOutcome.KILLED: "killed", TestOutcome.SURVIVED: "survived"}.get(
                     res.test_outcome, "incompetent")
                 result.mutants.append(Mutant(file, line_no, spec.operator_name, lines[line_no - 1].strip(),
-                                             mutated_line(res.diff or ""), outcome))
+                                             mutated_line(res.diff or ""), outcome,
+                                             killer(res.output or "") if outcome == "killed" else ""))
     result.mutants.sort(key=lambda m: (m.line_no, m.operator, m.mutated))
     result.seconds = time.perf_counter() - start
     result.when = _now()
@@ -230,10 +236,15 @@ def rerun_survivors(stored: FileResult, timeout: float, equivalent: set[tuple[st
     keys = {m.key for m in stored.mutants if m.outcome == "survived" and m.key not in equivalent}
     if not keys:
         return stored
-    # What the suite's laws let through before is likeliest caught by impl's own tests: those first.
-    again = {m.key: m for m in mutate_file(stored.file, timeout, only=keys, first="builders").mutants}
+    again = {m.key: m for m in mutate_file(stored.file, timeout, only=keys).mutants}
     mutants = [again.get(m.key, m) if m.key in keys else m for m in stored.mutants]
     return dataclasses.replace(stored, mutants=mutants, when=_now() + " (survivors rerun)")
+
+
+def killer(output: str) -> str:
+    """The check that killed a mutant, from the test command's output (its last ``killed by:`` line)."""
+    found = [line[len(KILLED_BY):].strip() for line in output.splitlines() if line.startswith(KILLED_BY)]
+    return found[-1] if found else ""
 
 
 def mutated_line(diff: str) -> str:
@@ -259,16 +270,20 @@ def load_equivalent(path: Path = EQUIVALENT) -> dict[tuple[str, str, str], str]:
 
 
 def score_table(results: list[FileResult], equivalent: dict[tuple[str, str, str], str]) -> list[str]:
-    rows = ["| file | mutants run (of eligible) | killed | equivalent (reviewed) | survivors | score "
-            "| seconds | run at |", "|---|---|---|---|---|---|---|---|"]
+    rows = ["| file | mutants run (of eligible) | killed | by the suite's laws | by impl's tests only "
+            "| otherwise | equivalent (reviewed) | survivors | score | seconds | run at |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         survivors = [m for m in r.mutants if m.outcome == "survived"]
         listed = sum(m.key in equivalent for m in survivors)
         killed = r.count("killed") + r.count("incompetent")
+        by_laws = sum(m.outcome == "killed" and m.killed_by in SUITE_CHECKS for m in r.mutants)
+        by_impl = sum(m.outcome == "killed" and m.killed_by == IMPL for m in r.mutants)
         relevant = len(r.mutants) - listed
         score = f"{100 * killed / relevant:.1f} %" if relevant else "n/a"
-        rows.append(f"| {r.file} | {len(r.mutants)} (of {r.eligible}) | {killed} | {listed} | "
-                    f"{len(survivors) - listed} | {score} | {r.seconds:.0f} | {r.when} |")
+        rows.append(f"| {r.file} | {len(r.mutants)} (of {r.eligible}) | {killed} | {by_laws} | {by_impl} "
+                    f"| {killed - by_laws - by_impl} | {listed} | {len(survivors) - listed} | {score} "
+                    f"| {r.seconds:.0f} | {r.when} |")
     return rows
 
 
@@ -285,9 +300,12 @@ def report(results: list[FileResult], equivalent: dict[tuple[str, str, str], str
         "",
         f"Generated by `{command}` on {when} in {seconds / 60:.1f} min, with the stored results "
         "(tools/mutation/results/) of files not run by that command (do not edit by hand). Cosmic Ray "
-        "mutates each file one change at a time; the test command is `python -m tools.mutation.suite` "
-        "(`python -m spec check reference|flash --profile quick`, then `tests/test_masks.py` and "
-        "`tests/test_impl_edges.py`, impl's tests of its mask builders and argument checks). "
+        "mutates each file one change at a time; the test command is `python -m tools.mutation.suite`: "
+        f"the suite's laws (`python -m spec check reference|flash --profile {SUITE_PROFILE}`), then "
+        f"impl's own tests ({', '.join(f'`{t}`' for t in IMPL_TESTS)}). A mutant counted under \"by "
+        "impl's tests only\" got through every law of the suite on both targets; \"otherwise\" "
+        "counts those that stopped the test command before any check could say (a module that no "
+        "longer imports, a timeout). "
         "Score = killed / (mutants run − reviewed equivalents).",
         "",
         *score_table(results, equivalent),
@@ -300,6 +318,11 @@ def report(results: list[FileResult], equivalent: dict[tuple[str, str, str], str
         "",
         *([f"- `{m.file}:{m.line_no}` {m.operator}: `{m.original}` → `{m.mutated}`" for m in unlisted]
           or ["None."]),
+        "",
+        "## Killed by impl's tests only (the suite's laws let them through)",
+        "",
+        *([f"- `{m.file}:{m.line_no}` `{m.original}` → `{m.mutated}`" for r in results for m in r.mutants
+           if m.outcome == "killed" and m.killed_by == IMPL] or ["None."]),
         "",
         "## Reviewed equivalent mutants that survived",
         "",
@@ -316,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.mutation.run",
                                      description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("files", nargs="*", default=list(FILES), help=f"files to mutate (default: {FILES})")
-    parser.add_argument("--jobs", type=int, default=2, help="files mutated side by side (default 2)")
+    parser.add_argument("--jobs", type=int, default=3, help="files mutated side by side (default 3: all)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per mutant (default 120)")
     parser.add_argument("--sample", type=int, help="run a fixed random sample of N mutants per file")
     parser.add_argument("--survivors", action="store_true",
@@ -338,8 +361,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.report_only:
             results = [r for f in args.files if (r := FileResult.load(STORE, f)) is not None]
         elif args.survivors:
-            results = [rerun_survivors(r, args.timeout, set(equivalent)) for f in args.files
-                       if (r := FileResult.load(STORE, f)) is not None]
+            stored = [r for f in args.files if (r := FileResult.load(STORE, f)) is not None]
+            with ThreadPoolExecutor(args.jobs) as pool:
+                results = list(pool.map(lambda r: rerun_survivors(r, args.timeout, set(equivalent)), stored))
         else:
             with ThreadPoolExecutor(args.jobs) as pool:
                 results = list(pool.map(lambda f: mutate_file(f, args.timeout, args.sample), args.files))

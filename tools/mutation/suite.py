@@ -1,11 +1,14 @@
 """The test command of a mutation run: the conformance suite on the built-in targets, then impl's
-own tests of its mask builders and argument checks (BUILDER_TESTS); exit 1 at the first failure
-(a mutant is killed as soon as anything notices it), 0 when everything passes.
+own tests (IMPL_TESTS); exit 1 at the first failure (a mutant is killed as soon as anything notices
+it), 0 when everything passes.
 
     python -m tools.mutation.suite [--first impl/flash.py]
 
-``--first`` only reorders (the checks most likely to notice a mutant of that file run first);
-a surviving mutant has always been through every check.
+The suite's two checks always run before impl's tests, so a mutant that only impl's tests kill is
+one the suite's laws let through: the last line printed, ``killed by: CHECK``, says which check
+noticed it (what :mod:`tools.mutation.run` records). ``--first`` only says which of the suite's two
+targets leads (the one likeliest to notice a mutant of that file); a surviving mutant has always
+been through every check.
 """
 
 from __future__ import annotations
@@ -16,7 +19,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 SUITE_PROFILE = "quick"
-BUILDER_TESTS = ("tests/test_masks.py", "tests/test_impl_edges.py")
+# impl's tests that the run adds to the suite: its mask builders against independent definitions,
+# its argument checks (what the suite never passes: a bad dropout_p, say), and flash's own tests
+# (the tiled backward under a softcap or with non-finite inputs, which a grad_fn(q, k, v, d_out,
+# causal=) cannot be asked for; no warning from its overflow fallback).
+IMPL_TESTS = ("tests/test_masks.py", "tests/test_impl_edges.py", "tests/test_impl.py",
+              "tests/test_impl_keywords.py", "tests/test_flash.py")
+IMPL = "impl-tests"
+KILLED_BY = "killed by: "
 
 
 def spec_check(target: str) -> Callable[[], bool]:
@@ -37,9 +47,9 @@ def spec_check(target: str) -> Callable[[], bool]:
     return check
 
 
-def builder_tests() -> bool:
-    """impl's tests of the mask builders and of its argument checks (the files that exist)."""
-    files = [f for f in BUILDER_TESTS if Path(f).exists()]
+def impl_tests() -> bool:
+    """impl's own tests (IMPL_TESTS, the files that exist), stopping at the first failure."""
+    files = [f for f in IMPL_TESTS if Path(f).exists()]
     if not files:
         return True
     import pytest
@@ -51,24 +61,31 @@ def builder_tests() -> bool:
 CHECKS: dict[str, Callable[[], bool]] = {
     "reference": spec_check("reference"),
     "flash": spec_check("flash"),
-    "builders": builder_tests,
+    IMPL: impl_tests,
 }
-FIRST = {"impl/flash.py": "flash", "impl/masks.py": "builders", "impl/attention.py": "reference"}
+LEAD = {"impl/flash.py": "flash", "impl/attention.py": "reference", "impl/masks.py": "reference"}
 
 
 def order(first: str | None) -> list[str]:
-    """The checks, the one most likely to notice a mutant of ``first`` (a file, or a check's
-    name) leading."""
-    lead = first if first in CHECKS else FIRST.get(first or "", "reference")
-    return [lead, *(name for name in CHECKS if name != lead)]
+    """The checks: the suite's two (the one likeliest to notice a mutant of ``first``, a file or a
+    target's name, leading), then impl's tests."""
+    lead = first if first in ("reference", "flash") else LEAD.get(first or "", "reference")
+    return [lead, *(name for name in CHECKS if name not in (lead, IMPL)), IMPL]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.mutation.suite", description=__doc__)
-    parser.add_argument("--first", help="the mutated file or a check's name (only reorders the checks)")
+    parser.add_argument("--first",
+                        help="the mutated file or a target's name (only reorders the suite's checks)")
     args = parser.parse_args(argv)
     for name in order(args.first):
-        if not CHECKS[name]():
+        try:
+            ok = CHECKS[name]()
+        except Exception as e:  # a mutant that breaks loading the target: noticed all the same
+            print(f"{name}: {type(e).__name__}: {e}")
+            ok = False
+        if not ok:
+            print(f"{KILLED_BY}{name}", flush=True)
             return 1
     return 0
 
