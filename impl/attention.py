@@ -364,7 +364,7 @@ def _core(
 # --- the middle: grouped-query attention -------------------------------------------------------
 
 
-def _split_heads(x: Any, g: int) -> Any:  # [..., s, a, b] -> [..., min(s, g), s / min(s, g), a, b]
+def _split_heads(x: Any, g: int) -> Any:  # [..., s, a, b] -> [..., g, s/g, a, b], s = 1: [..., 1, 1, a, b]
     """Head axis s ∈ {h, g, 1} → (K/V head, query head in its group): head i = (i // (h/g), i % (h/g))."""
     if not isinstance(x, np.ndarray) or x.ndim < 3:
         return x  # scalars and arrays without a head axis broadcast as they are

@@ -35,9 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tools.mutation.suite import CHECKS, IMPL, IMPL_TESTS, KILLED_BY, SUITE_PROFILE
-
-SUITE_CHECKS = tuple(name for name in CHECKS if name != IMPL)  # the suite's laws, one check a target
+from tools.mutation.suite import IMPL, IMPL_TESTS, KILLED_BY, SUITE_CHECKS, SUITE_PROFILE
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = ("impl/attention.py", "impl/flash.py", "impl/masks.py")
@@ -150,7 +148,7 @@ def mutated_source_line(
 
 
 def mutate_file(file: str, timeout: float, sample: int | None = None,
-                only: set[tuple[str, str, str]] | None = None, first: str | None = None) -> FileResult:
+                only: set[tuple[str, str, str]] | None = None) -> FileResult:
     """Every chosen mutant of ``file`` (or a fixed sample of ``sample`` of them: the same ones on
     every run of the same source; or those whose key is in ``only``), each run against the suite
     in a copy of the tree."""
@@ -162,7 +160,7 @@ def mutate_file(file: str, timeout: float, sample: int | None = None,
     with tempfile.TemporaryDirectory(prefix="mutation-") as tmp:
         work = Path(tmp)
         copy_tree(work)
-        test = f"{sys.executable} {SUITE} --first {first or file}"
+        test = f"{sys.executable} {SUITE} --first {file}"
         clean = _run(test.split(), work, timeout=timeout * 4)
         if clean.returncode != 0:
             tail = (clean.stdout + clean.stderr)[-3000:]
