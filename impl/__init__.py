@@ -2,7 +2,7 @@
 
     attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V
 
-Shape codes in every docstring use the letters of :mod:`impl.attention`.
+Shape codes in every docstring use the letters of `impl.attention`.
 """
 
 from impl.attention import attention, softmax

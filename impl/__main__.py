@@ -8,8 +8,9 @@ from impl.cli import Parser, UsageError
 from impl.leak import leak_experiment
 
 DESCRIPTION = (
-    "The source article's causal-mask experiment: 16 random tokens through one random head, then "
-    "token 10 changed; prints how much each output moves with and without the causal mask. "
+    "The causal-mask experiment of the article \"How an LLM Works, Part 6: Attention\": 16 random "
+    "tokens through one random head, then token 10 changed; prints how much each output moves "
+    "with and without the causal mask. "
     "Related commands: python -m impl.bench (timings), python -m impl.recall (associative recall)."
 )
 

@@ -9,10 +9,11 @@ Dimension letters, used in every shape code of this package:
 
     attention(Q, K, V) = softmax(Q Kᵀ · scale + mask) V,   scale = 1/√d_k by default
 
-and with every keyword, in this order: ``s = scale·q·kᵀ`` → softcap ``c·tanh(s/c)`` → ``+ bias`` →
-``-inf`` where hidden (causal ∧ window ∧ mask ∧ kv_lengths ∧ same packed sequence) → softmax with
-the sinks in its denominator → dropout → ``@ v``. Three layers, as JAX's: :func:`attention`
-validates, :func:`_grouped` maps grouped K/V heads, :func:`_core` is the maths.
+and with every keyword, in this order: ``s = scale·q·kᵀ`` → softcap ``c·tanh(s/c)`` → ``+ bias``
+and ALiBi's ``−slope·|i + n_k − n_q − j|`` → ``-inf`` where hidden (causal ∧ window ∧ mask ∧
+kv_lengths ∧ same packed sequence) → softmax with the sinks in its denominator → dropout → ``@ v``.
+Three layers, as JAX's: `attention` validates (through ``_checked``, which the backward in
+``impl.grad`` shares), `_grouped` maps grouped K/V heads, `_core` is the maths.
 
 Numerics: scores, softmax and the weighted sum run in float64 for float64 inputs and in float32
 for float32, float16 and bfloat16-like inputs (as JAX does); the result is cast back to the input
@@ -23,12 +24,24 @@ FlashAttention's choice). NaN and Inf in the inputs propagate; they are never re
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import reduce
 from typing import Any, Literal, overload
 
 import numpy as np
 
-from impl.masks import Align, causal_mask, check_window, packed_mask, padding_mask, sliding_window_mask
+from impl.cache import read_cache
+from impl.masks import (
+    ALIGNMENTS,
+    Align,
+    causal_mask,
+    check_window,
+    key_distance,
+    packed_mask,
+    padding_mask,
+    per_sequence,
+    sliding_window_mask,
+)
 
 Array = np.ndarray
 
@@ -97,14 +110,15 @@ def _as_float_array(name: str, x: Any) -> Array:
 def kv_groups(q_shape: tuple[int, ...], k_shape: tuple[int, ...], v_shape: tuple[int, ...]) -> int | None:
     """The number g of K/V heads when k and v hold fewer heads than q (grouped-query attention), else None.
 
-    Heads sit on axis -3. With h query heads and g K/V heads, 1 < g < h and h divisible by g,
-    query head i reads K/V head ``i // (h // g)`` (PyTorch's ``enable_gqa``, JAX). g = 1 or g = h
-    is plain broadcasting and needs no grouping.
+    Heads sit on axis -3. With h query heads and g ≥ 1 K/V heads, h divisible by g, query head i
+    reads K/V head ``i // (h // g)`` (PyTorch's ``enable_gqa``, JAX); g = h (groups of one) and
+    g = 1 (one group) are the plain broadcasts, computed the same way. g = 0 K/V heads serve no
+    query head: None, and the leading dims must broadcast as they are (h = 0 or 1).
     """
     if min(len(q_shape), len(k_shape), len(v_shape)) < 3:
         return None
     h, g = q_shape[-3], k_shape[-3]
-    if v_shape[-3] != g or g == 1 or h in (1, g) or h % g:
+    if v_shape[-3] != g or g == 0 or h % g:
         return None
     return g
 
@@ -116,7 +130,7 @@ def check_qkv(
 
     q ``[..., n_q, d_k]``, k ``[..., n_k, d_k]``, v ``[..., n_k, d_v]``; the leading dims of the
     three must broadcast together — or, with ``grouped=True``, k and v may have g heads (axis -3)
-    where q has h, h divisible by g (see :func:`kv_groups`). Raises ``TypeError`` for non-float or
+    where q has h, h divisible by g (see `kv_groups`). Raises ``TypeError`` for non-float or
     mixed dtypes and ``ValueError`` for wrong ndim, mismatched widths or lengths, unbroadcastable
     leading dims and ``d_k = 0``.
     """
@@ -226,6 +240,38 @@ def check_sinks(sinks: Any, batch: tuple[int, ...], work: np.dtype) -> Array | f
     return arr.reshape(heads, 1, 1) if batch else arr.reshape(1, 1)
 
 
+def check_alibi_slopes(alibi_slopes: Any, batch: tuple[int, ...], work: np.dtype) -> Array | None:
+    # [heads] or [batch, heads] -> broadcastable to batch ([1] -> [] for 2-D inputs), or None
+    """ALiBi slopes, one per query head: ``[heads]`` (``[1]`` for 2-D inputs) or, for 4-D inputs,
+    ``[batch, heads]``; finite real floats, in the compute dtype."""
+    if alibi_slopes is None:
+        return None
+    arr = _float_array("alibi_slopes", alibi_slopes, work)
+    heads = batch[-1] if batch else 1
+    shapes = [(heads,), *([batch] if len(batch) == 2 else [])]
+    if arr.shape not in shapes:
+        per_batch = f" or (batch, heads) = {batch}" if len(batch) == 2 else " (or (batch, heads), 4-D inputs)"
+        raise ValueError(f"alibi_slopes must have shape (heads,) = ({heads},){per_batch}, "
+                         f"one per query head, got {arr.shape}")
+    if not np.isfinite(arr).all():
+        raise ValueError(f"alibi_slopes must be finite, got {arr.tolist()}")
+    return arr.reshape(batch[-1:]) if arr.ndim == 1 else arr
+
+
+def alibi_bias(
+    slopes: Array, n_q: int, n_k: int, packed: tuple[Array, Array] | None, lengths: Array | None = None,
+) -> Array:  # slopes [..., h] -> [..., h, n_q, n_k]
+    """ALiBi's term ``−slope·|i + n_k − n_q − j|`` (FlashAttention's definition), per packed sequence;
+    with ``lengths`` (``align="kv_lengths"``, a paged cache) each batch row's own length for n_k."""
+    if lengths is not None:
+        distance = key_distance(n_q, n_k, align="kv_lengths", kv_lengths=lengths)  # [batch, 1, n_q, n_k]
+    elif packed is None:
+        distance = key_distance(n_q, n_k)
+    else:
+        distance = per_sequence(*packed, key_distance, outside=0)
+    return -(slopes[..., None, None] * distance.astype(slopes.dtype))
+
+
 def _check_int_array(name: str, x: Any) -> Array:
     arr = np.asarray(x)
     if arr.dtype.kind not in "iu":
@@ -295,9 +341,15 @@ def check_dropout(dropout_p: Any, seed: Any) -> tuple[float, int | None]:
     return p, int(seed)
 
 
-def check_align(align: Any) -> Align:
-    if align not in ("top_left", "bottom_right"):
-        raise ValueError(f"align must be 'top_left' or 'bottom_right', got {align!r}")
+def check_align(align: Any, kv_lengths: Any = None) -> Align:
+    """``align`` as given, None meaning ``"top_left"``; ``"kv_lengths"`` needs ``kv_lengths``."""
+    if align is None:
+        return "top_left"
+    if align not in ALIGNMENTS:
+        raise ValueError(f"align must be one of {', '.join(map(repr, ALIGNMENTS))} or None, got {align!r}")
+    if align == "kv_lengths" and kv_lengths is None:
+        raise ValueError("align='kv_lengths' puts batch row b's diagonal at i + kv_lengths[b] − n_q: "
+                         "it needs kv_lengths")
     return align
 
 
@@ -309,12 +361,19 @@ def _all(*masks: Array | None) -> Array | None:  # broadcastable masks -> their 
 def visible(
     n_q: int, n_k: int, *, causal: bool, window: tuple[int, int] | None, align: Align,
     mask: Array | None, kv_lengths: Array | None, packed: tuple[Array, Array] | None,
+    lengths: Array | None = None,
 ) -> Array | None:  # -> [..., n_q, n_k] bool, or None when every key is visible
-    """Which keys each query sees: causal ∧ window (per packed sequence) ∧ mask ∧ kv_lengths."""
+    """Which keys each query sees: causal ∧ window (per packed sequence) ∧ mask ∧ kv_lengths.
+
+    ``kv_lengths`` is the padding mask; ``lengths`` the validated ``[batch]`` lengths themselves,
+    which place the diagonal when ``align="kv_lengths"``.
+    """
+    diagonal_lengths = lengths if align == "kv_lengths" else None
 
     def within(n_q: int, n_k: int) -> Array | None:  # one sequence's own positions
-        causal_part = causal_mask(n_q, n_k, align=align) if causal else None
-        window_part = None if window is None else sliding_window_mask(n_q, n_k, window=window, align=align)
+        causal_part = causal_mask(n_q, n_k, align=align, kv_lengths=diagonal_lengths) if causal else None
+        window_part = None if window is None else sliding_window_mask(
+            n_q, n_k, window=window, align=align, kv_lengths=diagonal_lengths)
         return _all(causal_part, window_part)
 
     positions = within(n_q, n_k) if packed is None else packed_mask(*packed, within)
@@ -336,12 +395,32 @@ def _dropout(weights: Array, p: float, seed: int | None) -> Array:  # [..., n_q,
     """Drop each weight with probability p and scale the kept ones by 1/(1 − p), so the mean is unchanged.
 
     The kept entries are ``default_rng(seed).random(weights.shape) >= p`` (NumPy's PCG64, float64
-    draws over the whole ``[..., n_q, n_k]`` pattern in C order).
+    draws over the whole ``[..., n_q, n_k]`` pattern in C order). Linear in ``weights``, so it is
+    its own adjoint: the backward applies it, with the same seed, to the gradient of the weights.
     """
     if p == 0:
         return weights
     kept = np.random.default_rng(seed).random(weights.shape) >= p
     return np.where(kept, weights / weights.dtype.type(1 - p), weights.dtype.type(0))
+
+
+def _full_rows(q: Array, k: Array, v: Array) -> Array:  # [..., n_q, d_k] -> [lead, n_q, d_k]
+    """q broadcast to the leading dims of all three: a score row per output row, even if only v has a dim."""
+    lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    return np.broadcast_to(q, (*lead, *q.shape[-2:]))
+
+
+def _scores(q: Array, k: Array, scale: float) -> Array:  # [..., n_q, d_k], [..., n_k, d_k] -> [..., n_q, n_k]
+    return (q @ np.swapaxes(k, -1, -2)) * q.dtype.type(scale)
+
+
+def _weights(
+    scores: Array, *, bias: Array | None, keep: Array | None, sinks: Array | float
+) -> tuple[Array, Array]:  # [..., n_q, n_k] (capped) -> weights [..., n_q, n_k], lse [..., n_q, 1]
+    """``+ bias`` (ALiBi's term included), hidden keys to ``-inf``, softmax with the sinks' denominators."""
+    scores = scores if bias is None else scores + bias
+    scores = scores if keep is None else np.where(keep, scores, -np.inf)
+    return softmax_lse(scores, sinks)
 
 
 def _core(
@@ -350,13 +429,8 @@ def _core(
 ) -> tuple[Array, Array, Array]:
     # [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v]; bias, keep [..., n_q, n_k]; sinks [..., 1, 1]
     # -> out [..., n_q, d_v], weights [..., n_q, n_k], lse [..., n_q, 1]
-    lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    q = np.broadcast_to(q, (*lead, *q.shape[-2:]))  # one score row per output row, even if only v has a dim
-    scores = (q @ np.swapaxes(k, -1, -2)) * q.dtype.type(scale)  # [..., n_q, n_k]
-    scores = _cap(scores, softcap)  # c·tanh(s/c)
-    scores = scores if bias is None else scores + bias
-    scores = scores if keep is None else np.where(keep, scores, -np.inf)
-    weights, lse = softmax_lse(scores, sinks)
+    scores = _cap(_scores(_full_rows(q, k, v), k, scale), softcap)  # c·tanh(scale·q·kᵀ / c)
+    weights, lse = _weights(scores, bias=bias, keep=keep, sinks=sinks)
     weights = _dropout(weights, *dropout)
     return weights @ v, weights, lse  # [..., n_q, n_k] @ [..., n_k, d_v]
 
@@ -376,21 +450,57 @@ def _merge_heads(x: Array) -> Array:  # [..., g, h/g, a, b] -> [..., h, a, b]
     return x.reshape(*x.shape[:-4], x.shape[-4] * x.shape[-3], *x.shape[-2:])
 
 
-def _grouped(q: Array, k: Array, v: Array, **per_row: Any) -> tuple[Array, Array, Array]:
-    """Grouped-query attention without copying K or V: query head i reads K/V head ``i // (h // g)``.
+def _grouped(core: Callable[..., tuple[Array, ...]], q: Array, k: Array, v: Array, **per_row: Any) -> Any:
+    """``core(q, k, v, ...)`` with grouped K/V heads, without copying K or V: query head i reads
+    K/V head ``i // (h // g)``.
 
     The query heads are reshaped to ``[..., g, h/g, n_q, d_k]`` against K/V ``[..., g, 1, n_k, ·]``,
-    so each K/V head broadcasts over its group; the results are reshaped back to h heads.
+    so each K/V head broadcasts over its group; the results (each with a head axis, split the
+    same way) are reshaped back to h heads. ``core`` is ``_core``, or its backward.
     """
     g = kv_groups(q.shape, k.shape, v.shape)
     if g is None:
-        return _core(q, k, v, **per_row)
+        return core(q, k, v, **per_row)
     split = {name: _split_heads(x, g) for name, x in per_row.items()}
-    results = _core(_split_heads(q, g), _split_heads(k, g), _split_heads(v, g), **split)
-    return tuple(_merge_heads(r) for r in results)  # type: ignore[return-value]
+    results = core(_split_heads(q, g), _split_heads(k, g), _split_heads(v, g), **split)
+    return tuple(_merge_heads(r) for r in results)
 
 
 # --- the public function: validation ------------------------------------------------------------
+
+
+def _checked(
+    q: Any, k: Any, v: Any, *, causal: bool, mask: Any, scale: Any, bias: Any, window: Any, align: Any,
+    softcap: Any, sinks: Any, kv_lengths: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, dropout_p: Any,
+    seed: Any, alibi_slopes: Any,
+) -> tuple[Array, Array, Array, tuple[int, ...], dict[str, Any]]:
+    """Every argument of ``attention`` validated: q, k, v as arrays, their leading shape, and the
+    keyword arguments of ``_core`` (in the compute dtype). Shared with the backward, so both
+    refuse the same input with the same words."""
+    q, k, v, batch = check_qkv(q, k, v, grouped=True)
+    n_q, d_k = q.shape[-2:]
+    n_k = k.shape[-2]
+    shape = (*batch, n_q, n_k)
+    work = compute_dtype(q.dtype)
+    packed = check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, batch, n_q, n_k)
+    align = check_align(align, kv_lengths)
+    padding = check_kv_lengths(kv_lengths, batch, n_k)
+    lengths = None if kv_lengths is None else np.asarray(kv_lengths)
+    keep = visible(
+        n_q, n_k, causal=causal, align=align,
+        window=None if window is None else check_window(window),
+        mask=None if mask is None else check_mask(mask, shape),
+        kv_lengths=padding, packed=packed, lengths=lengths,
+    )
+    bias = check_bias(bias, shape, work)
+    slopes = check_alibi_slopes(alibi_slopes, batch, work)
+    if slopes is not None:  # ALiBi joins the bias: added after the softcap, before the masks
+        alibi = alibi_bias(slopes, n_q, n_k, packed, lengths if align == "kv_lengths" else None)
+        bias = alibi if bias is None else bias + alibi
+    core = dict(scale=check_scale(scale, d_k), softcap=check_softcap(softcap), bias=bias, keep=keep,
+                sinks=check_sinks(sinks, batch, work), dropout=check_dropout(dropout_p, seed))
+    return q, k, v, batch, core
+
 
 _Results = Array | tuple[Array, Array] | tuple[Array, Array, Array]
 
@@ -398,34 +508,42 @@ _Results = Array | tuple[Array, Array] | tuple[Array, Array, Array]
 @overload
 def attention(
     q: Any, k: Any, v: Any, *, causal: bool = ..., mask: Any = ..., scale: float | None = ...,
-    bias: Any = ..., window: tuple[int, int] | None = ..., align: Align = ..., softcap: float | None = ...,
-    sinks: Any = ..., kv_lengths: Any = ..., cu_seqlens_q: Any = ..., cu_seqlens_k: Any = ...,
+    bias: Any = ..., window: tuple[int, int] | None = ..., align: Align | None = ...,
+    softcap: float | None = ..., sinks: Any = ..., kv_lengths: Any = ...,
+    cu_seqlens_q: Any = ..., cu_seqlens_k: Any = ...,
     dropout_p: float = ..., seed: int | None = ...,
     return_weights: Literal[False] = ..., return_lse: Literal[False] = ...,
+    alibi_slopes: Any = ..., block_table: Any = ..., k_descale: Any = ..., v_descale: Any = ...,
 ) -> Array: ...
 @overload
 def attention(
     q: Any, k: Any, v: Any, *, causal: bool = ..., mask: Any = ..., scale: float | None = ...,
-    bias: Any = ..., window: tuple[int, int] | None = ..., align: Align = ..., softcap: float | None = ...,
-    sinks: Any = ..., kv_lengths: Any = ..., cu_seqlens_q: Any = ..., cu_seqlens_k: Any = ...,
+    bias: Any = ..., window: tuple[int, int] | None = ..., align: Align | None = ...,
+    softcap: float | None = ..., sinks: Any = ..., kv_lengths: Any = ...,
+    cu_seqlens_q: Any = ..., cu_seqlens_k: Any = ...,
     dropout_p: float = ..., seed: int | None = ...,
     return_weights: Literal[True], return_lse: Literal[False] = ...,
+    alibi_slopes: Any = ..., block_table: Any = ..., k_descale: Any = ..., v_descale: Any = ...,
 ) -> tuple[Array, Array]: ...
 @overload
 def attention(
     q: Any, k: Any, v: Any, *, causal: bool = ..., mask: Any = ..., scale: float | None = ...,
-    bias: Any = ..., window: tuple[int, int] | None = ..., align: Align = ..., softcap: float | None = ...,
-    sinks: Any = ..., kv_lengths: Any = ..., cu_seqlens_q: Any = ..., cu_seqlens_k: Any = ...,
+    bias: Any = ..., window: tuple[int, int] | None = ..., align: Align | None = ...,
+    softcap: float | None = ..., sinks: Any = ..., kv_lengths: Any = ...,
+    cu_seqlens_q: Any = ..., cu_seqlens_k: Any = ...,
     dropout_p: float = ..., seed: int | None = ...,
     return_weights: Literal[False] = ..., return_lse: Literal[True],
+    alibi_slopes: Any = ..., block_table: Any = ..., k_descale: Any = ..., v_descale: Any = ...,
 ) -> tuple[Array, Array]: ...
 @overload
 def attention(
     q: Any, k: Any, v: Any, *, causal: bool = ..., mask: Any = ..., scale: float | None = ...,
-    bias: Any = ..., window: tuple[int, int] | None = ..., align: Align = ..., softcap: float | None = ...,
-    sinks: Any = ..., kv_lengths: Any = ..., cu_seqlens_q: Any = ..., cu_seqlens_k: Any = ...,
+    bias: Any = ..., window: tuple[int, int] | None = ..., align: Align | None = ...,
+    softcap: float | None = ..., sinks: Any = ..., kv_lengths: Any = ...,
+    cu_seqlens_q: Any = ..., cu_seqlens_k: Any = ...,
     dropout_p: float = ..., seed: int | None = ...,
     return_weights: Literal[True], return_lse: Literal[True],
+    alibi_slopes: Any = ..., block_table: Any = ..., k_descale: Any = ..., v_descale: Any = ...,
 ) -> tuple[Array, Array, Array]: ...
 def attention(
     q: Any,
@@ -437,7 +555,7 @@ def attention(
     scale: float | None = None,
     bias: Any = None,
     window: tuple[int, int] | None = None,
-    align: Align = "top_left",
+    align: Align | None = None,
     softcap: float | None = None,
     sinks: Any = None,
     kv_lengths: Any = None,
@@ -447,12 +565,16 @@ def attention(
     seed: int | None = None,
     return_weights: bool = False,
     return_lse: bool = False,
+    alibi_slopes: Any = None,
+    block_table: Any = None,
+    k_descale: Any = None,
+    v_descale: Any = None,
 ) -> _Results:
     """Scaled dot-product attention, ``softmax(q kᵀ · scale) v``, with the keywords real kernels take.
 
-    In order: ``s = scale·q·kᵀ`` → ``c·tanh(s/c)`` (softcap) → ``+ bias`` → hidden keys to ``-inf``
-    (causal ∧ window ∧ mask ∧ kv_lengths ∧ same packed sequence) → softmax with the sinks in the
-    denominator → dropout → ``@ v``.
+    In order: ``s = scale·q·kᵀ`` → ``c·tanh(s/c)`` (softcap) → ``+ bias`` and ALiBi's term → hidden
+    keys to ``-inf`` (causal ∧ window ∧ mask ∧ kv_lengths ∧ same packed sequence) → softmax with the
+    sinks in the denominator → dropout → ``@ v``.
 
     Args:
       q: queries ``[..., h, n_q, d_k]`` (or any leading dims ``[..., n_q, d_k]``).
@@ -464,8 +586,10 @@ def attention(
       scale: multiplies the scores; default ``1/√d_k``.
       bias: float, broadcastable to ``[..., n_q, n_k]``, added to the (capped) scores; ``-inf`` hides a key.
       window: ``(left, right)``, ints ≥ 0: query i sees keys ``diag − left … diag + right``.
-      align: where the diagonal of ``causal`` and ``window`` sits: ``"top_left"`` (diag = i) or
-        ``"bottom_right"`` (diag = i + n_k − n_q, FlashAttention ≥ 2.1); per sequence when packed.
+      align: where the diagonal of ``causal`` and ``window`` sits: ``"top_left"`` (diag = i, the
+        default for contiguous keys), ``"bottom_right"`` (diag = i + n_k − n_q, FlashAttention ≥ 2.1;
+        per sequence when packed) or ``"kv_lengths"`` (diag = i + kv_lengths[b] − n_q, bottom-right
+        per batch row: a KV cache's alignment, and the default with ``block_table``).
       softcap: c > 0: scores become ``c·tanh(s/c)`` before bias and masks.
       sinks: float ``[h]`` (``[1]`` for 2-D inputs): one extra logit per query head in every row's
         softmax denominator that carries no value; the row's weights then sum to less than 1.
@@ -478,7 +602,22 @@ def attention(
       return_weights: also return the attention pattern ``[..., n_q, n_k]`` as applied (after dropout).
       return_lse: also return ``lse [..., n_q]``, the natural-log logsumexp of each row's final scores,
         sinks included (``-inf`` for a row that sees nothing and has no sink).
+      alibi_slopes: float ``[h]`` (``[1]`` for 2-D inputs) or, for 4-D inputs, ``[batch, h]``: ALiBi,
+        ``−slope·|i + n_k − n_q − j|`` added to the score of query i and key j after the softcap,
+        with the bias (FlashAttention's definition: measured from the bottom-right diagonal whatever
+        ``align`` says; per sequence when packed). Slopes must be finite; one per query head.
+      block_table: int ``[batch, max_blocks]``: k and v are paged caches ``[num_blocks, block_size, g, d]``
+        and key j of sequence b is ``k[block_table[b, j // block_size], j % block_size]`` for
+        ``j < kv_lengths[b]`` (``kv_lengths`` is required); q is ``[batch, h, n_q, d_k]``. Blocks past a
+        sequence's length and the tail of its last block are never read (they may hold NaN).
+        ``align`` defaults to ``"kv_lengths"``; ``"bottom_right"`` is refused. With
+        ``align="kv_lengths"`` a query before its sequence's first key (i < n_q − kv_lengths[b])
+        sees nothing under ``causal`` and gets zeros. The weights have ``n_k = max(kv_lengths)``.
+      k_descale, v_descale: float ``[batch, g]``: k and v are ``float8_e4m3fn`` (ml_dtypes), contiguous
+        4-D or paged, and mean ``k.astype(float32) · k_descale[b, g]`` (and so for v; float64 for
+        float64 q). The maths runs in the compute dtype; the output has q's dtype.
 
+    The paged and float8 paths have no gradients here (``attention_backward`` does not take them).
     Returns:
       ``out [..., n_q, d_v]`` in the input dtype; then the weights and the lse, if asked, in the
       compute dtype (float64 for float64 inputs, float32 otherwise).
@@ -494,23 +633,18 @@ def attention(
     >>> out, lse  # the sink takes 1/5 of the weight: (3·10 + 20)/5; lse = log(3 + 1 + 1)
     (array([[10.]]), array([1.60943791]))
     """
-    q, k, v, batch = check_qkv(q, k, v, grouped=True)
-    n_q, d_k = q.shape[-2:]
-    n_k = k.shape[-2]
-    shape = (*batch, n_q, n_k)
+    q = _as_float_array("q", q)
+    dtype = q.dtype  # the output's, even where a float8 cache widens q to the compute dtype
+    q, k, v, kv_lengths, align = read_cache(
+        q, k, v, block_table=block_table, kv_lengths=kv_lengths, k_descale=k_descale, v_descale=v_descale,
+        align=align, work=compute_dtype(dtype))
+    q, k, v, _, core = _checked(
+        q, k, v, causal=causal, mask=mask, scale=scale, bias=bias, window=window, align=align,
+        softcap=softcap, sinks=sinks, kv_lengths=kv_lengths, cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k, dropout_p=dropout_p, seed=seed, alibi_slopes=alibi_slopes,
+    )
     work = compute_dtype(q.dtype)
-    keep = visible(
-        n_q, n_k, causal=causal, align=check_align(align),
-        window=None if window is None else check_window(window),
-        mask=None if mask is None else check_mask(mask, shape),
-        kv_lengths=check_kv_lengths(kv_lengths, batch, n_k),
-        packed=check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, batch, n_q, n_k),
-    )
-    out, weights, lse = _grouped(
-        *(x.astype(work, copy=False) for x in (q, k, v)),
-        scale=check_scale(scale, d_k), softcap=check_softcap(softcap), bias=check_bias(bias, shape, work),
-        keep=keep, sinks=check_sinks(sinks, batch, work), dropout=check_dropout(dropout_p, seed),
-    )
-    out = out.astype(q.dtype, copy=False)
+    out, weights, lse = _grouped(_core, *(x.astype(work, copy=False) for x in (q, k, v)), **core)
+    out = out.astype(dtype, copy=False)
     extras = (weights,) * bool(return_weights) + (lse[..., 0],) * bool(return_lse)
-    return (out, *extras) if extras else out  # type: ignore[return-value]
+    return (out, *extras) if extras else out

@@ -30,7 +30,7 @@ Method:
   as timeit's autorange). Each sample starts after a pause (``--pause``, 0.2 s): BLAS and OpenMP
   worker threads spin for a while after a call before they sleep, and would otherwise steal the
   next sample's cores.
-* Peak memory: one extra (untimed, warm-up) call per size under :mod:`tracemalloc`, which sees
+* Peak memory: one extra (untimed, warm-up) call per size under `tracemalloc`, which sees
   NumPy's buffers; the inputs (and, backward, the forward's out and lse) are made before tracing
   starts, so the figure is what the call itself allocates, output included. PyTorch's and XLA's
   allocators are invisible to tracemalloc, so their memory is not reported. Bytes are exact;
@@ -66,7 +66,8 @@ JSON (``--json FILE``), for other tools; keys are kept, more may be added:
 
 ``--markdown FILE`` writes the report with its command, date and machine, for the docs
 (``python -m impl.bench --markdown docs/bench_results.md``): figures there are regenerated, never
-edited by hand.
+edited by hand. ``--from-json FILE`` renders a stored record again (text, ``--markdown``,
+``--plot``) without timing anything, for a change of the page's layout.
 """
 
 from __future__ import annotations
@@ -76,9 +77,11 @@ import contextlib
 import datetime
 import importlib.util
 import inspect
+import itertools
 import json
 import math
 import os
+import shlex
 import statistics
 import sys
 import time
@@ -498,6 +501,14 @@ def _load(values: Sequence[float]) -> str:
 
 def format_report(record: dict[str, Any]) -> str:
     """The record as text: a time table, a rate/memory table, the ratios that matter, the paths, the load."""
+    heading, tables, notes, paths = _report_parts(record)
+    return "\n".join([heading, "", *tables, *notes[:3], "paths:", *(f"  {p}" for p in paths), *notes[3:]])
+
+
+def _report_parts(record: dict[str, Any]) -> tuple[str, list[str], list[str], list[str]]:
+    """The report's pieces, for text and Markdown alike: its one-line heading, the two tables
+    (each followed by an empty line), the notes (the floor, the ratios, memory, each size not run,
+    the machine) and the path each implementation took."""
     from tabulate import tabulate
 
     config, names = record["config"], record["config"]["implementations"]
@@ -527,46 +538,66 @@ def format_report(record: dict[str, Any]) -> str:
     machine = record["machine"]
     kernels = ", ".join(f"{b['internal_api']} {b['version']} ({b['architecture']} kernels, "
                         f"{b['num_threads']} threads)" for b in machine.get("blas_runtime", []))
-    lines = [
-        f"{what}, one head, float32, d_k = {config['d_k']}, d_v = {config['d_v']}, {mask}; "
-        f"median of {config['repeat']} interleaved samples",
-        "",
-        tabulate(time_rows, time_head, tablefmt="github", disable_numparse=True),
-        "",
-        tabulate(rate_rows, rate_head, tablefmt="github", disable_numparse=True),
-        "",
+    heading = (f"{what}, one head, float32, d_k = {config['d_k']}, d_v = {config['d_v']}, {mask}; "
+               f"median of {config['repeat']} interleaved samples")
+    tables = [tabulate(time_rows, time_head, tablefmt="github", disable_numparse=True), "",
+              tabulate(rate_rows, rate_head, tablefmt="github", disable_numparse=True), ""]
+    notes = [
         f"floor: useful FLOPs at the rate of a {record['sgemm']['size']}³ float32 sgemm timed before "
         f"each size (median {record['sgemm']['gflops']:.1f} GFLOP/s, {machine['blas']}"
         + (f"; {kernels}" if kernels else "") + ")",
         "x/y columns: median over rounds of the ratio of back-to-back samples",
         f"memory: {record['memory_method']}; MiB = 2²⁰ bytes",
-        "paths:",
-        *(f"  {_describe(name, record['paths'][name])}" for name in names if name in record["paths"]),
     ]
+    paths = [_describe(name, record["paths"][name]) for name in names if name in record["paths"]]
     skipped = [r for r in record["results"] if r["skipped"]]
-    lines += [f"{r['implementation']} at {r['n_tokens']}: {r['skipped']}" for r in skipped]
+    notes += [f"{r['implementation']} at {r['n_tokens']}: {r['skipped']}" for r in skipped]
     env = {key: value for key, value in machine["openblas_env"].items() if value is not None}
-    lines.append(
+    notes.append(
         f"{machine['cpu_count']} CPUs; load average before {_load(machine['load_before'])}, "
         f"after {_load(machine['load_after'])}; numpy {machine['numpy']}"
         + (f", torch {machine['torch']} ({machine['torch_threads']} threads)" if machine["torch"] else "")
         + (f", jax {machine['jax']}" if machine.get("jax") else "")
         + (f"; {', '.join(f'{k}={v}' for k, v in env.items())}" if env else "")
     )
-    return "\n".join(lines)
+    return heading, tables, notes, paths
 
 
-def markdown(record: dict[str, Any]) -> str:
-    """The report as a Markdown page that says how it was made (for docs; regenerate, never edit)."""
+def markdown(record: dict[str, Any], page: str | None = None) -> str:
+    """The report as a Markdown page that says how it was made (for docs; regenerate, never edit):
+    titled by what was timed, the plot of the same run (the ``--plot`` of its command, linked
+    relative to ``page``, the page's own path) above the tables, the notes as a list."""
+    heading, tables, notes, paths = _report_parts(record)
+    backward = record["config"].get("mode") == "backward"
+    image = _plot_of(record)
+    figure = []
+    if image:
+        where = os.path.relpath(image, os.path.dirname(page)) if page else image
+        what = "backward" if backward else "forward"
+        figure = [f"![{what} time against n, log-log]({where.replace(os.sep, '/')})", ""]
     return "\n".join([
-        "# Benchmark results",
+        f"# Benchmark results: {'backward (dq, dk, dv)' if backward else 'forward'}",
         "",
         f"Generated by `{record['command']}` on {record['date']}; regenerate with the same command, "
         "never edit by hand. The figures depend on the machine and its load, both recorded below.",
         "",
-        format_report(record).replace("\npaths:\n", "\n\npaths:\n\n").replace("\n  ", "\n- "),
+        *figure,
+        heading,
+        "",
+        *tables,
+        "Notes:",
+        "",
+        *(f"- {note}" for note in notes),
+        "- paths:",
+        *(f"    - {path}" for path in paths),
         "",
     ])
+
+
+def _plot_of(record: dict[str, Any]) -> str | None:
+    """The ``--plot FILE`` of the command that made ``record``, or None."""
+    words = shlex.split(record["command"])
+    return next((after for flag, after in itertools.pairwise(words) if flag == "--plot"), None)
 
 
 def plot(record: dict[str, Any], path: str) -> None:
@@ -630,6 +661,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="FILE", help="write the record as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="write a log-log plot (needs matplotlib)")
     p.add_argument("--markdown", metavar="FILE.md", help="write the report as Markdown, for the docs")
+    p.add_argument("--from-json", metavar="FILE", help="time nothing: render the record a --json run stored "
+                   "(text, and --markdown/--plot when given)")
     p.add_argument("--profile", action="store_true",
                    help="instead of timing peers, profile flash's tile loop line by line at each size "
                         "(one thread; needs line_profiler)")
@@ -638,6 +671,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def _check(args: argparse.Namespace) -> list[str]:
     """Refuse what would fail only after minutes of timing."""
+    if args.from_json:
+        if args.json or args.profile:
+            raise UsageError("--from-json renders a stored record: use --markdown or --plot, "
+                             "not --json or --profile")
+        if not os.path.isfile(args.from_json):
+            raise UsageError(f"--from-json: no file {args.from_json!r}")
     available = available_names(backward=args.backward)
     names = args.impls or available
     known = ("naive", "flash", *PEERS)
@@ -707,16 +746,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = " ".join(["python -m impl.bench", *argv])
     if args.profile:
         return _profile(args, command)
-    record = run_benchmark(args.sizes, names=names, repeat=args.repeat, causal=args.causal,
-                           d_k=args.d_k, d_v=args.d_v, naive_max=args.naive_max, pause=args.pause,
-                           backward=args.backward, command=command)
+    if args.from_json:
+        try:
+            with open(args.from_json, encoding="utf-8") as f:
+                record = json.load(f)
+            format_report(record)
+        except (ValueError, KeyError, TypeError) as err:
+            print(f"python -m impl.bench: error: --from-json: {args.from_json} is not a record of "
+                  f"python -m impl.bench --json ({type(err).__name__}: {err})", file=sys.stderr)
+            return 2
+    else:
+        record = run_benchmark(args.sizes, names=names, repeat=args.repeat, causal=args.causal,
+                               d_k=args.d_k, d_v=args.d_v, naive_max=args.naive_max, pause=args.pause,
+                               backward=args.backward, command=command)
     print(format_report(record))
-    if args.json:
+    if args.json and not args.from_json:
         with open(args.json, "w") as f:
             json.dump(record, f, indent=1, allow_nan=False)
     if args.markdown:
         with open(args.markdown, "w") as f:
-            f.write(markdown(record))
+            f.write(markdown(record, args.markdown))
     if args.plot:
         plot(record, args.plot)
     return 0

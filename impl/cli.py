@@ -1,7 +1,7 @@
 """What this project's command lines share: a bad command line is one line and exit status 2.
 
 ``python -m impl.bench``, ``python -m impl.recall`` and ``python -m spec`` build their parsers
-from :class:`Parser`; their ``main`` catches :class:`UsageError`, prints
+from `Parser`; their ``main`` catches `UsageError`, prints
 ``<prog>: error: <message>`` to stderr and returns 2 — never a usage dump or a traceback.
 (``python -m calc`` keeps its own copy of these few lines so that its start-up does not import
 NumPy.)

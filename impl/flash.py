@@ -32,7 +32,7 @@ What remains is BLAS time plus about one exp per visible score: ``python -m impl
 measures it against PyTorch, JAX and the sgemm floor, and ``--profile`` shows it line by line
 (docs/performance.md).
 
-The backward (:func:`flash_attention_backward`) is FlashAttention-2's: key blocks are shared
+The backward (`flash_attention_backward`) is FlashAttention-2's: key blocks are shared
 between cores, and each tile's weights are recomputed from the forward's ``lse``.
 """
 
@@ -49,9 +49,18 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
-from impl.attention import Array, check_qkv, check_scale, check_softcap, compute_dtype
+from impl import cache
+from impl.attention import (
+    Array,
+    _as_float_array,
+    check_alibi_slopes,
+    check_qkv,
+    check_scale,
+    check_softcap,
+    compute_dtype,
+)
 from impl.grad import _check_d_out, _unbroadcast
-from impl.masks import check_window
+from impl.masks import _diagonal, check_window
 
 # Query rows × keys per tile. A 256 × 2048 float32 score tile is 2 MiB: big enough that each matmul
 # runs near full sgemm speed and Python's per-tile cost vanishes, small enough to stay in cache.
@@ -95,13 +104,17 @@ class Visibility:
     causal mask caps ``right`` at 0 (keys j ≤ i); both bounds are top-left aligned and ANDed. Each
     bound moves by one key per query, so a block of rows sees one contiguous key range, and a tile
     crosses a bound only near the diagonals ``j − i = right`` and ``i − j = left``.
+
+    ``offset`` moves the diagonal to key ``i + offset`` (a KV cache's ``kv_lengths[b] − n_q``): the
+    bounds become ``right + offset`` and ``left − offset``, which may be negative.
     """
 
-    def __init__(self, *, causal: bool, window: tuple[int, int] | None) -> None:
+    def __init__(self, *, causal: bool, window: tuple[int, int] | None, offset: int = 0) -> None:
         left, right = window if window is not None else (None, None)
         if causal:
             right = 0 if right is None else min(right, 0)
-        self.left, self.right = left, right
+        self.left = None if left is None else left - offset
+        self.right = None if right is None else right + offset
 
     def keys(self, q0: int, q1: int, n_k: int) -> tuple[int, int]:
         """The key range ``[k0, k1)`` that rows ``q0:q1`` see, clipped to ``[0, n_k]`` (may be empty)."""
@@ -110,7 +123,7 @@ class Visibility:
         return k0, max(k0, k1)
 
     def queries(self, k0: int, k1: int, n_q: int) -> tuple[int, int]:
-        """The query range ``[q0, q1)`` that sees any of keys ``k0:k1`` (the transpose of :meth:`keys`)."""
+        """The query range ``[q0, q1)`` that sees any of keys ``k0:k1`` (the transpose of `keys`)."""
         q0 = 0 if self.right is None else max(0, k0 - self.right)
         q1 = n_q if self.left is None else min(n_q, k1 + self.left)
         return q0, max(q0, q1)
@@ -143,6 +156,47 @@ class Visibility:
         return over or under
 
 
+class Alibi:
+    """ALiBi for one call: ``−slope·|diag − j|`` added to each score, with ``diag = i + n_k − n_q``
+    (FlashAttention's definition), one slope per head (``slopes`` broadcast to the leading dims)."""
+
+    def __init__(self, slopes: Array, batch: tuple[int, ...], n_q: int, n_k: int) -> None:
+        self.slopes = np.broadcast_to(slopes, batch)
+        self.diagonal = _diagonal(n_q, n_k, "bottom_right")[0]  # [n_q, 1]: each query's diagonal key
+
+    def add(self, s: Array, head: tuple[int, ...], q0: int, k0: int) -> None:  # [rows, cols] at (q0, k0)
+        """Add ALiBi's term to a score tile, in place."""
+        rows, cols = s.shape
+        distance = np.abs(self.diagonal[q0 : q0 + rows] - np.arange(k0, k0 + cols)).astype(s.dtype)
+        distance *= self.slopes[head]
+        s -= distance
+
+
+def _tile_scores(
+    s: Array, q_t: Array, k: Array, q0: int, k0: int, *, head: tuple[int, ...], softcap: float | None,
+    alibi: Alibi | None, seen: Visibility, tanh: Array | None = None,
+) -> None:  # s [rows, cols] <- the scores of queries q0.. × keys k0..; q_t [rows, d_k]; k [n_k, d_k]
+    """One tile's final scores, in place: ``q_t·kᵀ`` (``q_t`` = q·scale, and /c under a softcap),
+    ``c·tanh(·)``, ALiBi's term, −∞ where hidden. The forward and the backward both form their scores
+    here, so the backward's are the forward's — a score that overflowed there overflows here too.
+    ``tanh``, when given, keeps ``tanh(s/c)`` for the softcap's derivative."""
+    rows, cols = s.shape
+    np.matmul(q_t, k[k0 : k0 + cols].T, out=s)  # [rows, d_k] @ [d_k, cols]
+    if softcap is not None:
+        t = s if tanh is None else tanh
+        np.tanh(s, out=t)
+        np.multiply(t, s.dtype.type(softcap), out=s)
+    if alibi is not None:
+        alibi.add(s, head, q0, k0)
+    if seen.crosses(q0, q0 + rows, k0, k0 + cols):
+        seen.hide(s, q0, k0)
+
+
+def _query_factor(scale: float, softcap: float | None, work: np.dtype) -> Any:
+    """What q is multiplied by before ``q·kᵀ``: the scale, and 1/c under a softcap (c·tanh(s/c))."""
+    return work.type(scale if softcap is None else scale / softcap)
+
+
 # A row whose max lies within ±_SHIFT_FREE needs no shift before exp: its weights stay within
 # [e^-20, e^20] of 1 at their maximum, far from float32's overflow (e^88) and underflow.
 _SHIFT_FREE = 20.0
@@ -169,13 +223,13 @@ def _tile_shift(tile_max: Array, shift_free: bool) -> Array | None:  # [rows] ->
 
 def _row_block(
     q: Array, k: Array, v: Array, out: Array, lse: Array | None, q0: int, q1: int, *,
-    seen: Visibility, scale: float, softcap: float | None, block_k: int, skip_hidden: bool,
-    shift_free: bool,
+    head: tuple[int, ...], seen: Visibility, scale: float, softcap: float | None, alibi: Alibi | None,
+    block_k: int, skip_hidden: bool, shift_free: bool,
 ) -> None:  # [n_q, d_k], [n_k, d_k], [n_k, d_v] -> writes out[q0:q1]: [q1 - q0, d_v], lse[q0:q1]
     """Attention for query rows ``q0:q1`` of one head, one key tile at a time (the law above).
 
     Per tile, outside the two matmuls: one max and one exp over the scores (and a subtraction
-    only when :func:`_tile_shift` asks for one), in place; the row sums come from a matrix-vector
+    only when `_tile_shift` asks for one), in place; the row sums come from a matrix-vector
     product (BLAS, quicker than NumPy's sum along rows). ``m`` is each row's reference shift: the
     sums hold ``e^(s − m)``, and ``m`` is the row max whenever a shift was needed.
     """
@@ -184,8 +238,7 @@ def _row_block(
     rows = q1 - q0
     # Keys no row of the block sees are skipped (exact for finite values; see flash_attention).
     k_lo, k_hi = seen.keys(q0, q1, n_k) if skip_hidden else (0, n_k)
-    # softcap: c·tanh(s/c); the 1/c joins the scale, folded into q once.
-    q_t = q[q0:q1] * work.type(scale if softcap is None else scale / softcap)  # [rows, d_k]
+    q_t = q[q0:q1] * _query_factor(scale, softcap, work)  # [rows, d_k]: the scale folded into q once
     m = np.full(rows, -np.inf, dtype=work)  # running reference shift
     l = np.zeros(rows, dtype=work)  # running softmax denominator
     acc = np.zeros((rows, d_v), dtype=work)  # running unnormalised output
@@ -197,12 +250,7 @@ def _row_block(
         for k0 in range(k_lo, k_hi, block_k):
             k1 = min(k0 + block_k, k_hi)
             s = scores[:, : k1 - k0]
-            np.matmul(q_t, k[k0:k1].T, out=s)  # [rows, d_k] @ [d_k, k1 - k0]
-            if softcap is not None:
-                np.tanh(s, out=s)
-                s *= work.type(softcap)
-            if seen.crosses(q0, q1, k0, k1):
-                seen.hide(s, q0, k0)
+            _tile_scores(s, q_t, k, q0, k0, head=head, softcap=softcap, alibi=alibi, seen=seen)
             shift = _tile_shift(np.maximum.reduce(s, axis=1), shift_free)
             if shift is not None:
                 np.subtract(s, shift[:, None], out=s)
@@ -230,8 +278,9 @@ def _row_block(
         # overflow where shifted ones would not. Such a row (finite values, so nothing else made
         # it non-finite, or a NaN of its own) is computed again alone, shifted by its max.
         for i in np.flatnonzero(~(np.isfinite(l) & np.isfinite(acc).all(axis=1))).tolist():
-            _row_block(q, k, v, out, lse, q0 + i, q0 + i + 1, seen=seen, scale=scale, softcap=softcap,
-                       block_k=block_k, skip_hidden=skip_hidden, shift_free=False)
+            _row_block(q, k, v, out, lse, q0 + i, q0 + i + 1, head=head, seen=seen, scale=scale,
+                       softcap=softcap, alibi=alibi, block_k=block_k, skip_hidden=skip_hidden,
+                       shift_free=False)
 
 
 def _cores() -> int:
@@ -295,17 +344,26 @@ def _prepare(q: Any, k: Any, v: Any, scale: Any) -> tuple[Array, Array, Array, t
     return qs, ks, vs, batch, scale
 
 
+def _alibi(alibi_slopes: Any, batch: tuple[int, ...], n_q: int, n_k: int, work: np.dtype) -> Alibi | None:
+    slopes = check_alibi_slopes(alibi_slopes, batch, work)
+    return None if slopes is None else Alibi(slopes, batch, n_q, n_k)
+
+
 @overload
 def flash_attention(
     q: Any, k: Any, v: Any, *, causal: bool = ..., scale: float | None = ...,
     block: int | tuple[int, int] = ..., window: tuple[int, int] | None = ...,
     softcap: float | None = ..., return_lse: Literal[False] = ...,
+    alibi_slopes: Any = ..., block_table: Any = ..., kv_lengths: Any = ..., k_descale: Any = ...,
+    v_descale: Any = ...,
 ) -> Array: ...
 @overload
 def flash_attention(
     q: Any, k: Any, v: Any, *, causal: bool = ..., scale: float | None = ...,
     block: int | tuple[int, int] = ..., window: tuple[int, int] | None = ...,
     softcap: float | None = ..., return_lse: Literal[True],
+    alibi_slopes: Any = ..., block_table: Any = ..., kv_lengths: Any = ..., k_descale: Any = ...,
+    v_descale: Any = ...,
 ) -> tuple[Array, Array]: ...
 def flash_attention(
     q: Any,
@@ -318,11 +376,16 @@ def flash_attention(
     window: tuple[int, int] | None = None,
     softcap: float | None = None,
     return_lse: bool = False,
+    alibi_slopes: Any = None,
+    block_table: Any = None,
+    kv_lengths: Any = None,
+    k_descale: Any = None,
+    v_descale: Any = None,
 ) -> Array | tuple[Array, Array]:  # [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v] -> [..., n_q, d_v]
-    """Attention computed tile by tile; equal to :func:`impl.attention` up to float rounding.
+    """Attention computed tile by tile; equal to `impl.attention` up to float rounding.
 
     Args:
-      q, k, v: as in :func:`impl.attention`; leading dims broadcast.
+      q, k, v: as in `impl.attention`; leading dims broadcast.
       causal: query i sees keys j ≤ i (top-left aligned); tiles entirely above the diagonal are
         skipped. A query with no visible key gets zeros.
       scale: multiplies the scores; default ``1/√d_k``.
@@ -334,16 +397,40 @@ def flash_attention(
       return_lse: return ``(out, lse)``, ``lse [..., n_q]`` the natural-log logsumexp of each
         row's final scores (−∞ for a row that sees nothing), in the compute dtype: float32 for
         float16, bfloat16 and float32 inputs, float64 for float64.
+      alibi_slopes: float ``[h]`` (``[1]`` for 2-D inputs) or, for 4-D inputs, ``[batch, h]``:
+        ``−slope·|i + n_k − n_q − j|`` added to each score after the softcap, before the masks, as
+        in ``impl.attention``.
+      block_table, kv_lengths: a paged KV cache, as in `impl.attention`: q
+        ``[batch, h, n_q, d_k]``, k and v ``[num_blocks, block_size, g, d]``, key j of sequence b at
+        ``k[block_table[b, j // block_size], j % block_size]`` for ``j < kv_lengths[b]``. ``causal``
+        and ``window`` are then aligned per sequence (diag = i + kv_lengths[b] − n_q, as
+        FlashAttention's ``flash_attn_with_kvcache``); query head i reads K/V head ``i // (h // g)``.
+        ``kv_lengths`` is taken only with a block table: contiguous keys have top-left masks here.
+      k_descale, v_descale: float ``[batch, g]``: a paged cache in ``float8_e4m3fn`` meaning
+        ``k.astype(float32) · k_descale[b, g]`` (only with ``block_table``). ``alibi_slopes`` is not
+        taken with a paged cache here (``impl.attention`` takes both).
 
-    Numerics follow :func:`impl.attention`: float64 stays float64, narrower floats compute in
+    Numerics follow `impl.attention`: float64 stays float64, narrower floats compute in
     float32 and are cast back; NaN and Inf propagate. No keys (n_k = 0) gives zeros.
     """
+    if block_table is not None:
+        if alibi_slopes is not None:  # the paged path tiles without ALiBi; impl.attention has both
+            raise ValueError("flash_attention takes alibi_slopes only with contiguous keys, not with a "
+                             "paged cache (block_table); impl.attention takes both")
+        return _paged(q, k, v, block_table=block_table, kv_lengths=kv_lengths, k_descale=k_descale,
+                      v_descale=v_descale, causal=bool(causal), scale=scale, block=block, window=window,
+                      softcap=softcap, return_lse=return_lse)
+    for name, given in (("kv_lengths", kv_lengths), ("k_descale", k_descale), ("v_descale", v_descale)):
+        if given is not None:
+            raise ValueError(f"flash_attention takes {name} only with a paged cache (block_table); "
+                             "impl.attention takes it for contiguous keys")
     qs, ks, vs, batch, scale = _prepare(q, k, v, scale)
     block_q, block_k = _tile_shape(block)
     seen = Visibility(causal=bool(causal), window=None if window is None else check_window(window))
     softcap = check_softcap(softcap)
     n_q, n_k, d_v = qs.shape[-2], ks.shape[-2], vs.shape[-1]
     work = qs.dtype
+    alibi = _alibi(alibi_slopes, batch, n_q, n_k, work)
     out = np.empty((*batch, n_q, d_v), dtype=work)
     lse = np.empty((*batch, n_q), dtype=work) if return_lse else None
     heads = list(np.ndindex(*batch))
@@ -357,12 +444,63 @@ def flash_attention(
         h, q0, q1 = job
         idx = heads[h]
         _row_block(qs[idx], ks[idx], vs[idx], out[idx], None if lse is None else lse[idx], q0, q1,
-                   seen=seen, scale=scale, softcap=softcap, block_k=block_k, skip_hidden=skip_hidden,
-                   shift_free=skip_hidden)
+                   head=idx, seen=seen, scale=scale, softcap=softcap, alibi=alibi, block_k=block_k,
+                   skip_hidden=skip_hidden, shift_free=skip_hidden)
 
     jobs = list(_jobs(len(heads), n_q, block_q, bool(causal)))
     _in_parallel(run, jobs, _threads(len(jobs), len(heads) * n_q * n_k))
     result = out.astype(np.asarray(q).dtype, copy=False)
+    return (result, lse) if lse is not None else result
+
+
+def _paged(
+    q: Any, k: Any, v: Any, *, block_table: Any, kv_lengths: Any, k_descale: Any, v_descale: Any,
+    causal: bool, scale: Any, block: Any, window: Any, softcap: Any, return_lse: bool,
+) -> Array | tuple[Array, Array]:  # [b, h, n_q, d_k], pools [blocks, size, g, d] -> [b, h, n_q, d_v]
+    """`flash_attention` over a paged (and perhaps float8) cache.
+
+    Each sequence's keys and values are gathered once into contiguous ``[g, kv_lengths[b], d]``
+    (dequantized for float8) by the same reader as `impl.attention`'s — a copy of the keys
+    in use, O(n_k · d) per sequence, never the pattern — and then tiled as any other head, with
+    the diagonal moved to ``i + kv_lengths[b] − n_q``. Only the blocks a sequence owns are read.
+    """
+    q = _as_float_array("q", q)
+    work = compute_dtype(q.dtype)
+    table, lengths = cache.check_pages(q.shape, k, v, block_table, kv_lengths)
+    float8 = cache.check_float8(k, v, k_descale, v_descale)
+    if not float8 and not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    batch, heads, n_q, d_k = q.shape
+    g, d_v = k.shape[2], v.shape[3]
+    if g == 0 or heads % g:
+        raise ValueError(f"q's heads (h = {heads}) must be a multiple of the cache's K/V heads (g = {g})")
+    shape = (batch, g)
+    k_scale = cache.check_descale("k_descale", k_descale, shape) if float8 else None
+    v_scale = cache.check_descale("v_descale", v_descale, shape) if float8 else None
+    scale = check_scale(scale, d_k)
+    block_q, block_k = _tile_shape(block)
+    window = None if window is None else check_window(window)
+    softcap = check_softcap(softcap)
+    qs = q.astype(work, copy=False)
+    out = np.empty((batch, heads, n_q, d_v), dtype=work)
+    lse = np.empty((batch, heads, n_q), dtype=work) if return_lse else None
+    keys, values, seen = [], [], []
+    for b, length in enumerate(lengths.tolist()):  # [g, length, d_k], [g, length, d_v] in work
+        keys.append(cache.sequence(k, table[b], length, None if k_scale is None else k_scale[b], work))
+        values.append(cache.sequence(v, table[b], length, None if v_scale is None else v_scale[b], work))
+        seen.append(Visibility(causal=causal, window=window, offset=length - n_q))
+    finite = [bool(np.isfinite(x).all()) for x in values]  # as in flash_attention: skip only when exact
+
+    def run(job: tuple[int, int, int, int]) -> None:
+        b, h, q0, q1 = job
+        kv = h // (heads // g)  # grouped-query attention: query head h reads K/V head h // (h/g)
+        _row_block(qs[b, h], keys[b][kv], values[b][kv], out[b, h], None if lse is None else lse[b, h],
+                   q0, q1, head=(b, h), seen=seen[b], scale=scale, softcap=softcap, alibi=None,
+                   block_k=block_k, skip_hidden=finite[b], shift_free=finite[b])
+
+    jobs = [(b, h, q0, q1) for b in range(batch) for h, q0, q1 in _jobs(heads, n_q, block_q, causal)]
+    _in_parallel(run, jobs, _threads(len(jobs), heads * n_q * int(lengths.sum())))
+    result = out.astype(q.dtype, copy=False)
     return (result, lse) if lse is not None else result
 
 
@@ -381,28 +519,27 @@ def _with_column(x: Array, column: Array | float) -> Array:  # [n, d], [n] or sc
 
 
 def _key_block(
-    q_lse: Array, k: Array, v: Array, do_d: Array, dq: Array, dk: Array, dv: Array, k0: int, k1: int, *,
-    seen: Visibility, scale: float, softcap: float | None, block_q: int, skip_hidden: bool,
-) -> None:  # one head: q_lse [n_q, d_k + 1]; k, dk [n_k, d_k]; v, dv [n_k, d_v]; do_d [n_q, d_v + 1]
+    q_s: Array, q: Array, lse: Array, k: Array, v: Array, do_d: Array, dq: Array, dk: Array, dv: Array,
+    k0: int, k1: int, *, head: tuple[int, ...], seen: Visibility, scale: float, softcap: float | None,
+    alibi: Alibi | None, block_q: int, skip_hidden: bool,
+) -> None:  # one head: q_s, q, dq [n_q, d_k]; lse [n_q, 1]; k, dk [n_k, d_k]; v, dv [n_k, d_v];
+    # do_d [n_q, d_v + 1]
     """Gradients from keys ``k0:k1`` of one head: writes ``dk[k0:k1]``, ``dv[k0:k1]``, adds into ``dq``.
 
-    For each query tile the weights are recomputed from the forward's logsumexp,
-    ``P = e^(S − lse)``, so the pattern is never stored (FlashAttention-2, Algorithm 2):
+    For each query tile the scores are formed again exactly as the forward formed them
+    (``_tile_scores``, from ``q_s`` = q·scale, or q·scale/c under a softcap) and the weights
+    recomputed from the forward's logsumexp, ``P = e^(S − lse)``, so the pattern is never stored
+    (FlashAttention-2, Algorithm 2):
 
         dV += Pᵀ dO,   dP = dO Vᵀ,   dS = P ∘ (dP − D),   dQ += dS K·scale,   dK += dSᵀ Q·scale
 
     with ``D = rowsum(dO ∘ O)``; under a softcap ``dS`` also takes the factor ``1 − tanh²``.
-    ``q_lse = [q, −lse]`` and ``do_d = [dO, −D]`` carry the two per-row subtractions into the
-    matmuls against ``[k·scale, 1]`` and ``[v, 1]``: two passes over each tile saved.
+    ``do_d = [dO, −D]`` carries the subtraction of D into the matmul against ``[v, 1]``.
     """
     work = dq.dtype
     n_q, d_k = dq.shape
-    q, do = q_lse[:, :d_k], do_d[:, :-1]  # views: [n_q, d_k], [n_q, d_v]
+    do = do_d[:, :-1]  # view: [n_q, d_v]
     q_lo, q_hi = seen.queries(k0, k1, n_q) if skip_hidden else (0, n_q)
-    if softcap is None:  # S − lse in one matmul
-        q_s, k_s = q_lse, _with_column(k[k0:k1] * work.type(scale), 1)  # [cols, d_k + 1]
-    else:  # c·tanh(S/c) first, then − lse
-        q_s, k_s = q, k[k0:k1] * work.type(scale / softcap)
     k_grad = k[k0:k1] * work.type(scale)  # ∂S/∂q = scale·k: [cols, d_k]
     v_one = _with_column(v[k0:k1], 1)  # [cols, d_v + 1]
     dk_b, dv_b = dk[k0:k1], dv[k0:k1]  # [cols, d_k], [cols, d_v]: this job's rows, zero on entry
@@ -415,19 +552,14 @@ def _key_block(
         q1 = min(q0 + block_q, q_hi)
         rows = q1 - q0
         p, dp = p_buf[:rows], dp_buf[:rows]
-        np.matmul(q_s[q0:q1], k_s.T, out=p)  # S − lse (or S/c): [rows, d_k (+1)] @ [d_k (+1), cols]
-        if t_buf is not None:
-            t = t_buf[:rows]
-            np.tanh(p, out=t)
-            np.multiply(t, work.type(softcap), out=p)
-            p += q_lse[q0:q1, -1:]
-        if seen.crosses(q0, q1, k0, k1):
-            seen.hide(p, q0, k0)
+        t = None if t_buf is None else t_buf[:rows]
+        _tile_scores(p, q_s[q0:q1], k, q0, k0, head=head, softcap=softcap, alibi=alibi, seen=seen, tanh=t)
+        np.subtract(p, lse[q0:q1], out=p)  # S − lse
         np.exp(p, out=p)  # P = e^(S − lse)
         dv_b += np.matmul(p.T, do[q0:q1], out=dv_t)  # [cols, rows] @ [rows, d_v]
         np.matmul(do_d[q0:q1], v_one.T, out=dp)  # dP − D: [rows, d_v + 1] @ [d_v + 1, cols]
         np.multiply(dp, p, out=dp)  # dS = P ∘ (dP − D)
-        if t_buf is not None:
+        if t is not None:
             np.multiply(t, t, out=t)
             np.subtract(work.type(1), t, out=t)
             np.multiply(dp, t, out=dp)  # through c·tanh(u/c): the factor 1 − tanh²
@@ -478,11 +610,12 @@ def flash_attention_backward(
     window: tuple[int, int] | None = None,
     softcap: float | None = None,
     block: int | tuple[int, int] = DEFAULT_BACKWARD_BLOCK,
+    alibi_slopes: Any = None,
 ) -> tuple[Array, Array, Array]:  # q, k, v, out [..., n_q, d_v], lse [..., n_q], d_out [..., n_q, d_v]
-    """Gradients ``(dq, dk, dv)`` of :func:`flash_attention`, tile by tile (FlashAttention-2).
+    """Gradients ``(dq, dk, dv)`` of `flash_attention`, tile by tile (FlashAttention-2).
 
     Args:
-      q, k, v, causal, scale, window, softcap: as given to the forward call.
+      q, k, v, causal, scale, window, softcap, alibi_slopes: as given to the forward call.
       out, lse: what ``flash_attention(q, k, v, ..., return_lse=True)`` returned.
       d_out: ``∂loss/∂out``, the shape of ``out`` and the dtype of q.
       block: tile shape (query rows, keys). Key blocks are shared between cores; each tile's
@@ -491,7 +624,11 @@ def flash_attention_backward(
 
     Returns:
       ``dq``, ``dk``, ``dv``, each in the shape and dtype of its input (summed over the leading
-      dims it was broadcast along), equal to :func:`impl.attention_backward` up to float rounding.
+      dims it was broadcast along), equal to `impl.attention_backward` up to float rounding.
+
+    The scores are formed again exactly as the forward formed them, ``(q·scale)·kᵀ`` then the cap,
+    ALiBi and the masks, and only then is ``lse`` subtracted: where the forward's score overflowed
+    to −∞ (and its row's lse with it), the backward's is −∞ too, and that pair gets no gradient.
     """
     qs, ks, vs, batch, scale = _prepare(q, k, v, scale)
     block_q, block_k = _tile_shape(block)
@@ -503,10 +640,12 @@ def flash_attention_backward(
     out_ = _check_d_out(out, dtype, (*batch, n_q, d_v), name="out").astype(work, copy=False)
     do = _check_d_out(d_out, dtype, (*batch, n_q, d_v)).astype(work, copy=False)
     lse_ = _check_lse(lse, work, (*batch, n_q))
+    alibi = _alibi(alibi_slopes, batch, n_q, n_k, work)
     d_row = np.einsum("...ij,...ij->...i", do, out_)  # D = rowsum(dO ∘ O): [..., n_q]
-    # A row that sees nothing has lse = −∞; every score of it is hidden (−∞) before exp, so any
-    # finite stand-in serves, and none gives ∞ − ∞.
-    q_lse = _with_column(qs, -np.where(np.isneginf(lse_), work.type(0), lse_))  # [..., n_q, d_k + 1]
+    # A row with lse = −∞ had every score −∞ in the forward, and has here (the same scores), so
+    # e^(−∞ − x) = 0 for any finite stand-in x; −∞ itself would give −∞ − −∞ = NaN.
+    lse_ = np.where(np.isneginf(lse_), work.type(0), lse_)[..., None]  # [..., n_q, 1]
+    q_s = qs * _query_factor(scale, softcap, work)  # as the forward scales q: [..., n_q, d_k]
     do_d = _with_column(do, -d_row)  # [..., n_q, d_v + 1]
     # As in the forward: tiles outside the mask are skipped only when that is exact; with a NaN
     # or Inf among the inputs, the hidden pairs' 0 · Inf terms must reach the gradients too.
@@ -532,8 +671,8 @@ def flash_attention_backward(
         for i in shares[worker]:
             h, k0, k1 = jobs[i]
             idx = heads[h]
-            _key_block(q_lse[idx], ks[idx], vs[idx], do_d[idx], dqs[worker][idx], dk[idx], dv[idx],
-                       k0, k1, seen=seen, scale=scale, softcap=softcap,
+            _key_block(q_s[idx], qs[idx], lse_[idx], ks[idx], vs[idx], do_d[idx], dqs[worker][idx], dk[idx],
+                       dv[idx], k0, k1, head=idx, seen=seen, scale=scale, softcap=softcap, alibi=alibi,
                        block_q=block_q, skip_hidden=skip_hidden)
 
     _in_parallel(run, range(len(shares)), threads)

@@ -1,18 +1,24 @@
 """Gradients of attention written by hand, and a central-difference checker.
 
-With ``S = q kᵀ · scale`` (−∞ where a key is hidden), ``P = softmax(S)`` row by row and
-``O = P v``, an upstream gradient ``dO`` flows back as
+With ``R = q kᵀ · scale``, ``S = c·tanh(R/c) + bias`` (−∞ where a key is hidden), ``P`` the softmax
+of each row of S (its sink, if any, in the denominator), ``W = dropout(P)`` and ``O = W v``, an
+upstream gradient ``dO`` flows back as
 
-    dv = Pᵀ dO
-    dP = dO vᵀ
+    dv = Wᵀ dO
+    dP = dropout(dO vᵀ)              the same kept set and 1/(1 − p): dropout is linear
     dS = P ∘ (dP − D),   D = rowsum(dO ∘ O) = rowsum(P ∘ dP)
-    dq = dS k · scale,   dk = dSᵀ q · scale
+    dR = dS ∘ (1 − tanh²(R/c))       (dR = dS without a softcap)
+    dq = dR k · scale,   dk = dRᵀ q · scale
+    dbias = dS (summed over the axes the bias was broadcast along)
+    dσ_h = −Σ p_sink · D             p_sink = e^(σ_h − lse), the sink's share of its row
 
 ``dS`` is ``dP`` pushed through the softmax Jacobian ``diag(p) − p pᵀ`` of each row; writing its
 ``pᵀ dP`` term as ``D = rowsum(dO ∘ O)`` is the form of FlashAttention-2 (Dao, 2023, Algorithm 2),
-which needs only the output, not the pattern, to form it. Hidden keys have ``P = 0`` and so
-receive no gradient; a query row with no visible key has ``P = 0`` throughout and gets zeros, the
-gradient of the zero output that :func:`impl.attention` returns for it.
+which needs only the output, not the pattern, to form it (it holds under dropout too:
+``rowsum(P ∘ dP) = rowsum(W ∘ dO vᵀ) = rowsum(dO ∘ O)``). ALiBi's term is part of the bias here.
+Hidden keys have ``P = W = 0`` and so receive no gradient; a query row with no visible key has
+``P = 0`` throughout and gets zeros, the gradient of the zero output that `impl.attention`
+returns for it. Grouped K/V heads sum their group's gradients, as broadcast inputs do.
 """
 
 from __future__ import annotations
@@ -23,7 +29,18 @@ from typing import Any
 
 import numpy as np
 
-from impl.attention import Array, attention, check_mask, check_qkv, check_scale, compute_dtype
+from impl.attention import (
+    Array,
+    _cap,
+    _checked,
+    _dropout,
+    _full_rows,
+    _grouped,
+    _scores,
+    _weights,
+    compute_dtype,
+)
+from impl.masks import Align
 
 
 def _swap(x: Array) -> Array:  # [..., a, b] -> [..., b, a]
@@ -56,6 +73,30 @@ def _check_d_out(d_out: Any, dtype: np.dtype, shape: tuple[int, ...], *, name: s
     return d_out
 
 
+def _core_backward(
+    q: Array, k: Array, v: Array, *, d_out: Array, scale: float, softcap: float | None, bias: Array | None,
+    keep: Array | None, sinks: Array | float, dropout: tuple[float, int | None],
+) -> tuple[Array, Array, Array, Array, Array]:
+    # [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v], d_out [..., n_q, d_v]; the rest as _core's
+    # -> dq, dk, dv in the shapes of q, k, v; dS [..., n_q, n_k] (the bias's); dσ per row [..., n_q, 1]
+    """The backward of ``impl.attention``'s core (the law above), its forward recomputed by the
+    forward's own helpers."""
+    rows = _full_rows(q, k, v)
+    raw = _scores(rows, k, scale)  # R
+    p, lse = _weights(_cap(raw, softcap), bias=bias, keep=keep, sinks=sinks)
+    w = _dropout(p, *dropout)
+    dv = _swap(w) @ d_out  # [..., n_k, n_q] @ [..., n_q, d_v]
+    dp = _dropout(d_out @ _swap(v), *dropout)  # [..., n_q, d_v] @ [..., d_v, n_k]
+    d_row = np.sum(d_out * (w @ v), axis=-1, keepdims=True)  # D: [..., n_q, 1]
+    ds = p * (dp - d_row)  # softmax Jacobian; hidden keys (p = 0) get exactly 0
+    # The sink's share: a row with lse = −∞ has a −∞ sink (lse counts it), whose share is 0.
+    d_sinks = -np.exp(sinks - np.where(np.isneginf(lse), 0, lse)) * d_row
+    d_raw = ds if softcap is None else ds * (1 - np.tanh(raw / raw.dtype.type(softcap)) ** 2)
+    dq = (d_raw @ k) * q.dtype.type(scale)  # [..., n_q, n_k] @ [..., n_k, d_k]
+    dk = (_swap(d_raw) @ rows) * q.dtype.type(scale)  # [..., n_k, n_q] @ [..., n_q, d_k]
+    return _unbroadcast(dq, q.shape), _unbroadcast(dk, k.shape), _unbroadcast(dv, v.shape), ds, d_sinks
+
+
 def attention_backward(
     q: Any,
     k: Any,
@@ -65,55 +106,74 @@ def attention_backward(
     causal: bool = False,
     mask: Any = None,
     scale: float | None = None,
-) -> tuple[Array, Array, Array]:  # [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v], [..., n_q, d_v]
+    bias: Any = None,
+    window: tuple[int, int] | None = None,
+    align: Align = "top_left",
+    softcap: float | None = None,
+    sinks: Any = None,
+    kv_lengths: Any = None,
+    cu_seqlens_q: Any = None,
+    cu_seqlens_k: Any = None,
+    dropout_p: float = 0.0,
+    seed: int | None = None,
+    alibi_slopes: Any = None,
+    return_extras: bool = False,
+) -> Any:  # [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v], [..., n_q, d_v]
     """Gradients ``(dq, dk, dv)`` of ``attention(q, k, v, ...)`` for the upstream gradient ``d_out``.
 
     Args:
-      q, k, v, causal, mask, scale: as for :func:`impl.attention` (same validation, same errors).
+      q, k, v: as for `impl.attention`, grouped K/V heads included.
       d_out: ``∂loss/∂out``, the shape of the output ``[..., n_q, d_v]`` (leading dims broadcast
         from q, k and v) and the dtype of q.
+      causal, mask, scale, bias, window, align, softcap, sinks: exactly as given to the forward.
+      kv_lengths, cu_seqlens_q, cu_seqlens_k, dropout_p, seed, alibi_slopes: likewise (the same
+        validation, the same errors); with dropout, the same seed gives the forward's kept set.
+      return_extras: also return a dict of the gradients of the extra inputs given in this call:
+        ``"dbias"`` (the bias's shape as passed, summed over the axes it was broadcast along, and
+        its dtype) when ``bias`` is given, ``"dsinks"`` (``[h]``, summed over batch and rows, the
+        sinks' dtype) when ``sinks`` is.
 
     Returns:
       ``dq [..., n_q, d_k]``, ``dk [..., n_k, d_k]``, ``dv [..., n_k, d_v]``, each in the shape and
-      dtype of its own input: where an input was broadcast over leading dims, its gradient is
-      summed over them. The maths runs in :func:`impl.attention.compute_dtype`.
+      dtype of its own input: where an input was broadcast over leading dims, or a K/V head served
+      a group of query heads, its gradient is summed over them. Then the extras' dict, if asked.
+      The maths runs in `impl.attention.compute_dtype`. A key hidden from every query gets
+      exactly zero dk and dv, and a query that sees no key zero dq (for finite inputs).
 
     >>> q = np.zeros((1, 2)); k = np.zeros((2, 2)); v = np.array([[1.0], [3.0]])
     >>> dq, dk, dv = attention_backward(q, k, v, np.ones((1, 1)))
     >>> dv.ravel()  # uniform weights: each value gets half of dO
     array([0.5, 0.5])
+    >>> *_, extras = attention_backward(q, k, v, np.ones((1, 1)), sinks=np.array([0.0]), return_extras=True)
+    >>> extras["dsinks"]  # the sink takes 1/3 of the row: dσ = −(1/3)·D, D = dO·O = 4/3
+    array([-0.44444444])
     """
-    q, k, v, batch = check_qkv(q, k, v)
-    n_q, d_k = q.shape[-2:]
-    d_v = v.shape[-1]
-    scale = check_scale(scale, d_k)
-    d_out = _check_d_out(d_out, q.dtype, (*batch, n_q, d_v))
-    if mask is not None:
-        mask = check_mask(mask, (*batch, n_q, k.shape[-2]))
-    work = compute_dtype(q.dtype)
-    q_, k_, v_, do = (x.astype(work, copy=False) for x in (q, k, v, d_out))
-    # Views at the full leading shape, so the pattern has the shape of d_out's rows even when
-    # only v carries a leading dim.
-    q_ = np.broadcast_to(q_, (*batch, *q.shape[-2:]))
-    k_ = np.broadcast_to(k_, (*batch, *k.shape[-2:]))
-
-    # The forward pattern, recomputed by the forward itself (the validation above already ran).
-    _, p = attention(q_, k_, v_, causal=causal, mask=mask, scale=scale, return_weights=True)
-    out = p @ v_  # [..., n_q, d_v], kept in the compute dtype for D
-    dv = _swap(p) @ do  # [..., n_k, n_q] @ [..., n_q, d_v]
-    dp = do @ _swap(v_)  # [..., n_q, d_v] @ [..., d_v, n_k]
-    d_row = np.sum(do * out, axis=-1, keepdims=True)  # D: [..., n_q, 1]
-    ds = p * (dp - d_row)  # softmax Jacobian; hidden keys (p = 0) get exactly 0
-    dq = (ds @ k_) * work.type(scale)  # [..., n_q, n_k] @ [..., n_k, d_k]
-    dk = (_swap(ds) @ q_) * work.type(scale)  # [..., n_k, n_q] @ [..., n_q, d_k]
-    return tuple(  # type: ignore[return-value]
-        _unbroadcast(g, x.shape).astype(x.dtype, copy=False) for g, x in ((dq, q), (dk, k), (dv, v))
+    q, k, v, batch, core = _checked(
+        q, k, v, causal=causal, mask=mask, scale=scale, bias=bias, window=window, align=align,
+        softcap=softcap, sinks=sinks, kv_lengths=kv_lengths, cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k, dropout_p=dropout_p, seed=seed, alibi_slopes=alibi_slopes,
     )
+    d_out = _check_d_out(d_out, q.dtype, (*batch, q.shape[-2], v.shape[-1]))
+    work = compute_dtype(q.dtype)
+    dq, dk, dv, d_scores, d_sinks = _grouped(
+        _core_backward, *(x.astype(work, copy=False) for x in (q, k, v)),
+        d_out=d_out.astype(work, copy=False), **core,
+    )
+    grads = tuple(g.astype(x.dtype, copy=False) for g, x in ((dq, q), (dk, k), (dv, v)))
+    if not return_extras:
+        return grads
+    extras = {}
+    if bias is not None:
+        extras["dbias"] = _unbroadcast(d_scores, np.shape(bias)).astype(np.asarray(bias).dtype, copy=False)
+    if sinks is not None:  # per head: [h, 1, 1] ([1, 1] for 2-D inputs) -> [h]
+        per_head = _unbroadcast(d_sinks, np.shape(core["sinks"])).reshape(np.shape(sinks))
+        extras["dsinks"] = per_head.astype(np.asarray(sinks).dtype, copy=False)
+    return (*grads, extras)
 
 
 @dataclass(frozen=True)
 class GradCheck:
-    """The outcome of :func:`gradcheck`: one row per sampled parameter, and the worst relative difference."""
+    """The outcome of `gradcheck`: one row per sampled parameter, and the worst relative difference."""
 
     max_rel_diff: float
     samples: tuple[tuple[str, tuple[int, ...], float, float, float], ...]
@@ -166,11 +226,11 @@ def gradcheck(
         checked); None checks every entry.
       eps: the step h. The error is O(h²) from truncation plus O(ε_float·|f|/h) from rounding;
         1e-6 balances the two for losses of order 1 in float64.
-      floor: gradients smaller than this are compared absolutely (see :func:`relative_difference`).
+      floor: gradients smaller than this are compared absolutely (see `relative_difference`).
       seed: picks the sampled positions.
 
     Returns:
-      :class:`GradCheck` with the maximum relative difference over the sampled parameters.
+      `GradCheck` with the maximum relative difference over the sampled parameters.
     """
     point = {name: np.array(p, copy=True) for name, p in params.items()}
     if not point:

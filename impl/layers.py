@@ -1,4 +1,4 @@
-"""Attention layers built on :func:`impl.attention`: one head, and multi-head with grouped K/V."""
+"""Attention layers built on `impl.attention`: one head, and multi-head with grouped K/V."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ def _weight(name: str, w: Any, rows: int) -> Array:
 def self_attention(
     x: Any, wq: Any, wk: Any, wv: Any, *, causal: bool = True
 ) -> tuple[Array, Array]:  # [..., n, d], [d, d_k], [d, d_k], [d, d_v] -> [..., n, d_v], [..., n, n]
-    """One attention head over the tokens ``x``, the form of the source article.
+    """One attention head over the tokens ``x``, the form of the article "How an LLM Works, Part 6:
+    Attention".
 
     ``q, k, v = x W_Q, x W_K, x W_V``; returns the head's output and its pattern.
     """

@@ -1,4 +1,4 @@
-"""The causal-mask experiment of the source article, generalised.
+"""The causal-mask experiment of the article "How an LLM Works, Part 6: Attention", generalised.
 
 Random tokens go through one random attention head twice, the second time with the vector at one
 position changed. With the causal mask every output before that position must be bit-for-bit the

@@ -1,21 +1,25 @@
 """Boolean mask builders: ``True`` means the query may attend to the key.
 
 Each builder is pure and small; combine them with ``np.logical_and`` and pass the result as
-``mask=`` to :func:`impl.attention` (or any attention that takes a boolean mask).
+``mask=`` to `impl.attention` (or any attention that takes a boolean mask).
 
-Causal masks and sliding windows are measured from each query's *diagonal* key:
-``diag = i`` for the ``top_left`` alignment (PyTorch's ``is_causal``) and ``diag = i + n_k − n_q``
-for ``bottom_right`` (FlashAttention ≥ 2.1, MLX: the last query sits on the last key).
+Causal masks, sliding windows and ALiBi's distances are measured from each query's *diagonal* key:
+``diag = i`` for the ``top_left`` alignment (PyTorch's ``is_causal``), ``diag = i + n_k − n_q``
+for ``bottom_right`` (FlashAttention ≥ 2.1, MLX: the last query sits on the last key), and
+``diag = i + kv_lengths[b] − n_q`` for ``kv_lengths``: bottom-right per batch row, the last query of
+row b on its last real key (a KV cache: FlashAttention's ``cache_seqlens``, ONNX's
+``nonpad_kv_seqlen``). One helper, ``_diagonal``, places it for all of them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
-Align = Literal["top_left", "bottom_right"]
+Align = Literal["top_left", "bottom_right", "kv_lengths"]
+ALIGNMENTS: tuple[Align, ...] = ("top_left", "bottom_right", "kv_lengths")
 
 
 def _positions(n_q: int, n_k: int | None) -> tuple[np.ndarray, np.ndarray, int]:
@@ -26,24 +30,52 @@ def _positions(n_q: int, n_k: int | None) -> tuple[np.ndarray, np.ndarray, int]:
     return np.arange(n_q)[:, None], np.arange(n_k)[None, :], n_k
 
 
-def _diagonal(n_q: int, n_k: int | None, align: Align) -> tuple[np.ndarray, np.ndarray]:
-    # -> diag [n_q, 1], key positions j [1, n_k]
+def _lengths(kv_lengths: object, n_k: int) -> np.ndarray:  # -> [batch] int
+    lengths = np.asarray(kv_lengths)
+    if lengths.dtype.kind not in "iu":
+        raise TypeError(f"kv_lengths must be integers, got dtype {lengths.dtype}")
+    if lengths.ndim != 1:
+        raise ValueError(f"kv_lengths must be 1-D (one length per batch row), got shape {lengths.shape}")
+    if np.any(lengths < 0) or np.any(lengths > n_k):
+        raise ValueError(f"kv_lengths must lie in [0, n_k={n_k}], got {lengths.tolist()}")
+    return lengths
+
+
+def _diagonal(
+    n_q: int, n_k: int | None, align: Align, kv_lengths: object = None
+) -> tuple[np.ndarray, np.ndarray]:
+    # -> diag [n_q, 1] (align="kv_lengths": [batch, 1, n_q, 1]), key positions j [1, n_k]
+    """The key each query is aligned with: the one place every causal edge and window starts from.
+
+    ``top_left``: i; ``bottom_right``: i + n_k − n_q; ``kv_lengths``: i + kv_lengths[b] − n_q for
+    batch row b (the heads axis stays 1 and broadcasts). ``kv_lengths`` is read only with that
+    alignment, and refused with the others, where it would silently mean nothing.
+    """
     i, j, n_k = _positions(n_q, n_k)
+    if align not in ALIGNMENTS:
+        raise ValueError(f"align must be one of {', '.join(map(repr, ALIGNMENTS))}, got {align!r}")
+    if (kv_lengths is None) != (align != "kv_lengths"):
+        raise ValueError("kv_lengths gives the diagonal exactly when align='kv_lengths': "
+                         f"got align={align!r} with kv_lengths {'absent' if kv_lengths is None else 'given'}")
     if align == "top_left":
         return i, j
     if align == "bottom_right":
         return i + (n_k - n_q), j
-    raise ValueError(f"align must be 'top_left' or 'bottom_right', got {align!r}")
+    lengths = _lengths(kv_lengths, n_k)
+    return i + (lengths[:, None, None, None] - n_q), j
 
 
 def causal_mask(
-    n_q: int, n_k: int | None = None, *, align: Align = "top_left"
-) -> np.ndarray:  # -> [n_q, n_k]
+    n_q: int, n_k: int | None = None, *, align: Align = "top_left", kv_lengths: object = None
+) -> np.ndarray:  # -> [n_q, n_k]; align="kv_lengths": [batch, 1, n_q, n_k]
     """Causal visibility: query i sees keys j ≤ diag.
 
     ``top_left`` (PyTorch's ``is_causal``): query i sees keys j ≤ i.
     ``bottom_right`` (FlashAttention ≥ 2.1, MLX): the last query sees the last key, so query i
     sees keys j ≤ i + (n_k − n_q) — the alignment of decoding with a KV cache.
+    ``kv_lengths`` (with ``kv_lengths`` int ``[batch]``): the same per batch row,
+    j ≤ i + kv_lengths[b] − n_q, for caches whose rows hold different numbers of keys; a query
+    before the start of its row's cache (i < n_q − kv_lengths[b]) sees nothing.
 
     >>> causal_mask(2, 3).astype(int)
     array([[1, 0, 0],
@@ -51,8 +83,14 @@ def causal_mask(
     >>> causal_mask(2, 3, align="bottom_right").astype(int)
     array([[1, 1, 0],
            [1, 1, 1]])
+    >>> causal_mask(2, 3, align="kv_lengths", kv_lengths=[1, 2])[:, 0].astype(int)
+    array([[[0, 0, 0],
+            [1, 0, 0]],
+    <BLANKLINE>
+           [[1, 0, 0],
+            [1, 1, 0]]])
     """
-    diag, j = _diagonal(n_q, n_k, align)
+    diag, j = _diagonal(n_q, n_k, align, kv_lengths)
     return j <= diag
 
 
@@ -87,9 +125,12 @@ def check_window(window: object) -> tuple[int, int]:
 
 
 def sliding_window_mask(
-    n_q: int, n_k: int | None = None, *, window: tuple[int, int], align: Align = "top_left"
-) -> np.ndarray:  # -> [n_q, n_k]
+    n_q: int, n_k: int | None = None, *, window: tuple[int, int], align: Align = "top_left",
+    kv_lengths: object = None,
+) -> np.ndarray:  # -> [n_q, n_k]; align="kv_lengths": [batch, 1, n_q, n_k]
     """Local attention: query i sees keys j with diag − left ≤ j ≤ diag + right, ``window = (left, right)``.
+
+    ``diag`` follows ``align`` as in [causal_mask][impl.masks.causal_mask] (``kv_lengths``: per batch row).
 
     ``(w − 1, 0)`` is a causal window of w keys (Mistral's sliding window with W = w);
     FlashAttention's ``window_size`` uses the same ``(left, right)`` convention (bottom-right).
@@ -104,8 +145,47 @@ def sliding_window_mask(
            [0, 0, 1, 1]])
     """
     left, right = check_window(window)
-    diag, j = _diagonal(n_q, n_k, align)
+    diag, j = _diagonal(n_q, n_k, align, kv_lengths)
     return (j >= diag - left) & (j <= diag + right)
+
+
+def key_distance(
+    n_q: int, n_k: int | None = None, *, align: Align = "bottom_right", kv_lengths: object = None,
+) -> np.ndarray:  # -> [n_q, n_k] int ([batch, 1, n_q, n_k] with align="kv_lengths")
+    """``|diag − j|``: how far key j lies from query i's diagonal — the distance ALiBi penalises.
+
+    ALiBi (Press et al., 2022, "Train Short, Test Long") adds ``−slope·|diag − j|`` to each score;
+    FlashAttention measures it from the bottom-right diagonal, ``|i + n_k − n_q − j|``, the default
+    here, whatever alignment the causal mask uses; over a KV cache (``align="kv_lengths"``) from
+    each batch row's own, ``|i + kv_lengths[b] − n_q − j|``.
+
+    >>> key_distance(2, 3)
+    array([[1, 0, 1],
+           [2, 1, 0]])
+    """
+    diag, j = _diagonal(n_q, n_k, align, kv_lengths)
+    return np.abs(diag - j)
+
+
+def per_sequence(
+    cu_seqlens_q: np.ndarray, cu_seqlens_k: np.ndarray, within: Callable[[int, int], Any], *, outside: Any,
+) -> np.ndarray:  # [b + 1], [b + 1] -> [total_q, total_k]
+    """Packed sequences: ``within(n_q_s, n_k_s)`` on each sequence's own block, ``outside`` elsewhere.
+
+    Sequence s holds queries ``cu_seqlens_q[s] : cu_seqlens_q[s + 1]`` and keys
+    ``cu_seqlens_k[s] : cu_seqlens_k[s + 1]``; ``within`` sees only that sequence's own lengths, so
+    every position inside it counts from the sequence's start. The dtype is ``outside``'s.
+
+    >>> per_sequence(np.array([0, 1, 3]), np.array([0, 2, 3]), key_distance, outside=-1)
+    array([[ 1,  0, -1],
+           [-1, -1,  1],
+           [-1, -1,  0]])
+    """
+    cu_q, cu_k = np.asarray(cu_seqlens_q), np.asarray(cu_seqlens_k)
+    blocks = np.full((int(cu_q[-1]), int(cu_k[-1])), outside)
+    for q0, q1, k0, k1 in zip(cu_q[:-1], cu_q[1:], cu_k[:-1], cu_k[1:], strict=True):
+        blocks[q0:q1, k0:k1] = within(int(q1 - q0), int(k1 - k0))
+    return blocks
 
 
 def packed_mask(
@@ -124,9 +204,9 @@ def packed_mask(
            [0, 0, 1],
            [0, 0, 1]])
     """
-    cu_q, cu_k = np.asarray(cu_seqlens_q), np.asarray(cu_seqlens_k)
-    keep = np.zeros((int(cu_q[-1]), int(cu_k[-1])), dtype=bool)
-    for q0, q1, k0, k1 in zip(cu_q[:-1], cu_q[1:], cu_k[:-1], cu_k[1:], strict=True):
-        block = within(int(q1 - q0), int(k1 - k0))
-        keep[q0:q1, k0:k1] = True if block is None else block
-    return keep
+
+    def block(n_q: int, n_k: int) -> np.ndarray | bool:
+        seen = within(n_q, n_k)
+        return True if seen is None else seen
+
+    return per_sequence(cu_seqlens_q, cu_seqlens_k, block, outside=False)

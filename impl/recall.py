@@ -16,16 +16,16 @@ Model (one head, six weight matrices, no positions — nothing here depends on o
 The question token reuses the key embedding (a question *is* a key), so the six matrices are
 ``E_key [n_keys, d]``, ``E_val [n_values, d]``, ``W_Q [d, d_h]``, ``W_K [d, d_h]``,
 ``W_V [d, d_h]``, ``W_out [d_h, n_values]``. Loss: softmax cross-entropy, mean over a batch.
-The backward pass is written out below, with :func:`impl.grad.attention_backward` for the head.
+The backward pass is written out below, with `impl.grad.attention_backward` for the head.
 
 Two runs share every setting — initial weights, the stream of training batches, Adam — and differ
 in one thing: in ``uniform`` W_Q = W_K = 0, frozen, so every score is 0 and the head averages the
 four positions. Then the output knows which keys and which values occur, but not which key goes
 with which value, and the best it can do is to guess the most repeated value: the ceiling
-:func:`recall_ceiling`, 29/64 for the article's sizes, derived by exact enumeration.
+`recall_ceiling`, 29/64 for the article's sizes, derived by exact enumeration.
 (W_Q = W_K = 0 is also a stationary point — ∂loss/∂W_Q is proportional to the keys and
 ∂loss/∂W_K to the query, both zero — so the two stay exactly zero even unfrozen; the freeze
-states the intent, as in the source article.)
+states the intent, as in the article.)
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from impl.grad import attention_backward, gradcheck
 MATRICES = ("E_key", "E_val", "W_Q", "W_K", "W_V", "W_out")
 Params = dict[str, Array]
 
-# The source article's figures ("How an LLM Works, Part 6: Attention"), shown beside ours.
+# The figures of the article ("How an LLM Works, Part 6: Attention"), shown beside ours.
 ARTICLE = {
     "learned_accuracy": "≈100 % within 100 steps",
     "uniform_accuracy": "45.7 %",
@@ -110,7 +110,7 @@ def init_params(rng: np.random.Generator, cfg: Config, *, uniform: bool = False)
     The embeddings' scale decides where the trained head leaves the question's own weight. From
     small embeddings (std 0.1) score(question, itself) and score(question, matching pair) grow
     together — they share the term from ``E_key[question]`` — and the head ends near half and
-    half, as in the source article. From unit-scale embeddings Adam also learns to favour pair
+    half, as in the article. From unit-scale embeddings Adam also learns to favour pair
     tokens over the question token, which ends with a few percent (README: Associative recall).
 
     ``uniform=True`` zeroes W_Q and W_K, and nothing else, so both runs start from the same E, W_V, W_out.

@@ -3,21 +3,29 @@ implementation.
 
 The package, one owner per thing (arrows: "imports"; none point back):
 
-- ``golden``     float64 oracles (forward: out, weights, lse; backward) and their visibility builders
-- ``dtypes``     bfloat16 detection, as_dtype, finfo, eps, tiny
+- ``golden``     float64 engine from terms (forward: out, weights, lse; backward), causal builders
+- ``dtypes``     bfloat16 detected once, as_dtype, finfo, eps, tiny
 - ``tolerance``  baseline in the target's dtype, floors, compare → Comparison      (→ golden, dtypes)
-- ``target``     Target: declarations incl. the §2b keywords, layout translation     (→ dtypes)
-- ``cases``      Case: a small replayable record → arrays, keywords, visibility     (→ golden, target)
-- ``calling``    THE call path into a target (forward, lse, gradients), isolation   (→ target)
-- ``registry``   Property, @law (marks only), LAW_MODULES, PROPERTIES               (→ cases, target)
-- ``laws/``      _helpers (run, the one tolerance assertion, needs), _range (amplitudes at the
-                 edge of a dtype's range, from finfo); core, masks, gradients, and one module
-                 per keyword: bias, window, softcap, sinks   (→ calling, cases, golden, tolerance, registry)
+- ``target``     Target: declarations, one field per keyword, layout translation     (→ dtypes)
+- ``keywords``   Keyword: a keyword declared once, and its terms                (→ golden, target)
+- ``inputs``     Inputs: one call's arguments as the target receives them
+- ``oracle``     golden, baseline, floor, visibility of an Inputs, and its gradients, from the terms
+                                                    (→ golden, tolerance, keywords, inputs, target)
+- ``cases``      Case: a small replayable record → its Inputs                 (→ keywords, inputs)
+- ``calling``    THE call path into a target (forward, lse, gradients), isolation
+                                                            (→ golden, keywords, inputs)
+- ``registry``   Property, @law (marks only), Need, LAW_MODULES, PROPERTIES     (→ cases, keywords)
+- ``laws/``      _helpers (run, the one tolerance assertion, the one no-leak assertion), _needs,
+                 _range (amplitudes at the edge of a dtype's range, from finfo); core, masks,
+                 gradients, and one module per keyword, holding its declaration: bias, alibi,
+                 window, softcap, sinks, lengths, dropout, lse; grad_keywords (the backward under
+                 the keywords)                              (→ calling, cases, oracle, registry)
 - ``profiles``   every Hypothesis profile                                         (→ hypothesis)
 - ``report``     Result/Report as data and the one renderer                        (→ tabulate)
 - ``runner``     check, run_property, replay                  (→ registry, profiles, report, builtin)
-- ``builtin``    names → targets; the only module importing impl          (→ target, impl, frameworks)
-- ``frameworks`` torch/jax adapters, their declared Targets, from_torch/from_jax   (→ target, golden)
+- ``builtin``    names, files → targets, and back; the only module importing impl (→ target, impl, frameworks)
+- ``frameworks`` torch/jax adapters, their declared Targets, from_torch/from_jax (grad=True: autograd,
+                 jax.vjp)                                        (→ target, calling, keywords)
 - ``peers``      ``python -m spec.peers``: the per-dtype table            (→ frameworks, runner)
 - ``cli``, ``pytest_plugin``: the two other doors                        (→ runner, report, builtin)
 

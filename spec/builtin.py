@@ -1,46 +1,75 @@
-"""Targets by name — the one module of :mod:`spec` that imports :mod:`impl`.
+"""Targets by name — the one module of `spec` that imports `impl`.
 
-- ``reference`` — :func:`impl.attention`; ``flash`` — :func:`impl.flash_attention`;
+- ``reference`` — `impl.attention`; ``flash`` — `impl.flash_attention`;
 - ``torch``, ``jax`` — built by the zero-argument factories ``torch_target`` and ``jax_target``
-  of :mod:`spec.frameworks`, imported only when asked for, so the suite needs neither framework;
-- ``package.module:attr`` — any importable callable or :class:`~spec.Target` (an attribute path
-  such as ``pkg.mod:Class.method`` works too).
+  of `spec.frameworks`, imported only when asked for, so the suite needs neither framework;
+- ``package.module:attr`` — any importable callable or `spec.Target` (an attribute path
+  such as ``pkg.mod:Class.method`` works too);
+- ``path/to/script.py:attr`` — the same from a file, imported under a module name of its own (not
+  ``__main__``, so its ``if __name__ == "__main__":`` block does not run).
 
-The oracle (:mod:`spec.golden`) never imports :mod:`impl`: only this map does.
+``source_of`` is the way back: the ``module:attr`` or ``path.py:attr`` that loads a target given as
+an object, which a failure's reproduction line names.
+
+The oracle (`spec.golden`) never imports `impl`: only this map does.
 """
 
 from __future__ import annotations
 
+import difflib
+import hashlib
 import importlib
+import importlib.util
+import os
+import pkgutil
+import reprlib
+import sys
+import types
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from spec import dtypes as dt
 from spec.target import Target, TargetError, _callable_name
 
 
+def _reference_grad(q: Any, k: Any, v: Any, d_out: Any, **keywords: Any) -> Any:
+    """`impl.grad.attention_backward` with the gradients of the bias and the sinks given."""
+    from impl.grad import attention_backward
+
+    return attention_backward(q, k, v, d_out, return_extras=True, **keywords)
+
+
 def _reference() -> Target:
     from impl import attention
-    from impl.grad import attention_backward
 
     return Target(attention, name="reference", supports_mask=True, supports_scale=True,
                   dtypes=("float16", "float32", "float64", *dt.bfloat16_if_installed()), ndims=(2, 3, 4),
-                  grad_fn=attention_backward, supports_gqa=True, supports_bias=True, supports_window=True,
-                  supports_softcap=True, supports_sinks=True, supports_kv_lengths=True, supports_varlen=True,
-                  supports_dropout=True, returns_lse=True)
+                  grad_fn=_reference_grad, grad_extras=("dbias", "dsinks"), supports_gqa=True,
+                  supports_bias=True, supports_window=True, supports_softcap=True, supports_sinks=True,
+                  supports_kv_lengths=True, supports_varlen=True, supports_dropout=True, returns_lse=True,
+                  supports_alibi=True)
+
+
+def _flash_grad(q: Any, k: Any, v: Any, d_out: Any, *, out: Any = None, lse: Any = None,
+                **keywords: Any) -> Any:
+    """The tiled backward from the forward's output and logsumexp, as a training step runs it:
+    those handed over (``out=``, ``lse=``), or recomputed by the forward."""
+    from impl import flash_attention, flash_attention_backward
+
+    if out is None or lse is None:
+        out, lse = flash_attention(q, k, v, return_lse=True, **keywords)
+    return flash_attention_backward(q, k, v, out, lse, d_out, **keywords)
 
 
 def _flash() -> Target:
-    from impl import flash_attention, flash_attention_backward
-
-    def flash_grad(q: Any, k: Any, v: Any, d_out: Any, *, causal: bool = False) -> Any:
-        """The tiled backward from the forward's logsumexp, as a training step runs it."""
-        out, lse = flash_attention(q, k, v, causal=causal, return_lse=True)
-        return flash_attention_backward(q, k, v, out, lse, d_out, causal=causal)
+    from impl import flash_attention
 
     return Target(flash_attention, name="flash", supports_scale=True,
                   dtypes=("float16", "float32", "float64", *dt.bfloat16_if_installed()), ndims=(2, 3, 4),
-                  supports_window=True, supports_softcap=True, returns_lse=True, grad_fn=flash_grad)
+                  supports_window=True, supports_softcap=True, returns_lse=True, grad_fn=_flash_grad,
+                  grad_takes_residuals=True, supports_alibi=True)
 
 
 def _framework(name: str) -> Callable[[], Target]:
@@ -79,7 +108,7 @@ BUILTIN: dict[str, Callable[[], Target]] = {
 
 
 def as_target(obj: Any) -> Target:
-    """A :class:`Target` as it is; any other callable as a target with default capabilities."""
+    """A `Target` as it is; any other callable as a target with default capabilities."""
     if isinstance(obj, Target):
         return obj
     if callable(obj):
@@ -88,9 +117,9 @@ def as_target(obj: Any) -> Target:
 
 
 def load_target(spec: str | Callable[..., Any] | Target) -> Target:
-    """Resolve a built-in name, a ``module:attr`` string, a callable or a :class:`Target`.
+    """Resolve a built-in name, a ``module:attr`` string, a callable or a `Target`.
 
-    Raises :class:`TargetError` (one line, naming what was wrong) when nothing loads.
+    Raises `TargetError` (one line, naming what was wrong) when nothing loads.
     """
     if not isinstance(spec, str):
         return as_target(spec)
@@ -99,13 +128,16 @@ def load_target(spec: str | Callable[..., Any] | Target) -> Target:
     if ":" not in spec:
         names = ", ".join(BUILTIN)
         raise TargetError(f"unknown target {spec!r}: give a built-in name ({names}) or module:attr")
-    module_name, _, attr_path = spec.partition(":")
+    module_name, _, attr_path = spec.rpartition(":")  # rpartition: a Windows path has a colon
     if not module_name or not attr_path:
         raise TargetError(f"target {spec!r} must look like package.module:attr")
     try:
-        obj: Any = importlib.import_module(module_name)
+        obj: Any = _import(module_name) if _is_path(module_name) else importlib.import_module(module_name)
+    except TargetError:
+        raise
     except ImportError as e:
-        raise TargetError(f"cannot import module {module_name!r} for target {spec!r}: {e}") from None
+        raise TargetError(f"cannot import module {module_name!r} for target {spec!r}: {e}"
+                          f"{_did_you_mean_module(e, module_name)}") from None
     except Exception as e:  # a module that fails while importing is the target's problem
         raise TargetError(f"importing {module_name!r} for target {spec!r} raised "
                           f"{type(e).__name__}: {e}") from None
@@ -113,8 +145,137 @@ def load_target(spec: str | Callable[..., Any] | Target) -> Target:
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise TargetError(f"module {module_name!r} has no attribute {attr_path!r}") from None
+            hint = _did_you_mean(part, [n for n in dir(obj) if not n.startswith("_")])
+            raise TargetError(f"module {module_name!r} has no attribute {attr_path!r}{hint}") from None
+    if not callable(obj):
+        raise TargetError(f"target {spec!r} is {type(obj).__name__} {reprlib.repr(obj)}, "
+                          "not a callable or a spec.Target")
     target = as_target(obj)
     if target.name == _callable_name(target.fn) and not isinstance(obj, Target):
         target = target.replace(name=spec)
     return target
+
+
+SCRIPT_MODULE = "_spec_script_"
+"""The prefix of the module name a ``path/to/script.py:attr`` target's file is imported under."""
+
+
+def _is_path(module_name: str) -> bool:
+    """``path/to/script.py`` rather than ``package.module``."""
+    return module_name.endswith(".py") or "/" in module_name or os.sep in module_name
+
+
+def _import(path_text: str) -> Any:
+    """The module in the file ``path_text``, imported (once per file) under a name of its own,
+    never ``__main__``: a script's ``if __name__ == "__main__":`` block does not run. Its folder
+    leads ``sys.path`` while it imports, as when the script runs, so its sibling imports work."""
+    path = Path(path_text).expanduser().resolve()
+    if path.suffix != ".py":
+        dotted = path_text.replace("/", ".").replace(os.sep, ".")
+        raise TargetError(f"{path_text!r} is neither a module name nor a .py file: give "
+                          f"{dotted}:NAME or {path_text}.py:NAME")
+    if not path.is_file():
+        hint = _did_you_mean(path.name, [f.name for f in path.parent.glob("*.py")],
+                             lambda n: str(Path(path_text).with_name(n)))
+        raise TargetError(f"no file {path_text!r} (from {os.getcwd()}){hint}")
+    name = f"{SCRIPT_MODULE}{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+    if name in sys.modules:
+        return sys.modules[name]
+    found = importlib.util.spec_from_file_location(name, path)
+    if found is None or found.loader is None:
+        raise TargetError(f"cannot import {path_text!r} as Python")
+    module = importlib.util.module_from_spec(found)
+    sys.modules[name] = module  # before running it: dataclasses and pickle look it up by name
+    sys.path.insert(0, str(path.parent))
+    try:
+        found.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    finally:
+        if str(path.parent) in sys.path:  # unless the script took it out itself
+            sys.path.remove(str(path.parent))
+    return module
+
+
+def _did_you_mean_module(error: ImportError, module_name: str) -> str:
+    """"; did you mean 'examples.my_attention'?" when the module itself (not one it imports) is
+    missing and a module of a close name sits where it was looked for; else ""."""
+    missing = getattr(error, "name", None)
+    if not missing or not (module_name == missing or module_name.startswith(missing + ".")):
+        return ""
+    parent, _, last = missing.rpartition(".")
+    try:
+        where = importlib.import_module(parent).__path__ if parent else None
+    except (ImportError, AttributeError):
+        return ""
+    folders = [Path(entry or ".") for entry in (where if where is not None else sys.path)]
+    names = {m.name for m in pkgutil.iter_modules(where)} | {  # namespace packages: plain folders
+        d.name for folder in folders if folder.is_dir() for d in folder.iterdir() if d.name.isidentifier()}
+    return _did_you_mean(last, sorted(names), lambda n: f"{parent}.{n}" if parent else n)
+
+
+def _did_you_mean(word: str, names: list[str], shown: Callable[[str], str] = str) -> str:
+    """"; did you mean 'x'?" naming the names closest to ``word`` (a typo), or ""."""
+    near = difflib.get_close_matches(word, names, n=3, cutoff=0.7)
+    return f"; did you mean {' or '.join(repr(shown(n)) for n in near)}?" if near else ""
+
+
+@dataclass(frozen=True)
+class NoSource:
+    """Why no ``module:attr`` or ``path.py:attr`` loads a target given as an object, so that a
+    reproduction line cannot name it."""
+
+    why: str
+
+
+def source_of(obj: Any) -> str | NoSource:
+    """The ``module:attr`` that loads ``obj`` (a callable or a `Target`) again, or
+    ``path/to/script.py:attr`` when it lives in a script run as ``__main__``; else why none does.
+
+    A Target is found by a top-level name bound to it, in its function's module, in ``__main__``
+    or in any other imported module (its declarations matter, so its function alone would not
+    do); a function by its qualified name. A Target named after a built-in is that built-in.
+    """
+    if isinstance(obj, Target) and obj.name in BUILTIN:
+        return obj.name
+    fn = obj.fn if isinstance(obj, Target) else obj
+    qualname = getattr(fn, "__qualname__", "") or ""
+    if "<lambda>" in qualname:
+        return NoSource("it is a lambda")
+    if "<locals>" in qualname:
+        return NoSource("it is defined inside a function")
+    home = getattr(fn, "__module__", None)
+    module = sys.modules.get(home) if isinstance(home, str) else None
+    if module is not None and not isinstance(obj, Target) and qualname:
+        try:
+            found: Any = module
+            for part in qualname.split("."):  # a method: Class.method
+                found = getattr(found, part)
+        except Exception:  # a missing name, or a module attribute that raises when read
+            found = None
+        if found is obj:
+            return _loadable(module, qualname)
+    for holder in [module, sys.modules.get("__main__"), *list(sys.modules.values())]:
+        if not isinstance(holder, types.ModuleType):  # sys.modules may hold None or other objects
+            continue
+        # vars(), not getattr: reading a module's dict runs none of its code
+        name = next((n for n, value in list(vars(holder).items()) if value is obj and not n.startswith("__")),
+                    None)
+        if name is not None:
+            return _loadable(holder, name)
+    kind = "this Target" if isinstance(obj, Target) else f"this {type(obj).__name__}"
+    return NoSource(f"{kind} is not bound to a name at the top level of a module")
+
+
+def _loadable(module: Any, attr: str) -> str | NoSource:
+    """``module:attr``, or ``path/to/script.py:attr`` for a script run as ``__main__`` or loaded
+    by its path (the path relative to the working directory when under it)."""
+    if module.__name__ != "__main__" and not module.__name__.startswith(SCRIPT_MODULE):
+        return f"{module.__name__}:{attr}"
+    file = getattr(module, "__file__", None)
+    if not file or not Path(file).is_file():  # the REPL, python -c, python - (<stdin>), a notebook
+        return NoSource("it is defined interactively (in __main__, which has no file)")
+    path = Path(file).resolve()
+    shown = os.path.relpath(path) if path.is_relative_to(Path.cwd()) else str(path)
+    return f"{shown}:{attr}"

@@ -10,19 +10,23 @@ import faulthandler
 import inspect
 import multiprocessing
 import os
+import queue
 import re
 import resource
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from spec.target import KEYWORD_FIELDS, Target, TargetError
+from spec.golden import GRADS
+from spec.inputs import Inputs
+from spec.keywords import arrangement, by_argument, gradient_extras, registered
+from spec.target import NotAnArray, Target, TargetError
 
 
 class TargetFailed(AssertionError):
@@ -38,34 +42,60 @@ class TargetHung(BaseException):
 
 
 def _interrupt(thread: threading.Thread) -> None:
-    """Raise :class:`TargetHung` inside ``thread`` at its next Python instruction (best effort:
+    """Raise `TargetHung` inside ``thread`` at its next Python instruction (best effort:
     a thread blocked in C code stays blocked, and is abandoned)."""
     if thread.ident is not None:
         ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(TargetHung))
 
 
-def with_deadline(fn: Callable[[], Any], seconds: float | None) -> Any:
-    """``fn()``, or :class:`TargetHung` after ``seconds``.
+class _CallThread:
+    """A daemon thread that runs the calls handed to it, one at a time: a call costs a hand-off
+    through a queue, not the start of a thread (a quarter of a millisecond, thousands of times a run)."""
 
-    The call runs in a daemon thread. One that overruns is interrupted if it is running Python
-    (a loop, a sleep) and abandoned if it is stuck in C code (a deadlocked kernel): either way the
-    suite goes on, and a stuck thread cannot keep the process alive.
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue[tuple[Callable[[], Any], dict[str, Any],
+                                           threading.Event]] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._serve, daemon=True, name="spec-target-call")
+        self.thread.start()
+
+    def _serve(self) -> None:
+        try:
+            while True:
+                fn, box, done = self.jobs.get()
+                try:
+                    box["value"] = fn()
+                except TargetHung:  # interrupted past its deadline: this thread is done
+                    return
+                except BaseException as e:  # handed back to the caller's thread
+                    box["error"] = e
+                finally:
+                    done.set()
+        except TargetHung:  # an interrupt that arrived between calls ends the thread too
+            return
+
+
+_CALLER: list[_CallThread] = []  # the live call thread, if any (a fork's child starts its own)
+
+
+def with_deadline(fn: Callable[[], Any], seconds: float | None) -> Any:
+    """``fn()``, or `TargetHung` after ``seconds``.
+
+    The call runs in a daemon thread, kept for the next call. One that overruns is interrupted if
+    it is running Python (a loop, a sleep) and abandoned if it is stuck in C code (a deadlocked
+    kernel) — either way the next call gets a fresh thread, the suite goes on, and a stuck thread
+    cannot keep the process alive.
     """
     if seconds is None:
         return fn()
+    if not _CALLER or not _CALLER[0].thread.is_alive():
+        _CALLER[:] = [_CallThread()]
+    worker = _CALLER[0]
     box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # handed back to the caller's thread below
-            box["error"] = e
-
-    worker = threading.Thread(target=run, daemon=True, name="spec-target-call")
-    worker.start()
-    worker.join(seconds)
-    if worker.is_alive():
-        _interrupt(worker)
+    done = threading.Event()
+    worker.jobs.put((fn, box, done))
+    if not done.wait(seconds):
+        _CALLER.clear()  # abandoned: it may never come back
+        _interrupt(worker.thread)
         raise TargetHung(f"did not return within the {seconds:g} s deadline")
     if "error" in box:
         raise box["error"]
@@ -75,13 +105,10 @@ def with_deadline(fn: Callable[[], Any], seconds: float | None) -> Any:
 DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("DEADLINE", default=None)
 """Per-call deadline in seconds, set by the runner for the property being run."""
 
-GRADS = ("dq", "dk", "dv")
-
-
 def invoke(target: Target, what: str, fn: Callable[[], Any], deadline: float | None) -> Any:
     """THE way the suite calls into a target: ``fn()`` where the target's ``isolation`` says,
-    with every misbehaviour a :class:`TargetFailed` (an exception, ``sys.exit``, a crash),
-    :class:`TargetHung` (an overrun) or :class:`SignatureMismatch` (the target does not take the
+    with every misbehaviour a `TargetFailed` (an exception, ``sys.exit``, a crash),
+    `TargetHung` (an overrun) or `SignatureMismatch` (the target does not take the
     keywords it was declared to take). ``what`` names the callable in messages ("the target",
     "grad_fn").
 
@@ -89,8 +116,8 @@ def invoke(target: Target, what: str, fn: Callable[[], Any], deadline: float | N
     profile's); ``caller`` — this thread, no deadline (for libraries that must be called from
     one thread); ``process`` — a forked worker process (Linux/macOS fork): a crash (SIGSEGV,
     SIGABRT, ``os._exit``) is a failure naming the signal, an overrun SIGKILLs the worker, and
-    the next call starts a fresh one. Within :func:`workers` (each property run) a target keeps
-    one worker that receives :class:`Request` objects; any other ``fn`` runs in a one-off fork.
+    the next call starts a fresh one. Within `workers` (each property run) a target keeps
+    one worker that receives `Request` objects; any other ``fn`` runs in a one-off fork.
     Fork copies only the calling thread: PyTorch's intra-op pool is set to one thread in the
     worker (else a parent that used it makes the child hang); another library whose threads ran
     in the parent before the fork (an OpenMP or XLA pool) may deadlock in the child — then the
@@ -106,6 +133,8 @@ def invoke(target: Target, what: str, fn: Callable[[], Any], deadline: float | N
         return with_deadline(lambda: _guarded(target, fn), seconds)
     except (TargetHung, TargetStopped, TargetError, TargetFailed):
         raise
+    except NotAnArray as e:  # what it returned, said as it is (not "the target raised ...")
+        raise TargetFailed(str(e)) from None
     except (Exception, SystemExit) as e:  # a sys.exit() in the target must not end the suite
         raise TargetFailed(f"{what} raised {type(e).__name__}: {e}") from e
 
@@ -114,12 +143,26 @@ def invoke(target: Target, what: str, fn: Callable[[], Any], deadline: float | N
 # A signature that differs from the call (``is_causal=`` for ``causal=``): said once, with the fix.
 # ---------------------------------------------------------------------------------------------
 
-PASSED = ("causal", "mask", "scale", *KEYWORD_FIELDS)
-"""The keywords the suite may pass to ``fn`` (and ``causal`` to ``grad_fn``)."""
-DECLARED_BY = {"causal": "causal_alignment=None", "mask": "supports_mask=False",
-               "scale": "supports_scale=False"} | {k: f"{f}=False" for k, f in KEYWORD_FIELDS.items()}
+CORE_FLAGS = {"causal": "causal_alignment=None", "mask": "supports_mask=False",
+              "scale": "supports_scale=False"}
+
+
+def declared_by() -> dict[str, str]:
+    """Every keyword the suite may pass to ``fn`` (and to ``grad_fn``), with the declaration that
+    turns it off: the core flags and each argument of each declared keyword."""
+    return CORE_FLAGS | {arg: f"{kw.field}=False" for kw in registered().values() for arg in kw.passes}
+
+
+RESIDUALS = {"out": "grad_takes_residuals=False", "lse": "grad_takes_residuals=False"}
+"""What ``grad_fn`` is passed beside the forward's keywords when the target declares
+``grad_takes_residuals``, with the declaration that turns it off."""
+
 _UNEXPECTED = re.compile(r"unexpected keyword argument '(\w+)'")
 _MISSING = re.compile(r"missing \d+ required (?:keyword-only |positional )?arguments?: '(\w+)'")
+_POSITIONAL = re.compile(r"takes (?:from \d+ to )?\d+ positional arguments? but \d+ "
+                         r"(?:positional arguments? )?(?:\(and \d+ keyword-only arguments?\) )?"
+                         r"(?:were|was) given"
+                         r"|got multiple values for argument '\w+'")
 
 
 class SignatureMismatch(BaseException):
@@ -130,7 +173,7 @@ class SignatureMismatch(BaseException):
 
 def _guarded(target: Target, fn: Callable[[], Any]) -> Any:
     """``fn()``, with a TypeError that means "the signature differs" turned into a
-    :class:`SignatureMismatch` (here, where the traceback is: also inside a worker process)."""
+    `SignatureMismatch` (here, where the traceback is: also inside a worker process)."""
     try:
         return fn()
     except TypeError as e:
@@ -142,12 +185,14 @@ def _guarded(target: Target, fn: Callable[[], Any]) -> Any:
 
 def signature_hint(error: TypeError, target: Target) -> str | None:
     """The teaching message for a TypeError raised by binding the call to ``fn``/``grad_fn``
-    (an unexpected keyword the suite passes, or a required one it never passes), else None."""
+    (an unexpected keyword the suite passes, a required one it never passes, or positional
+    arguments it does not take: ``def f(q, k)``), else None."""
     text = str(error)
     frames = []
-    tb = error.__traceback__
+    tb, tb_frame = error.__traceback__, None
     while tb is not None:
         frames.append(tb.tb_frame.f_code)
+        tb_frame = tb.tb_frame
         tb = tb.tb_next
     at_call = bool(frames) and frames[-1] in (Target.__call__.__code__, Request.__call__.__code__)
     grad = bool(frames) and frames[-1] is Request.__call__.__code__ and target.grad_fn is not None
@@ -156,16 +201,26 @@ def signature_hint(error: TypeError, target: Target) -> str | None:
     mine = getattr(fn, "__name__", "mine")
     shown = _signature(fn)
     unexpected = _UNEXPECTED.search(text)
-    if unexpected and unexpected.group(1) in PASSED:
+    passed = declared_by() | (RESIDUALS if grad else {})
+    if unexpected and unexpected.group(1) in passed:
         name = unexpected.group(1)
         spelled = _spelled(fn, name)
-        fix = "" if grad else f"declare Target(fn, {DECLARED_BY[name]}) if it does not support {name}, or "
+        fix = "" if grad and name not in RESIDUALS else \
+            f"declare Target(fn, {passed[name]}) if it does not support {name}, or "
         call_it = f"{spelled}={name}" if spelled else f"<its name for {name}>={name}"
         params = "q, k, v, d_out" if grad else "q, k, v"
         default = "False" if name == "causal" else "None"
         return (f"{who} does not take the keyword {name}= that the suite passes (its signature: "
                 f"{mine}{shown}); {fix}wrap it: def f({params}, *, {name}={default}): "
                 f"return {mine}({params}, {call_it})")
+    positional = _POSITIONAL.search(text)
+    if positional and at_call:
+        params = "q, k, v, d_out" if grad else "q, k, v"
+        called = _called_with(tb_frame, params)
+        return (f"{who} cannot be called as the suite calls it, {mine}({called}): {positional.group(0)} "
+                f"(its signature: {mine}{shown}); it must take {params} positionally and causal= by "
+                f"keyword: wrap it: def f({params}, *, causal=False): return {mine}(<{params} as it takes "
+                "them>)")
     missing = _MISSING.search(text)
     if missing and at_call:
         name = missing.group(1)
@@ -173,6 +228,16 @@ def signature_hint(error: TypeError, target: Target) -> str | None:
                 f"{mine}{shown}; the suite calls f(q, k, v, *, causal=...)); give {name} a default "
                 f"or wrap it: def f(q, k, v, *, causal=False): return {mine}(q, k, v, {name}=...)")
     return None
+
+
+def _called_with(frame: Any, params: str) -> str:
+    """The arguments of the call that failed to bind, as the suite passed them ("q, k, v,
+    causal=True"), read from the frame that made it (``Target.__call__`` or ``Request.__call__``)."""
+    local = frame.f_locals if frame is not None else {}
+    keywords = local.get("kwargs") if "kwargs" in local else getattr(local.get("self"), "kwargs", None)
+    shown = [f"{name}={'<array>' if isinstance(x, np.ndarray) else repr(x)}"
+             for name, x in (keywords or {}).items() if x is not None]
+    return ", ".join([params, *shown])
 
 
 def _signature(fn: Callable[..., Any]) -> str:
@@ -191,32 +256,69 @@ def _spelled(fn: Callable[..., Any], name: str) -> str | None:
     return next((p for p in params if name in p.lower() and p != name), None)
 
 
+CALLS: contextvars.ContextVar[list[Call] | None] = contextvars.ContextVar("CALLS", default=None)
+"""The calls made into targets while a law's example runs (set by the runner): a failure shows
+the last one, exactly as the target received it."""
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call into a target, as it received it: ``which`` callable (``fn`` or ``grad_fn``),
+    its inputs and, for a gradient, the upstream gradient."""
+
+    which: str
+    inputs: Inputs
+    d_out: np.ndarray | None = None
+
+
+def _record(call: Call) -> None:
+    made = CALLS.get()
+    if made is not None:
+        made.append(call)
+
+
+def arguments(target: Target, inputs: Inputs, *, copy: bool = True) -> dict[str, Any]:
+    """The keyword arguments ``fn`` receives for ``inputs``: ``causal`` only when true, ``mask`` and
+    ``scale`` when given, each keyword argument when given (``return_lse=False`` is not given), on
+    copies when ``copy``. A keyword the target does not declare is a `TargetError` (a law asked
+    for something the target cannot do: a bug in the law's needs)."""
+    kwargs: dict[str, Any] = {"causal": True} if inputs.causal else {}
+    if inputs.mask is not None:
+        kwargs["mask"] = np.array(inputs.mask, copy=copy)
+    if inputs.scale is not None:
+        kwargs["scale"] = inputs.scale
+    table = by_argument()
+    for name, value in inputs.keywords.items():
+        kw = table.get(name)
+        if kw is None:
+            raise TargetError(f"unknown keyword {name!r}; the keywords are {', '.join(table)}")
+        if value is None or (name == "return_lse" and value is False):
+            continue
+        if not getattr(target, kw.field):
+            raise TargetError(f"keyword {name}= needs {kw.field}=True, which target {target.name!r} "
+                              "does not declare")
+        kwargs[name] = np.array(value, copy=copy) if isinstance(value, np.ndarray) else value
+    return kwargs
+
+
 def call(
-    target: Target, q: np.ndarray, k: np.ndarray, v: np.ndarray, *, deadline: float | None,
-    causal: bool = False, mask: np.ndarray | None = None, scale: float | None = None,
-    expect_shape: tuple[int, ...] | None = None, copy: bool = True, **keywords: Any,
+    target: Target, inputs: Inputs, *, deadline: float | None = None,
+    expect_shape: tuple[int, ...] | None = None, copy: bool = True,
 ) -> Any:  # [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v] -> [..., n_q, d_v] (, lse [..., n_q])
-    """Call the target on copies of the inputs (so a mutating target cannot corrupt the check;
+    """Call the target on copies of ``inputs`` (so a mutating target cannot corrupt the check;
     ``copy=False`` hands over the caller's arrays) and return its output as an ndarray of the
-    expected shape. ``keywords`` are those of DESIGN §2b (``bias=``, ``window=``, ...; None =
-    not given); with ``return_lse=True`` the result is ``(out, lse)``, lse checked to be float
-    and shaped ``[..., n_q]``. A keyword the target does not declare is a :class:`TargetError`
-    (the law asked for something the target cannot do: a bug in the law's ``needs``)."""
-    args = [np.array(x, copy=copy) for x in (q, k, v)]
-    mask_copy = None if mask is None else np.array(mask, copy=copy)
-    given = {name: (np.array(x, copy=copy) if isinstance(x, np.ndarray) else x)
-             for name, x in target.keywords(keywords).items()}
-    request = Request(target, "fn", tuple(args),
-                      {"causal": causal, "mask": mask_copy, "scale": scale, **given})
-    got = invoke(target, "the target", request, deadline)
-    out, lse = got if given.get("return_lse") else (got, None)
+    expected shape; with ``return_lse=True`` among the keywords the result is ``(out, lse)``,
+    lse checked to be float and shaped ``[..., n_q]``. ``deadline`` defaults to the running
+    property's (`DEADLINE`). The call is recorded (`CALLS`) for the report."""
+    _record(Call("fn", inputs))
+    args = tuple(np.array(x, copy=copy) for x in (inputs.q, inputs.k, inputs.v))
+    kwargs = arguments(target, inputs, copy=copy)
+    kwargs["arrangement"] = arrangement(kwargs)
+    request = Request(target, "fn", args, kwargs)
+    got = invoke(target, "the target", request, DEADLINE.get() if deadline is None else deadline)
+    out, lse = got if kwargs.get("return_lse") else (got, None)
     _check_float(out, "the target returned")
-    if expect_shape is None:
-        try:
-            lead = np.broadcast_shapes(q.shape[:-2], v.shape[:-2])
-        except ValueError:  # grouped K/V heads: the output has the query heads
-            lead = q.shape[:-2]
-        expect_shape = (*lead, q.shape[-2], v.shape[-1])
+    expect_shape = inputs.out_shape if expect_shape is None else expect_shape
     if out.shape != expect_shape:
         raise TargetFailed(f"the target returned shape {out.shape}, expected {expect_shape}")
     if lse is None:
@@ -233,36 +335,84 @@ def _check_float(x: Any, said: str) -> None:
 
 
 def call_grad(
-    target: Target, q: np.ndarray, k: np.ndarray, v: np.ndarray, d_out: np.ndarray, *, causal: bool,
-    deadline: float | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # -> dq [.., n_q, d_k], dk [.., n_k, d_k], dv [.., n_k, d_v]
-    """``target.grad_fn`` on copies, in the target's layout, through :func:`invoke` (so with the
-    same guarantees as a forward call); each gradient checked for shape and dtype.
-    ``deadline`` defaults to the running property's (:data:`DEADLINE`)."""
+    target: Target, inputs: Inputs, d_out: np.ndarray, *,
+    residuals: tuple[np.ndarray, np.ndarray] | None = None, deadline: float | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    # -> dq [.., n_q, d_k], dk [.., n_k, d_k], dv [.., n_k, d_v], extras
+    """``target.grad_fn(q, k, v, d_out, **keywords)`` on copies, with exactly the keywords the
+    forward would receive for ``inputs`` (`arguments`, without ``return_lse``), in the target's
+    layout (packed sequences too), through `invoke` (so with the same guarantees as a forward
+    call). ``residuals``: the forward's ``(out, lse)`` (suite layout), passed as ``out=`` and
+    ``lse=`` (`Target.grad_takes_residuals`). ``deadline`` defaults to the running property's.
+
+    Returns ``(dq, dk, dv, extras)``, each gradient checked for shape and dtype; ``extras`` holds
+    the gradient of each extra input the target declares (`Target.grad_extras`) whose keyword
+    the call was given, checked to have the shape and dtype of that input as passed (empty when
+    none)."""
     grad_fn = target.grad_fn
     if grad_fn is None:
         raise TargetError(f"target {target.name!r} declares no grad_fn")
-    args = [np.array(x, copy=True) for x in (q, k, v, d_out)]
-    swap = target.layout == "bnhd" and q.ndim == 4
-    if swap:
-        args = [np.ascontiguousarray(np.swapaxes(x, 1, 2)) for x in args]
-    kwargs: dict[str, Any] = {"causal": True} if causal else {}
-    got = invoke(target, "grad_fn", Request(target, "grad_fn", tuple(args), kwargs),
+    _record(Call("grad_fn", inputs, d_out))
+    q, k, v = inputs.q, inputs.k, inputs.v
+    kwargs = arguments(target, inputs)
+    kwargs.pop("return_lse", None)
+    axes = target._layout_axes(q.ndim, packed=arrangement(kwargs) == "packed")
+
+    def given(x: np.ndarray) -> np.ndarray:  # a copy, in the target's layout
+        return np.ascontiguousarray(np.swapaxes(x, *axes)) if axes else np.array(x, copy=True)
+
+    args = tuple(given(x) for x in (q, k, v, d_out))
+    if residuals is not None:
+        kwargs["out"], kwargs["lse"] = given(residuals[0]), np.array(residuals[1], copy=True)
+    got = invoke(target, "grad_fn", Request(target, "grad_fn", args, kwargs),
                  DEADLINE.get() if deadline is None else deadline)
-    if not isinstance(got, (tuple, list)) or len(got) != 3:
-        got_what = f"{len(got)} arrays" if isinstance(got, (tuple, list)) else type(got).__name__
-        raise TargetFailed(f"grad_fn returned {got_what}, not the three (dq, dk, dv)")
+    size = 4 if target.grad_extras else 3
+    if not isinstance(got, (tuple, list)) or len(got) != size or (
+            size == 4 and not isinstance(got[3], Mapping)):
+        got_what = f"{len(got)} items" if isinstance(got, (tuple, list)) else type(got).__name__
+        wanted = ("(dq, dk, dv, extras), extras a dict (the target declares grad_extras="
+                  f"{target.grad_extras!r})") if size == 4 else "the three (dq, dk, dv)"
+        raise TargetFailed(f"grad_fn returned {got_what}, not {wanted}")
     grads = []
-    for name, g, x in zip(GRADS, got, (q, k, v), strict=True):
-        g = np.asarray(g)
-        if swap and g.ndim == 4:
-            g = np.swapaxes(g, 1, 2)
-        if g.shape != x.shape:
-            raise TargetFailed(f"grad_fn returned {name} of shape {g.shape}, expected {x.shape}")
-        if g.dtype != x.dtype:
-            raise TargetFailed(f"grad_fn returned {name} of dtype {g.dtype}, inputs are {x.dtype}")
+    for name, g, x in zip(GRADS, got[:3], (q, k, v), strict=True):
+        g = Target._from_layout(np.asarray(g), axes)
+        _check_gradient(g, name, x.shape, x.dtype)
         grads.append(g)
-    return grads[0], grads[1], grads[2]
+    extras = _extras(target, kwargs, got[3]) if size == 4 else {}
+    return grads[0], grads[1], grads[2], extras
+
+
+def _check_gradient(g: np.ndarray, name: str, shape: tuple[int, ...], dtype: np.dtype) -> None:
+    if g.shape != shape:
+        raise TargetFailed(f"grad_fn returned {name} of shape {g.shape}, expected {shape}")
+    if g.dtype != dtype:
+        raise TargetFailed(f"grad_fn returned {name} of dtype {g.dtype}, expected {dtype}")
+
+
+def _extras(target: Target, kwargs: dict[str, Any], returned: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """The declared extras ``grad_fn`` returned, each checked against the input it is the gradient
+    of (its keyword's first argument, as passed): present exactly when that keyword was given."""
+    known = gradient_extras()
+    wanted = {name: known[name] for name in target.grad_extras if known[name].given(kwargs) is not None}
+    found: dict[str, np.ndarray] = {}
+    for name, g in returned.items():
+        if g is None:
+            continue
+        if name not in target.grad_extras:
+            raise TargetFailed(f"grad_fn returned {name!r} among its extras, which the target does not "
+                               f"declare (grad_extras={target.grad_extras!r})")
+        if name not in wanted:
+            raise TargetFailed(f"grad_fn returned {name} though the call gave no {known[name].passes[0]}=")
+        value = np.asarray(kwargs[wanted[name].passes[0]])
+        g = np.asarray(g)
+        _check_gradient(g, name, value.shape, value.dtype)
+        found[name] = g
+    missing = sorted(set(wanted) - set(found))
+    if missing:
+        raise TargetFailed(f"grad_fn returned no {missing[0]}, though the call gave "
+                           f"{wanted[missing[0]].passes[0]}= and the target declares grad_extras="
+                           f"{target.grad_extras!r}")
+    return found
 
 
 # ---------------------------------------------------------------------------------------------
@@ -277,7 +427,7 @@ MAX_CRASHES = 20
 class TargetStopped(BaseException):
     """A failure after which calling the target again is pointless (its worker kept crashing).
 
-    A ``BaseException`` for the same reason as :class:`TargetHung`: Hypothesis stops at once.
+    A ``BaseException`` for the same reason as `TargetHung`: Hypothesis stops at once.
     """
 
 
@@ -343,8 +493,8 @@ class _Worker:
     def call(self, message: Any, what: str, seconds: float | None) -> Any:
         """Send one call and return its reply: ``("ok", value, mutated)`` or ``("error", ...)``.
 
-        A worker that dies is reaped and named (signal or exit status) in a :class:`TargetFailed`;
-        one that overruns is killed and a :class:`TargetHung` raised."""
+        A worker that dies is reaped and named (signal or exit status) in a `TargetFailed`;
+        one that overruns is killed and a `TargetHung` raised."""
         try:
             self.conn.send(message)
             ready = self.conn.poll(seconds)
@@ -439,7 +589,7 @@ def _single_threaded_torch() -> None:
 
 
 def _in_process(target: Target, what: str, fn: Callable[[], Any], seconds: float | None) -> Any:
-    """``fn()`` in a worker process: the run's worker for a :class:`Request`, a one-off fork
+    """``fn()`` in a worker process: the run's worker for a `Request`, a one-off fork
     for any other callable (it inherits ``fn``)."""
     pool = WORKERS.get()
     if isinstance(fn, Request) and pool is not None:
@@ -481,7 +631,7 @@ def _in_process(target: Target, what: str, fn: Callable[[], Any], seconds: float
 
 
 WORKERS: contextvars.ContextVar[dict[int, _Worker] | None] = contextvars.ContextVar("WORKERS", default=None)
-"""The worker processes of the current run (by target), or None outside :func:`workers`."""
+"""The worker processes of the current run (by target), or None outside `workers`."""
 CRASHES: contextvars.ContextVar[list[int]] = contextvars.ContextVar("CRASHES", default=[])  # noqa: B039
 
 

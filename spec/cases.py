@@ -1,6 +1,6 @@
 """Test cases: a few small numbers that determine every array a property feeds a target.
 
-A :class:`Case` holds shapes, dtype, flags and a seed; :meth:`Case.arrays` turns it into q, k, v
+A `Case` holds shapes, dtype, flags and a seed; `Case.arrays` turns it into q, k, v
 deterministically. Hypothesis searches and shrinks over cases, so a counterexample is a short,
 printable record that replays exactly (``spec.replay``), and no time goes into drawing arrays
 element by element.
@@ -9,7 +9,8 @@ element by element.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,8 +18,9 @@ import numpy as np
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from spec import golden
 from spec.dtypes import as_dtype
+from spec.inputs import Inputs
+from spec.keywords import Keyword, registered
 from spec.target import Target
 
 # Widths worth hitting on purpose: perfect squares (where √d_k is exact) and their neighbours.
@@ -26,8 +28,8 @@ WIDTHS = (1, 2, 3, 4, 7, 8, 9, 16, 17, 31, 32, 63, 64, 100, 128)
 
 TILE_SIZES = (16, 32, 64, 128, 256, 2048)
 """Tile edges of real kernels, where tiled code breaks: query-row tiles of 16–256 (FlashAttention
-2/3, xformers, :mod:`impl.flash`'s 256) and :mod:`impl.flash`'s key tile of 2,048. Every tile size
-the suite draws comes from here (:func:`tile_edges`)."""
+2/3, xformers, `impl.flash`'s 256) and `impl.flash`'s key tile of 2,048. Every tile size
+the suite draws comes from here (`tile_edges`)."""
 LONG_TILE = 2048  # past the short tiles: only causal squares (a row block spanning key tiles)
 TILE_ODDS = 4  # with tiles=True, one case in TILE_ODDS (on average) is a tile-edge case
 TILE_WIDTH = 8  # d_k, d_v ≤ this in tile-edge cases: the sizes are big, the widths need not be
@@ -42,7 +44,8 @@ def tile_edges(tiles: tuple[int, ...] = TILE_SIZES) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class Case:
-    """One example: ``q [*lead, n_q, d_k]``, ``k [*kv_lead, n_k, d_k]``, ``v [*kv_lead, n_k, d_v]``."""
+    """One example: ``q [*lead, n_q, d_k]``, ``k [*kv_lead, n_k, d_k]``, ``v [*kv_lead, n_k, d_v]``,
+    the flags, and one drawn parameter per keyword (``keywords``: ``{"window": (2, 0)}``)."""
 
     dtype: str
     ndim: int  # 2: (n, d); 3: (heads, n, d); 4: (batch, heads, n, d)
@@ -60,16 +63,36 @@ class Case:
     v_amplitude: float = 1.0  # v is multiplied by v_amplitude (values near the dtype's edge)
     mask: str = "none"  # "none"; "random": every row keeps a key; "rows": some rows see nothing
     scale: float | None = None  # passed as scale= (targets that declare supports_scale)
-    # The keywords of DESIGN §2b, None = not passed (law modules draw them; see keywords()).
-    bias: float | None = None  # amplitude of a N(0, 1) bias [*lead, n_q, n_k] passed as bias=
-    window: tuple[int, int] | None = None  # window=(left, right)
-    softcap: float | None = None  # softcap=c
-    sinks: tuple[float, ...] | None = None  # sinks= [heads] ([1] for 2-D inputs)
-    kv_lengths: tuple[int, ...] | None = None  # kv_lengths= [batch] (4-D inputs)
-    cu_seqlens_q: tuple[int, ...] | None = None  # packed sequences (3-D inputs, heads first)
-    cu_seqlens_k: tuple[int, ...] | None = None
-    dropout_p: float | None = None  # dropout_p= (with seed=dropout_seed)
-    dropout_seed: int | None = None
+    keywords: Mapping[str, Any] = dataclasses.field(default_factory=dict, hash=False)
+    """Each keyword's drawn parameter, by keyword name (its declaration turns it into the values
+    passed: `spec.keywords.Keyword.received`)."""
+
+    @classmethod
+    def from_fields(cls, **fields: Any) -> Case:
+        """A case from `describe`'s plain values: keyword parameters may be given by keyword name
+        beside the fields (``window=(2, 0)``), as reproduction lines give them."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        declared = registered()
+        params = dict(fields.pop("keywords", {}) or {})
+        for name in [n for n in fields if n not in names]:
+            if name not in declared:
+                raise TypeError(f"Case has no field or keyword {name!r}; the keywords are "
+                                f"{', '.join(declared)}")
+            params[name] = fields.pop(name)
+        return cls(**fields, keywords=params)
+
+    def replace(self, **changes: Any) -> Case:
+        """A copy with some fields changed: ``case.replace(batch=2)``."""
+        return dataclasses.replace(self, **changes)
+
+    def param(self, name: str) -> Any:
+        """The drawn parameter of keyword ``name``, or None."""
+        return self.keywords.get(name)
+
+    def with_keyword(self, name: str, parameter: Any) -> Case:
+        """The case with keyword ``name``'s parameter set (None removes it)."""
+        params = {**self.keywords, name: parameter}
+        return dataclasses.replace(self, keywords={k: p for k, p in params.items() if p is not None})
 
     def lead(self, heads: int | None = None) -> tuple[int, ...]:
         h = self.heads if heads is None else heads
@@ -95,8 +118,8 @@ class Case:
             return rng.integers(-3, 4, size=shape).astype(self.np_dtype)
         return rng.standard_normal(shape).astype(self.np_dtype)
 
-    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """q, k, v in ``dtype``, always the same for the same case."""
+    @functools.cached_property
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         rng = self.rng()
         root = np.sqrt(self.amplitude)
         q = (self.values_like(rng, (*self.lead(), self.n_q, self.d_k)) * root).astype(self.np_dtype)
@@ -104,11 +127,14 @@ class Case:
         v = self.values_like(rng, (*self.kv_lead, self.n_k, self.d_v))
         if self.v_amplitude != 1.0:
             v = (v.astype(np.float64) * self.v_amplitude).astype(self.np_dtype)
-        return q, k, v
+        return _frozen(q), _frozen(k), _frozen(v)
 
-    def mask_array(self) -> np.ndarray | None:  # -> [*lead, n_q, n_k] bool, True = may attend
-        """The ``mask=`` argument, or None. "random" keeps at least one key in every row;
-        "rows" also empties some rows (at least one), to exercise the fully-masked policy."""
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """q, k, v in ``dtype``, always the same for the same case (made once, read-only)."""
+        return self._arrays
+
+    @functools.cached_property
+    def _mask(self) -> np.ndarray | None:
         if self.mask == "none":
             return None
         rng = self.rng(1)
@@ -121,61 +147,45 @@ class Case:
             empty = rng.random(shape[:-1]) < 0.3
             empty.reshape(-1)[rng.integers(0, empty.size)] = True
             keep &= ~empty[..., None]
-        return keep
+        return _frozen(keep)
 
-    def bias_array(self) -> np.ndarray | None:  # -> [*lead, n_q, n_k] in the case's dtype
-        """The ``bias=`` argument, or None: N(0, 1)·bias, its own random stream."""
-        if self.bias is None:
-            return None
-        shape = (*self.lead(), self.n_q, self.n_k)
-        return (self.rng(11).standard_normal(shape) * self.bias).astype(self.np_dtype)
+    def mask_array(self) -> np.ndarray | None:  # -> [*lead, n_q, n_k] bool, True = may attend
+        """The ``mask=`` argument, or None. "random" keeps at least one key in every row;
+        "rows" also empties some rows (at least one), to exercise the fully-masked policy."""
+        return self._mask
 
-    @property
-    def _logit_dtype(self) -> type:
-        """Sinks are float32 logits (float64 for float64 cases), as kernels take them."""
-        return np.float64 if self.dtype == "float64" else np.float32
+    @functools.cached_property
+    def _received(self) -> dict[str, Any]:
+        given: dict[str, Any] = {}
+        for kw in registered().values():
+            given |= {name: _frozen(x) if isinstance(x, np.ndarray) else x
+                      for name, x in kw.values(self).items()}
+        return given
 
-    def keywords(self) -> dict[str, Any]:
-        """The §2b keywords this case passes (those not None), as the target receives them."""
-        given: dict[str, Any] = {
-            "bias": self.bias_array(),
-            "window": self.window,
-            "softcap": self.softcap,
-            "sinks": None if self.sinks is None else np.asarray(self.sinks, dtype=self._logit_dtype),
-            "kv_lengths": None if self.kv_lengths is None else np.asarray(self.kv_lengths, dtype=np.int64),
-            "cu_seqlens_q": None if self.cu_seqlens_q is None else np.asarray(self.cu_seqlens_q, np.int64),
-            "cu_seqlens_k": None if self.cu_seqlens_k is None else np.asarray(self.cu_seqlens_k, np.int64),
-            "dropout_p": self.dropout_p,
-            "seed": self.dropout_seed,
-        }
-        return {name: value for name, value in given.items() if value is not None}
+    def received(self) -> dict[str, Any]:
+        """The keyword arguments this case passes, as the target receives them."""
+        return dict(self._received)
 
-    def visible(self, target: Target) -> np.ndarray:  # -> [*lead, n_q, n_k] bool
-        """What each query may see: the target's causal alignment ANDed with the mask, the window
-        and the key lengths (computed by :mod:`spec.golden`, never by the code under test)."""
-        return golden.visibility(
-            self.lead(), self.n_q, self.n_k, causal=self.causal,
-            align=target.alignment, mask=self.mask_array(), window=self.window,
-            kv_lengths=None if self.kv_lengths is None else np.asarray(self.kv_lengths, dtype=np.int64),
-        )
+    @functools.cached_property
+    def _inputs(self) -> Inputs:
+        q, k, v = self.arrays()
+        return Inputs(q, k, v, causal=self.causal, mask=self.mask_array(), scale=self.scale,
+                      keywords=self.received())
 
-    def golden(self, target: Target, q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: float,
-               visible: np.ndarray | None = None, bias: Any = "case",
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """:func:`spec.golden.forward` for this case: ``(out, weights, lse)`` in float64, with the
-        case's bias (or the ``bias`` array given; None = none), softcap and sinks.
-        [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v] -> [..., n_q, d_v], [..., n_q, n_k], [..., n_q]"""
-        sinks = None if self.sinks is None else np.asarray(self.sinks, dtype=np.float64)
-        return golden.forward(q, k, v, visible=self.visible(target) if visible is None else visible,
-                              scale=scale, bias=self.bias_array() if isinstance(bias, str) else bias,
-                              softcap=self.softcap, sinks=sinks)
+    def inputs(self) -> Inputs:
+        """Everything the target receives for this case (made once; arrays read-only: change a copy,
+        through `Inputs.replace`)."""
+        return self._inputs
 
     def describe(self) -> dict[str, Any]:
-        """The case as plain values, defaults left out (for reports and reproduction lines)."""
+        """The case as plain values, defaults left out, keyword parameters by keyword name (for
+        reports and reproduction lines: `from_fields` reads it back)."""
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.default is dataclasses.MISSING or value != f.default:
+            if f.name == "keywords":
+                out |= dict(value)
+            elif f.default is dataclasses.MISSING or value != f.default:
                 out[f.name] = value
         return out
 
@@ -187,11 +197,19 @@ class Case:
         }
 
 
+def _frozen(x: np.ndarray) -> np.ndarray:
+    """``x`` made read-only: a case's arrays are shared by every use of the case."""
+    x.flags.writeable = False
+    return x
+
+
+@functools.cache
 def lengths(n_max: int, n_min: int = 1) -> st.SearchStrategy[int]:
     """Mostly short (fast, easy to read when shrunk), sometimes long enough to cross tile edges."""
     return st.one_of(st.integers(n_min, max(n_min, 12)), st.integers(n_min, n_max))
 
 
+@functools.cache
 def widths(d_max: int = 128) -> st.SearchStrategy[int]:
     return st.one_of(st.sampled_from([w for w in WIDTHS if w <= d_max]), st.integers(1, d_max))
 
@@ -213,14 +231,38 @@ def cases(
     gqa: bool = False,
     scale: bool = False,
     tiles: bool = False,
+    keywords: tuple[Keyword, ...] = (),
 ) -> Case:
     """Cases the target accepts. ``pattern``: d_v = n_k, so that V = I reads the pattern out.
-    ``tiles``: one case in :data:`TILE_ODDS` has n_q and n_k at a tile edge (:func:`tile_edges`, up
-    to the short tiles, whatever ``n_max``), one head and widths ≤ :data:`TILE_WIDTH`. Sizes past
-    :data:`LONG_TILE` cost seconds each: only the boundary grid has them (``boundary_cases(long=True)``)."""
+    ``keywords``: each draws its parameter onto the case (`spec.keywords.Keyword.draw`), in order.
+    ``tiles``: one case in `TILE_ODDS` has n_q and n_k at a tile edge (`tile_edges`, up
+    to the short tiles, whatever ``n_max``), one head and widths ≤ `TILE_WIDTH`. Sizes past
+    `LONG_TILE` cost seconds each: only the boundary grid has them (``boundary_cases(long=True)``).
+    Only the ranks every keyword applies to are drawn (`spec.keywords.Keyword.ndims`)."""
+    ndims = tuple(r for r in ndims if all(r in kw.ndims for kw in keywords))
     if tiles and draw(st.integers(0, TILE_ODDS - 1)) == 0:
-        return draw(tile_cases(target, causal=causal, n_k_min=n_k_min, n_q_min=n_q_min, pattern=pattern,
+        case = draw(tile_cases(target, causal=causal, n_k_min=n_k_min, n_q_min=n_q_min, pattern=pattern,
                                masks=masks, values=values))
+    else:
+        case = _draw_plain(draw, target, ndims=ndims, causal=causal, n_max=n_max, n_k_min=n_k_min,
+                           n_q_min=n_q_min, pattern=pattern, masks=masks, values=values,
+                           amplitudes=amplitudes, gqa=gqa, scale=scale)
+    for kw in keywords:
+        if kw.draw is None:
+            raise ValueError(f"keyword {kw.name!r} declares no draw: its laws build their cases")
+        case = kw.draw(draw, target, case)
+    return case
+
+
+SCALES = st.one_of(st.none(), st.floats(0.05, 2.0))
+SEEDS = st.integers(0, 2**32 - 1)
+
+
+def _draw_plain(
+    draw: st.DrawFn, target: Target, *, ndims: tuple[int, ...], causal: tuple[bool, ...], n_max: int,
+    n_k_min: int, n_q_min: int, pattern: bool, masks: tuple[str, ...], values: tuple[str, ...],
+    amplitudes: tuple[float, ...], gqa: bool, scale: bool,
+) -> Case:
     ranks = [r for r in target.ndims if r in ndims]
     ndim = draw(st.sampled_from(ranks))
     dtype = draw(st.sampled_from(target.dtypes))
@@ -248,13 +290,13 @@ def cases(
         n_k=n_k,
         d_k=d_k,
         d_v=d_v,
-        seed=draw(st.integers(0, 2**32 - 1)),
+        seed=draw(SEEDS),
         causal=is_causal,
         kv_heads=kv_heads,
         values=draw(st.sampled_from(values)),
         amplitude=draw(st.sampled_from(amplitudes)),
         mask=draw(st.sampled_from(masks)) if target.supports_mask else "none",
-        scale=draw(st.one_of(st.none(), st.floats(0.05, 2.0))) if scale and target.supports_scale else None,
+        scale=draw(SCALES) if scale and target.supports_scale else None,
     )
 
 
@@ -293,11 +335,11 @@ def boundary_cases(
     tiles: bool = False, long: bool = False,
 ) -> list[Case]:
     """The boundary grid, run before the random examples in every profile: n_q, n_k ∈
-    1..:data:`BOUNDARY` (from the minimums), each causal flag the target has (in its declared
+    1..`BOUNDARY` (from the minimums), each causal flag the target has (in its declared
     alignment), the smallest rank, d_k = d_v = 3 (d_v = n_k with ``pattern``); the dtypes rotate
     through the declared ones so each is met. ``tiles`` adds n_q, n_k = t ± 1 across the largest
     short tile t (partial last tiles on both sides), ``long`` a causal square one partial query
-    tile past :data:`LONG_TILE`. ``keep`` drops the cases a law's strategy would not draw."""
+    tile past `LONG_TILE`. ``keep`` drops the cases a law's strategy would not draw."""
     flags = causal if target.causal_alignment else (False,)
     sizes = [(n_q, n_k) for n_q in range(n_q_min, BOUNDARY + 1) for n_k in range(n_k_min, BOUNDARY + 1)]
     top = max(t for t in TILE_SIZES if t < LONG_TILE)

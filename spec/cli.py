@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Callable
 from typing import NoReturn
 
 from tabulate import tabulate
 
+from spec.builtin import BUILTIN
 from spec.profiles import PROFILES
 from spec.registry import PROPERTIES
-from spec.report import Report, Result, render
-from spec.runner import configure, load, run_all, select
+from spec.report import Result, render
+from spec.runner import check, configure, load, select
 from spec.target import TargetError
 
 
@@ -67,7 +67,8 @@ def parser() -> argparse.ArgumentParser:
     commands = top.add_subparsers(dest="command", required=True, parser_class=Parser)
     check = commands.add_parser("check", help="run the properties against a target")
     check.add_argument("target", nargs="?",
-                       help="built-in name (reference, flash, torch, jax) or package.module:attr")
+                       help=f"built-in name ({', '.join(BUILTIN)}), package.module:attr or "
+                       "path/to/file.py:attr")
     check.add_argument("--profile", choices=list(PROFILES), default="ci",
                        help="quick: 10 examples per property; ci: 40, derandomized (default); thorough: 400")
     check.add_argument("--max-examples", type=_positive, metavar="N", help="examples per property")
@@ -84,7 +85,8 @@ def parser() -> argparse.ArgumentParser:
                        "before the fork may hang there, which the deadline then fails)")
     check.add_argument("--deadline", type=_seconds, metavar="SECONDS",
                        help="time limit per call (overrides the profile's and the target's)")
-    check.add_argument("--json", metavar="FILE", help="also write the report as JSON ('-' for stdout only)")
+    check.add_argument("--json", metavar="FILE", help="also write the report as JSON ('-' for stdout only); "
+                       "a non-finite number is the string \"Infinity\", \"-Infinity\" or \"NaN\"")
     check.add_argument("--list", action="store_true", help="list the properties (and, with TARGET, "
                        "which it would skip) and exit")
     return top
@@ -95,17 +97,8 @@ def list_properties(target_spec: str | None) -> str:
     rows = []
     for name, prop in PROPERTIES.items():
         skip = prop.needs(target) if target else None
-        rows.append([name, ("skipped: " + skip) if skip else _first_sentence(prop.law)])
+        rows.append([name, ("skipped: " + skip) if skip else prop.law.replace("``", "")])
     return tabulate(rows, headers=["property", "law"], tablefmt="simple", maxcolwidths=[None, 80])
-
-
-def _first_sentence(text: str) -> str:
-    """A long law shortened to its first sentence (the docstring has the rest)."""
-    text = text.replace("``", "")
-    for stop in (". ", ": "):
-        if len(text) > 160 and stop in text:
-            text = text.split(stop, 1)[0] + "."
-    return text
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -126,24 +119,22 @@ def main(argv: list[str] | None = None) -> int:
             print(list_properties(args.target))
             return 0
         if not args.target:
-            raise UsageError("check needs a TARGET (a built-in name or package.module:attr)")
-        props = select(args.only)
+            raise UsageError("check needs a TARGET (a built-in name, package.module:attr or "
+                             "path/to/file.py:attr)")
+        select(args.only)  # unknown property names: exit 2 before anything runs
         target = configure(load(args.target), isolation=args.isolation, deadline=args.deadline)
     except (UsageError, TargetError, ValueError) as e:
         print(f"python -m spec: error: {e}", file=sys.stderr)
         return 2
     to_stdout = args.json == "-"
-    report = Report(target=target.name, profile=args.profile, seed=args.seed)
 
     def progress(result: Result) -> None:
         if not to_stdout:
             status = result.status.upper() if result.status == "fail" else result.status
             print(f"  {result.name} … {status}", file=sys.stderr, flush=True)
 
-    start = time.perf_counter()
-    report.results = run_all(props, target, profile=args.profile, max_examples=args.max_examples,
-                             seed=args.seed, source=args.target, each=progress)
-    elapsed = time.perf_counter() - start
+    report = check(target, profile=args.profile, max_examples=args.max_examples, seed=args.seed,
+                   only=args.only, each=progress, source=args.target)
     if args.json:
         text = report.to_json()
         if to_stdout:
@@ -156,7 +147,6 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"python -m spec: error: cannot write --json {args.json}: {e.strerror}",
                       file=sys.stderr)
                 return 2
-    report.seconds = elapsed
     if not to_stdout:
         print(render(report))
     return 0 if report.ok else 1

@@ -7,6 +7,7 @@ float32's range). Whether it is available is decided here, once; ``eps`` and ``t
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -14,8 +15,9 @@ import numpy as np
 BFLOAT16 = "bfloat16"
 
 
+@functools.cache
 def has_bfloat16() -> bool:
-    """Whether ``ml_dtypes`` (NumPy's bfloat16) is importable."""
+    """Whether ``ml_dtypes`` (NumPy's bfloat16) is importable (found out once)."""
     try:
         import ml_dtypes  # noqa: F401
     except ImportError:

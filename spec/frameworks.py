@@ -1,6 +1,8 @@
 """Framework targets: PyTorch's and JAX's scaled dot-product attention as targets of the suite.
 
-(The per-dtype table that runs them is :mod:`spec.peers`.)
+(The per-dtype table that runs them is `spec.peers`.) At the end,
+``torch_flex_paged_attention``: PyTorch's FlexAttention over a paged (and float8) KV cache, an
+adapter with the paged-cache signature, not yet a target.
 
 Each adapter takes NumPy arrays in the suite's layout — q ``[..., n_q, d_k]``, k ``[..., n_k, d_k]``,
 v ``[..., n_k, d_v]`` with leading dims ``(batch, heads)``, ``(heads,)`` or none — converts them
@@ -8,7 +10,7 @@ to the framework's tensors (bit for bit, float16 and bfloat16 included), calls t
 attention and converts the result back. Nothing is computed here that the framework would compute
 itself, so a failure of the suite is the framework's.
 
-The declarations in :func:`torch_target` and :func:`jax_target` are measured, not assumed
+The declarations in `torch_target` and `jax_target` are measured, not assumed
 (torch 2.13.0+cpu and jax 0.10.2 on CPU; ``tests/test_peers.py`` re-measures the ones a
 new version could change):
 
@@ -52,7 +54,9 @@ from typing import Any
 import numpy as np
 
 from spec import dtypes, golden
-from spec.target import KEYWORD_FIELDS, Target, _callable_name
+from spec.calling import declared_by
+from spec.keywords import gradient_extras
+from spec.target import Target, _callable_name
 
 Array = np.ndarray
 
@@ -102,59 +106,69 @@ def torch_attention(
     scale: float | None = None, bias: Array | None = None, dropout_p: float | None = None,
     seed: int | None = None,
 ) -> Array:  # [..., h, n_q, d_k], [..., g, n_k, d_k], [..., g, n_k, d_v] -> [..., h, n_q, d_v]
-    """``torch.nn.functional.scaled_dot_product_attention`` on NumPy arrays.
+    """``torch.nn.functional.scaled_dot_product_attention`` on NumPy arrays (`_sdpa`)."""
+    bias_t = None if bias is None else _to_torch(np.asarray(bias).astype(np.asarray(q).dtype))
+    out = _sdpa(*(_to_torch(np.asarray(x)) for x in (q, k, v)), causal=causal, mask=mask, scale=scale,
+                bias=bias_t, dropout_p=dropout_p, seed=seed)
+    return _from_torch(out)
 
-    SDPA refuses ``attn_mask`` together with ``is_causal``; both mean the same visibility as the
-    suite's (top-left causal ANDed with a boolean mask), so the adapter ANDs them into one mask
-    first. A float ``bias`` is SDPA's float ``attn_mask`` (added to the scaled scores); with a mask
-    or ``causal`` too, hidden keys are folded into it as ``-inf`` (adding 0 elsewhere is exact). The
-    bias is given in q's dtype, as SDPA requires. ``dropout_p`` with ``seed``: SDPA draws its mask
-    from torch's global generator, so the call seeds it (``torch.manual_seed``) inside
-    ``torch.random.fork_rng``, leaving the caller's random state as it was. Grouped K/V heads
-    (``g < h``) turn on ``enable_gqa``.
-    """
+
+def _sdpa(q: Any, k: Any, v: Any, *, causal: bool, mask: Array | None, scale: float | None, bias: Any,
+          dropout_p: float | None, seed: int | None) -> Any:  # torch tensors in, a torch tensor out
+    """SDPA as the suite calls it. SDPA refuses ``attn_mask`` together with ``is_causal``; both mean
+    the same visibility as the suite's (top-left causal ANDed with a boolean mask), so they are
+    ANDed into one mask first. A float ``bias`` (a tensor in q's dtype, as SDPA requires) is SDPA's
+    float ``attn_mask`` (added to the scaled scores); with a mask or ``causal`` too, hidden keys
+    are folded into it as ``-inf`` by ``torch.where`` (so a bias that requires grad gets 0 there).
+    ``dropout_p`` with ``seed``: SDPA draws its mask from torch's global generator, so the call
+    seeds it (``torch.manual_seed``) inside ``torch.random.fork_rng``, leaving the caller's random
+    state as it was; the forward and the backward's forward then drop the same weights. Grouped
+    K/V heads (``g < h``) turn on ``enable_gqa``."""
     import torch
     import torch.nn.functional as F
 
-    q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
-    attn_mask: Array | None = None
+    attn_mask: Any = None
     if mask is not None:
-        attn_mask = _check_mask(mask)
+        attn_mask = torch.from_numpy(np.ascontiguousarray(_check_mask(mask)))
     if causal and (mask is not None or bias is not None):
-        causal_part = golden.causal_visible(q.shape[-2], k.shape[-2])
-        attn_mask = causal_part if attn_mask is None else np.logical_and(attn_mask, causal_part)
+        causal_part = torch.from_numpy(golden.causal_visible(q.shape[-2], k.shape[-2]))
+        attn_mask = causal_part if attn_mask is None else attn_mask & causal_part
         causal = False
     if bias is not None:
-        additive = np.asarray(bias).astype(q.dtype)
-        if attn_mask is not None:
-            additive = np.where(attn_mask, additive, np.asarray(-np.inf, dtype=q.dtype)).astype(q.dtype)
-        attn_mask = additive
+        attn_mask = bias if attn_mask is None else torch.where(attn_mask, bias, torch.tensor(-np.inf,
+                                                                                            dtype=bias.dtype))
     gqa = q.ndim >= 3 and k.ndim >= 3 and k.shape[-3] != q.shape[-3]
     with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
         # SDPA explains on each call why its flash kernel was not used (e.g. d_v ≠ d_k); noise here.
         warnings.filterwarnings("ignore", message=r".*(kernel not used|Flash attention requires)")
         if seed is not None:
             torch.manual_seed(seed)
-        out = F.scaled_dot_product_attention(
-            _to_torch(q), _to_torch(k), _to_torch(v),
-            attn_mask=None if attn_mask is None else _to_torch(attn_mask),
-            dropout_p=float(dropout_p or 0.0), is_causal=causal, scale=scale, enable_gqa=gqa,
-        )
-    return _from_torch(out)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=float(dropout_p or 0.0),
+                                              is_causal=causal, scale=scale, enable_gqa=gqa)
 
 
 def torch_attention_grad(
-    q: Array, k: Array, v: Array, d_out: Array, *, causal: bool = False,
-) -> tuple[Array, Array, Array]:  # [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v], [..., n_q, d_v]
-    """``(dq, dk, dv)`` of SDPA for the upstream gradient ``d_out``, by PyTorch's autograd."""
-    import torch.nn.functional as F
-
+    q: Array, k: Array, v: Array, d_out: Array, *, causal: bool = False, mask: Array | None = None,
+    scale: float | None = None, bias: Array | None = None, dropout_p: float | None = None,
+    seed: int | None = None,
+) -> tuple[Array, Array, Array, dict[str, Array]]:  # [..., n_q, d_k], ..., d_out [..., n_q, d_v]
+    """``(dq, dk, dv, {"dbias": ...})`` of `torch_attention` for the upstream gradient ``d_out``,
+    by PyTorch's autograd through SDPA's own backward (``dbias`` when a bias is given: SDPA
+    differentiates a float ``attn_mask``, summed over the axes it was broadcast along)."""
+    dtype = np.asarray(q).dtype
     q_, k_, v_ = (_to_torch(np.asarray(x)).requires_grad_() for x in (q, k, v))
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r".*(kernel not used|Flash attention requires)")
-        out = F.scaled_dot_product_attention(q_, k_, v_, is_causal=causal)
-        out.backward(_to_torch(np.asarray(d_out)))
-    return _from_torch(q_.grad), _from_torch(k_.grad), _from_torch(v_.grad)
+    bias_ = None if bias is None else _to_torch(np.asarray(bias).astype(dtype)).requires_grad_()
+    out = _sdpa(q_, k_, v_, causal=causal, mask=mask, scale=scale, bias=bias_, dropout_p=dropout_p, seed=seed)
+    out.backward(_to_torch(np.asarray(d_out)))
+    extras = {} if bias_ is None else {"dbias": _grad_of(bias_).astype(np.asarray(bias).dtype)}
+    return _grad_of(q_), _grad_of(k_), _grad_of(v_), extras
+
+
+def _grad_of(t: Any) -> Array:
+    """A leaf tensor's gradient as NumPy (zeros where the output did not depend on it)."""
+    import torch
+
+    return _from_torch(t.grad if t.grad is not None else torch.zeros_like(t))
 
 
 def torch_target() -> Target:
@@ -165,7 +179,7 @@ def torch_target() -> Target:
         torch_attention,
         name=f"torch {torch.__version__} scaled_dot_product_attention",
         # bfloat16 where ml_dtypes gives NumPy the dtype (measured: passes every law, as float16).
-        dtypes=("float16", "float32", "float64") + (("bfloat16",) if _bfloat16() is not None else ()),
+        dtypes=("float16", "float32", "float64", *dtypes.bfloat16_if_installed()),
         ndims=(2, 3, 4),
         supports_mask=True,
         supports_scale=True,
@@ -182,7 +196,11 @@ def torch_target() -> Target:
         supports_dropout=True,
         # Generous, as for jax: on a loaded machine a slow first call is not a hang.
         deadline_s=60.0,
+        # Autograd through SDPA: every keyword above reaches the backward, and a float attn_mask
+        # gets its gradient (measured on torch 2.13: attn_mask.grad in every dtype, summed over its
+        # broadcast axes); a seeded forward drops the same weights with or without requires_grad.
         grad_fn=torch_attention_grad,
+        grad_extras=("dbias",),
     )
 
 
@@ -226,7 +244,8 @@ def jax_attention(
     for ``d_v ≠ d_k`` calls JAX once per ``d_k``-wide slice of V (the last one zero-padded): output
     column c is the weighted sum of V's column c alone, so the slices are exact, and the scale is
     still JAX's own. float64 runs with x64 enabled for the call (JAX computes float32 otherwise).
-    The §2b keywords are JAX's own: ``bias`` → ``bias`` (``[b, h, n_q, n_k]``), ``kv_lengths`` →
+    The keywords of docs/targets.md are JAX's own: ``bias`` → ``bias`` (``[b, h, n_q, n_k]``),
+    ``kv_lengths`` →
     ``key_value_seq_lengths`` (int32), ``window`` → ``local_window_size`` (top-left, as its causal
     mask), ``return_lse`` → ``return_residual`` (its lse ``[b, n_q, h]``, natural log, float32).
     """
@@ -302,7 +321,7 @@ def jax_target() -> Target:
         # float64 call is only float32-accurate (measured 1.4e-7 from the float64 golden) and fails
         # matches_golden; tests/test_peers.py keeps that failure visible.
         # bfloat16 (where ml_dtypes is installed, as it is with jax) runs eagerly, as float16 does.
-        dtypes=("float16", "float32") + (("bfloat16",) if _bfloat16() is not None else ()),
+        dtypes=("float16", "float32", *dtypes.bfloat16_if_installed()),
         ndims=(2, 3, 4),
         supports_mask=True,
         supports_scale=True,
@@ -329,19 +348,16 @@ def jax_target() -> Target:
 # ------------------------------------------------------------------------------ wrapping a function
 
 
-SUITE_KEYWORDS = ("causal", "mask", "scale", *KEYWORD_FIELDS)
-"""The keywords a target's ``fn`` may receive; ``rename`` maps them to a framework's names."""
-
-
 def _check_rename(rename: dict[str, str] | None) -> dict[str, str]:
     if rename is None:
         return {}
     if not isinstance(rename, dict) or not all(isinstance(x, str) for x in (*rename, *rename.values())):
         raise TypeError(f"rename must be a dict of keyword names to keyword names, got {rename!r}")
-    unknown = sorted(set(rename) - set(SUITE_KEYWORDS))
+    passed = declared_by()  # the keywords a target's fn may receive
+    unknown = sorted(set(rename) - set(passed))
     if unknown:
         raise ValueError(f"rename names {', '.join(map(repr, unknown))}, which the suite never passes; "
-                         f"its keywords are {', '.join(SUITE_KEYWORDS)}")
+                         f"its keywords are {', '.join(passed)}")
     return dict(rename)
 
 
@@ -366,8 +382,22 @@ def _wrap(fn: Any, to: Any, back: Any, rename: dict[str, str] | None, around: An
     return wrapped
 
 
+def _differentiated(extras: Any) -> dict[str, str]:
+    """The keyword argument each declared extra gradient is the gradient of (``dbias`` -> ``bias``);
+    names the keywords do not define are left to `Target`'s validation, which names them."""
+    known = gradient_extras()
+    names = extras if isinstance(extras, (tuple, list)) else ()
+    return {name: known[name].passes[0] for name in names if name in known}
+
+
+def _grad_target(fn: Any, wrapped: Any, grad_fn: Any, name: str, declarations: dict[str, Any]) -> Target:
+    if "grad_fn" in declarations:
+        raise TypeError("give grad=True or grad_fn=, not both")
+    return Target(wrapped, name=name or _callable_name(fn), grad_fn=grad_fn, **declarations)
+
+
 def from_torch(
-    fn: Any, *, rename: dict[str, str] | None = None, name: str = "", **declarations: Any
+    fn: Any, *, rename: dict[str, str] | None = None, name: str = "", grad: bool = False, **declarations: Any
 ) -> Target:
     """A target from a PyTorch attention function, in one line:
     ``spec.from_torch(F.scaled_dot_product_attention, rename={"causal": "is_causal", "mask": "attn_mask"})``.
@@ -376,11 +406,44 @@ def from_torch(
     (bfloat16 and float16 included; masks, biases and lengths too) and returns a tensor (or, with
     ``return_lse=True``, a tuple), converted back bit for bit. ``rename`` maps the suite's keyword
     names (``causal``, ``mask``, ``scale``, ``bias``, ...) to ``fn``'s. ``declarations`` are
-    :class:`~spec.Target`'s (``layout``, ``dtypes``, ``supports_mask``, ...); a keyword is passed
+    `spec.Target`'s (``layout``, ``dtypes``, ``supports_mask``, ...); a keyword is passed
     only when declared, as for any target.
+
+    ``grad=True`` also builds the target's ``grad_fn`` by autograd: q, k, v (and the input of each
+    declared ``grad_extras``: ``bias`` for ``dbias``, ``sinks`` for ``dsinks``) require grad, ``fn``
+    runs with the same keywords, and ``out.backward(d_out)`` gives the gradients.
     """
     wrapped = _wrap(fn, _to_torch, _from_torch, rename, lambda arrays: contextlib.nullcontext())
-    return Target(wrapped, name=name or _callable_name(fn), **declarations)
+    if not grad:
+        return Target(wrapped, name=name or _callable_name(fn), **declarations)
+    return _grad_target(fn, wrapped, _torch_grad(fn, rename, declarations.get("grad_extras", ())), name,
+                        declarations)
+
+
+def _torch_grad(fn: Any, rename: dict[str, str] | None, extras: Any) -> Any:
+    """``grad_fn`` for a torch ``fn``: the gradients of ``Σ fn(q, k, v, **keywords) ∘ d_out`` by
+    autograd, as NumPy arrays, with the declared extras' in a dict."""
+    names = _check_rename(rename)
+    wanted = _differentiated(extras)
+
+    def grad_fn(q: Array, k: Array, v: Array, d_out: Array, **kwargs: Any) -> Any:
+        leaves = [_to_torch(np.asarray(x)).requires_grad_() for x in (q, k, v)]
+        inputs: dict[str, Any] = {}
+        for key, x in kwargs.items():
+            if isinstance(x, np.ndarray):
+                x = _to_torch(x)
+                if key in wanted.values() and x.is_floating_point():
+                    x.requires_grad_()
+            inputs[key] = x
+        out = fn(*leaves, **{names.get(key, key): x for key, x in inputs.items()})
+        out.backward(_to_torch(np.asarray(d_out)))
+        grads = tuple(_grad_of(t) for t in leaves)
+        if not wanted:
+            return grads
+        return (*grads, {extra: _grad_of(inputs[arg]) for extra, arg in wanted.items() if arg in inputs})
+
+    grad_fn.__name__ = grad_fn.__qualname__ = f"{getattr(fn, '__name__', type(fn).__name__)}_grad"
+    return grad_fn
 
 
 def _to_jax(x: Array) -> Any:  # NumPy -> jax.Array, same bits (bfloat16 is ml_dtypes' in both)
@@ -400,13 +463,159 @@ def _jax_precision(arrays: list[Array]) -> Any:
     return jax.enable_x64(True) if any(x.dtype == np.float64 for x in arrays) else contextlib.nullcontext()
 
 
-def from_jax(fn: Any, *, rename: dict[str, str] | None = None, name: str = "", **declarations: Any) -> Target:
+def from_jax(
+    fn: Any, *, rename: dict[str, str] | None = None, name: str = "", grad: bool = False, **declarations: Any
+) -> Target:
     """A target from a JAX attention function, in one line:
     ``spec.from_jax(jax.nn.dot_product_attention, layout="bnhd", rename={"causal": "is_causal"})``.
 
-    As :func:`from_torch`, with ``jax.Array`` s: the suite's NumPy arrays go in bit for bit (bfloat16
+    As `from_torch`, with ``jax.Array`` s: the suite's NumPy arrays go in bit for bit (bfloat16
     is ml_dtypes' on both sides), float64 inputs run with x64 enabled for the call, and the results
-    come back as NumPy arrays.
+    come back as NumPy arrays. ``grad=True`` builds ``grad_fn`` with ``jax.vjp`` of ``fn`` in q, k,
+    v (and the input of each declared ``grad_extras``), the other keywords held fixed.
     """
     wrapped = _wrap(fn, _to_jax, _from_jax, rename, _jax_precision)
-    return Target(wrapped, name=name or _callable_name(fn), **declarations)
+    if not grad:
+        return Target(wrapped, name=name or _callable_name(fn), **declarations)
+    return _grad_target(fn, wrapped, _jax_grad(fn, rename, declarations.get("grad_extras", ())), name,
+                        declarations)
+
+
+def _jax_grad(fn: Any, rename: dict[str, str] | None, extras: Any) -> Any:
+    """``grad_fn`` for a JAX ``fn``: ``jax.vjp`` of ``fn`` in q, k, v and the declared extras'
+    inputs, pulled back from ``d_out``, as NumPy arrays."""
+    names = _check_rename(rename)
+    wanted = _differentiated(extras)
+
+    def grad_fn(q: Array, k: Array, v: Array, d_out: Array, **kwargs: Any) -> Any:
+        import jax
+
+        arrays = [np.asarray(x) for x in (q, k, v, d_out)]
+        with _jax_precision(arrays):
+            free = {key: _to_jax(x) for key, x in kwargs.items()
+                    if key in wanted.values() and isinstance(x, np.ndarray) and x.dtype.kind == "f"}
+            held = {names.get(key, key): _to_jax(x) if isinstance(x, np.ndarray) else x
+                    for key, x in kwargs.items() if key not in free}
+
+            def call(q: Any, k: Any, v: Any, free: dict[str, Any]) -> Any:
+                return fn(q, k, v, **held, **{names.get(key, key): x for key, x in free.items()})
+
+            _, pull = jax.vjp(call, *(_to_jax(x) for x in arrays[:3]), free)
+            dq, dk, dv, d_free = pull(_to_jax(arrays[3]))
+        grads = (_from_jax(dq), _from_jax(dk), _from_jax(dv))
+        if not wanted:
+            return grads
+        return (*grads, {extra: _from_jax(d_free[arg]) for extra, arg in wanted.items() if arg in d_free})
+
+    grad_fn.__name__ = grad_fn.__qualname__ = f"{getattr(fn, '__name__', type(fn).__name__)}_grad"
+    return grad_fn
+
+
+# ------------------------------------------------------------- PyTorch FlexAttention over a paged cache
+
+
+@functools.cache
+def _flex(compiled: bool) -> Any:
+    """``flex_attention``, under ``torch.compile`` if asked (one compilation per new shape)."""
+    import torch
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention) if compiled else flex_attention
+
+
+def _float8_to_torch(x: Array) -> Any:  # ml_dtypes float8_e4m3fn -> torch.float8_e4m3fn, same bits
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(x).view(np.uint8).copy()).view(torch.float8_e4m3fn)
+
+
+def torch_flex_paged_attention(
+    q: Array, k_cache: Array, v_cache: Array, *, causal: bool = False, kv_lengths: Array,
+    block_table: Array, k_descale: Array | None = None, v_descale: Array | None = None,
+    window: tuple[int, int] | None = None, scale: float | None = None, compiled: bool = True,
+) -> Array:  # [b, h, n_q, d_k], pools [num_blocks, block_size, g, d] -> [b, h, n_q, d_v]
+    """PyTorch's FlexAttention over a paged KV cache, through ``torch.nn.attention.experimental``'s
+    ``PagedAttention`` (its page table and ``convert_logical_block_mask``), on NumPy arrays.
+
+    The pools become FlexAttention's one-row caches ``[1, g, num_blocks · block_size, d]``;
+    ``PagedAttention``'s page table is ``block_table``'s used entries and its physical → logical map
+    their inverse. The mask is written over logical positions — ``kv_idx < kv_lengths[b]``, and for
+    ``causal``/``window`` the diagonal of row b at ``q_idx + kv_lengths[b] − n_q`` (aligned per
+    sequence) — and ``convert_logical_block_mask`` turns it into a block mask over physical blocks.
+    Grouped K/V heads (``g < h``) turn on ``enable_gqa``.
+
+    ``compiled=True`` runs ``torch.compile(flex_attention)``: the fused, block-sparse kernel, which
+    visits only the blocks in the block mask. ``compiled=False`` is FlexAttention's eager path,
+    which (its own warning says) is an unfused implementation over the whole score matrix: every
+    physical position of the pool, masked afterwards.
+
+    Float8 (``k_descale``, ``v_descale`` ``[batch, g]``): FlexAttention has no float8 cache. The
+    adapter moves the e4m3 bits into ``torch.float8_e4m3fn`` and lets torch widen them to q's dtype
+    (exact), applies K's scale as a ``score_mod`` (``score · k_descale[b, h // (h/g)]``: the same
+    as scaling the keys) and multiplies the output by V's (the same as scaling the values, up to
+    rounding). Those two products are the adapter's arithmetic, not a kernel's.
+
+    Measured on torch 2.13.0+cpu (``tests/test_frameworks_cache.py`` re-measures it): both paths
+    agree with the reference within float32 rounding, per-sequence causal and window included, and
+    a row that sees no key gets zeros. Neither keeps out of what a sequence does not own: the eager
+    path reads the whole pool (a NaN in a block nobody owns makes every output NaN); the compiled
+    kernel (inductor's C++ ``cpp_fused_flex_attention``) skips the blocks outside the block mask
+    but reads the values in the tail of a sequence's last block, where a masked weight of 0 times
+    a NaN value makes that sequence's output NaN (a NaN key in the tail is harmless: its score is
+    masked). Compiling takes ~15 s per new shape on this machine's CPU.
+
+    A sequence may not list one physical block twice (``PagedAttention`` maps each physical block
+    of a row to one logical block).
+    """
+    import torch
+    from torch.nn.attention.experimental._paged_attention import PagedAttention
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    q = np.asarray(q)
+    table, lengths = np.asarray(block_table), np.asarray(kv_lengths)
+    batch, heads, n_q, _ = q.shape
+    num_blocks, block_size, g = k_cache.shape[:3]
+    float8 = k_descale is not None
+    q_dtype = _to_torch(q[:0]).dtype  # q's dtype as torch names it (bfloat16 included)
+
+    def pool(x: Array) -> Any:  # [num_blocks, block_size, g, d] -> [1, g, num_blocks · block_size, d]
+        t = _float8_to_torch(x).to(q_dtype) if float8 else _to_torch(x)
+        return t.permute(2, 0, 1, 3).reshape(1, g, num_blocks * block_size, x.shape[-1])
+
+    used = [-(-int(n) // block_size) for n in lengths]  # blocks holding each sequence's keys
+    paged = PagedAttention(num_blocks, block_size, batch, device="cpu")
+    for b, count in enumerate(used):
+        rows = torch.from_numpy(table[b, :count].astype(np.int64))
+        paged.page_table[b, :count] = rows
+        paged.physical_to_logical[b, rows] = torch.arange(count)
+    kv_len = torch.from_numpy(lengths.astype(np.int64))
+
+    def logical_mask(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        keep = kv_idx < kv_len[b]
+        diag = q_idx + kv_len[b] - n_q
+        if causal:
+            keep = keep & (kv_idx <= diag)
+        if window is not None:
+            keep = keep & (kv_idx >= diag - window[0]) & (kv_idx <= diag + window[1])
+        return keep
+
+    logical_len = max([*used, 1]) * block_size
+    logical = create_block_mask(logical_mask, batch, None, n_q, logical_len, device="cpu",
+                                BLOCK_SIZE=(128, block_size))
+    block_mask = paged.convert_logical_block_mask(logical, kv_len=kv_len)
+    score_mod = None
+    if float8:
+        k_scale = torch.from_numpy(np.asarray(k_descale, dtype=np.float32))
+        group = heads // g
+
+        def score_mod(score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+            return score * k_scale[b, h // group]
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*flex_attention called without torch.compile")
+        out = _flex(compiled)(_to_torch(q), pool(k_cache), pool(v_cache), score_mod=score_mod,
+                              block_mask=block_mask, scale=scale, enable_gqa=g != heads)
+    if float8:
+        v_scale = torch.from_numpy(np.asarray(v_descale, dtype=np.float32))  # [batch, g]
+        out = out * v_scale.repeat_interleave(heads // g, dim=1)[:, :, None, None].to(out.dtype)
+    return _from_torch(out)

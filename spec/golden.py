@@ -1,30 +1,35 @@
-"""The oracle: attention in float64, forward (out, weights, lse) and backward, with its own
-visibility builders.
+"""The oracle's engine: attention in float64, forward (out, weights, lse) and backward, from terms.
 
-Everything here is written from the definitions, independently of :mod:`impl` (an off-by-one
-shared by the reference and its oracle would pass silently), in log-sum-exp form:
+Everything here is written from the definitions, independently of `impl` (an off-by-one shared by
+the reference and its oracle would pass silently), in log-sum-exp form:
 
-    s   = scale · q kᵀ                       scores
-    s   = c · tanh(s / c)                    softcap=c (before the bias, so a hidden key stays hidden)
-    s   = s + bias                           bias= (−inf hides a key)
-    s   = −inf where not visible             causal / mask / window / kv_lengths
-    lse = log(Σ_j exp(s_j) + exp(sink))      sinks=: one extra logit per query head, no value
-    p   = exp(s − lse),  out = p v           a row that sees nothing: lse = −inf, out = 0
+    s   = scale · q kᵀ                           scores
+    s   = f(s)                                   transforms (softcap: c·tanh(s/c)), in order
+    s   = s + A₁ + A₂ + …                        added terms (bias, ALiBi); −inf hides a key
+    s   = −inf where not visible                 causal / mask / window / kv_lengths / …
+    lse = log(Σ_j exp(s_j) + exp(σ))             σ: a sink logit per row, joining the denominator
+    p   = exp(s − lse),  out = (p ∘ keep) v      keep: a dropout multiplier (0 or 1/(1 − p)), if any
 
-Visibility: query i sees key j when every declared restriction allows it — ``causal`` (j ≤ diag),
-``window=(left, right)`` (diag − left ≤ j ≤ diag + right), ``kv_lengths`` (j < kv_lengths[b]) and
-a boolean ``mask`` (True = may attend) — where ``diag`` is i (top-left alignment) or
-i + n_k − n_q (bottom-right).
+A row that sees nothing has lse = −inf (or σ, with a finite sink) and out = 0. The transforms,
+added terms and sinks come from the keywords' declarations (`spec.keywords`): this module knows
+no keyword by name, so a new keyword never edits it.
+
+Visibility: query i sees key j when every restriction allows it; ``causal`` is j ≤ diag, where
+``diag`` is i (top-left alignment) or i + n_k − n_q (bottom-right); a keyword may move the
+diagonals (packed sequences align each sequence on its own).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 
 Array = np.ndarray
 Alignment = Literal["top_left", "bottom_right"]
+Transform = Callable[[Array], Array]
 
 
 def diagonal(n_q: int, n_k: int, align: Alignment) -> Array:  # -> [n_q, 1] int
@@ -40,115 +45,163 @@ def causal_visible(n_q: int, n_k: int, align: Alignment = "top_left") -> Array: 
     return np.arange(n_k)[None, :] <= diagonal(n_q, n_k, align)
 
 
-def window_visible(
-    n_q: int, n_k: int, window: tuple[int, int], align: Alignment = "top_left"
-) -> Array:  # -> [n_q, n_k] bool
-    """Query i sees key j when diag(i) − left ≤ j ≤ diag(i) + right."""
-    left, right = window
-    if int(left) != left or int(right) != right or left < 0 or right < 0:
-        raise ValueError(f"window must be two integers >= 0, got {window!r}")
-    j, diag = np.arange(n_k)[None, :], diagonal(n_q, n_k, align)
-    return (j >= diag - left) & (j <= diag + right)
-
-
-def lengths_visible(kv_lengths: Array, n_k: int) -> Array:  # [batch] -> [batch, 1, 1, n_k] bool
-    """Batch row b sees keys j < kv_lengths[b] (broadcasts over heads and queries)."""
-    lengths = np.asarray(kv_lengths)
-    if lengths.ndim != 1 or lengths.dtype.kind not in "iu":
-        raise ValueError(f"kv_lengths must be a 1-D integer array [batch], "
-                         f"got {lengths.dtype} {lengths.shape}")
-    return (np.arange(n_k) < lengths[:, None])[:, None, None, :]
-
-
 def visibility(
     lead: tuple[int, ...], n_q: int, n_k: int, *, causal: bool = False, align: Alignment = "top_left",
-    mask: Array | None = None, window: tuple[int, int] | None = None, kv_lengths: Array | None = None,
+    mask: Array | None = None, restrictions: Sequence[Array] = (),
 ) -> Array:  # -> [*lead, n_q, n_k] bool
-    """Every restriction ANDed: what each query may see."""
+    """Every restriction ANDed: what each query may see. ``restrictions`` are boolean arrays
+    broadcastable to ``[*lead, n_q, n_k]`` (a keyword's visibility term, already built)."""
     keep = np.ones((*lead, n_q, n_k), dtype=bool)
     if causal:
         keep &= causal_visible(n_q, n_k, align)
-    if window is not None:
-        keep &= window_visible(n_q, n_k, window, align)
-    if kv_lengths is not None:
-        keep &= lengths_visible(kv_lengths, n_k)
+    for hidden in restrictions:
+        keep &= hidden
     if mask is not None:
         keep &= np.asarray(mask, dtype=bool)
     return keep
 
 
-def _with_kv_heads(q: Array, x: Array) -> Array:  # [..., g, n, d] -> [..., h, n, d]
+def with_kv_heads(q: Array, x: Array) -> Array:  # [..., g, n, d] -> [..., h, n, d]
     """Grouped K/V heads repeated so that query head i reads K/V head i // (h // g)."""
     if x.ndim >= 3 and q.ndim == x.ndim and x.shape[-3] != q.shape[-3]:
         return np.repeat(x, q.shape[-3] // x.shape[-3], axis=-3)
     return x
 
 
-def scores(
-    q: Array, k: Array, *, visible: Array, scale: float,
-    bias: Array | None = None, softcap: float | None = None,
-) -> Array:  # [..., n_q, d_k], [..., n_k, d_k] -> [..., n_q, n_k] float64, -inf where hidden
-    """The final scores, in float64: scaled, capped, biased, masked."""
+@dataclass(frozen=True)
+class Terms:
+    """What the keywords add to plain attention, each already bound to its value, in float64.
+
+    ``transforms`` (s → s, applied in order to the scaled scores) with their derivatives ds'/ds;
+    ``added`` arrays broadcastable to ``[..., n_q, n_k]`` (−inf hides a key); ``sinks`` a logit
+    per row broadcastable to ``[..., n_q]``; ``keep`` a multiplier of the weights (dropout's
+    kept set, 0 or 1/(1 − p)) broadcastable to ``[..., n_q, n_k]``.
+    """
+
+    transforms: tuple[tuple[Transform, Transform], ...] = ()
+    added: tuple[Array, ...] = ()
+    sinks: Array | None = None
+    keep: Array | None = field(default=None)
+
+
+PLAIN = Terms()
+
+
+def _raw_scores(q: Array, k: Array, scale: float) -> Array:  # -> [..., n_q, n_k] float64
     q64 = np.asarray(q, dtype=np.float64)
-    k64 = _with_kv_heads(q64, np.asarray(k, dtype=np.float64))
-    s = (q64 @ np.swapaxes(k64, -1, -2)) * scale
-    if softcap is not None:
-        s = softcap * np.tanh(s / softcap)
-    if bias is not None:
-        s = s + np.asarray(bias, dtype=np.float64)
+    k64 = with_kv_heads(q64, np.asarray(k, dtype=np.float64))
+    return (q64 @ np.swapaxes(k64, -1, -2)) * scale
+
+
+def _finish(s: Array, visible: Array, terms: Terms) -> Array:  # transformed scores -> final scores
+    for added in terms.added:
+        s = s + np.asarray(added, dtype=np.float64)
     return np.where(visible, s, -np.inf)
 
 
-def _sink_logits(q: Array, sinks: Array) -> Array:  # [heads] -> broadcastable to [..., n_q]
-    s = np.asarray(sinks, dtype=np.float64)
-    return s[:, None] if q.ndim >= 3 else s
+def scores(q: Array, k: Array, *, visible: Array, scale: float, terms: Terms = PLAIN) -> Array:
+    # [..., n_q, d_k], [..., n_k, d_k] -> [..., n_q, n_k] float64, -inf where hidden
+    """The final scores, in float64: scaled, transformed, added to, masked."""
+    s = _raw_scores(q, k, scale)
+    for f, _ in terms.transforms:
+        s = f(s)
+    return _finish(s, visible, terms)
+
+
+def _normalise(s: Array, terms: Terms) -> tuple[Array, Array]:  # final scores -> weights, lse
+    top = np.max(s, axis=-1, initial=-np.inf)
+    sinks = None if terms.sinks is None else np.broadcast_to(np.asarray(terms.sinks, np.float64), top.shape)
+    if sinks is not None:
+        top = np.maximum(top, sinks)
+    shift = np.where(np.isfinite(top), top, 0.0)
+    with np.errstate(divide="ignore"):  # log(0) = -inf: a row that sees nothing
+        total = np.sum(np.exp(s - shift[..., None]), axis=-1)
+        if sinks is not None:
+            total = total + np.exp(sinks - shift)
+        lse = shift + np.log(total)
+    finite = np.where(np.isfinite(lse), lse, 0.0)[..., None]
+    weights = np.where(np.isfinite(s) & np.isfinite(lse)[..., None], np.exp(s - finite), 0.0)
+    return weights, lse
 
 
 def forward(
-    q: Array, k: Array, v: Array, *, visible: Array, scale: float,
-    bias: Array | None = None, softcap: float | None = None, sinks: Array | None = None,
+    q: Array, k: Array, v: Array, *, visible: Array, scale: float, terms: Terms = PLAIN,
 ) -> tuple[Array, Array, Array]:
     """float64 ``(out, weights, lse)``; a row that sees nothing gives zeros and lse = −inf.
 
     [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v], visible [..., n_q, n_k]
     -> out [..., n_q, d_v], weights [..., n_q, n_k], lse [..., n_q]
 
-    ``sinks`` [heads] ([1] for 2-D inputs) joins each row's denominator, so a row's weights sum
-    to 1 − its sink's weight; a row that sees no key but has a finite sink has lse = sink, out = 0.
+    With sinks a row's weights sum to 1 − its sink's weight; a row that sees no key but has a
+    finite sink has lse = sink, out = 0. ``weights`` are the softmax's, before ``terms.keep``;
+    ``out`` uses the kept weights.
     """
-    s = scores(q, k, visible=visible, scale=scale, bias=bias, softcap=softcap)
-    top = np.max(s, axis=-1, initial=-np.inf)
-    if sinks is not None:
-        top = np.maximum(top, np.broadcast_to(_sink_logits(q, sinks), top.shape))
-    shift = np.where(np.isfinite(top), top, 0.0)
-    with np.errstate(divide="ignore"):  # log(0) = -inf: a row that sees nothing
-        total = np.sum(np.exp(s - shift[..., None]), axis=-1)
-        if sinks is not None:
-            total = total + np.exp(_sink_logits(q, sinks) - shift)
-        lse = shift + np.log(total)
-    finite = np.where(np.isfinite(lse), lse, 0.0)[..., None]
-    weights = np.where(np.isfinite(s) & np.isfinite(lse)[..., None], np.exp(s - finite), 0.0)
-    v64 = _with_kv_heads(np.asarray(q), np.asarray(v, dtype=np.float64))
-    return weights @ v64, weights, lse
+    weights, lse = _normalise(scores(q, k, visible=visible, scale=scale, terms=terms), terms)
+    used = weights if terms.keep is None else weights * terms.keep
+    v64 = with_kv_heads(np.asarray(q), np.asarray(v, dtype=np.float64))
+    return used @ v64, weights, lse
+
+
+GRADS = ("dq", "dk", "dv")
+"""The names of the gradients of q, k and v, in that order."""
+
+
+@dataclass(frozen=True)
+class Gradients:
+    """float64 gradients of ``L = Σ out ∘ d_out``: of q, k, v, of each added term (in the term's
+    broadcast shape: sum it back to the shape passed), of the sink logits (per row), and the
+    forward pattern P (before ``keep``)."""
+
+    dq: Array
+    dk: Array
+    dv: Array
+    added: tuple[Array, ...]
+    sinks: Array | None
+    weights: Array
 
 
 def backward(
-    q: Array, k: Array, v: Array, d_out: Array, *, visible: Array, scale: float
-) -> tuple[Array, Array, Array, Array]:
-    """float64 ``(dq, dk, dv)`` of ``L = Σ out ∘ d_out`` through the explicit softmax Jacobian,
-    and the pattern P.
+    q: Array, k: Array, v: Array, d_out: Array, *, visible: Array, scale: float, terms: Terms = PLAIN,
+) -> Gradients:
+    """float64 gradients of ``L = Σ out ∘ d_out`` through the explicit softmax Jacobian.
 
-    [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v], [..., n_q, d_v], [..., n_q, n_k]
-    -> [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v], [..., n_q, n_k]
+    [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v], [..., n_q, d_v], [..., n_q, n_k] -> Gradients
 
-    Row i of ``dS`` is ``J_i dP_i`` with ``J_i = diag(p_i) − p_i p_iᵀ`` formed in full
-    (n_q·n_k² entries per slice: keep n ≤ 64). Hidden keys have p = 0, so their row and column of
-    J are zero and they get no gradient; no ``D = rowsum(dO ∘ O)`` shortcut is used.
+    With P the weights and K = keep (1 without dropout), ``out = (P ∘ K) v``, so ``dv = (P ∘ K)ᵀ dO``
+    and ``dP = (dO vᵀ) ∘ K``. Row i of ``dS`` is ``J_i dP_i`` with ``J_i = diag(p_i) − p_i p_iᵀ``
+    formed in full (n_q·n_k² entries per slice: keep n ≤ 64); a sink takes part in the softmax
+    without a value, so its own entry of J is not formed: ``dσ_i = −p_σ,i · (p_i · dP_i)``. Hidden
+    keys have p = 0, so their row and column of J are zero and they get no gradient. ``dS`` then
+    flows back through each transform (times its derivative, last first) to ``dq = dS k · scale``,
+    ``dk = dSᵀ q · scale``; each added term's gradient is ``dS`` itself. No
+    ``D = rowsum(dO ∘ O)`` shortcut is used.
     """
     q64, k64, v64, do64 = (np.asarray(x, dtype=np.float64) for x in (q, k, v, d_out))
-    _, p, _ = forward(q64, k64, v64, visible=visible, scale=scale)
-    p = np.broadcast_to(p, (*do64.shape[:-1], k64.shape[-2]))
+    raw = _raw_scores(q64, k64, scale)
+    stages = [raw]
+    for f, _ in terms.transforms:
+        stages.append(f(stages[-1]))
+    p, lse = _normalise(_finish(stages[-1], visible, terms), terms)
+    p = np.broadcast_to(p, (*do64.shape[:-1], p.shape[-1]))
+    keep = 1.0 if terms.keep is None else np.asarray(terms.keep, dtype=np.float64)
+    kv = with_kv_heads(q64, v64)
+    dp = (do64 @ np.swapaxes(kv, -1, -2)) * keep  # [..., n_q, n_k]
     jac = p[..., :, None] * np.eye(p.shape[-1]) - p[..., :, None] * p[..., None, :]  # [..., n_q, n_k, n_k]
-    dp = do64 @ np.swapaxes(v64, -1, -2)  # [..., n_q, n_k]
     ds = np.einsum("...ij,...ijl->...il", dp, jac)  # J is symmetric: J dP = dP J
-    return ds @ k64 * scale, np.swapaxes(ds, -1, -2) @ q64 * scale, np.swapaxes(p, -1, -2) @ do64, p
+    d_sinks = None
+    if terms.sinks is not None:
+        sink = np.broadcast_to(np.asarray(terms.sinks, np.float64), lse.shape)
+        p_sink = np.where(np.isfinite(lse), np.exp(sink - np.where(np.isfinite(lse), lse, 0.0)), 0.0)
+        d_sinks = -p_sink * np.sum(p * dp, axis=-1)
+    d_added = tuple(ds for _ in terms.added)
+    for (_, derivative), before in zip(reversed(terms.transforms), reversed(stages[:-1]), strict=True):
+        ds = ds * derivative(before)
+    kq = with_kv_heads(q64, k64)
+    dq = ds @ kq * scale
+    dk = np.swapaxes(ds, -1, -2) @ q64 * scale
+    dv = np.swapaxes(p * keep, -1, -2) @ do64
+    if kv.shape != v64.shape:  # grouped K/V heads: each K/V head sums its group's gradients
+        group = q64.shape[-3] // v64.shape[-3]
+        dk = dk.reshape(*dk.shape[:-3], v64.shape[-3], group, *dk.shape[-2:]).sum(axis=-3)
+        dv = dv.reshape(*dv.shape[:-3], v64.shape[-3], group, *dv.shape[-2:]).sum(axis=-3)
+    return Gradients(dq, dk, dv, d_added, d_sinks, p)

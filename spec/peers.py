@@ -1,4 +1,4 @@
-"""``python -m spec.peers``: the framework targets (:mod:`spec.frameworks`) run once per dtype,
+"""``python -m spec.peers``: the framework targets (`spec.frameworks`) run once per dtype,
 as a table: how many laws passed, which failed, and the worst error ratio.
 
 The ratios are read from each result's ``observed`` figures (data), never from message text.
@@ -10,7 +10,7 @@ import math
 import sys
 from typing import Any
 
-from spec.dtypes import has_bfloat16
+from spec.dtypes import bfloat16_if_installed
 from spec.frameworks import jax_target, torch_target
 from spec.runner import check
 from spec.target import Target
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         except ModuleNotFoundError as e:
             print(f"{name}: not installed ({e.name})", file=sys.stderr)
             return 2
-        dtypes = ("bfloat16",) if has_bfloat16() else ()
+        dtypes = bfloat16_if_installed()
         rows += dtype_rows(target, ("float16", *dtypes, "float32", "float64"), profile=args.profile,
                            max_examples=args.max_examples)
     table = [{key: value for key, value in row.items() if key != "failures"} for row in rows]

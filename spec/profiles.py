@@ -1,8 +1,8 @@
 """Every Hypothesis profile in one place.
 
-:data:`PROFILES` are the suite's (``python -m spec check --profile``, ``spec.check(profile=)``,
+`PROFILES` are the suite's (``python -m spec check --profile``, ``spec.check(profile=)``,
 ``--attention-profile``): examples per law, derandomization, the per-call deadline.
-:func:`register_test_profiles` registers the settings profiles of this repository's own tests
+`register_test_profiles` registers the settings profiles of this repository's own tests
 (``pytest --hypothesis-profile=ci|dev|thorough``); ``tests/conftest.py`` calls it.
 """
 

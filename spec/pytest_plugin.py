@@ -3,9 +3,10 @@
     pytest --attention-target=mypackage.kernels:attention        # or ATTENTION_TARGET=...
 
 adds one test per property, ``attention-spec::<property>``, to whatever else is collected
-(``-k`` selects among them; pytest-xdist spreads them over workers). Registered through the
-``pytest11`` entry point, so installing the package is enough; without a target the plugin adds
-nothing. Options: ``--attention-profile quick|ci|thorough`` (default ci), ``--attention-seed N``,
+(``-k`` selects among them; pytest-xdist spreads them over workers); with ``--attention-only``
+they are all that is collected (the project's own test files are not even imported). Registered
+through the ``pytest11`` entry point, so installing the package is enough; without a target the
+plugin adds nothing. Options: ``--attention-profile quick|ci|thorough`` (default ci), ``--attention-seed N``,
 ``--attention-max-examples N``, ``--attention-isolation thread|caller|process`` (overrides the
 target's declaration; ``process`` turns a crash or a call stuck in C into that law's failure),
 ``--attention-deadline SECONDS`` (per call; overrides the profile's and the target's).
@@ -31,7 +32,10 @@ ENV = "ATTENTION_TARGET"
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("attention-spec", "attention conformance suite")
     group.addoption("--attention-target", metavar="TARGET", default=None,
-                    help=f"check this attention target (built-in name or module:attr; env {ENV})")
+                    help=f"check this attention target (built-in name, module:attr or "
+                    f"path/to/file.py:attr; env {ENV})")
+    group.addoption("--attention-only", action="store_true", default=False,
+                    help="collect only the laws (none of the project's own tests)")
     group.addoption("--attention-profile", choices=list(PROFILES), default="ci",
                     help="examples per property: quick, ci (default, derandomized) or thorough")
     group.addoption("--attention-seed", type=int, default=None, metavar="N", help="random seed")
@@ -99,6 +103,17 @@ class PropertySuite(pytest.Collector):
     def collect(self) -> list[pytest.Item | pytest.Collector]:
         return [PropertyItem.from_parent(self, name=name, prop=prop, target=self.target, source=self.source)
                 for name, prop in PROPERTIES.items()]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    has_target = config.getoption("attention_target") or os.environ.get(ENV)
+    if config.getoption("attention_only") and not has_target:
+        raise pytest.UsageError(f"--attention-only needs a target: --attention-target=TARGET or {ENV}")
+
+
+def pytest_ignore_collect(collection_path: Any, config: pytest.Config) -> bool | None:
+    """With ``--attention-only`` every path is passed over, so only the laws are collected."""
+    return True if config.getoption("attention_only") else None
 
 
 @pytest.hookimpl(tryfirst=True)  # before -k / -m deselect, so they can select properties

@@ -1,10 +1,11 @@
-"""The registry of laws: what a law is (:class:`Property`), the ``@law`` decorator, and the
-explicit list of the modules that hold laws.
+"""The registry: what a law is (`Property`), the ``@law`` decorator, what a law needs (`Need`),
+and the explicit list of the modules that hold laws and keyword declarations.
 
 ``@law`` only marks a function (it sets ``fn.__spec_law__``); nothing registers by the side
-effect of an import. :data:`PROPERTIES` is built from :data:`LAW_MODULES`, in that order and, within
-a module, in the order of definition. A new family of laws is one new module under
-:mod:`spec.laws` plus one line in :data:`LAW_MODULES`.
+effect of an import. `PROPERTIES` is built from `LAW_MODULES`, in that order and, within a
+module, in the order of definition; `keywords()` collects the `spec.keywords.Keyword` records
+those modules declare. A new family of laws — a new keyword with its laws — is one new module
+under `spec.laws` plus one line in `LAW_MODULES`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from spec import keywords as declared
 from spec.cases import Case, cases
+from spec.keywords import Keyword
 from spec.target import Target
 
 Check = Callable[[Target, Case], None]
@@ -27,12 +30,14 @@ LAW_MODULES: tuple[str, ...] = (
     "spec.laws.masks",
     "spec.laws.gradients",
     "spec.laws.bias",
+    "spec.laws.alibi",
     "spec.laws.window",
     "spec.laws.softcap",
     "spec.laws.sinks",
     "spec.laws.lengths",
     "spec.laws.dropout",
     "spec.laws.lse",
+    "spec.laws.grad_keywords",
     "spec.laws.calls",
     "spec.laws.edges",
 )
@@ -40,13 +45,31 @@ LAW_MODULES: tuple[str, ...] = (
 
 
 @dataclass(frozen=True)
+class Need:
+    """What a law needs of a target: ``missing(target)`` says why the target cannot be tested
+    (None when it can); ``text`` names the capability (the docs' "Needs:"). Needs combine with
+    ``&``: the first missing one is reported. Made by the constructors of `spec.laws._needs`."""
+
+    missing: Callable[[Target], str | None]
+    text: str
+
+    def __call__(self, target: Target) -> str | None:
+        return self.missing(target)
+
+    def __and__(self, other: Need) -> Need:
+        return Need(lambda t: self(t) or other(t), f"{self.text} and {other.text}")
+
+
+NOTHING = Need(lambda t: None, "")
+
+
+@dataclass(frozen=True)
 class Property:
     name: str
     check: Check
     strategy: Callable[[Target], st.SearchStrategy[Case]]
-    needs: Callable[[Target], str | None]  # why the target cannot be tested, or None
+    needs: Need = NOTHING  # why the target cannot be tested, or None
     reads_pattern: bool = False  # feeds V = I instead of the case's values
-    needs_text: str = ""  # the capability needed, as text; "" = the needs check's docstring
     grid: Callable[[Target], list[Case]] | None = None  # boundary cases run first, in every profile
 
     @property
@@ -60,8 +83,8 @@ class Property:
 
     @property
     def requires(self) -> str:
-        """The capability the law needs, as text (the ``needs`` check's docstring), "" if none."""
-        return self.needs_text or " ".join((self.needs.__doc__ or "").split())
+        """The capability the law needs, as text, "" if none."""
+        return self.needs.text
 
     @property
     def law(self) -> str:
@@ -80,34 +103,28 @@ def _paragraphs(fn: Callable[..., Any]) -> list[str]:
 
 def law(
     strategy: Callable[[Target], st.SearchStrategy[Case]] | None = None,
-    needs: Callable[[Target], str | None] | None = None,
+    needs: Need = NOTHING,
     reads_pattern: bool = False,
-    requires: str = "",
     grid: Callable[[Target], list[Case]] | None = None,
 ) -> Callable[[Check], Check]:
-    """Mark a law with the cases it is run on and the capability it needs (``needs(target)``
-    returns why the target cannot be tested, or None). The mark is collected by
-    :func:`collect`; nothing is registered here. ``requires`` says the capability as text
-    for generated docs (default: the docstring of ``needs``). ``grid(target)``: boundary cases
-    (:func:`spec.cases.boundary_cases`) run before the random ones in every profile."""
+    """Mark a law with the cases it is run on and what it needs of a target (a `Need`). The mark
+    is collected by `collect`; nothing is registered here. ``grid(target)``: boundary cases
+    (`spec.cases.boundary_cases`) run before the random ones in every profile."""
+    if not isinstance(needs, Need):
+        raise TypeError(f"needs must be a Need (see spec.laws._needs), got {type(needs).__name__}")
 
     def mark(fn: Check) -> Check:
         fn.__spec_law__ = Property(  # type: ignore[attr-defined]
             name=fn.__name__,
             check=fn,
             strategy=strategy or (lambda t: cases(t)),
-            needs=needs or _needs_nothing,
+            needs=needs,
             reads_pattern=reads_pattern,
-            needs_text=requires,
             grid=grid,
         )
         return fn
 
     return mark
-
-
-def _needs_nothing(t: Target) -> str | None:
-    return None
 
 
 def collect(modules: tuple[str, ...] = LAW_MODULES) -> dict[str, Property]:
@@ -124,15 +141,37 @@ def collect(modules: tuple[str, ...] = LAW_MODULES) -> dict[str, Property]:
     return found
 
 
+def collect_keywords(modules: tuple[str, ...] = LAW_MODULES) -> dict[str, Keyword]:
+    """The keywords ``modules`` declare (module attributes that are `Keyword` records), by name.
+    Two declarations of one name, or of one argument, are refused."""
+    found: dict[str, Keyword] = {}
+    arguments: dict[str, str] = {}
+    for name in modules:
+        for value in vars(importlib.import_module(name)).values():
+            if not isinstance(value, Keyword) or found.get(value.name) is value:
+                continue
+            if value.name in found:
+                raise ValueError(f"keyword {value.name!r} is declared twice (in {name} and before)")
+            for arg in value.passes:
+                if arg in arguments:
+                    raise ValueError(f"argument {arg!r} is passed by both keyword {arguments[arg]!r} "
+                                     f"and {value.name!r}")
+                arguments[arg] = value.name
+            found[value.name] = value
+    return found
+
+
 _PROPERTIES: dict[str, Property] = {}
 PROPERTIES: dict[str, Property]  # annotation only: the value comes from __getattr__ below
 
 
 def __getattr__(name: str) -> Any:
-    """``PROPERTIES``: every law, built from :data:`LAW_MODULES` on first use (after the law
-    modules, which import this one for ``@law``, have finished loading)."""
+    """``PROPERTIES``: every law, built from `LAW_MODULES` on first use (after the law
+    modules, which import this one for ``@law``, have finished loading); the keywords they
+    declare are installed in `spec.keywords` at the same time (``import spec`` does both)."""
     if name == "PROPERTIES":
         if not _PROPERTIES:
             _PROPERTIES.update(collect())
+            declared.install(collect_keywords())
         return _PROPERTIES
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

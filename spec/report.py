@@ -1,5 +1,5 @@
-"""The report: per-law results as data (:class:`Result`, :class:`Report`) and the ONE renderer
-(:func:`render`) that the CLI, the pytest plugin (:func:`failure`) and ``str(report)`` share.
+"""The report: per-law results as data (`Result`, `Report`) and the ONE renderer
+(`render`) that the CLI, the pytest plugin (`failure`) and ``str(report)`` share.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class Result:
             "name": self.name, "status": self.status, "examples": self.examples,
             "seconds": round(self.seconds, 3), "message": self.message,
             "counterexample": self.counterexample, "law": self.law,
-            "observed": {key: value for key, value in self.observed.items() if math.isfinite(value)},
+            "observed": dict(self.observed),
         }
 
 
@@ -67,12 +67,30 @@ class Report:
         return render(self)
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, allow_nan=False, ensure_ascii=False, default=_jsonable)
+        """The report as strict JSON (RFC 8259), whatever the target did: a non-finite number (an
+        infinite error ratio, an inf or NaN in a counterexample's arrays) is written as the string
+        ``"Infinity"``, ``"-Infinity"`` or ``"NaN"``, as JSON Schema and protobuf's JSON mapping
+        write them, so any JSON parser reads the file and no figure is dropped."""
+        return json.dumps(_strict(self.to_dict()), indent=2, allow_nan=False, ensure_ascii=False)
 
 
-def _jsonable(x: Any) -> Any:
+NON_FINITE = {math.inf: "Infinity", -math.inf: "-Infinity"}
+"""How ``to_json`` spells a non-finite float (NaN is ``"NaN"``)."""
+
+
+def _strict(x: Any) -> Any:
+    """``x`` (dicts, lists, tuples, numbers, NumPy scalars) with every non-finite float spelled
+    as a string, so that ``json.dumps(..., allow_nan=False)`` writes it."""
+    if isinstance(x, dict):
+        return {key: _strict(value) for key, value in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_strict(value) for value in x]
     if isinstance(x, np.generic):
-        return x.item()
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return NON_FINITE.get(x, "NaN")
+    if isinstance(x, (str, int, float, bool)) or x is None:
+        return x
     raise TypeError(f"cannot write {type(x).__name__} to JSON")
 
 
@@ -98,10 +116,15 @@ def failure(result: Result, *, headline: bool = False) -> str:
     if example:
         case = " ".join(f"{key}={value}" for key, value in example["case"].items())
         lines.append(wrap.fill("case: " + case))
-        shapes = ", ".join(f"{name} {tuple(shape)}" for name, shape in example["shapes"].items())
-        lines.append(f"  shapes: {shapes}")
-        for name, values in example["arrays"].items():
-            lines.append(f"  {name} = {values}")
+        if "shapes" in example:
+            shapes = ", ".join(f"{name} {tuple(shape)} {example['dtypes'][name]}"
+                               for name, shape in example["shapes"].items())
+            given = ", ".join(f"{name}={value!r}" for name, value in example["keywords"].items())
+            who = "grad_fn" if example.get("call") == "grad_fn" else "the target"
+            lines.append(wrap.fill(f"{who} received (the law's last call): {shapes}"
+                                   + (f"; {given}" if given else "")))
+            for name, values in example["arrays"].items():
+                lines.append(f"  {name} = {values}")
         lines.append(f"  reproduce: {example['reproduce']}")
     return "\n".join(lines)
 

@@ -1,7 +1,7 @@
 """Running properties against a target with Hypothesis, and the report that comes out.
 
 ``check(target, profile="ci")`` is the Python door; the CLI and the pytest plugin call
-:func:`run_property` and read the same :class:`Result` objects.
+`run_property` and read the same `Result` objects.
 """
 
 from __future__ import annotations
@@ -13,12 +13,13 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import hypothesis
+import numpy as np
 from hypothesis import HealthCheck, Phase, Verbosity, example, given, settings
 
-from spec.builtin import load_target
-from spec.calling import DEADLINE, SignatureMismatch, TargetHung, TargetStopped, workers
+from spec.builtin import NoSource, load_target, source_of
+from spec.calling import CALLS, DEADLINE, Call, SignatureMismatch, TargetHung, TargetStopped, workers
 from spec.cases import Case
-from spec.laws._helpers import OBSERVED, identity_values
+from spec.laws._helpers import OBSERVED
 from spec.profiles import PROFILES, Profile
 from spec.registry import PROPERTIES, Property
 from spec.report import Report, Result
@@ -58,22 +59,25 @@ def _settings(profile: Profile, max_examples: int | None, seed: int | None) -> s
 
 def run_property(
     prop: Property, target: Target, *, profile: str = "ci", max_examples: int | None = None,
-    seed: int | None = None, source: str | None = None,
+    seed: int | None = None, source: str | NoSource | None = None,
 ) -> Result:
     """Run one property with Hypothesis; every outcome, however the target misbehaves, is a Result.
 
-    ``source`` is how the target was named (for the reproduction line); defaults to its name.
+    ``source`` is how the target was named (for the reproduction line; a `NoSource` says
+    why no line can name it); defaults to its name.
     """
     chosen = PROFILES[profile]
     reason = prop.needs(target)
     if reason:
         return Result(prop.name, "skip", 0, 0.0, reason, law=prop.law)
     last: list[Case] = []  # the example being run; after a failure, the shrunk one
+    made: list[Call] = []  # the calls into the target of that example
     calls: list[int] = []
     observed: dict[str, float] = {}
 
     def test(case: Case) -> None:
         last[:] = [case]
+        made.clear()
         calls.append(1)
         prop.check(target, case)
 
@@ -86,25 +90,27 @@ def run_property(
         runner = hypothesis.seed(seed)(runner)
     deadline_token = DEADLINE.set(chosen.deadline_s)
     observed_token = OBSERVED.set(observed)
+    calls_token = CALLS.set(made)
     start = time.perf_counter()
     try:
         with workers():  # process isolation: this property's worker processes, reaped on leaving
             runner()
     except TargetHung as e:
-        return _failure(prop, target, last, calls, start, f"the target {e}", source, observed)
+        return _failure(prop, target, last, made, calls, start, f"the target {e}", source, observed)
     except SignatureMismatch as e:
-        failed = _failure(prop, target, last, calls, start, str(e), source, observed)
+        failed = _failure(prop, target, last, made, calls, start, str(e), source, observed)
         failed.fatal = True
         return failed
     except TargetStopped as e:
-        return _failure(prop, target, last, calls, start, str(e), source, observed)
+        return _failure(prop, target, last, made, calls, start, str(e), source, observed)
     except AssertionError as e:
-        return _failure(prop, target, last, calls, start, str(e), source, observed)
+        return _failure(prop, target, last, made, calls, start, str(e), source, observed)
     except Exception as e:  # a misbehaving target must never crash the suite
-        return _failure(prop, target, last, calls, start, f"{type(e).__name__}: {e}", source, observed)
+        return _failure(prop, target, last, made, calls, start, f"{type(e).__name__}: {e}", source, observed)
     finally:
         DEADLINE.reset(deadline_token)
         OBSERVED.reset(observed_token)
+        CALLS.reset(calls_token)
     seconds = time.perf_counter() - start
     message = ", ".join(f"worst {key} {value:.3g}" for key, value in observed.items()
                         if math.isfinite(value))
@@ -112,33 +118,43 @@ def run_property(
 
 
 def _failure(
-    prop: Property, target: Target, last: list[Case], calls: list[int], start: float, message: str,
-    source: str | None, observed: dict[str, float],
+    prop: Property, target: Target, last: list[Case], made: list[Call], calls: list[int], start: float,
+    message: str, source: str | NoSource | None, observed: dict[str, float],
 ) -> Result:
     case = last[0] if last else None
-    example = None if case is None else counterexample(prop, case, source or target.name)
+    example = None if case is None else counterexample(prop, case, made[-1] if made else None,
+                                                       source or target.name)
     first_line = message.strip().splitlines()[0] if message.strip() else "failed"
     return Result(prop.name, "fail", len(calls), time.perf_counter() - start, first_line, example,
                   law=prop.law, observed=observed)
 
 
-def counterexample(prop: Property, case: Case, source: str) -> dict[str, Any]:
-    """The shrunk case as plain values, its shapes, small arrays in full, and a reproduction line."""
-    q, k, v = case.arrays()
-    if prop.reads_pattern:
-        v = identity_values(case)
-    arrays = {"q": q, "k": k, "v": v}
-    mask = case.mask_array()
-    if mask is not None:
-        arrays["mask"] = mask
-    fields = ", ".join(f"{key}={value!r}" for key, value in case.describe().items())
-    code = f"import spec; spec.replay({source!r}, {prop.name!r}, {fields})"
-    return {
-        "case": case.describe(),
-        "shapes": {name: list(shape) for name, shape in case.shapes().items()},
-        "arrays": {name: x.tolist() for name, x in arrays.items() if x.size <= SMALL_ARRAY},
-        "reproduce": f"python -c {_quote(code)}",
-    }
+def counterexample(prop: Property, case: Case, received: Call | None, source: str | NoSource) -> dict[str,
+                                                                                                      Any]:
+    """The shrunk case as plain values; what the target received in the law's last call (every
+    argument: shapes and dtypes, small arrays in full); and a reproduction line (or, for a target
+    no ``module:attr`` names, why there is none and what gives one)."""
+    if isinstance(source, NoSource):
+        reproduce = (f"no command can load this target ({source.why}): define it at the top level of "
+                     "a file and check path/to/file.py:NAME (or module:NAME) for a line that replays")
+    else:
+        fields = ", ".join(f"{key}={value!r}" for key, value in case.describe().items())
+        reproduce = f"python -c {_quote(f'import spec; spec.replay({source!r}, {prop.name!r}, {fields})')}"
+    found: dict[str, Any] = {"case": case.describe(), "reproduce": reproduce}
+    if received is not None:
+        arrays = received.inputs.arrays() | ({} if received.d_out is None else {"d_out": received.d_out})
+        found["call"] = received.which
+        found["shapes"] = {name: list(np.shape(x)) for name, x in arrays.items()}
+        found["dtypes"] = {name: np.asarray(x).dtype.name for name, x in arrays.items()}
+        found["arrays"] = {name: np.asarray(x).tolist() for name, x in arrays.items()
+                           if np.size(x) <= SMALL_ARRAY}
+        found["keywords"] = {name: _plain(x) for name, x in received.inputs.values().items()}
+    return found
+
+
+def _plain(x: Any) -> Any:
+    """A keyword's value as plain Python (tuples stay tuples, NumPy scalars become numbers)."""
+    return x.item() if isinstance(x, np.generic) else x
 
 
 def _quote(code: str) -> str:
@@ -154,7 +170,7 @@ def replay(target: str | Target | Any, name: str, **case: Any) -> None:
     token = DEADLINE.set(PROFILES["ci"].deadline_s)
     try:
         with workers():
-            prop.check(loaded, Case(**case))
+            prop.check(loaded, Case.from_fields(**case))
     finally:
         DEADLINE.reset(token)
 
@@ -171,7 +187,7 @@ def configure(target: Target, *, isolation: str | None = None, deadline: float |
 
 
 def load(source: str | Target | Any) -> Target:
-    """:func:`~spec.builtin.load_target`, with anything raised while importing or building the
+    """`spec.builtin.load_target`, with anything raised while importing or building the
     target (a factory that raises, ``Target(fn, wrong_field=1)``) a one-line TargetError."""
     try:
         return load_target(source)
@@ -184,7 +200,8 @@ def load(source: str | Target | Any) -> Target:
 
 def run_all(
     props: Iterable[Property], target: Target, *, profile: str = "ci", max_examples: int | None = None,
-    seed: int | None = None, source: str | None = None, each: Callable[[Result], None] | None = None,
+    seed: int | None = None, source: str | NoSource | None = None,
+    each: Callable[[Result], None] | None = None,
 ) -> list[Result]:
     """Each property in turn (``each`` sees every result as it comes). After a result that is
     ``fatal`` (the target's signature differs from its declaration) the rest are skipped with a
@@ -208,13 +225,16 @@ def run_all(
 def check(
     target: str | Target | Any, profile: str = "ci", *, max_examples: int | None = None,
     seed: int | None = None, only: Iterable[str] | None = None, isolation: str | None = None,
-    deadline: float | None = None,
+    deadline: float | None = None, each: Callable[[Result], None] | None = None,
+    source: str | NoSource | None = None,
 ) -> Report:
-    """Run the properties against ``target`` (a built-in name, ``module:attr``, a callable or a
-    :class:`~spec.Target`) and return the :class:`Report`. ``isolation`` (``thread``, ``caller``,
-    ``process``) and ``deadline`` (seconds per call) override the target's declarations.
+    """Run the properties against ``target`` (a built-in name, ``module:attr``, ``file.py:attr``, a
+    callable or a `spec.Target`) and return the `Report`. ``isolation`` (``thread``, ``caller``,
+    ``process``) and ``deadline`` (seconds per call) override the target's declarations; ``each``
+    sees every result as it comes; ``source`` is how reproduction lines name the target (by
+    default the name it was given by, or the one `spec.builtin.source_of` finds).
 
-    Raises :class:`~spec.TargetError` when the target does not load and ValueError for an
+    Raises `spec.TargetError` when the target does not load and ValueError for an
     unknown profile or property name.
     """
     if profile not in PROFILES:
@@ -223,11 +243,12 @@ def check(
         raise ValueError(f"max_examples must be a positive integer, got {max_examples}")
     props = select(only)
     loaded = configure(load(target), isolation=isolation, deadline=deadline)
-    source = target if isinstance(target, str) else loaded.name
+    if source is None:
+        source = target if isinstance(target, str) else source_of(target)
     report = Report(target=loaded.name, profile=profile, seed=seed)
     start = time.perf_counter()
     report.results = run_all(props, loaded, profile=profile, max_examples=max_examples, seed=seed,
-                             source=source)
+                             source=source, each=each)
     report.seconds = time.perf_counter() - start
     return report
 

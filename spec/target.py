@@ -5,20 +5,20 @@ Any callable ``f(q, k, v, *, causal=False)`` on NumPy arrays is a target as it i
     q [..., n_q, d_k], k [..., n_k, d_k], v [..., n_k, d_v]  ->  [..., n_q, d_v]
 
 with leading dims ``(batch, heads)`` or none, float32 and float64 inputs, and the causal mask
-top-left aligned (query i sees keys j ≤ i, as PyTorch's ``is_causal``). :class:`Target` wraps
+top-left aligned (query i sees keys j ≤ i, as PyTorch's ``is_causal``). `Target` wraps
 such a callable and declares whatever differs; a property that needs a capability the target does
 not declare is skipped, and the report says which capability was missing.
 
 A target's ``fn`` always receives NumPy arrays and may return anything ``np.asarray`` accepts.
 Adapters for other frameworks (PyTorch, JAX) convert inside ``fn``.
 
-Targets by name are resolved by :func:`spec.builtin.load_target`.
+Targets by name are resolved by `spec.builtin.load_target`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -29,14 +29,27 @@ from spec import dtypes as dt
 Layout = Literal["bhnd", "bnhd"]
 Alignment = Literal["top_left", "bottom_right", "square_or_decoding"]
 MaskedRows = Literal["zeros", "nan", "uniform", "unmasked", "any"]
+Arrangement = Literal["dense", "packed"]
+POLICIES = ("zeros", "nan", "uniform", "unmasked", "any")
 Isolation = Literal["thread", "caller", "process"]
 EmptyKeys = Literal["compute", "raise"]
 
 FLOAT_DTYPES = ("float16", "float32", "float64", "bfloat16")
 
+CAUSES = ("causal", "window", "mask", "bias", "kv_lengths", "varlen", "no_keys")
+"""Why a query row sees no key, in the order the causes are checked: a row's cause is the first
+restriction after which, ANDed with those before it, the row sees nothing (the order of
+FlashAttention's reference: its causal and window mask before key padding). ``no_keys`` is a
+call with n_k = 0. A target may declare a masked-row policy per cause (``masked_rows``)."""
+
 
 class TargetError(ValueError):
     """A target that cannot be loaded or is declared inconsistently (the CLI's exit 2)."""
+
+
+def keyword_field() -> Any:
+    """A keyword's capability field: False by default, marked as a keyword's (`keyword_fields`)."""
+    return dataclasses.field(default=False, metadata={"keyword": True})
 
 
 @dataclass(frozen=True)
@@ -47,7 +60,9 @@ class Target:
     """
 
     fn: Callable[..., Any]
-    """``fn(q, k, v, *, causal=False[, mask=][, scale=])`` -> ``[..., n_q, d_v]`` array-like."""
+    """``fn(q, k, v, *, causal=False[, mask=][, scale=])`` -> ``[..., n_q, d_v]`` array-like: an
+    array with a dtype (NumPy, a framework's CPU tensor), or a list NumPy reads in the inputs'
+    dtype (float64; a list for float32 inputs is refused, not silently widened)."""
     name: str = ""
     """Shown in reports; defaults to the callable's qualified name."""
     dtypes: tuple[str, ...] = ("float32", "float64")
@@ -72,13 +87,18 @@ class Target:
     n_q = n_k (top-left) and n_q = 1 (decoding: the query sees every key), as transformers' SDPA
     path (``is_causal`` only when n_q > 1); causal cases are then drawn only with those shapes.
     None: the target has no causal mode. A ``window=`` is aligned the same way."""
-    masked_rows: MaskedRows = "zeros"
+    masked_rows: MaskedRows | Mapping[str, MaskedRows] = dataclasses.field(default="zeros", hash=False)
     """Output of a query row that sees no key at all: ``zeros`` (PyTorch's fused kernels,
-    FlashAttention, :mod:`impl`), ``nan`` (a plain softmax over all -inf), ``uniform`` (the plain
+    FlashAttention, `impl`), ``nan`` (a plain softmax over all -inf), ``uniform`` (the plain
     mean of the values: an additive finite mask such as -1e9), ``unmasked`` (the output the row
     would have without the mask: a finite fill that every score of the row shares, such as
     picoGPT's -1e10 in float64; checked to a score error of ``eps·FINITE_FILL``, see
-    :data:`FINITE_FILL`), ``any`` (unspecified; not tested)."""
+    `FINITE_FILL`), ``any`` (unspecified; not tested). A mapping gives a policy per cause of
+    emptiness (`CAUSES`: ``causal``, ``window``, ``mask``, ``bias``, ``kv_lengths``,
+    ``varlen``, ``no_keys``), causes it does not name taking ``zeros``: FlashAttention's reference
+    zeroes a row emptied by its causal or window mask and gives NaN for one emptied by key padding
+    or a −inf bias, ``{"mask": "nan", "bias": "nan", "kv_lengths": "nan"}``. A row's cause is the
+    first restriction, in that order, after which it sees nothing."""
     empty_keys: EmptyKeys = "compute"
     """What a call with no keys (n_k = 0) does: ``compute`` returns ``[..., n_q, d_v]``, every row as
     ``masked_rows`` says for a row that sees no key (zeros for ``zeros`` and ``uniform``, NaN for
@@ -100,32 +120,37 @@ class Target:
     deadline_s: float | None = None
     """Time limit for one call of ``fn``, in seconds; None uses the profile's."""
     grad_fn: Callable[..., Any] | None = None
-    """Optional backward pass: ``grad_fn(q, k, v, d_out, *, causal=False)`` -> ``(dq, dk, dv)``,
-    the gradients of ``sum(out · d_out)``, in the target's layout. None: no gradient properties."""
-    # --- the keywords of real kernels (DESIGN §2b): each passed to fn only when declared -------
-    supports_bias: bool = False
-    """``fn`` takes ``bias=``: a float array broadcastable to ``[batch, heads, n_q, n_k]`` added to
-    the scaled (and capped) scores before the softmax; ``-inf`` hides a key."""
-    supports_window: bool = False
-    """``fn`` takes ``window=(left, right)``: query i sees keys ``diag − left .. diag + right``,
-    ``diag`` per ``causal_alignment``; ANDed with ``causal`` and ``mask``."""
-    supports_softcap: bool = False
-    """``fn`` takes ``softcap=c`` (> 0): scores become ``c·tanh(s / c)`` before bias and masks."""
-    supports_sinks: bool = False
-    """``fn`` takes ``sinks=`` ``[heads]`` (``[1]`` for 2-D inputs): one extra logit per query head in
-    every row's softmax denominator, carrying no value."""
-    supports_kv_lengths: bool = False
-    """``fn`` takes ``kv_lengths=`` int ``[batch]`` (4-D inputs): keys at positions ≥ ``kv_lengths[b]``
-    are hidden for batch row b."""
-    supports_varlen: bool = False
-    """``fn`` takes ``cu_seqlens_q=``, ``cu_seqlens_k=`` (packed sequences; 3-D inputs
-    ``(heads, total, d)`` in ``bhnd``, ``(total, heads, d)`` in ``bnhd``)."""
-    supports_dropout: bool = False
-    """``fn`` takes ``dropout_p=`` and ``seed=``: dropout on the weights after the softmax, kept
-    weights scaled by ``1/(1 − p)``; the same seed gives the same output."""
-    returns_lse: bool = False
-    """``fn`` takes ``return_lse=True`` and then returns ``(out, lse)``, ``lse [..., n_q]`` the
-    natural-log logsumexp of each row's final scores (sinks included), ``-inf`` for an empty row."""
+    """Optional backward pass: ``grad_fn(q, k, v, d_out, *, causal=False, **keywords)`` ->
+    ``(dq, dk, dv)``, the gradients of ``sum(out · d_out)`` for the call ``fn(q, k, v,
+    **keywords)``, in the target's layout. It receives exactly the keywords the forward receives
+    (``mask``, ``scale`` and every declared keyword: ``bias``, ``window``, ``dropout_p``/``seed``
+    ...; never ``return_lse``); with dropout, the same seed must give the forward's kept set.
+    None: no gradient properties."""
+    grad_extras: tuple[str, ...] = ()
+    """Gradients of extra inputs that ``grad_fn`` also returns: ``("dbias", "dsinks")``. Then it
+    returns ``(dq, dk, dv, extras)``, ``extras`` a dict holding the gradient of each declared
+    extra whose keyword the call was given (``dbias`` in the shape and dtype of the ``bias`` as
+    passed, its broadcast axes summed; ``dsinks`` in those of ``sinks``, ``[heads]``), and no other
+    name. The names are those of the keywords' terms (`spec.keywords.gradient_extras`), and each
+    needs its keyword declared (``supports_bias``, ``supports_sinks``)."""
+    grad_takes_residuals: bool = False
+    """``grad_fn`` also accepts ``out=`` and ``lse=``: what the target's own forward returned for
+    the same call with ``return_lse=True`` (``out`` in the target's layout, ``lse`` ``[..., n_q]``),
+    and then uses them instead of recomputing them, as FlashAttention's backward takes the
+    forward's ``out`` and ``softmax_lse``. Called without them it recomputes them. Needs
+    ``returns_lse`` and a ``grad_fn``."""
+    # --- the keywords of real kernels: each passed to fn only when its field is True. What each
+    # means, how it is drawn and checked is its declaration's (spec.keywords.Keyword, in its law
+    # module); the docs read it there.
+    supports_bias: bool = keyword_field()
+    supports_window: bool = keyword_field()
+    supports_softcap: bool = keyword_field()
+    supports_sinks: bool = keyword_field()
+    supports_kv_lengths: bool = keyword_field()
+    supports_varlen: bool = keyword_field()
+    supports_dropout: bool = keyword_field()
+    supports_alibi: bool = keyword_field()
+    returns_lse: bool = keyword_field()
     deterministic: bool = True
     """Two identical calls give bit-identical outputs."""
     isolation: Isolation = "thread"
@@ -154,11 +179,11 @@ class Target:
         _check_choice("layout", self.layout, ("bhnd", "bnhd"))
         _check_choice("causal_alignment", self.causal_alignment,
                       ("top_left", "bottom_right", "square_or_decoding", None))
-        _check_choice("masked_rows", self.masked_rows, ("zeros", "nan", "uniform", "unmasked", "any"))
+        object.__setattr__(self, "masked_rows", _check_masked_rows(self.masked_rows))
         object.__setattr__(self, "computes", _check_computes(self.computes, self.dtypes))
         _check_choice("isolation", self.isolation, ("thread", "caller", "process"))
         _check_choice("empty_keys", self.empty_keys, ("compute", "raise"))
-        for flag in (*KEYWORD_FIELDS.values(), "deterministic"):
+        for flag in capability_fields(Target):
             if not isinstance(getattr(self, flag), bool):
                 raise TargetError(f"Target {flag} must be True or False, got {getattr(self, flag)!r}")
         if not self.ndims or any(r not in (2, 3, 4) for r in self.ndims):
@@ -167,6 +192,10 @@ class Target:
             raise TargetError(f"Target tolerance must be positive, got {self.tolerance}")
         if self.deadline_s is not None and not self.deadline_s > 0:
             raise TargetError(f"Target deadline_s must be positive or None, got {self.deadline_s}")
+        object.__setattr__(self, "grad_extras", _check_grad_extras(self))
+        if self.grad_takes_residuals and (self.grad_fn is None or not self.returns_lse):
+            raise TargetError("Target grad_takes_residuals=True needs a grad_fn and returns_lse=True "
+                              "(the residuals are what the forward returns with return_lse=True)")
 
     @property
     def alignment(self) -> Literal["top_left", "bottom_right"]:
@@ -198,46 +227,31 @@ class Target:
         """A copy with some declarations changed: ``target.replace(tolerance=4.0)``."""
         return dataclasses.replace(self, **changes)
 
-    def declares(self, keyword: str) -> bool:
-        """Whether ``fn`` takes this keyword of DESIGN §2b (``bias``, ``window``, ...)."""
-        return bool(getattr(self, KEYWORD_FIELDS[keyword]))
+    def policy(self, cause: str) -> MaskedRows:
+        """The masked-row policy for a row emptied by ``cause`` (see ``masked_rows``)."""
+        if isinstance(self.masked_rows, str):
+            return self.masked_rows
+        return self.masked_rows.get(cause, "zeros")
 
-    def keywords(self, given: dict[str, Any]) -> dict[str, Any]:
-        """The §2b keywords to pass: those given (not None), each refused unless declared."""
-        out: dict[str, Any] = {}
-        for name, value in given.items():
-            if name not in KEYWORD_FIELDS:
-                raise TargetError(f"unknown keyword {name!r}; the keywords are {', '.join(KEYWORD_FIELDS)}")
-            if value is None or (name == "return_lse" and value is False):
-                continue
-            if not self.declares(name):
-                raise TargetError(f"keyword {name}= needs {KEYWORD_FIELDS[name]}=True, "
-                                  f"which target {self.name!r} does not declare")
-            out[name] = value
-        return out
+    @property
+    def policies(self) -> frozenset[str]:
+        """Every masked-row policy the target declares, for any cause."""
+        if isinstance(self.masked_rows, str):
+            return frozenset({self.masked_rows})
+        return frozenset({"zeros", *self.masked_rows.values()})
 
     def __call__(
-        self, q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool = False,
-        mask: np.ndarray | None = None, scale: float | None = None, **keywords: Any,
+        self, q: np.ndarray, k: np.ndarray, v: np.ndarray, *, arrangement: Arrangement = "dense",
+        **kwargs: Any,
     ) -> Any:  # [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v] -> [..., n_q, d_v] (, lse [..., n_q])
-        """Call ``fn`` on ``(..., n, d)`` arrays, translating the layout both ways.
-
-        ``causal=``, ``mask=``, ``scale=`` and the §2b keywords (``bias``, ``window``, ``softcap``,
-        ``sinks``, ``kv_lengths``, ``cu_seqlens_q``, ``cu_seqlens_k``, ``dropout_p``, ``seed``,
-        ``return_lse``) are passed only when set, so a plain callable never sees them; a keyword
-        the target does not declare is a :class:`TargetError`. With ``return_lse=True`` the
-        result is ``(out, lse)`` (lse as ``fn`` returned it; its shape is checked by the caller).
-        Packed (varlen) 3-D inputs are ``(heads, total, d)``; in ``bnhd`` ``fn`` sees
-        ``(total, heads, d)``.
+        """Call ``fn`` on ``(..., n, d)`` arrays with ``kwargs`` as given, translating the layout
+        both ways. The calling layer (`spec.calling.call`) decides what is passed: ``causal`` only
+        when true, ``mask``, ``scale`` and each keyword only when given and declared. With
+        ``return_lse=True`` the result is ``(out, lse)`` (lse as ``fn`` returned it; its shape is
+        checked by the caller). ``arrangement="packed"``: 3-D inputs are packed sequences
+        ``(heads, total, d)``, which ``fn`` sees as ``(total, heads, d)`` in ``bnhd``.
         """
-        kwargs = self.keywords(keywords)
-        if causal:  # a target without a causal mode need not take the argument at all
-            kwargs["causal"] = True
-        if mask is not None:
-            kwargs["mask"] = mask
-        if scale is not None:
-            kwargs["scale"] = scale
-        axes = self._layout_axes(q.ndim, packed="cu_seqlens_q" in kwargs)
+        axes = self._layout_axes(q.ndim, packed=arrangement == "packed")
         if axes:
             q, k, v = (np.ascontiguousarray(np.swapaxes(x, *axes)) for x in (q, k, v))
         got = self.fn(q, k, v, **kwargs)
@@ -245,8 +259,9 @@ class Target:
             if not isinstance(got, (tuple, list)) or len(got) != 2:
                 raise TypeError(f"with return_lse=True the target must return (out, lse), "
                                 f"got {type(got).__name__}")
-            return self._from_layout(np.asarray(got[0]), axes), np.asarray(got[1])
-        return self._from_layout(np.asarray(got), axes)
+            out, lse = _returned(got[0], "out", q.dtype), _returned(got[1], "lse", q.dtype)
+            return self._from_layout(out, axes), lse
+        return self._from_layout(_returned(got, "its output", q.dtype), axes)
 
     def _layout_axes(self, ndim: int, *, packed: bool) -> tuple[int, int] | None:
         """The axes swapped between the suite's ``(..., heads, n, d)`` and ``bnhd``."""
@@ -265,19 +280,14 @@ class Target:
         return out
 
 
-KEYWORD_FIELDS: dict[str, str] = {
-    "bias": "supports_bias",
-    "window": "supports_window",
-    "softcap": "supports_softcap",
-    "sinks": "supports_sinks",
-    "kv_lengths": "supports_kv_lengths",
-    "cu_seqlens_q": "supports_varlen",
-    "cu_seqlens_k": "supports_varlen",
-    "dropout_p": "supports_dropout",
-    "seed": "supports_dropout",
-    "return_lse": "returns_lse",
-}
-"""Each keyword of DESIGN §2b and the Target field that declares it."""
+def capability_fields(cls: type) -> tuple[str, ...]:
+    """The boolean fields of a Target class (capabilities and ``deterministic``)."""
+    return tuple(f.name for f in dataclasses.fields(cls) if f.type in ("bool", bool))
+
+
+def keyword_fields(cls: type) -> tuple[str, ...]:
+    """The fields that say ``fn`` takes a keyword: each is named by one keyword's declaration."""
+    return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("keyword"))
 
 
 FINITE_FILL = 1e10
@@ -307,9 +317,75 @@ def _check_computes(computes: Any, dtypes: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
+def _check_masked_rows(given: Any) -> Any:
+    """``masked_rows``: one policy, or a mapping from causes of emptiness to policies."""
+    if isinstance(given, str):
+        _check_choice("masked_rows", given, POLICIES)
+        return given
+    if not isinstance(given, Mapping):
+        raise TargetError(f"Target masked_rows must be one of {POLICIES} or a mapping from causes to them, "
+                          f"got {given!r}")
+    for cause, policy in given.items():
+        if cause not in CAUSES:
+            raise TargetError(f"Target masked_rows names the cause {cause!r}; "
+                              f"the causes are {', '.join(CAUSES)}")
+        _check_choice(f"masked_rows[{cause!r}]", policy, POLICIES)
+    return dict(given)
+
+
+GRAD_EXTRAS: dict[str, tuple[str, str]] = {}
+"""Each gradient a backward may return beside dq, dk, dv, with the argument it is the gradient of
+and the field that declares its keyword: ``{"dbias": ("bias", "supports_bias"), ...}``. Read from
+the keywords' terms and installed here by `spec.keywords.install`, with the keywords."""
+
+
+def _check_grad_extras(target: Target) -> tuple[str, ...]:
+    """``grad_extras``: names of gradients the keywords' terms define, each with its keyword
+    declared, and a ``grad_fn`` to return them."""
+    given = target.grad_extras
+    if isinstance(given, str) or not isinstance(given, (tuple, list)) or \
+            not all(isinstance(name, str) for name in given):
+        raise TargetError(f"Target grad_extras must be a tuple of names such as ('dbias', 'dsinks'), "
+                          f"got {given!r}")
+    if given and target.grad_fn is None:
+        raise TargetError(f"Target grad_extras={tuple(given)!r} needs a grad_fn to return them")
+    for name in given:
+        if name not in GRAD_EXTRAS:
+            raise TargetError(f"Target grad_extras names {name!r}; the gradients the keywords define are "
+                              f"{', '.join(GRAD_EXTRAS) or 'none'}")
+        argument, field = GRAD_EXTRAS[name]
+        if not getattr(target, field):
+            raise TargetError(f"Target grad_extras names {name!r}, the gradient of {argument}=, "
+                              f"which needs {field}=True")
+    return tuple(dict.fromkeys(given))
+
+
 def _check_choice(field: str, value: Any, choices: tuple[Any, ...]) -> None:
     if value not in choices:
         raise TargetError(f"Target {field} must be one of {choices}, got {value!r}")
+
+
+class NotAnArray(TypeError):
+    """The target returned something without a dtype (a list, a tuple) that NumPy cannot read as
+    an array in the inputs' dtype: Python floats read as float64, whatever the target computed in."""
+
+
+def _returned(x: Any, what: str, dtype: np.dtype) -> np.ndarray:
+    """``x`` as an ndarray. An array-like with a dtype (NumPy, a framework's CPU tensor) is read
+    as it is; one without (a list) only when NumPy reads it in ``dtype``, the inputs' dtype (a
+    list of float32 values would silently become float64): else `NotAnArray`, naming it."""
+    if hasattr(x, "dtype"):
+        return np.asarray(x)
+    try:
+        read = np.asarray(x)
+    except ValueError as e:  # ragged
+        raise NotAnArray(f"the target returned {what} as a {type(x).__name__} NumPy cannot read as an "
+                         f"array ({e}): return a NumPy array in the inputs' dtype") from None
+    if read.dtype != dtype:
+        raise NotAnArray(f"the target returned {what} as a {type(x).__name__}, which NumPy reads as "
+                         f"{read.dtype} (the inputs are {dtype}): return a NumPy array in the inputs' "
+                         "dtype (np.asarray(out, dtype=q.dtype))")
+    return read
 
 
 def _callable_name(fn: Callable[..., Any]) -> str:

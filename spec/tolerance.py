@@ -1,7 +1,7 @@
 """The golden, the baseline and the tolerance policy.
 
 Golden: attention computed in float64 from the target's own inputs, written here independently
-of :mod:`impl` (log-sum-exp form, so it shares no code path with the reference under test).
+of `impl` (log-sum-exp form, so it shares no code path with the reference under test).
 Baseline: the naive formula computed in the target's dtype — what a plain, correct
 implementation at that precision gets. A target passes when
 
@@ -41,7 +41,7 @@ def repeat_kv(x: Array, heads: int) -> Array:  # [..., g, n, d] -> [..., h, n, d
 
 
 def golden(q: Array, k: Array, v: Array, *, visible: Array, scale: float) -> tuple[Array, Array]:
-    """Attention in float64 and its pattern (:func:`spec.golden.forward` without the lse).
+    """Attention in float64 and its pattern (`spec.golden.forward` without the lse).
 
     [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v], [..., n_q, n_k] -> [..., n_q, d_v], [..., n_q, n_k]
     """
@@ -51,10 +51,11 @@ def golden(q: Array, k: Array, v: Array, *, visible: Array, scale: float) -> tup
 
 def baseline(
     q: Array, k: Array, v: Array, *, visible: Array, scale: float,
-    bias: Array | None = None, softcap: float | None = None, sinks: Array | None = None,
+    terms: golden_oracle.Terms = golden_oracle.PLAIN,
 ) -> Array:
-    """The textbook computation in the inputs' dtype: max-shifted softmax, then weights @ V
-    (with the §2b softcap, bias and sinks when given, in the golden's order).
+    """The textbook computation in the inputs' dtype: max-shifted softmax, then weights @ V, with
+    the keywords' terms in the golden's order (``terms``: the baseline versions, every step in
+    the dtype, as `spec.oracle.terms` binds them).
 
     [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v], [..., n_q, n_k] -> [..., n_q, d_v]
 
@@ -67,30 +68,71 @@ def baseline(
     float32), and not the one-key-at-a-time bfloat16 sum that ``long_rows_every_dtype`` exists to
     catch — a baseline with that bug would excuse it.
     """
+    weights = baseline_pattern(q, k, visible=visible, scale=scale, terms=terms).weights
+    return _rounded(_matmul(weights, v), q.dtype)
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """The baseline's softmax, every step in the inputs' dtype: the scaled scores before each
+    transform and after the last (``stages``: raw, f₁(raw), ...), the weights ``[..., n_q, n_k]``
+    and each row's sink weight ``[..., n_q, 1]`` (None without sinks)."""
+
+    stages: tuple[Array, ...]
+    weights: Array
+    sink: Array | None
+
+
+def _rounded(x: Array, dtype: np.dtype) -> Array:  # a no-op for NumPy's floats, whose results keep the dtype
+    return np.asarray(x).astype(dtype, copy=False)
+
+
+def baseline_pattern(
+    q: Array, k: Array, *, visible: Array, scale: float, terms: golden_oracle.Terms = golden_oracle.PLAIN,
+) -> Pattern:  # [..., n_q, d_k], [..., n_k, d_k], [..., n_q, n_k] -> Pattern
+    """The weights of `baseline` (the same steps, the same rounding), with what the backward
+    baseline needs besides: the scores at each transform, and the sinks' weights."""
     dtype = q.dtype
 
-    def rounded(x: Array) -> Array:  # no-op for NumPy's own floats, whose results keep the dtype
-        return np.asarray(x).astype(dtype, copy=False)
+    def rounded(x: Array) -> Array:
+        return _rounded(x, dtype)
 
     with np.errstate(over="ignore"):  # a naive product may overflow where the scaled scores fit
-        scores = rounded(rounded(q @ np.swapaxes(k, -1, -2)) * dtype.type(scale))
-    if softcap is not None:  # the §2b order: cap, then bias, then masks
-        scores = rounded(dtype.type(softcap) * rounded(np.tanh(rounded(scores / dtype.type(softcap)))))
-    if bias is not None:
-        scores = rounded(scores + np.asarray(bias).astype(dtype))
+        stages = [rounded(rounded(_matmul(q, np.swapaxes(k, -1, -2))) * dtype.type(scale))]
+    for transform, _ in terms.transforms:  # the golden's order: transforms, then added terms, then masks
+        stages.append(rounded(transform(stages[-1])))
+    scores = stages[-1]
+    for added in terms.added:
+        with np.errstate(invalid="ignore", over="ignore"):
+            scores = rounded(scores + np.asarray(added).astype(dtype))
     scores = np.where(visible, scores, dtype.type(-np.inf))
     top = np.max(scores, axis=-1, keepdims=True)
     sink = None
-    if sinks is not None:  # [heads] -> [..., heads, 1, 1] (2-D: [1])
-        sink = np.asarray(sinks).astype(dtype).reshape((-1, 1, 1) if q.ndim >= 3 else (1,))
+    if terms.sinks is not None:  # a logit per row [..., n_q] -> [..., n_q, 1]
+        sink = np.asarray(terms.sinks).astype(dtype)[..., None]
         top = np.maximum(top, sink)
     with np.errstate(invalid="ignore", over="ignore"):
         shift = np.where(np.isfinite(top), top, dtype.type(0))
         e = rounded(np.exp(rounded(scores - shift)))
         total = _sum_last(e)
         if sink is not None:
-            total = rounded(total + rounded(np.exp(rounded(sink - shift))))
-        return rounded(rounded(e / np.where(total > 0, total, dtype.type(1))) @ v)
+            e_sink = rounded(np.exp(rounded(sink - shift)))
+            total = rounded(total + e_sink)
+        denominator = np.where(total > 0, total, dtype.type(1))
+        weights = rounded(e / denominator)
+        sink_weight = None if sink is None else rounded(e_sink / denominator)
+    return Pattern(tuple(stages), weights, sink_weight)
+
+
+def _matmul(a: Array, b: Array) -> Array:
+    """``a @ b`` accumulated as NumPy does for the dtype, rounded once: NumPy's float16 matmul is a
+    loop that adds each product (exact in float32) to a float32 sum and rounds it once; float32
+    BLAS does the same additions in another order, in milliseconds instead of a quarter of a
+    second at 2,000 × 2,000. The order moves about one result in ten by one float16 rounding
+    (measured on 300 random products), well inside what the baseline measures."""
+    if a.dtype == np.float16:
+        return (a.astype(np.float32) @ b.astype(np.float32)).astype(np.float16)
+    return a @ b
 
 
 def _sum_last(x: Array) -> Array:  # [..., n] -> [..., 1], in x's dtype
@@ -100,19 +142,123 @@ def _sum_last(x: Array) -> Array:  # [..., n] -> [..., 1], in x's dtype
     return np.sum(x, axis=-1, keepdims=True)
 
 
-def floor(q: Array, k: Array, v: Array, *, scale: float, bias: Array | None = None) -> float:
-    """The a-priori error of a correct computation in q's dtype (see the module docstring); a
-    ``bias`` adds 2·max|bias| to the score term (each biased score is rounded once more, to
-    eps·|s + bias|/2, which moves the weights by twice that)."""
+def floor(q: Array, k: Array, v: Array, *, scale: float, added: tuple[Array, ...] = ()) -> float:
+    """The a-priori error of a correct computation in q's dtype (see the module docstring); each
+    ``added`` term (a bias, ALiBi) adds 2·max|added| to the score term (each biased score is
+    rounded once more, to eps·|s + bias|/2, which moves the weights by twice that)."""
     if v.size == 0 or q.size == 0 or k.size == 0:
         return 0.0
     d_k, n_k = q.shape[-1], k.shape[-2]
     q64, k64 = np.abs(q.astype(np.float64)), np.abs(k.astype(np.float64))
     s_abs = abs(scale) * float(np.max(q64 @ np.swapaxes(k64, -1, -2)))
     vmax = float(np.max(np.abs(v.astype(np.float64))))
-    b = np.abs(np.asarray(bias, dtype=np.float64)) if bias is not None else np.zeros(1)
-    b_abs = float(np.max(np.where(np.isfinite(b), b, 0.0), initial=0.0))
+    b_abs = 0.0
+    for a in added:
+        b = np.abs(np.asarray(a, dtype=np.float64))
+        b_abs += float(np.max(np.where(np.isfinite(b), b, 0.0), initial=0.0))
     return eps(q.dtype) * vmax * (4 + np.sqrt(n_k) + (d_k + 2) * s_abs + 2 * b_abs)
+
+
+def baseline_backward(
+    q: Array, k: Array, v: Array, d_out: Array, *, visible: Array, scale: float,
+    terms: golden_oracle.Terms = golden_oracle.PLAIN,
+) -> golden_oracle.Gradients:  # the fields of spec.golden.backward's, in q's dtype
+    """The textbook backward in the inputs' dtype, through the same terms as `baseline`
+    (``terms`` bound in the dtype; ``terms.keep`` a dropout multiplier), every step rounded to it:
+
+        P = baseline_pattern(...),  dP = (dO vᵀ) ∘ K,  D = rowsum(P ∘ dP),  dS = P ∘ (dP − D),
+        dσ = −P_σ · D,  dS ← dS ∘ f'(s) back through each transform,
+        dq = dS k · scale,  dk = dSᵀ q · scale,  dv = (P ∘ K)ᵀ dO
+
+    (the ``D`` form of FlashAttention-2, Algorithm 2: a correct kernel in the dtype computes this,
+    not the golden's full Jacobian). Grouped K/V heads sum their group's dk and dv.
+
+    [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v], [..., n_q, d_v], [..., n_q, n_k] -> Gradients
+    """
+    dtype = q.dtype
+
+    def rounded(x: Array) -> Array:
+        return _rounded(x, dtype)
+
+    kk, vv = golden_oracle.with_kv_heads(q, k), golden_oracle.with_kv_heads(q, v)
+    pattern = baseline_pattern(q, kk, visible=visible, scale=scale, terms=terms)
+    p = pattern.weights
+    keep = None if terms.keep is None else np.asarray(terms.keep).astype(dtype)
+    with np.errstate(invalid="ignore", over="ignore"):
+        dp = rounded(_matmul(d_out, np.swapaxes(vv, -1, -2)))
+        used = p
+        if keep is not None:
+            dp, used = rounded(dp * keep), rounded(p * keep)
+        p = np.broadcast_to(p, dp.shape)
+        row = _sum_last(rounded(p * dp))  # D [..., n_q, 1]
+        ds = rounded(p * rounded(dp - row))
+        sinks = None if pattern.sink is None else rounded(-pattern.sink * row)[..., 0]
+        added = tuple(ds for _ in terms.added)
+        for (_, derivative), before in zip(reversed(terms.transforms), reversed(pattern.stages[:-1]),
+                                           strict=True):
+            ds = rounded(ds * rounded(derivative(before)))
+        dq = rounded(rounded(_matmul(ds, kk)) * dtype.type(scale))
+        dk = rounded(rounded(_matmul(np.swapaxes(ds, -1, -2), q)) * dtype.type(scale))
+        dv = rounded(_matmul(np.swapaxes(np.broadcast_to(used, dp.shape), -1, -2), d_out))
+    dk, dv = _group_sum(dk, k.shape), _group_sum(dv, v.shape)
+    return golden_oracle.Gradients(dq, dk, dv, added, sinks, p)
+
+
+def _group_sum(grad: Array, shape: tuple[int, ...]) -> Array:  # [..., h, n, d] -> [..., g, n, d]
+    """Each grouped K/V head's gradient: the sum over the query heads it served, accumulated in
+    float32 for the 16-bit dtypes and rounded once (as `_sum_last`)."""
+    if grad.shape == shape:
+        return grad
+    g = shape[-3]
+    split = grad.reshape(*grad.shape[:-3], g, grad.shape[-3] // g, *grad.shape[-2:])
+    wide = split.astype(np.float32) if grad.dtype.itemsize < 4 else split
+    return wide.sum(axis=-3).astype(grad.dtype)
+
+
+def grad_floors(
+    q: Array, k: Array, v: Array, d_out: Array, *, p: Array, scale: float,
+    terms: golden_oracle.Terms = golden_oracle.PLAIN,
+) -> golden_oracle.Gradients:  # each field an array of per-entry floors, float64
+    """The a-priori error of a correct backward in q's dtype, entry by entry, as `Gradients`
+    (dq, dk, dv; each added term's dS; each row's dσ). ``p`` is the golden's pattern and
+    ``terms`` the golden's (float64) terms, ``keep`` included.
+
+    A first-order bound in the forward's style (`floor`): each gradient is a sum of products
+    whose sizes are bounded by the same backward run on absolute values (``|dP| ≤ (|dO||v|ᵀ) ∘ K``,
+    ``|dS| ≤ P ∘ (|dP| + rowsum(P ∘ |dP|))``, ``|dσ| ≤ P_σ · rowsum(P ∘ |dP|)``, and a transform's
+    derivative is at most 1 in size); each term carries the weights' relative error — the scores'
+    (d_k + 2)·S·eps and 2·max|added|·eps, as in `floor` — twice (once in P, once in D), plus
+    the rounding of the sums of n_q, n_k and d_v terms. A gradient summed over broadcast axes (a
+    bias's) is bounded by the sum of its terms' floors.
+    """
+    if min(q.size, k.size, v.size) == 0:
+        return golden_oracle.Gradients(np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape),
+                                       tuple(np.zeros(np.shape(p)) for _ in terms.added),
+                                       None if terms.sinks is None else np.zeros(np.shape(p)[:-1]), p)
+    aq, ak, av, ado = (np.abs(np.asarray(x, dtype=np.float64)) for x in (q, k, v, d_out))
+    ak, av = golden_oracle.with_kv_heads(aq, ak), golden_oracle.with_kv_heads(aq, av)
+    s_abs = abs(scale) * float(np.max(aq @ np.swapaxes(ak, -1, -2)))
+    b_abs = 0.0
+    for a in terms.added:
+        b = np.abs(np.asarray(a, dtype=np.float64))
+        b_abs += float(np.max(np.where(np.isfinite(b), b, 0.0), initial=0.0))
+    n_q, d_k = q.shape[-2:]
+    n_k, d_v = v.shape[-2:]
+    keep = 1.0 if terms.keep is None else np.asarray(terms.keep, dtype=np.float64)
+    m_dp = (ado @ np.swapaxes(av, -1, -2)) * keep
+    p = np.broadcast_to(p, m_dp.shape)
+    m_row = np.sum(p * m_dp, axis=-1, keepdims=True)
+    m_ds = p * (m_dp + m_row)
+    c = eps(q.dtype) * (4 + np.sqrt(n_q) + np.sqrt(n_k) + np.sqrt(d_v) + 2 * (d_k + 2) * s_abs + 4 * b_abs)
+    m_dq = abs(scale) * m_ds @ ak
+    m_dk = _group_sum(abs(scale) * np.swapaxes(m_ds, -1, -2) @ aq, k.shape)
+    m_dv = _group_sum(np.swapaxes(p * keep, -1, -2) @ ado, v.shape)
+    sinks = None
+    if terms.sinks is not None:
+        sink_weight = np.clip(1.0 - np.sum(p, axis=-1), 0.0, 1.0)  # rows that see nothing: all or none
+        sinks = c * sink_weight * m_row[..., 0]
+    added = tuple(c * m_ds for _ in terms.added)
+    return golden_oracle.Gradients(c * m_dq, c * m_dk, c * m_dv, added, sinks, p)
 
 
 def weight_sum_slack(dtype: Any, n_k: int, max_score: float) -> float:

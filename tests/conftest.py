@@ -1,5 +1,5 @@
 """Hypothesis settings profiles for this test suite, selected with ``--hypothesis-profile``
-(defined with the suite's own profiles in :mod:`spec.profiles`)."""
+(defined with the suite's own profiles in `spec.profiles`)."""
 
 import sys
 from pathlib import Path

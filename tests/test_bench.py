@@ -168,6 +168,9 @@ def test_plot_is_a_png(tmp_path, capsys):
         (["--plot", "/no/such/dir/b.png"], "--plot: no such directory"),
         (["--markdown", "/no/such/dir/b.md"], "--markdown: no such directory"),
         (["--bogus"], "unrecognized arguments: --bogus"),
+        (["--from-json", "/no/such/record.json"], "--from-json: no file '/no/such/record.json'"),
+        (["--from-json", __file__, "--json", "x.json"], "--from-json renders a stored record"),
+        (["--from-json", __file__], "is not a record of python -m impl.bench --json"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(argv, says, capsys):
@@ -295,6 +298,34 @@ def test_markdown_page_says_the_command_that_regenerates_it(tmp_path, capsys):
     assert page.startswith("# Benchmark results")
     assert f"`python -m impl.bench --sizes 8 --repeat 1 --pause 0 --impl flash --markdown {path}`" in page
     assert "| n " in page and "load average before" in page and "- flash: numpy" in page
+
+
+def test_markdown_page_is_titled_by_what_was_timed_shows_its_plot_and_lists_its_notes(tmp_path, capsys):
+    """Before: both pages were titled "Benchmark results", neither showed its plot, and the notes
+    ran together as one paragraph."""
+    pytest.importorskip("matplotlib")
+    (tmp_path / "img").mkdir()
+    page, image, stored = tmp_path / "results.md", tmp_path / "img" / "bench.png", tmp_path / "bench.json"
+    assert main(["--sizes", "8", *QUICK, "--impl", "flash", "--markdown", str(page), "--plot", str(image),
+                 "--json", str(stored)]) == 0
+    text = page.read_text()
+    assert text.startswith("# Benchmark results: forward\n")
+    assert "\n![forward time against n, log-log](img/bench.png)\n" in text
+    notes = text.split("\nNotes:\n\n", 1)[1].splitlines()
+    assert notes[0].startswith("- floor: ") and notes[1].startswith("- x/y columns: ")
+    assert notes[-2:] == ["- paths:", notes[-1]] and notes[-1].startswith("    - flash: numpy")
+    # The stored record renders the same page again, timing nothing.
+    again = tmp_path / "again.md"
+    capsys.readouterr()
+    assert main(["--from-json", str(stored), "--markdown", str(again)]) == 0
+    assert again.read_text() == text
+    assert "flash" in capsys.readouterr().out
+
+
+def test_the_backward_page_has_its_own_title(tmp_path):
+    page = tmp_path / "b.md"
+    assert main(["--backward", "--sizes", "8", *QUICK, "--impl", "flash", "--markdown", str(page)]) == 0
+    assert page.read_text().startswith("# Benchmark results: backward (dq, dk, dv)\n")
 
 
 def test_jax_has_no_backward_pair(capsys):

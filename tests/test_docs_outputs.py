@@ -32,6 +32,13 @@ def test_a_changed_output_is_stale():
     assert outputs.stale(edited) == "output changed"
 
 
+def test_a_changed_timed_output_is_stale():
+    block = next(b for b in BLOCKS if b.kind == "timed" and "error ratio" in b.body)
+    edited = outputs.Block(block.path, block.kind, block.command, block.body.replace(" pass ", " FAIL ", 1),
+                           block.stamp)
+    assert outputs.stale(edited) == "output changed (timings and error ratios masked)"
+
+
 def test_timings_are_masked_and_nothing_else():
     text = (
         "property   status      examples    seconds  note\n"
@@ -51,3 +58,32 @@ def test_machine_figures_need_their_stamp():
     block = next(b for b in BLOCKS if b.kind == "machine")
     assert block.stamp.startswith(f"*Run `{block.command}` on ") and " cores " in block.stamp
     assert outputs.stale(outputs.Block(block.path, block.kind, block.command, block.body, "")) is not None
+
+
+REPORT = (
+    "property         status      examples    seconds  note\n"
+    "---------------  --------  ----------  ---------  ------------------------------\n"
+    "matches_golden   pass              47       0.31  worst error ratio float32 0.0401,\n"
+    "                                                  worst error ratio float64 0.057\n"
+    "scale            pass              10       0.03  worst scale error ratio 0.00649\n"
+    "exact            pass              10       0.03  worst error ratio 0\n"
+    "gqa              skip               0          0  needs grouped K/V heads\n"
+    "\n"
+    "x: conforms — 3 passed, 0 failed, 1 skipped in 1.6 s (profile quick)\n"
+)
+
+
+def test_error_ratios_are_masked_and_nothing_else():
+    """Error ratios change with the BLAS kernel (OPENBLAS_CORETYPE): masked, wherever a wider
+    figure moves the note's wrap or its column's rule; every other word is still compared."""
+    other_kernel = (REPORT.replace("0.0401,\n", "0.0368, worst\n")  # the wrap moves a word up
+                    .replace("  worst error ratio float64", "  error ratio float64")
+                    .replace("0.00649", "0.0123").replace("ratio 0\n", "ratio 1.5e-07\n")
+                    .replace("------------------------------\n", "-------------------------------\n"))
+    assert outputs.masked(REPORT) == outputs.masked(other_kernel)
+    for changed in (REPORT.replace("47", "48"), REPORT.replace("skip ", "pass "),
+                    REPORT.replace("float64 0.057", "float16 0.057"), REPORT.replace("grouped", "paired"),
+                    REPORT.replace("scale error ratio", "scale ratio"),
+                    REPORT.replace("1 skipped", "2 skipped"),
+                    REPORT.replace("worst scale error ratio 0.00649", "")):
+        assert outputs.masked(changed) != outputs.masked(REPORT), changed

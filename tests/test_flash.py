@@ -396,6 +396,45 @@ def test_softcap_keeps_huge_logits_finite_and_a_cap_far_above_them_changes_nothi
                                flash_attention(small, k, v, block=8), rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.parametrize("block", [(8, 8), (16, 32), (3, 5)])
+@pytest.mark.parametrize("options", [dict(), dict(causal=True), dict(window=(6, 2), softcap=1.5),
+                                     dict(causal=True, window=(40, 0), scale=0.3)])
+def test_alibi_equals_attention_with_it_at_every_tile_edge(block, options):
+    # ALiBi's distance is measured from the bottom-right diagonal, so n_q ≠ n_k moves every tile's term.
+    rng = np.random.default_rng(26)
+    for n_q, n_k in [(1, 1), (9, 17), (17, 9), (33, 33), (65, 40)]:
+        q, k, v = qkv(rng, n_q, n_k, 4, 3, lead_q=(2, 3), lead_kv=(2, 3))
+        q *= 2
+        for slopes in (rng.uniform(0, 1, 3), rng.uniform(0, 1, (2, 3))):
+            out, lse = flash_attention(q, k, v, block=block, alibi_slopes=slopes, return_lse=True, **options)
+            want_out, want_lse = attention(q, k, v, alibi_slopes=slopes, return_lse=True, **options)
+            np.testing.assert_allclose(out, want_out, **TOL[np.float64])
+            np.testing.assert_allclose(lse, want_lse, **TOL[np.float64])
+
+
+def test_alibi_in_float32_and_on_two_dimensional_inputs_equals_attention():
+    rng = np.random.default_rng(27)
+    q, k, v = qkv(rng, 70, 45, 8, 4, dtype=np.float32)
+    slopes = np.array([0.0625], dtype=np.float32)
+    got = flash_attention(q, k, v, causal=True, block=(16, 8), alibi_slopes=slopes)
+    np.testing.assert_allclose(got, attention(q, k, v, causal=True, alibi_slopes=slopes), **TOL[np.float32])
+
+
+@pytest.mark.parametrize(
+    ("slopes", "error", "says"),
+    [
+        (np.ones(2), ValueError, r"alibi_slopes must have shape \(heads,\) = \(3,\)"),
+        (np.ones((3, 2)), ValueError, r"or \(batch, heads\) = \(2, 3\)"),
+        (np.ones(3, dtype=int), TypeError, "alibi_slopes must be a real floating array"),
+        (np.array([1.0, np.nan, 1.0]), ValueError, "alibi_slopes must be finite"),
+    ],
+)
+def test_bad_alibi_slopes_are_refused_and_named(slopes, error, says):
+    q, k, v = qkv(np.random.default_rng(28), 3, 3, lead_q=(2, 3), lead_kv=(2, 3))
+    with pytest.raises(error, match=says):
+        flash_attention(q, k, v, alibi_slopes=slopes)
+
+
 @pytest.mark.parametrize(("dtype", "lse_dtype"), [(np.float16, np.float32), (np.float32, np.float32),
                                                   (np.float64, np.float64)])
 def test_lse_is_in_the_compute_dtype(dtype, lse_dtype):
@@ -603,13 +642,49 @@ def fd_check(q, k, v, d_out, got, **options):
 
 
 @pytest.mark.parametrize("options", [dict(causal=True), dict(softcap=1.5), dict(softcap=0.8, causal=True,
-                                                                                   window=(2, 1))])
+                                                                                   window=(2, 1)),
+                                     dict(alibi_slopes=np.array([0.7]), causal=True, scale=0.6),
+                                     dict(alibi_slopes=np.array([0.3]), softcap=1.2, window=(3, 2))])
 def test_backward_matches_finite_differences(options):
     rng = np.random.default_rng(43)
     q, k, v = qkv(rng, 7, 9, 3, 2)
     q *= 2  # scores of a few units: the softcap bends them
     got, d_out = grads(rng, q, k, v, block=(4, 4), **options)
     fd_check(q, k, v, d_out, got, block=(4, 4), **options)
+
+
+def test_backward_forms_the_scores_as_its_forward_did_where_they_overflow():
+    # Query 0's scaled q, 3e38 · 2, overflows float32 to inf: its one visible score is inf · (−1e−39) = −∞
+    # in the forward, which gives it zeros and lse = −∞. The backward must see the same −∞ (not the
+    # finite 3e38 · (2 · −1e−39) = −0.6 of scaling k instead), or the e^(−0.6 − stand-in for lse) it
+    # would then weigh key 0 by moves dv[0] from 1/(1 + e) to 0.82 (stand-in 0) or 1.76 (stand-in −1).
+    q = np.array([[3e38], [1.0]], dtype=np.float32)
+    k = np.array([[-1e-39], [0.5]], dtype=np.float32)
+    v = np.array([[1.0], [2.0]], dtype=np.float32)
+    with np.errstate(over="ignore"):
+        out, lse = flash_attention(q, k, v, scale=2.0, causal=True, return_lse=True)
+        assert out[0, 0] == 0 and lse[0] == -np.inf
+        for d_row_0 in (1.0, -5.0):  # row 0 saw nothing: its upstream gradient reaches nothing
+            d_out = np.array([[d_row_0], [1.0]], dtype=np.float32)
+            dq, dk, dv = flash_attention_backward(q, k, v, out, lse, d_out, scale=2.0, causal=True)
+            p = 1 / (1 + np.e)  # row 1's weight on key 0: scores ≈ 0 and 1
+            np.testing.assert_allclose(dv.ravel(), [p, 1 - p], rtol=1e-6)
+            assert dq[0, 0] == 0 and np.isfinite(dk).all()
+
+
+@pytest.mark.parametrize("block", [(8, 8), (16, 4), (5, 3)])
+@pytest.mark.parametrize("options", [dict(causal=True), dict(window=(6, 2), softcap=1.5),
+                                     dict(causal=True, window=(40, 0), softcap=3.0, scale=0.3)])
+def test_backward_with_alibi_equals_attention_backward_around_the_tile_edges(block, options):
+    rng = np.random.default_rng(50)
+    for n_q, n_k in [(1, 1), (9, 17), (17, 9), (33, 31)]:
+        q, k, v = qkv(rng, n_q, n_k, 4, 3, lead_q=(2, 3), lead_kv=(2, 3))
+        q *= 2
+        for slopes in (rng.uniform(0, 1, 3), rng.uniform(0, 1, (2, 3))):
+            got, d_out = grads(rng, q, k, v, block=block, alibi_slopes=slopes, **options)
+            want = attention_backward(q, k, v, d_out, alibi_slopes=slopes, **options)
+            for g, w in zip(got, want, strict=True):
+                np.testing.assert_allclose(g, w, **GRAD_TOL[np.float64])
 
 
 def test_backward_of_rows_that_see_nothing_and_of_no_keys_is_zero():
@@ -649,7 +724,7 @@ def test_backward_lets_nan_through_where_the_reference_has_it():
 @pytest.mark.parametrize("causal", [False, True])
 def test_backward_memory_grows_with_the_tile_not_with_n_squared(causal, monkeypatch):
     # At n = 4096 the float32 pattern is 64 MiB. The backward holds dq, dk, dv, one more dq per
-    # extra thread, [q, −lse] and [dO, −D] (each 4096 × 16 or 17 × 4 B ≈ 0.27 MiB) and three
+    # extra thread, q·scale and [dO, −D] (each 4096 × 16 or 17 × 4 B ≈ 0.27 MiB), lse and three
     # 1024 × 256 float32 tiles (1 MiB each) per thread.
     monkeypatch.setattr(impl.flash, "_cores", lambda: 2)
     n = 4096
@@ -676,12 +751,13 @@ def test_backward_memory_grows_with_the_tile_not_with_n_squared(causal, monkeypa
         (dict(d_out=np.zeros((3, 2), dtype=np.float32)), TypeError, "d_out must have the dtype of q"),
         (dict(block=0), ValueError, "block must be a positive integer or a pair"),
         (dict(window=(0, -1)), ValueError, "window must be"),
+        (dict(alibi_slopes=np.ones(2)), ValueError, r"alibi_slopes must have shape \(heads,\) = \(1,\)"),
     ],
 )
 def test_backward_refuses_bad_input_by_name(change, error, says):
     q, k, v = qkv(np.random.default_rng(48), 3, 3, 4, 2)
     out, lse = flash_attention(q, k, v, return_lse=True)
     args = dict(out=out, lse=lse, d_out=np.ones_like(out)) | change
-    options = {key: args.pop(key) for key in ("block", "window") if key in args}
+    options = {key: args.pop(key) for key in ("block", "window", "alibi_slopes") if key in args}
     with pytest.raises(error, match=says):
         flash_attention_backward(q, k, v, args["out"], args["lse"], args["d_out"], **options)

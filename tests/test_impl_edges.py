@@ -62,10 +62,10 @@ def _qkv(*lead: int, n_q: int = 5, n_k: int = 6, d: int = 3, kv_heads: int | Non
 
 
 def _golden(q, k, v, **kw):
-    from spec import golden
+    from spec import oracle
+    from spec.inputs import Inputs
 
-    vis = np.ones((*q.shape[:-1], k.shape[-2]), dtype=bool)
-    return golden.forward(q, k, v, visible=vis, scale=1 / np.sqrt(q.shape[-1]), **kw)[0]
+    return oracle.golden_of(Inputs(q, k, v, keywords=kw))[0]
 
 
 def test_softmax_defaults_to_the_last_axis():
@@ -218,6 +218,17 @@ def test_no_query_heads_over_grouped_kv_heads_give_an_empty_output():
 
     # h = 0 query heads is divisible by g = 2 K/V heads: grouped, not a broadcasting error
     assert attention(np.ones((0, 5, 3)), np.ones((2, 6, 3)), np.ones((2, 6, 4))).shape == (0, 5, 4)
+
+
+@pytest.mark.parametrize(("h", "g"), [(2, 0), (3, 0), (4, 0)])
+def test_no_kv_heads_under_several_query_heads_are_refused_as_unbroadcastable(h, g):
+    from impl import attention
+
+    # g = 0 K/V heads serve no query head: a ValueError naming the shapes, never a division by zero.
+    with pytest.raises(ValueError, match=rf"leading dims of q, k and v must broadcast.*q \({h}, 5, 3\)"):
+        attention(np.ones((h, 5, 3)), np.ones((g, 6, 3)), np.ones((g, 6, 4)))
+    assert attention(np.ones((1, 5, 3)), np.ones((0, 6, 3)), np.ones((0, 6, 4))).shape == (0, 5, 4)
+    assert attention(np.ones((0, 5, 3)), np.ones((0, 6, 3)), np.ones((0, 6, 4))).shape == (0, 5, 4)
 
 
 def test_flags_are_keyword_only():

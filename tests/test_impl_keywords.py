@@ -1,4 +1,4 @@
-"""impl.attention's keywords (DESIGN §2b) and grouped K/V heads, against an independent golden.
+"""impl.attention's keywords (docs/targets.md) and grouped K/V heads, against an independent golden.
 
 ``golden`` below is written from the definitions, one query row at a time with ``math.exp`` in
 float64; it shares no code with impl (no mask builders, no softmax). The laws of each keyword are
@@ -18,14 +18,17 @@ from impl import attention, multi_head_attention
 
 
 def golden(q, k, v, *, causal=False, mask=None, scale=None, bias=None, window=None, align="top_left",
-           softcap=None, sinks=None, kv_lengths=None):
-    """(out, lse) for 4-D q [B, H, n_q, d_k], k/v [B, G, n_k, ·] by loops over (b, h, i, j)."""
+           softcap=None, sinks=None, kv_lengths=None, alibi_slopes=None):
+    """(out, lse) for 4-D q [B, H, n_q, d_k], k/v [B, G, n_k, ·] by loops over (b, h, i, j).
+
+    ALiBi slopes are [H] or [B, H]; the distance is FlashAttention's, |i + n_k − n_q − j|."""
     b_, h_, n_q, d_k = q.shape
     g_, n_k = k.shape[1], k.shape[2]
     scale = 1 / math.sqrt(d_k) if scale is None else scale
     full = (b_, h_, n_q, n_k)
     mask = np.ones(full, bool) if mask is None else np.broadcast_to(mask, full)
     bias = np.zeros(full) if bias is None else np.broadcast_to(bias, full)
+    slopes = np.zeros((b_, h_)) if alibi_slopes is None else np.broadcast_to(alibi_slopes, (b_, h_))
     out = np.zeros((b_, h_, n_q, v.shape[-1]))
     lse = np.full((b_, h_, n_q), -math.inf)
     for b in range(b_):
@@ -41,7 +44,7 @@ def golden(q, k, v, *, causal=False, mask=None, scale=None, bias=None, window=No
                     seen &= kv_lengths is None or j < kv_lengths[b]
                     s = scale * sum(float(q[b, h, i, t]) * float(k[b, kv, j, t]) for t in range(d_k))
                     s = s if softcap is None else softcap * math.tanh(s / softcap)
-                    s += float(bias[b, h, i, j])
+                    s += float(bias[b, h, i, j]) - float(slopes[b, h]) * abs(i + n_k - n_q - j)
                     if seen and s != -math.inf:
                         logits[j] = s
                 every = [*logits.values()] + ([] if sinks is None else [float(sinks[h])])
@@ -102,6 +105,8 @@ def problems(draw):
         kw["sinks"] = rng.standard_normal(h)
     if draw(st.booleans()):
         kw["kv_lengths"] = rng.integers(0, n_k + 1, size=b)
+    if draw(st.booleans()):
+        kw["alibi_slopes"] = rng.uniform(0, 1, size=draw(st.sampled_from([(h,), (b, h)])))
     note({name: val for name, val in kw.items() if not isinstance(val, np.ndarray)})
     return q, k, v, kw
 
@@ -317,7 +322,8 @@ def packed_problem(rng, lengths_q, lengths_k, h=4, g=2):
 )
 def test_packed_sequences_equal_calling_each_sequence_alone(lengths_q, lengths_k, align):
     q, k, v, cu_q, cu_k = packed_problem(np.random.default_rng(len(lengths_q)), lengths_q, lengths_k)
-    kw = {"causal": True, "align": align, "sinks": np.array([0.5, -1.0, 0.0, 2.0]), "softcap": 4.0}
+    kw = {"causal": True, "align": align, "sinks": np.array([0.5, -1.0, 0.0, 2.0]), "softcap": 4.0,
+          "alibi_slopes": np.array([0.5, 0.25, 0.125, 1 / 3])}
     out, lse = attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, return_lse=True, **kw)
     assert out.shape == (4, cu_q[-1], 2) and lse.shape == (4, cu_q[-1])
     for s in range(len(lengths_q)):
@@ -445,6 +451,13 @@ def test_return_weights_still_works_alone():
         ({"dropout_p": 0.1}, ValueError, "seed is required when dropout_p > 0"),
         ({"dropout_p": 0.1, "seed": -1}, ValueError, "seed must be >= 0"),
         ({"dropout_p": 0.1, "seed": 1.5}, TypeError, "seed must be an integer"),
+        ({"alibi_slopes": np.ones(3)}, ValueError, r"alibi_slopes must have shape \(heads,\) = \(4,\) or "
+         r"\(batch, heads\) = \(2, 4\)"),
+        ({"alibi_slopes": np.ones((4, 2))}, ValueError, "alibi_slopes must have shape"),
+        ({"alibi_slopes": np.ones((1, 2, 4))}, ValueError, "alibi_slopes must have shape"),
+        ({"alibi_slopes": np.ones(4, int)}, TypeError, "alibi_slopes must be a real floating array"),
+        ({"alibi_slopes": np.array([1, np.inf, 1, 1])}, ValueError, "alibi_slopes must be finite"),
+        ({"alibi_slopes": np.array([1, 1, np.nan, 1])}, ValueError, "alibi_slopes must be finite"),
     ],
 )
 def test_bad_keywords_are_refused_by_name(kw, error, match):
@@ -483,3 +496,76 @@ def test_a_huge_sink_takes_all_the_weight_without_overflow():
     assert np.isfinite(out).all() and np.isfinite(lse).all()
     np.testing.assert_allclose(lse[:, 0], 800.0, rtol=1e-15)
     assert (w[:, 0] < 1e-300).all()
+
+
+# --- ALiBi ----------------------------------------------------------------------------------------------
+
+
+def alibi_slopes_of(heads):
+    """The ALiBi paper's slopes for any head count (Press et al., 2022, and its reference code): the
+    geometric series 2^(-8i/n) for the power of two n ≤ heads, then every other slope of 2n's."""
+    n = 2 ** math.floor(math.log2(heads))
+    first = [2 ** (-8 * (i + 1) / n) for i in range(n)]
+    extra = [2 ** (-8 * (i + 1) / (2 * n)) for i in range(0, 2 * n, 2)][: heads - n]
+    return np.array(first + extra)
+
+
+def alibi_as_bias(slopes, n_q, n_k):
+    """The bias ALiBi defines, built by loops: −slope·|i + n_k − n_q − j|, [B or 1, H, n_q, n_k]."""
+    slopes = np.atleast_2d(slopes)
+    bias = np.zeros((*slopes.shape, n_q, n_k))
+    for b, h, i, j in np.ndindex(bias.shape):
+        bias[b, h, i, j] = -slopes[b, h] * abs(i + n_k - n_q - j)
+    return bias
+
+
+def test_alibi_slopes_of_match_the_papers_figures():
+    np.testing.assert_allclose(alibi_slopes_of(8), [2.0**-i for i in range(1, 9)])
+    np.testing.assert_allclose(alibi_slopes_of(6), [2**-2, 2**-4, 2**-6, 2**-8, 2**-1, 2**-3])
+
+
+@pytest.mark.parametrize("heads", [1, 3, 5, 6, 8, 12])
+@pytest.mark.parametrize(("n_q", "n_k"), [(5, 5), (3, 7), (7, 3)])
+def test_alibi_equals_the_explicit_bias_it_defines_bit_for_bit(heads, n_q, n_k):
+    # Head counts that are not powers of two included: nothing in the keyword assumes one.
+    q, k, v = qkv(np.random.default_rng(heads), 2, heads, heads, n_q, n_k)
+    slopes = alibi_slopes_of(heads)
+    for causal, align in [(False, "top_left"), (True, "top_left"), (True, "bottom_right")]:
+        got = attention(q, k, v, causal=causal, align=align, alibi_slopes=slopes)
+        want = attention(q, k, v, causal=causal, align=align, bias=alibi_as_bias(slopes, n_q, n_k))
+        np.testing.assert_array_equal(got, want)
+
+
+def test_alibi_per_batch_row_equals_each_row_alone_and_each_head_reads_its_own_slope():
+    q, k, v = qkv(np.random.default_rng(5), 2, 3, 3, 4, 6)
+    slopes = np.array([[0.5, 0.1, 2.0], [1.5, 0.0, 0.3]])
+    both = attention(q, k, v, causal=True, alibi_slopes=slopes)
+    for b in range(2):
+        alone = attention(q[b], k[b], v[b], causal=True, alibi_slopes=slopes[b])
+        np.testing.assert_array_equal(both[b], alone)
+    moved = slopes.copy()
+    moved[1, 2] = 4.0  # batch row 1, head 2 only
+    changed = attention(q, k, v, causal=True, alibi_slopes=moved) != both
+    assert changed[1, 2].any() and not np.delete(changed.reshape(6, -1), 5, axis=0).any()
+
+
+def test_alibi_on_two_dimensional_inputs_takes_one_slope():
+    q, k, v = (x[0, 0] for x in qkv(np.random.default_rng(6), 1, 1, 1, 4, 5))
+    got = attention(q, k, v, alibi_slopes=np.array([0.7]))
+    np.testing.assert_array_equal(got, attention(q, k, v, bias=alibi_as_bias(np.array([0.7]), 4, 5)[0, 0]))
+    says = r"alibi_slopes must have shape \(heads,\) = \(1,\) \(or \(batch, heads\), 4-D inputs\)"
+    with pytest.raises(ValueError, match=says):
+        attention(q, k, v, alibi_slopes=np.array([[0.7]]))
+
+
+def test_alibi_comes_after_the_softcap():
+    # c·tanh(s/c) caps the scores, not ALiBi's term: far keys stay far below the cap.
+    q, k, v = qkv(np.random.default_rng(7), 1, 2, 2, 3, 9)
+    q *= 30  # scores far beyond the cap
+    slopes = np.array([2.0, 3.0])
+    _, w = attention(q, k, v, softcap=1.0, alibi_slopes=slopes, return_weights=True)
+    _, capped_only = attention(q, k, v, softcap=1.0, return_weights=True)
+    bias = alibi_as_bias(slopes, 3, 9)
+    _, want = attention(q, k, v, softcap=1.0, bias=bias, return_weights=True)
+    np.testing.assert_array_equal(w, want)
+    assert w[0, 0, 2, 0] < 1e-7 < capped_only[0, 0, 2, 0]  # 8 keys away: e^(−16) of the diagonal's weight

@@ -1,5 +1,6 @@
-"""The keyword law families (bias, window, softcap, sinks): each law has a gallery bug it
-rejects, needs its Target capability (skipped with the reason otherwise), and says its law."""
+"""Every declared keyword (spec.keywords, read from its law module's declaration): each law that
+needs it has a gallery bug it rejects, is skipped with the reason for a target without the
+capability, and names the capability it needs."""
 
 from __future__ import annotations
 
@@ -9,33 +10,31 @@ from gallery import BROKEN
 import spec
 from impl import attention
 from spec import Target
+from spec.keywords import registered
 
-FAMILIES = ("bias", "window", "softcap", "sinks")
-FIELDS = {"bias": "supports_bias", "window": "supports_window", "softcap": "supports_softcap",
-          "sinks": "supports_sinks"}
-
-
-def _laws(family: str) -> list[str]:
-    return [name for name, p in spec.PROPERTIES.items() if p.family == family]
+KEYWORDS = sorted(registered())
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_every_keyword_law_has_a_gallery_bug(family):
-    laws = _laws(family)
-    assert len(laws) >= 4
+def _laws(keyword: str) -> list[str]:
+    field = registered()[keyword].field
+    return [name for name, p in spec.PROPERTIES.items() if f"({field})" in p.requires]
+
+
+@pytest.mark.parametrize("keyword", KEYWORDS)
+def test_every_keyword_law_has_a_gallery_bug(keyword):
+    laws = _laws(keyword)
+    assert laws, f"no law needs {keyword}"
     assert set(laws) <= {b.catches for b in BROKEN}, sorted(set(laws) - {b.catches for b in BROKEN})
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_keyword_laws_skip_a_target_without_the_capability(family):
-    report = spec.check(Target(attention, ndims=(2, 3, 4)), profile="quick", only=_laws(family))
-    assert all(r.status == "skip" and FIELDS[family] in r.message for r in report.results)
-
-
-@pytest.mark.parametrize("family", FAMILIES)
-def test_keyword_laws_name_their_capability(family):
-    for name in _laws(family):
-        assert FIELDS[family] in spec.PROPERTIES[name].requires, name
+@pytest.mark.parametrize("keyword", KEYWORDS)
+def test_keyword_laws_skip_a_target_without_the_capability(keyword):
+    """A target that declares every other keyword (and masks) is skipped, naming this one's field."""
+    field = registered()[keyword].field
+    others = {kw.field: True for kw in registered().values() if kw.field != field}
+    target = Target(attention, ndims=(2, 3, 4), supports_mask=True, **others)
+    report = spec.check(target, profile="quick", only=_laws(keyword))
+    assert report.results and all(r.status == "skip" and field in r.message for r in report.results)
 
 
 def test_range_laws_have_float16_bugs():

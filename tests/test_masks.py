@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from impl.masks import causal_mask, packed_mask, padding_mask, sliding_window_mask
+from impl.masks import causal_mask, key_distance, packed_mask, padding_mask, per_sequence, sliding_window_mask
 
 # Small sizes in every combination (0 and 1 included, n_q < n_k, n_q = n_k, n_q > n_k), plus a few
 # sizes past the usual tile edges.
@@ -115,6 +115,33 @@ def test_packed_mask_is_the_definition(cu_q, cu_k, align):
     same_sequence = loop_mask(cu_q[-1], cu_k[-1], lambda i, j: cu_k[sequence_of(i, cu_q)] <= j
                               < cu_k[sequence_of(i, cu_q) + 1])
     np.testing.assert_array_equal(packed_mask(np.array(cu_q), np.array(cu_k)), same_sequence)
+
+
+@pytest.mark.parametrize("align", ["top_left", "bottom_right"])
+@pytest.mark.parametrize(("n_q", "n_k"), SIZES)
+def test_key_distance_is_the_definition(n_q, n_k, align):
+    got = key_distance(n_q, n_k, align=align)
+    want = np.zeros((n_q, n_k), dtype=int)
+    for i, j in np.ndindex(n_q, n_k):
+        want[i, j] = abs(diagonal(i, n_q, n_k, align) - j)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(key_distance(n_q, n_k), key_distance(n_q, n_k, align="bottom_right"))
+
+
+@pytest.mark.parametrize(
+    ("cu_q", "cu_k"), [([0, 3], [0, 5]), ([0, 2, 2, 5], [0, 1, 4, 4]), ([0, 1, 4, 6], [0, 3, 4, 9])]
+)
+def test_per_sequence_counts_positions_from_each_sequences_start(cu_q, cu_k):
+    def want(i, j):
+        s = sequence_of(i, cu_q)
+        if not cu_k[s] <= j < cu_k[s + 1]:
+            return -1
+        n_q_s, n_k_s = cu_q[s + 1] - cu_q[s], cu_k[s + 1] - cu_k[s]
+        return abs(diagonal(i - cu_q[s], n_q_s, n_k_s, "bottom_right") - (j - cu_k[s]))
+
+    got = per_sequence(np.array(cu_q), np.array(cu_k), key_distance, outside=-1)
+    expected = np.array([[want(i, j) for j in range(cu_k[-1])] for i in range(cu_q[-1])]).reshape(got.shape)
+    np.testing.assert_array_equal(got, expected)
 
 
 def test_mask_builders_reject_bad_arguments():

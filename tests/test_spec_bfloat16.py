@@ -127,8 +127,18 @@ def test_peer_table_has_a_bfloat16_row():
     assert "long_rows_every_dtype" in [name for name, _ in row["failures"]]
 
 
-def test_declaring_bfloat16_without_ml_dtypes_is_a_clear_target_error(monkeypatch):
+@pytest.fixture
+def without_ml_dtypes(monkeypatch):
+    """A machine without ml_dtypes: its import fails, and the (once-only) detection is redone."""
+    from spec import dtypes
+
     monkeypatch.setitem(sys.modules, "ml_dtypes", None)  # import ml_dtypes now fails
+    dtypes.has_bfloat16.cache_clear()
+    yield
+    dtypes.has_bfloat16.cache_clear()
+
+
+def test_declaring_bfloat16_without_ml_dtypes_is_a_clear_target_error(without_ml_dtypes):
     with pytest.raises(TargetError, match="bfloat16, which needs ml_dtypes"):
         Target(attention, dtypes=("float32", "bfloat16"))
     assert "bfloat16" not in load_target("reference").dtypes  # built-ins declare it only when it exists

@@ -1,4 +1,4 @@
-"""One call path (spec.calling) for forward, forward-with-lse and gradients, and the §2b keyword
+"""One call path (spec.calling) for forward, forward-with-lse and gradients, and the keyword
 plumbing of Target: each keyword passed only when given, refused unless declared."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import pytest
 import spec
 from impl import attention
 from spec.calling import TargetFailed, call, call_grad, invoke
+from spec.inputs import Inputs
 from spec.target import Target, TargetError
 
 
@@ -39,9 +40,9 @@ def test_forward_and_gradient_share_the_guarded_path():
 
     q, k, v = _q_k_v()
     with pytest.raises(TargetFailed, match="the target raised SystemExit: 4"):
-        call(Target(exits), q, k, v, deadline=5.0)
+        call(Target(exits), Inputs(q, k, v), deadline=5.0)
     with pytest.raises(TargetFailed, match="grad_fn raised SystemExit: 4"):
-        call_grad(Target(attention, grad_fn=exits), q, k, v, np.ones((3, 2)), causal=False, deadline=5.0)
+        call_grad(Target(attention, grad_fn=exits), Inputs(q, k, v), np.ones((3, 2)), deadline=5.0)
 
 
 def test_a_keyword_is_passed_only_when_given_and_refused_unless_declared():
@@ -52,14 +53,15 @@ def test_a_keyword_is_passed_only_when_given_and_refused_unless_declared():
         return attention(q, k, v)
 
     q, k, v = _q_k_v()
-    call(Target(fn, supports_softcap=True), q, k, v, deadline=5.0, softcap=None, bias=None)
+    call(Target(fn, supports_softcap=True), Inputs(q, k, v, keywords={"softcap": None, "bias": None}),
+         deadline=5.0)
     assert seen == {}
-    call(Target(fn, supports_softcap=True), q, k, v, deadline=5.0, softcap=30.0)
+    call(Target(fn, supports_softcap=True), Inputs(q, k, v, keywords={"softcap": 30.0}), deadline=5.0)
     assert seen == {"softcap": 30.0}
     with pytest.raises(TargetError, match="bias= needs supports_bias=True"):
-        call(Target(fn), q, k, v, deadline=5.0, bias=np.zeros((3, 4)))
+        call(Target(fn), Inputs(q, k, v, keywords={"bias": np.zeros((3, 4))}), deadline=5.0)
     with pytest.raises(TargetError, match="unknown keyword 'is_causal'"):
-        call(Target(fn), q, k, v, deadline=5.0, is_causal=True)
+        call(Target(fn), Inputs(q, k, v, keywords={"is_causal": True}), deadline=5.0)
 
 
 def test_return_lse_gives_out_and_lse_and_checks_the_lse_shape():
@@ -70,7 +72,8 @@ def test_return_lse_gives_out_and_lse_and_checks_the_lse_shape():
         lse = np.log(np.sum(np.exp(s), axis=-1))
         return attention(q, k, v), (lse if return_lse else None)
 
-    out, lse = call(Target(with_lse, returns_lse=True), q, k, v, deadline=5.0, return_lse=True)
+    out, lse = call(Target(with_lse, returns_lse=True), Inputs(q, k, v, keywords={"return_lse": True}),
+                    deadline=5.0)
     assert out.shape == (2, 3, 3, 2) and lse.shape == (2, 3, 3)
     gold = spec.golden.forward(q, k, v, visible=np.ones((3, 4), bool), scale=2**-0.5)
     np.testing.assert_allclose(lse, gold[2], rtol=1e-12)
@@ -79,7 +82,8 @@ def test_return_lse_gives_out_and_lse_and_checks_the_lse_shape():
         return attention(q, k, v), np.zeros((*q.shape[:-1], 1))
 
     with pytest.raises(TargetFailed, match=r"lse of shape \(2, 3, 3, 1\), expected \(2, 3, 3\)"):
-        call(Target(wrong_lse, returns_lse=True), q, k, v, deadline=5.0, return_lse=True)
+        call(Target(wrong_lse, returns_lse=True), Inputs(q, k, v, keywords={"return_lse": True}),
+             deadline=5.0)
 
 
 def test_packed_inputs_are_heads_first_and_bnhd_sees_tokens_first():
@@ -91,8 +95,8 @@ def test_packed_inputs_are_heads_first_and_bnhd_sees_tokens_first():
 
     q, k, v = _q_k_v((2,), n_q=5, n_k=5)  # (heads, total, d)
     cu = np.array([0, 2, 5])
-    out = call(Target(fn, layout="bnhd", supports_varlen=True, ndims=(3,)), q, k, v, deadline=5.0,
-               cu_seqlens_q=cu, cu_seqlens_k=cu)
+    out = call(Target(fn, layout="bnhd", supports_varlen=True, ndims=(3,)),
+               Inputs(q, k, v, keywords={"cu_seqlens_q": cu, "cu_seqlens_k": cu}), deadline=5.0)
     assert got["shape"] == (5, 2, 2) and out.shape == (2, 5, 2)
 
 
@@ -104,8 +108,8 @@ def test_caller_isolation_runs_in_the_callers_thread():
         return attention(q, k, v)
 
     q, k, v = _q_k_v()
-    call(Target(fn, isolation="caller"), q, k, v, deadline=5.0)
-    call(Target(fn), q, k, v, deadline=5.0)
+    call(Target(fn, isolation="caller"), Inputs(q, k, v), deadline=5.0)
+    call(Target(fn), Inputs(q, k, v), deadline=5.0)
     assert threads[0] is threading.current_thread() and threads[1] is not threading.current_thread()
 
 
@@ -119,9 +123,10 @@ def test_isolation_and_keyword_fields_are_validated():
 
 
 def _keyword_attention(q, k, v, *, causal=False, bias=None, softcap=None, sinks=None, window=None):
-    """A direct NumPy forward that takes the §2b keywords (float64 inside, cast back)."""
+    """A direct NumPy forward that takes the keywords of real kernels (float64 inside, cast back)."""
     n_q, n_k = q.shape[-2], k.shape[-2]
-    vis = spec.golden.visibility(q.shape[:-2], n_q, n_k, causal=causal, window=window)
+    i, j = np.arange(n_q)[:, None], np.arange(n_k)[None, :]  # top-left: query i's diagonal is key i
+    vis = (j <= i if causal else True) & ((j >= i - window[0]) & (j <= i + window[1]) if window else True)
     s = (q.astype(np.float64) @ np.swapaxes(k.astype(np.float64), -1, -2)) / np.sqrt(q.shape[-1])
     if softcap is not None:
         s = softcap * np.tanh(s / softcap)
@@ -136,7 +141,7 @@ def _keyword_attention(q, k, v, *, causal=False, bias=None, softcap=None, sinks=
 
 
 KEYWORD_CASE = dict(dtype="float32", ndim=3, batch=1, heads=2, n_q=4, n_k=6, d_k=4, d_v=3, seed=1,
-                    causal=True, bias=1.0, softcap=2.0, sinks=(0.5, -0.5), window=(2, 1))
+                    causal=True, bias=(1.0, ""), softcap=2.0, sinks=(0.5, -0.5), window=(2, 1))
 
 
 def test_case_keywords_reach_the_target_and_the_golden():
@@ -150,3 +155,38 @@ def test_case_keywords_reach_the_target_and_the_golden():
 
     with pytest.raises(AssertionError, match="differs from the float64 golden"):
         spec.replay(Target(drops_bias, **declared), "matches_golden", **KEYWORD_CASE)
+
+
+def _as_list(q, k, v, *, causal=False):
+    return attention(q, k, v, causal=causal).tolist()
+
+
+@pytest.mark.parametrize("isolation", ["thread", "caller", "process"])
+def test_a_list_returned_is_called_a_list(isolation):
+    """Before: NumPy read the list as float64, and the report said "output dtype is float64, inputs
+    are float32" of a function that computed in float32."""
+    (result,) = spec.check(Target(_as_list, isolation=isolation), profile="quick",
+                           only=["output_shape_dtype"]).results
+    assert result.status == "fail"
+    assert result.message == ("the target returned its output as a list, which NumPy reads as float64 (the "
+                              "inputs are float32): return a NumPy array in the inputs' dtype "
+                              "(np.asarray(out, dtype=q.dtype))")
+
+
+def test_an_lse_returned_as_a_list_is_named_too():
+    def lse_as_list(q, k, v, *, return_lse=False):
+        return attention(q, k, v), [0.0] * q.shape[-2]
+
+    q, k, v = (x.astype(np.float32) for x in _q_k_v())
+    with pytest.raises(TargetFailed, match="the target returned lse as a list, which NumPy reads as float64"):
+        call(Target(lse_as_list, returns_lse=True), Inputs(q, k, v, keywords={"return_lse": True}),
+             deadline=5.0)
+
+
+def test_a_ragged_list_is_named():
+    def ragged(q, k, v, *, causal=False):
+        return [[0.0], [0.0, 1.0]]
+
+    q, k, v = _q_k_v()
+    with pytest.raises(TargetFailed, match="returned its output as a list NumPy cannot read as an array"):
+        call(Target(ragged), Inputs(q, k, v), deadline=5.0)

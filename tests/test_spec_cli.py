@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from importlib.metadata import entry_points
@@ -29,7 +30,8 @@ def test_broken_target_exits_1_naming_the_property_law_case_and_reproduction(cap
     assert main(["check", "gallery.core:mask_off_by_one", "--only", "causal_no_leak"]) == 1
     out = capsys.readouterr().out
     assert "FAIL causal_no_leak" in out and "law: Changing the keys" in out
-    assert "case: dtype=" in out and "shapes: q (" in out and "reproduce: python -c" in out
+    assert "case: dtype=" in out and "the target received (the law's last call): q (" in out
+    assert "reproduce: python -c" in out
     assert "DOES NOT CONFORM" in out
 
 
@@ -59,6 +61,19 @@ def test_list_shows_every_property_and_what_a_target_would_skip(capsys):
     assert "score_variance" in capsys.readouterr().out
     assert main(["check", "flash", "--list"]) == 0
     assert "skipped: needs mask=" in capsys.readouterr().out
+
+
+def test_list_prints_each_law_whole_and_wrapped(capsys):
+    """Before: a long law was cut at its first sentence (large_logits' at "derived from finfo.")."""
+    from spec.registry import PROPERTIES
+
+    assert main(["check", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 120
+    column = out.splitlines()[0].index("law")
+    laws = "".join("".join(line[column:].split()) for line in out.splitlines()[2:])  # wraps break at hyphens
+    for prop in PROPERTIES.values():
+        assert "".join(prop.law.replace("``", "").split()) in laws, prop.name
 
 
 @pytest.mark.parametrize(
@@ -109,6 +124,33 @@ def test_pytest_plugin_adds_the_properties_next_to_the_projects_tests(tmp_path):
     run = _pytest(tmp_path, "--attention-target=impl:flash_attention", "-k", "own or bias_per_head")
     assert run.returncode == 0, run.stdout
     assert "1 passed, 1 skipped" in run.stdout
+
+
+def test_the_readmes_pytest_line_collects_the_laws_alone():
+    """Before: run from a checkout it collected the project's ~2,000 tests beside the 53 laws."""
+    from spec.registry import PROPERTIES
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    (line,) = [s for s in readme if s.startswith("python -m pytest --attention-target=")]
+    words = shlex.split(line.split("#")[0])[3:]  # what follows "python -m pytest"
+    run = subprocess.run([sys.executable, "-m", "pytest", *_plugin_args(), *words, "--collect-only", "-q",
+                          "-p", "no:cacheprovider"], capture_output=True, text=True, env=ENV, cwd=ROOT,
+                         timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    collected = [s for s in run.stdout.splitlines() if "::" in s]
+    assert collected == [f"attention-spec::{name}" for name in PROPERTIES], run.stdout[-2000:]
+
+
+def test_attention_only_leaves_the_projects_own_tests_out(tmp_path):
+    run = _pytest(tmp_path, "--attention-target=reference", "--attention-only", "-k",
+                  "own or rows_sum_to_one")
+    assert run.returncode == 0 and "1 passed" in run.stdout, run.stdout
+    (tmp_path / "test_broken_import.py").write_text("import no_such_module_anywhere\n")
+    run = _pytest(tmp_path, "--attention-target=reference", "--attention-only", "-k", "rows_sum_to_one")
+    assert run.returncode == 0 and "1 passed" in run.stdout, run.stdout  # never imported
+    env = {k: v for k, v in ENV.items() if k != "ATTENTION_TARGET"}
+    run = _pytest(tmp_path, "--attention-only", env=env)
+    assert run.returncode == 4 and "--attention-only needs a target" in run.stderr
 
 
 def test_pytest_plugin_reports_a_broken_target_with_the_counterexample(tmp_path):

@@ -118,7 +118,7 @@ def test_long_rows_run_on_a_four_d_only_target():
 def test_edge_amplitude_reaches_the_edge_of_the_dtype(dtype):
     case = Case(dtype=dtype, ndim=2, batch=1, heads=1, n_q=16, n_k=16, d_k=64, d_v=4, seed=5)
     scale = 1 / 8
-    edge = dataclasses.replace(case, amplitude=edge_amplitude(case, scale))
+    edge = dataclasses.replace(case, amplitude=edge_amplitude(Target(attention), case, scale))
     q, k, _ = edge.arrays()
     q64, k64 = q.astype(np.float64), k.astype(np.float64)
     scaled = np.abs(q64 @ k64.T) * scale

@@ -94,6 +94,45 @@ def test_a_required_keyword_the_suite_never_passes_is_named():
     assert second.status == "skip" and "not run: see matches_golden" in second.message
 
 
+def forgets_v(q, k):
+    """Takes two arrays where the suite passes three."""
+    return q
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_target_that_takes_too_few_arguments_is_reported_once(isolation):
+    """Before: each of 22 laws failed with the same "takes 2 positional arguments but 3 were given"."""
+    report = spec.check(forgets_v, profile="quick", isolation=isolation)
+    (failed,) = report.failures
+    assert failed.fatal and failed.message.startswith(
+        "the target cannot be called as the suite calls it, forgets_v(q, k, v): takes 2 positional "
+        "arguments but 3 were given (its signature: forgets_v(q, k));")
+    assert failed.message.endswith("wrap it: def f(q, k, v, *, causal=False): "
+                                   "return forgets_v(<q, k, v as it takes them>)")
+    after = report.results[report.results.index(failed) + 1:]
+    assert after and all(r.status == "skip" and r.message.startswith("not run: see") for r in after)
+
+
+def test_the_call_shown_carries_the_keywords_passed():
+    def keyword_only(*, q, k, v, causal=False):
+        return attention(q, k, v, causal=causal)
+
+    (result,) = spec.check(keyword_only, profile="quick", only=["causal_no_leak"]).results
+    assert result.fatal and result.message.startswith(
+        "the target cannot be called as the suite calls it, keyword_only(q, k, v, causal=True): takes 0 "
+        "positional arguments but 3 positional arguments (and 1 keyword-only argument) were given")
+
+
+def test_a_grad_fn_that_takes_too_few_arguments_is_named():
+    def grad(q, k, v, *, causal=False):  # no d_out
+        raise AssertionError("never bound")
+
+    (result,) = spec.check(spec.Target(attention, grad_fn=grad), profile="quick",
+                           only=["grad_matches_golden"]).results
+    assert result.fatal and result.message.startswith(
+        "grad_fn cannot be called as the suite calls it, grad(q, k, v, d_out")
+
+
 def test_a_type_error_inside_the_target_is_not_mistaken_for_its_signature():
     def buggy(q, k, v, *, causal=False):
         return sorted([1, "a"])  # TypeError from the target's own code

@@ -1,4 +1,4 @@
-"""Process isolation (DESIGN §2b): in ``process`` mode a target that crashes (SIGSEGV, os._exit)
+"""Process isolation (docs/targets.md): in ``process`` mode a target that crashes (SIGSEGV, os._exit)
 or hangs in C is that law's failure, its worker is killed and reaped, and the run goes on.
 
 The targets below are importable (``test_spec_isolation:segfault_when_causal``) for the CLI test.
@@ -24,6 +24,7 @@ from impl import attention
 from spec import calling
 from spec.calling import TargetFailed, TargetHung, call, workers
 from spec.cli import main
+from spec.inputs import Inputs
 from spec.target import Target
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -151,7 +152,7 @@ def test_exceptions_come_back_from_the_worker_also_unpicklable_ones():
     for fn, text in [(raises_value_error, "the target raised ValueError: bad shapes"),
                      (raises_unpicklable, "the target raised Unpicklable: held a lock")]:
         with workers(), pytest.raises(TargetFailed, match=text):
-            call(Target(fn, isolation="process"), q, k, v, deadline=30.0)
+            call(Target(fn, isolation="process"), Inputs(q, k, v), deadline=30.0)
 
 
 def test_the_worker_runs_in_another_process_and_serves_every_call_of_a_run():
@@ -163,10 +164,10 @@ def test_the_worker_runs_in_another_process_and_serves_every_call_of_a_run():
     target = Target(where, isolation="process")
     q, k, v = _q_k_v()
     with workers():
-        pids = [int(call(target, q, k, v, deadline=30.0)[0, 0]) for _ in range(3)]
+        pids = [int(call(target, Inputs(q, k, v), deadline=30.0)[0, 0]) for _ in range(3)]
     assert len(set(pids)) == 1 and pids[0] != os.getpid()
     assert _gone(pids[0])  # leaving workers() reaped it
-    outside = int(call(target, q, k, v, deadline=30.0)[0, 0])  # outside a run: a one-off fork
+    outside = int(call(target, Inputs(q, k, v), deadline=30.0)[0, 0])  # outside a run: a one-off fork
     assert outside != os.getpid() and _gone(outside)
 
 
@@ -178,7 +179,7 @@ def test_workers_are_reaped_on_keyboard_interrupt():
     q, k, v = _q_k_v()
     pid = []
     with pytest.raises(KeyboardInterrupt), workers():
-        pid.append(int(call(target, q, k, v, deadline=30.0)[0, 0]))
+        pid.append(int(call(target, Inputs(q, k, v), deadline=30.0)[0, 0]))
         raise KeyboardInterrupt
     assert pid and _gone(pid[0])
 
@@ -191,10 +192,10 @@ def test_thread_mode_is_unchanged_it_runs_in_this_process_on_another_thread():
         return attention(q, k, v)
 
     q, k, v = _q_k_v()
-    call(Target(where), q, k, v, deadline=30.0)
+    call(Target(where), Inputs(q, k, v), deadline=30.0)
     assert seen[0][0] == os.getpid() and seen[0][1] is not threading.current_thread()
     with pytest.raises(TargetHung):
-        call(Target(lambda q, k, v: time.sleep(5)), q, k, v, deadline=0.2)
+        call(Target(lambda q, k, v: time.sleep(5)), Inputs(q, k, v), deadline=0.2)
 
 
 def test_cli_and_plugin_refuse_bad_isolation_and_deadline(capsys):
@@ -222,5 +223,6 @@ def test_a_one_off_worker_sends_mutations_back_too():
         return attention(q, k, v)
 
     q, k, v = _q_k_v()
-    call(Target(mutating, isolation="process"), q, k, v, deadline=30.0, copy=False)  # outside workers()
+    call(Target(mutating, isolation="process"), Inputs(q, k, v), deadline=30.0,
+         copy=False)  # outside workers()
     assert not q.any()

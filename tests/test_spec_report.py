@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 
 import spec
 from impl import attention
 from spec.cli import main
-from spec.report import render
+from spec.report import Report, Result, render
 
 
 def _half_scaled(q, k, v, *, causal=False):
@@ -38,4 +42,40 @@ def test_observed_figures_are_data_in_the_result_and_the_json():
     assert ratios and max(ratios) > 1  # the failing example's ratio, as a number
     assert rows.status == "pass" and all(0 <= v <= 1 for v in rows.observed.values())
     data = json.loads(report.to_json())
-    assert data["results"][0]["observed"] == {k: v for k, v in golden.observed.items() if np.isfinite(v)}
+    assert data["results"][0]["observed"] == golden.observed
+
+
+def _strict_json(text):
+    """``text`` parsed by a parser that refuses NaN and Infinity (RFC 8259 has neither)."""
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_json_spells_non_finite_numbers_as_strings():
+    arrays = {"q": [[1.0, float("inf")]], "k": [[np.float32("-inf"), float("nan")]]}
+    failed = Result("matches_golden", "fail", 1, 0.1, "NaN where the golden is finite",
+                    {"case": {"dtype": "float32"}, "shapes": {"q": [1, 2]}, "arrays": arrays,
+                     "reproduce": ""},
+                    observed={"error ratio float32": float("inf"), "error ratio float64": float("nan")})
+    data = _strict_json(Report("t", "quick", None, [failed]).to_json())
+    (result,) = data["results"]
+    assert result["observed"] == {"error ratio float32": "Infinity", "error ratio float64": "NaN"}
+    assert result["counterexample"]["arrays"] == {"q": [[1.0, "Infinity"]], "k": [["-Infinity", "NaN"]]}
+
+
+def test_cli_json_of_an_infinite_error_ratio_is_strict(tmp_path):
+    """The real command on a target that returns inf: exit 1, the report written, the ratio kept."""
+    (tmp_path / "returns_inf.py").write_text(
+        "import numpy as np\n\n"
+        "def attention(q, k, v, *, causal=False):\n"
+        "    return np.full(q.shape[:-1] + v.shape[-1:], np.inf, dtype=q.dtype)\n")
+    path = tmp_path / "report.json"
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(root)])}
+    run = subprocess.run([sys.executable, "-m", "spec", "check", "returns_inf:attention", "--profile",
+                          "quick", "--only", "matches_golden", "--json", str(path)],
+                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+    (result,) = _strict_json(path.read_text(encoding="utf-8"))["results"]
+    assert result["status"] == "fail" and "Infinity" in result["observed"].values()

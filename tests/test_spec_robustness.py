@@ -50,12 +50,19 @@ def test_a_target_returning_a_non_array_fails(returned):
     assert result.status == "fail"
 
 
-def test_an_array_like_return_is_accepted():
-    def as_lists(q, k, v, *, causal=False):
-        return attention(q, k, v, causal=causal).tolist()
+def as_lists(q, k, v, *, causal=False):
+    return attention(q, k, v, causal=causal).tolist()
 
-    result = _only(as_lists, "convex_combination")
+
+def test_an_array_like_return_is_accepted():
+    result = _only(spec.Target(as_lists, dtypes=("float64",)), "convex_combination")
     assert result.status == "pass", result.message
+
+
+def test_a_list_is_not_silently_widened_to_float64():
+    result = _only(spec.Target(as_lists, dtypes=("float32",)), "convex_combination")
+    assert result.status == "fail"
+    assert "returned its output as a list, which NumPy reads as float64" in result.message
 
 
 def test_nan_output_fails_the_golden_comparison():
@@ -132,7 +139,8 @@ def test_a_failure_carries_a_counterexample_that_replays():
     result = _only(scaled_by_dk, "scale_is_inv_sqrt_dk")
     example = result.counterexample
     assert example["shapes"]["q"][-1] == example["case"]["d_k"] >= 2
-    assert "spec.replay(" in example["reproduce"]
+    # A closure cannot be loaded by name: the report says so instead of a line that cannot run.
+    assert "spec.replay(" not in example["reproduce"] and "defined inside a function" in example["reproduce"]
     with pytest.raises(AssertionError, match="recovered scale"):
         spec.replay(scaled_by_dk, "scale_is_inv_sqrt_dk", **example["case"])
     spec.replay("reference", "scale_is_inv_sqrt_dk", **example["case"])  # the law holds for impl
@@ -161,3 +169,12 @@ def test_ci_profile_is_repeatable_and_seed_changes_the_stream():
 
     assert counterexample() == counterexample()
     assert counterexample(seed=1)["seed"] is not None
+
+
+def test_the_scale_law_fails_a_pattern_with_no_finite_weight():
+    """With no finite weight there is no scale to recover: the law fails rather than passing empty."""
+    def inf_everywhere(q, k, v, *, causal=False):
+        return np.full((*q.shape[:-1], v.shape[-1]), np.inf, dtype=q.dtype)
+
+    (result,) = spec.check(inf_everywhere, profile="quick", only=["scale_is_inv_sqrt_dk"]).results
+    assert result.status == "fail" and "is inf for the pattern" in result.message

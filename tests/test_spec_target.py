@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -57,8 +59,54 @@ def test_unloadable_target_names_what_is_wrong(text, message):
 
 
 def test_non_callable_attribute_is_refused():
-    with pytest.raises(TargetError, match="callable"):
+    with pytest.raises(TargetError, match=r"DEFAULT_BLOCK' is tuple \(256, 2048\), not a callable"):
         load_target("impl.flash:DEFAULT_BLOCK")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("examples.my_attention:targte", "has no attribute 'targte'; did you mean 'target'?"),
+     ("examples.my_atention:target",
+      "No module named 'examples.my_atention'; did you mean 'examples.my_attention'?"),
+     ("exmaples.my_attention:target", "did you mean 'examples'?"),
+     ("examples/my_atention.py:target", "; did you mean 'examples/my_attention.py'?"),
+     ("examples/my_attention:target", "give examples.my_attention:NAME or examples/my_attention.py:NAME"),
+     ("impl:flash_atention", "did you mean 'flash_attention' or")],
+)
+def test_a_typo_gets_did_you_mean(text, message, monkeypatch):
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    with pytest.raises(TargetError) as raised:
+        load_target(text)
+    assert message in str(raised.value)
+
+
+def test_a_missing_dependency_is_not_a_typo(tmp_path, monkeypatch):
+    (tmp_path / "needs_it.py").write_text("import no_such_dependency_xyz\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(TargetError, match=r"No module named 'no_such_dependency_xyz'$"):
+        load_target("needs_it:f")
+
+
+def test_a_script_loads_by_its_path_without_running_its_main_block(tmp_path, monkeypatch):
+    (tmp_path / "helper.py").write_text("from impl import attention as attn\n")
+    (tmp_path / "script.py").write_text(
+        "from helper import attn  # a sibling module, as when the script runs\n"
+        "import spec\n"
+        "target = spec.Target(attn, name='scripted', supports_scale=True)\n"
+        "if __name__ == '__main__':\n"
+        "    raise SystemExit('the main block ran')\n")
+    monkeypatch.chdir(tmp_path)
+    target = load_target("script.py:target")
+    assert target.name == "scripted" and target.fn is attention and target.supports_scale
+    assert load_target(f"{tmp_path}/script.py:target") is target  # one module per file
+    assert load_target("script.py:attn").name == "script.py:attn"
+
+
+def test_the_example_loads_by_module_or_by_path(monkeypatch):
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    by_path = load_target("examples/my_attention.py:target")
+    by_module = load_target("examples.my_attention:target")
+    assert by_path.name == by_module.name == "my_attention" and by_path.masked_rows == "nan"
 
 
 def test_peer_targets_fail_with_one_clear_line_when_unavailable(monkeypatch):

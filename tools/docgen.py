@@ -4,6 +4,7 @@
 
     <!-- generate: laws -->      every registered law, by family (spec.registry.PROPERTIES)
     <!-- generate: targets -->   every Target field with its type, default and docstring
+    <!-- generate: keywords -->  every declared keyword: arguments, field, terms, spellings, module
     <!-- generate: api impl -->  a mkdocstrings entry (``::: impl.name``) per name of ``impl.__all__``
     <!-- generate: gallery -->   the gallery's broken implementations and the law meant to reject each
     <!-- generate: imports spec -->  the project modules each module of ``spec`` imports (from the code)
@@ -36,7 +37,7 @@ def _catches(text: str) -> str:
 
 
 def law_reference() -> str:
-    """Markdown: every law of :data:`spec.registry.PROPERTIES`, grouped by family, in report order."""
+    """Markdown: every law of `spec.registry.PROPERTIES`, grouped by family, in report order."""
     from spec.registry import LAW_MODULES, PROPERTIES
 
     lines: list[str] = []
@@ -60,7 +61,7 @@ def law_reference() -> str:
 
 
 def target_fields() -> list[tuple[str, str, str, str]]:
-    """``(name, type, default, docstring)`` of every :class:`spec.Target` field, from the source
+    """``(name, type, default, docstring)`` of every `spec.Target` field, from the source
     (the string after each field is its docstring)."""
     from spec.target import Target
 
@@ -73,6 +74,11 @@ def target_fields() -> list[tuple[str, str, str, str]]:
             if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
                 doc = " ".join(str(after.value.value).split())
             docs[field.target.id] = doc
+    from spec.keywords import registered
+
+    for kw in registered().values():  # a keyword's field is documented by its declaration
+        takes = ", ".join(f"`{a}=`" for a in kw.passes)
+        docs[kw.field] = f"`fn` takes {takes}: {kw.meaning}"
     rows = []
     for f in dataclasses.fields(Target):
         default = "required" if f.default is dataclasses.MISSING else repr(f.default)
@@ -81,11 +87,48 @@ def target_fields() -> list[tuple[str, str, str, str]]:
 
 
 def target_reference() -> str:
-    """Markdown: one entry per :class:`spec.Target` field."""
+    """Markdown: one entry per `spec.Target` field."""
     lines = []
     for name, type_, default, doc in target_fields():
         lines += [f"### `{name}`", "", f"`{type_}` — default `{default}`", "", _markdown(doc), ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _term_text(term: object) -> str:
+    """What one term of a keyword's declaration does to the maths, in words."""
+    from spec import keywords as kw
+
+    if isinstance(term, kw.Restricts):
+        return f"hides keys (rows it empties: `{term.cause}`)"
+    if isinstance(term, kw.Transforms):
+        return "transforms the scaled scores"
+    if isinstance(term, kw.Adds):
+        cause = f"; −inf hides a key (`{term.cause}`)" if term.cause else ""
+        grad = f"; its gradient is `{term.grad}`" if term.grad else ""
+        return f"adds to the scores{cause}{grad}"
+    if isinstance(term, kw.Sinks):
+        grad = f"; its gradient is `{term.grad}`" if term.grad else ""
+        return f"joins each row's denominator{grad}"
+    if isinstance(term, kw.Realigns):
+        return "moves each query's diagonal"
+    assert isinstance(term, kw.Leaves)
+    return f"leaves the golden as it is: {term.reason}"
+
+
+def keyword_reference() -> str:
+    """Markdown: every declared keyword (`spec.keywords.registered`), read from its declaration:
+    the arguments, the Target field, what it does to the maths, how libraries spell it, and the
+    law module that declares it (the module its ``received`` is written in)."""
+    from spec.keywords import registered
+
+    rows = ["| keyword | arguments | Target field | what it does | other libraries | declared in |",
+            "|---|---|---|---|---|---|"]
+    for kw in registered().values():
+        args = ", ".join(f"`{a}=`" for a in kw.passes)
+        terms = "; ".join(_term_text(t) for t in kw.terms)
+        names = ", ".join(f"{lib}: `{name}`" for lib, name in kw.names.items()) or "—"
+        rows.append(f"| {kw.name} | {args} | `{kw.field}` | {terms} | {names} | `{kw.received.__module__}` |")
+    return "\n".join(rows) + "\n"
 
 
 def api_reference(package: str) -> str:
@@ -180,7 +223,8 @@ def _title(page: str) -> str:
     return page
 
 
-GENERATORS = {"laws": law_reference, "targets": target_reference, "api": api_reference, "pages": page_links,
+GENERATORS = {"laws": law_reference, "targets": target_reference, "keywords": keyword_reference,
+              "api": api_reference, "pages": page_links,
               "imports": import_table,
               "gallery": gallery_table}
 

@@ -12,8 +12,10 @@ Three kinds of marker:
 
 - ``output:`` deterministic. ``--check`` reruns the command and fails if one character differs.
 - ``output timed:`` deterministic except its timings (the ``seconds`` column of a report table,
-  ``in 1.7 s``): those are masked when checking; a stamp line after the block says the command,
-  date and machine the times come from.
+  ``in 1.7 s``) and its error ratios (``worst error ratio float32 0.0401``: float rounding, which
+  differs with the BLAS kernel OpenBLAS picks for the CPU or ``OPENBLAS_CORETYPE``): those are
+  masked when checking; a stamp line after the block says the command, date and machine the
+  figures come from.
 - ``output machine:`` machine-dependent figures (times, ratios): never checked for equality, only
   for the stamp line (command, date, machine: cores, BLAS, load) that this script writes beside
   them. Rerun only with ``--machine`` (they may be slow).
@@ -50,6 +52,7 @@ BLOCK = re.compile(
 )
 TIMING_SUMMARY = re.compile(r" in \d+(?:\.\d+)? s \(profile")
 PYTEST_SUMMARY = re.compile(r"^=+ (.*) in \d+(?:\.\d+)?s(?: \([^)]*\))? =+$", re.MULTILINE)
+ERROR_RATIO = re.compile(r"(error ratio (?:b?float\d+ )?)[-+]?(?:\d+(?:\.\d*)?(?:e[-+]?\d+)?|inf|nan)")
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,34 @@ def mask_timings(text: str) -> str:
     return PYTEST_SUMMARY.sub(r"= \1 in #s =", text)
 
 
+def mask_error_ratios(text: str) -> str:
+    """``text`` with each error ratio of a report's notes (``worst error ratio float32 0.0401``)
+    replaced by ``#``. The ratios are float rounding measured against the float64 golden, so they
+    change with the BLAS kernel (OpenBLAS picks one per CPU; ``OPENBLAS_CORETYPE`` overrides it);
+    the rest of each note, and which laws report a ratio, stay compared. A note that wraps onto
+    continuation lines is joined first, since a figure's width moves the wrap."""
+    out: list[str] = []
+    note = None  # the note column's start while inside a report table
+    for line in text.splitlines():
+        words = line.split()
+        if words[-1:] == ["note"] and "property" in words:
+            note = line.index("note")
+        elif note is not None and not line.strip():
+            note = None
+        elif note is not None and out and len(line) > note and not line[:note].strip():
+            out[-1] += " " + line[note:]  # a wrapped note's next line
+            continue
+        elif note is not None and re.fullmatch(r"[- ]+", line):
+            line = line[:note] + "-"  # the note column's rule: as wide as the longest note
+        out.append(line)
+    return ERROR_RATIO.sub(r"\1#", "\n".join(out))
+
+
+def masked(text: str) -> str:
+    """What a timed block's check compares: ``text`` with its timings and error ratios masked."""
+    return mask_timings(mask_error_ratios(text))
+
+
 def machine() -> str:
     """Cores, BLAS and load of this machine, for the stamp beside machine-dependent figures."""
     import numpy as np
@@ -131,8 +162,8 @@ def stale(block: Block) -> str | None:
     if block.kind == "timed":
         if not block.stamp:
             return "timings without their stamp line"
-        if mask_timings(fresh) != mask_timings(block.body):
-            return "output changed (timings masked)"
+        if masked(fresh) != masked(block.body):
+            return "output changed (timings and error ratios masked)"
     elif fresh != block.body:
         return "output changed"
     return None

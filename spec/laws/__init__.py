@@ -1,1 +1,1 @@
-"""The laws, one module per family; :data:`spec.registry.LAW_MODULES` lists them."""
+"""The laws, one module per family; `spec.registry.LAW_MODULES` lists them."""

@@ -1,5 +1,6 @@
-"""What laws share: calling the target with the case's arguments, the golden for a case, the
-one golden-tolerance assertion, and the capability checks (``needs``) with their reasons.
+"""What laws share: calling the target with an `Inputs`, the expectations of exactly those
+inputs (`spec.oracle`), the one golden-tolerance assertion, and the one check that what must be
+hidden does not move the rest (`assert_hidden_unmoved`).
 
 Assertions here raise ``AssertionError`` with a message that says what broke; their frames are
 hidden from pytest tracebacks (``__tracebackhide__``) so a failure points at the law.
@@ -8,17 +9,15 @@ hidden from pytest tracebacks (``__tracebackhide__``) so a failure points at the
 from __future__ import annotations
 
 import contextvars
-import math
-from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
-from spec import tolerance
-from spec.calling import DEADLINE, call
+from spec import dtypes, golden, oracle, tolerance
+from spec.calling import call
 from spec.cases import Case
-from spec.dtypes import as_dtype
-from spec.target import KEYWORD_FIELDS, Target
+from spec.inputs import Inputs
+from spec.oracle import Expected
+from spec.target import FINITE_FILL, Target
 
 Array = np.ndarray
 
@@ -26,34 +25,15 @@ OBSERVED: contextvars.ContextVar[dict[str, float] | None] = contextvars.ContextV
 """Worst values a property saw (e.g. the error ratio), collected by the runner for the report."""
 
 
-_FROM_CASE: Any = object()
-
-
-def run(
-    target: Target, case: Case, q: Array, k: Array, v: Array, *,
-    causal: bool | None = None, mask: Any = _FROM_CASE, scale: Any = _FROM_CASE, **keywords: Any,
-) -> Array:  # -> [..., n_q, d_v], float64
-    """The target's output for these inputs as float64: flags and the §2b keywords from the case
-    unless given (``bias=``, ``window=``, ...; None = not passed)."""
-    out = call(
-        target, q, k, v, deadline=DEADLINE.get(),
-        causal=case.causal if causal is None else causal,
-        mask=case.mask_array() if mask is _FROM_CASE else mask,
-        scale=case.scale if scale is _FROM_CASE else scale,
-        **(case.keywords() | keywords),
-    )
+def run(target: Target, inputs: Inputs) -> Array:  # -> [..., n_q, d_v], float64
+    """The target's output for ``inputs``, as float64."""
+    out = call(target, inputs.replace(return_lse=None))
     return out.astype(np.float64)
 
 
-def run_lse(
-    target: Target, case: Case, q: Array, k: Array, v: Array, **overrides: Any
-) -> tuple[Array, Array]:  # -> out [..., n_q, d_v], lse [..., n_q], float64
+def run_lse(target: Target, inputs: Inputs) -> tuple[Array, Array]:  # -> [..., n_q, d_v], [..., n_q]
     """``run`` with ``return_lse=True``: the output and the target's logsumexp, as float64."""
-    out, lse = call(
-        target, q, k, v, deadline=DEADLINE.get(), causal=overrides.pop("causal", case.causal),
-        mask=overrides.pop("mask", case.mask_array()), scale=overrides.pop("scale", case.scale),
-        **(case.keywords() | overrides | {"return_lse": True}),
-    )
+    out, lse = call(target, inputs.replace(return_lse=True))
     return out.astype(np.float64), lse.astype(np.float64)
 
 
@@ -63,41 +43,37 @@ def observe(key: str, value: float) -> None:
         seen[key] = value
 
 
-def scale_of(case: Case) -> float:
-    return 1.0 / math.sqrt(case.d_k) if case.scale is None else case.scale
+def expected(target: Target, inputs: Inputs, *, visible: Array | None = None) -> Expected:
+    """The golden, its pattern, the baseline and the floor of exactly these inputs
+    (`spec.oracle.expected`)."""
+    return oracle.expected(target, inputs, visible=visible)
 
 
-def expected(
-    target: Target, case: Case, q: Array, k: Array, v: Array, *, visible: Array | None = None,
-    bias: Any = _FROM_CASE,
-) -> tuple[Array, Array, Array, float]:
-    """Golden, its pattern, the baseline and the floor for these inputs (K/V heads repeated for GQA;
-    ``bias`` replaces the case's bias array; baseline and floor in the dtype the target computes in,
-    see ``Target.computes``)."""
-    if case.kv_heads is not None:
-        k, v = tolerance.repeat_kv(k, case.heads), tolerance.repeat_kv(v, case.heads)
-    vis = case.visible(target) if visible is None else visible
-    s = scale_of(case)
-    bias = case.bias_array() if bias is _FROM_CASE else bias
-    gold, weights, _ = case.golden(target, q, k, v, scale=s, visible=vis, bias=bias)
-    sinks = None if case.sinks is None else np.asarray(case.sinks)
-    work = as_dtype(target.precision(case.dtype))
-    qw, kw, vw = (x.astype(work) for x in (q, k, v))
-    base = tolerance.baseline(qw, kw, vw, visible=vis, scale=s, bias=bias, softcap=case.softcap, sinks=sinks)
-    return gold, weights, base, tolerance.floor(qw, kw, vw, scale=s, bias=bias)
+def visible(target: Target, inputs: Inputs) -> Array:  # -> [*lead, n_q, n_k] bool
+    """What each query sees for these inputs (every restriction, the target's alignment)."""
+    return oracle.visibility(target.alignment, inputs)
+
+
+def sees_any(target: Target, inputs: Inputs) -> Array:  # -> [*lead, n_q] bool
+    return np.asarray(visible(target, inputs).any(axis=-1))
+
+
+def precision_text(target: Target, inputs: Inputs) -> str:
+    return target.precision_text(np.dtype(inputs.q.dtype).name)
 
 
 def assert_matches(
-    target: Target, case: Case, out: Array, q: Array, k: Array, v: Array, *,
-    rows: Array | None = None, visible: Array | None = None, what: str = "output", bias: Any = _FROM_CASE,
+    target: Target, inputs: Inputs, out: Array, *, rows: Array | None = None, visible: Array | None = None,
+    what: str = "output",
 ) -> tolerance.Comparison:
-    """Assert ``out`` is within the tolerance policy of the golden on rows that see a key."""
+    """Assert ``out`` is within the tolerance policy of the golden of ``inputs`` on rows that see
+    a key (and are selected by ``rows`` [..., n_q], when given)."""
     __tracebackhide__ = True
-    gold, weights, base, floor = expected(target, case, q, k, v, visible=visible, bias=bias)
-    seen = weights.sum(axis=-1) > 0
-    rows = seen if rows is None else rows & seen
-    cmp = tolerance.compare(out, gold, base, rows=rows, tolerance=target.tolerance, floor_=floor)
-    assert_within_tolerance(cmp, dtype=target.precision_text(case.dtype), what=what)
+    want = expected(target, inputs, visible=visible)
+    chosen = want.seen if rows is None else rows & want.seen
+    cmp = tolerance.compare(out, want.out, want.baseline, rows=chosen, tolerance=target.tolerance,
+                            floor_=want.floor)
+    assert_within_tolerance(cmp, dtype=precision_text(target, inputs), what=what)
     return cmp
 
 
@@ -111,24 +87,23 @@ def assert_within_tolerance(
     assert cmp.ok, f"{what} differs from {against}: {cmp.explain()}"
 
 
-def slack(target: Target, case: Case, q: Array, k: Array) -> float:
-    """Tolerance on the weights' sum for this case (see tolerance.weight_sum_slack)."""
-    if case.kv_heads is not None:
-        k = tolerance.repeat_kv(k, case.heads)
-    top = tolerance.max_score(q, k, visible=case.visible(target), scale=scale_of(case))
-    return tolerance.weight_sum_slack(target.precision(case.dtype), case.n_k, top)
+def slack(target: Target, inputs: Inputs) -> float:
+    """Tolerance on the weights' sum for these inputs (see tolerance.weight_sum_slack)."""
+    k = golden.with_kv_heads(inputs.q, inputs.k)
+    top = tolerance.max_score(inputs.q, k, visible=visible(target, inputs), scale=inputs.scale_value)
+    return tolerance.weight_sum_slack(target.precision(np.dtype(inputs.q.dtype).name), inputs.n_k, top)
 
 
 def assert_same(
-    target: Target, case: Case, a: Array, b: Array, q: Array, k: Array, v: Array, *,
-    visible: Array | None = None, what: str, bias: Any = _FROM_CASE,
+    target: Target, inputs: Inputs, a: Array, b: Array, *, visible: Array | None = None, what: str,
 ) -> None:
     """Assert two outputs of the target agree within twice what the tolerance policy allows each
-    (they may round differently; they may not differ by more). NaN must match NaN."""
+    for ``inputs`` (they may round differently; they may not differ by more). NaN must match NaN."""
     __tracebackhide__ = True
-    gold, weights, base, floor = expected(target, case, q, k, v, visible=visible, bias=bias)
-    rows = weights.sum(axis=-1) > 0
-    allowed = tolerance.compare(gold, gold, base, rows=rows, tolerance=target.tolerance, floor_=floor).allowed
+    want = expected(target, inputs, visible=visible)
+    rows = want.seen
+    allowed = tolerance.compare(want.out, want.out, want.baseline, rows=rows, tolerance=target.tolerance,
+                                floor_=want.floor).allowed
     with np.errstate(invalid="ignore"):
         diff = np.where(rows[..., None], np.abs(a - b), 0.0)
     diff = np.where(np.isnan(a) & np.isnan(b), 0.0, np.where(np.isnan(diff), np.inf, diff))
@@ -142,7 +117,7 @@ def assert_same(
     )
 
 
-def _short(perm: Array) -> str:
+def short(perm: Array) -> str:
     items = perm.tolist()
     return str(items) if len(items) <= 8 else str(items[:8])[:-1] + ", …]"
 
@@ -153,44 +128,24 @@ def identity_values(case: Case) -> Array:  # -> [*kv_lead, n_k, n_k]
     return np.ascontiguousarray(np.broadcast_to(eye, (*case.kv_lead, case.n_k, case.n_k)))
 
 
-def pattern(target: Target, case: Case) -> tuple[Array, Array, Array]:
-    """(pattern read through V = I, q, k)."""
-    q, k, _ = case.arrays()
-    return run(target, case, q, k, identity_values(case)), q, k
+def pattern_inputs(case: Case) -> Inputs:
+    """The case's inputs with V = I, so that the output is the pattern."""
+    return case.inputs().replace(v=identity_values(case))
 
 
-def sees_any(target: Target, case: Case) -> Array:  # -> [*lead, n_q] bool
-    return np.asarray(case.visible(target).any(axis=-1))
+def pattern(target: Target, case: Case) -> tuple[Array, Inputs]:
+    """(the pattern read through V = I, the inputs that read it)."""
+    inputs = pattern_inputs(case)
+    return run(target, inputs), inputs
 
 
-def held_fixed(target: Target, case: Case, blind: Array) -> Array:  # [*lead, n_q] -> [*lead, n_q] bool
+def held_fixed(target: Target, inputs: Inputs, blind: Array) -> Array:  # [*lead, n_q] -> [*lead, n_q] bool
     """Of the rows that see none of the changed keys (``blind``), those whose output may not move.
-    A row that sees no key at all is among them only where its declared policy ignores the values
-    (``zeros``, ``nan``): the mean of all values (``uniform``) or the unmasked row (``unmasked``)
-    legitimately moves with them."""
-    if target.masked_rows in ("zeros", "nan"):
-        return blind
-    return blind & sees_any(target, case)
-
-
-def needs_ndim(*ranks: int) -> Callable[[Target], str | None]:
-    def need(t: Target) -> str | None:
-        if any(r in t.ndims for r in ranks):  # docstring set below: the capability as text
-            return None
-        return f"needs inputs of rank {' or '.join(map(str, ranks))} (target declares ndims={t.ndims})"
-
-    need.__doc__ = f"inputs of rank {' or '.join(map(str, ranks))} (ndims)"
-    return need
-
-
-def needs_causal(t: Target) -> str | None:
-    """a causal mode (causal_alignment not None)"""
-    return None if t.causal_alignment else "needs a causal mode (target declares causal_alignment=None)"
-
-
-def needs_mask(t: Target) -> str | None:
-    """mask= (supports_mask)"""
-    return None if t.supports_mask else "needs mask= (target declares supports_mask=False)"
+    A row that sees no key at all is among them only where its declared policy (for its cause)
+    ignores the values (``zeros``, ``nan``): the mean of all values (``uniform``) or the unmasked
+    row (``unmasked``) legitimately moves with them."""
+    policy = oracle.policies(target, inputs)
+    return blind & ((policy == "") | (policy == "zeros") | (policy == "nan"))
 
 
 def differs_at(a: Array, b: Array) -> tuple[int, ...]:
@@ -198,19 +153,112 @@ def differs_at(a: Array, b: Array) -> tuple[int, ...]:
     return tuple(int(i) for i in np.argwhere(bad)[0])
 
 
-
-
-def needs_keyword(keyword: str) -> Callable[[Target], str | None]:
-    """The check that a target takes the §2b keyword (``bias``, ``window``, ...)."""
-    field = KEYWORD_FIELDS[keyword]
-
-    def need(t: Target) -> str | None:
-        return None if t.declares(keyword) else f"needs {keyword}= (target declares {field}=False)"
-
-    need.__doc__ = f"{keyword}= ({field})"
-    return need
-
-
 def same_bits(a: Array, b: Array) -> Array:  # -> bool, same shape
     """Equal entry by entry, NaN equal to NaN (zeros of either sign are equal)."""
     return (a == b) | (np.isnan(a) & np.isnan(b))
+
+
+LARGE = {"float16": 10.0}
+"""How much larger than the case's own values hidden keys and values become in half the examples
+(`assert_hidden_unmoved`): 1e5 by default — past a finite fill such as −1e4, so a fill that
+lets a hidden key through shows — and 10 where the target computes in float16, whose range ends
+at 65504."""
+
+
+def perturbed(target: Target, case: Case, inputs: Inputs, changed: Array, *,
+              queries: Array | None = None) -> Inputs:
+    """``inputs`` with the keys and values at ``changed`` (bool, broadcastable to k's ``[..., n_k]``)
+    replaced by others from the case's own distribution — at its scale in half the examples, ×1e5
+    (×10 where the target computes in float16) in the other half — and the queries at ``queries``
+    (``[n_q]``), if given."""
+    rng = case.rng(40)
+    factor = 1.0 if rng.random() < 0.5 else LARGE.get(target.precision(case.dtype), 1e5)
+    where = np.asarray(changed)[..., None]
+
+    def redraw(x: Array, at: Array) -> Array:
+        other = (case.values_like(rng, x.shape).astype(np.float64) * factor).astype(x.dtype)
+        return np.where(at, other, x)
+
+    changes = {"k": redraw(inputs.k, where), "v": redraw(inputs.v, where)}
+    if queries is not None:
+        changes["q"] = redraw(inputs.q, np.asarray(queries)[:, None])
+    return inputs.replace(**changes)
+
+
+def blind_rows(target: Target, inputs: Inputs, changed: Array) -> Array:  # -> [*lead, n_q] bool
+    """Rows that see none of the keys at ``changed`` (``[..., n_k]``, over K/V heads)."""
+    vis = visible(target, inputs)
+    at = np.broadcast_to(np.asarray(changed), (*inputs.k.shape[:-2], inputs.n_k))
+    if at.ndim >= 2 and at.ndim == inputs.q.ndim - 1 and at.shape[-2] != inputs.q.shape[-3]:
+        at = np.repeat(at, inputs.q.shape[-3] // at.shape[-2], axis=-2)  # K/V heads -> query heads
+    return np.asarray(~(vis & at[..., None, :]).any(axis=-1))
+
+
+def assert_hidden_unmoved(
+    target: Target, case: Case, inputs: Inputs, changed: Array, *, what: str, before: Array | None = None,
+    queries: Array | None = None,
+) -> None:
+    """THE no-leak assertion: after `perturbed` changes the keys and values at ``changed`` (and the
+    queries at ``queries``), every row that sees none of the changed keys and whose query did not
+    change (`held_fixed` of it) is bit-identical, up to the sign of zero — within tolerance if the
+    target declares exact_masking=False. ``what`` names the change in the message."""
+    __tracebackhide__ = True
+    blind = held_fixed(target, inputs, blind_rows(target, inputs, changed))
+    if queries is not None:
+        blind = blind & ~np.asarray(queries)
+    before = run(target, inputs) if before is None else before
+    after = run(target, perturbed(target, case, inputs, changed, queries=queries))
+    if not target.exact_masking:
+        assert_matches(target, inputs, after, rows=blind, what=f"after {what}, the output")
+        return
+    bad = blind[..., None] & ~same_bits(before, after)
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise AssertionError(f"{what} changed output {list(at)} from {float(before[at])!r} to "
+                             f"{float(after[at])!r}, though query {at[-2]} sees none of those keys")
+
+
+def assert_empty_rows_follow_policy(target: Target, inputs: Inputs, out: Array) -> None:
+    """Every row that sees no key holds what the target declares for the cause that emptied it
+    (`spec.oracle.policies`): exact zeros, all NaN, the plain mean of all values (``uniform``), or
+    the golden with every key visible (``unmasked``, each score off by up to eps·FINITE_FILL, a
+    fill the whole row shares); ``any`` is not checked."""
+    __tracebackhide__ = True
+    policy = oracle.policies(target, inputs)
+    for name in ("zeros", "nan", "uniform", "unmasked"):
+        rows = policy == name
+        if not rows.any():
+            continue
+        got = out[rows]  # [rows, d_v]
+        if name == "zeros":
+            ok, want = got == 0, "exact zeros"
+        elif name == "nan":
+            ok, want = np.isnan(got), "NaN"
+        else:
+            ref, want, tol = _policy_expectation(target, inputs, name)
+            with np.errstate(invalid="ignore"):
+                ok = np.abs(got - np.broadcast_to(ref, out.shape)[rows]) <= tol
+        if not ok.all():
+            at = tuple(int(i) for i in np.argwhere(rows)[int(np.argwhere(~ok.all(axis=-1))[0][0])])
+            cause = oracle.causes(target.alignment, inputs)[at]
+            raise AssertionError(f"query row {list(at)} sees no key ({cause}); expected {want}, "
+                                 f"got {out[at][:4]!r}")
+
+
+def _policy_expectation(target: Target, inputs: Inputs, policy: str) -> tuple[Array, str, float]:
+    # -> expected rows [..., n_q | 1, d_v], what, tolerance
+    """What a fully masked row must equal under the ``uniform`` or ``unmasked`` policy, and how
+    closely: the mean of all values, or the golden with every key visible, where each score may
+    be off by eps·FINITE_FILL (a finite fill that the whole row shares)."""
+    work = dtypes.as_dtype(target.precision(np.dtype(inputs.q.dtype).name))
+    q, k, v = inputs.q, golden.with_kv_heads(inputs.q, inputs.k), golden.with_kv_heads(inputs.q, inputs.v)
+    qw, kw, vw = (x.astype(work) for x in (q, k, v))
+    if policy == "uniform":  # no score enters the mean: the floor of scale 0
+        return v.astype(np.float64).mean(axis=-2, keepdims=True), "the mean of all values", \
+            target.tolerance * tolerance.floor(qw, kw, vw, scale=0.0)
+    every = np.ones((*inputs.lead, inputs.n_q, inputs.n_k), dtype=bool)
+    gold = expected(target, inputs, visible=every).out
+    floor = tolerance.floor(qw, kw, vw, scale=inputs.scale_value)
+    shift = min(1.0, dtypes.eps(work) * FINITE_FILL)  # each score moved by up to this
+    vmax = float(np.max(np.abs(v.astype(np.float64)), initial=0.0))
+    return gold, "the output with nothing masked", target.tolerance * (floor + 2 * shift * vmax)

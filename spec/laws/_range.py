@@ -5,7 +5,8 @@ amplitude that realises it depends on the case's own q and k, so it is computed 
 arrays the case makes (at amplitude 1) and stored in the case, which then replays exactly.
 
 The edge, for a case in dtype D computed in C (float32 for float16/bfloat16/float32, float64 for
-float64 — what a correct kernel accumulates in):
+float64 — what a correct kernel accumulates in); a target that declares it computes a dtype in a
+narrower one (``Target.computes``) has that narrower D and C:
 
     A·scale·P ≤ max(D) / 2      every scaled score is representable in D, with room to spare
     A·P       ≤ max(C) / 4      the unscaled products q·k (and their partial sums) fit in C
@@ -15,7 +16,7 @@ with ``P = max_ij Σ_l |q_il|·|k_jl|`` at amplitude 1. So float16 reaches scale
 ``finfo(float16).min + score`` overflows to −inf (transformers#17306) — while a correct kernel,
 which scales in float32 or scales q first, stays finite.
 
-Values have an edge of their own (:func:`values_at_edge`, the ``large_values`` law): the output is
+Values have an edge of their own (`values_at_edge`, the ``large_values`` law): the output is
 a convex combination of the rows of V, and a kernel that shifts by the running max sums n_k terms
 e^(s − m)·v with weights ≤ 1, so max|v| = max(D) / (4·n_k) keeps every partial sum within a
 quarter of D's range — while an unshifted e^s·v already overflows there.
@@ -30,6 +31,7 @@ from hypothesis import strategies as st
 
 from spec.cases import Case
 from spec.dtypes import finfo
+from spec.target import Target
 
 EDGE_FRACTIONS = (1e-3, 1e-2, 0.1, 0.5, 1.0)
 """Fractions of the edge a law draws (1.0 = the edge itself)."""
@@ -40,8 +42,9 @@ def accumulator(dtype: str) -> str:
     return "float64" if dtype == "float64" else "float32"
 
 
-def edge_amplitude(case: Case, scale: float) -> float:
-    """The amplitude at which this case's largest scores reach the edge (module docstring)."""
+def edge_amplitude(target: Target, case: Case, scale: float) -> float:
+    """The amplitude at which this case's largest scores reach the edge (module docstring), in
+    the dtype the target computes the case's dtype in."""
     unit = dataclasses.replace(case, amplitude=1.0)
     q, k, _ = unit.arrays()
     if q.size == 0 or k.size == 0:
@@ -53,32 +56,34 @@ def edge_amplitude(case: Case, scale: float) -> float:
     products = float(np.max(qa @ np.swapaxes(ka, -1, -2)))
     if products == 0:
         return 1.0
-    limit = min(float(finfo(case.dtype).max) / (2 * abs(float(scale))),
-                float(finfo(accumulator(case.dtype)).max) / 4)
+    work = target.precision(case.dtype)
+    limit = min(float(finfo(work).max) / (2 * abs(float(scale))), float(finfo(accumulator(work)).max) / 4)
     return limit / products
 
 
-def values_at_edge(case: Case) -> Case:
-    """The case with ``v_amplitude`` set so that max|v| = max(D) / (4·n_k): the largest values for
-    which every sum of n_k weights ≤ 1 times values stays within a quarter of D's range."""
+def values_at_edge(target: Target, case: Case) -> Case:
+    """The case with ``v_amplitude`` set so that max|v| = max(D) / (4·n_k), D the dtype the target
+    computes in: the largest values for which every sum of n_k weights ≤ 1 times values stays
+    within a quarter of D's range."""
     _, _, v = dataclasses.replace(case, v_amplitude=1.0).arrays()
     top = float(np.max(np.abs(v.astype(np.float64)), initial=0.0))
     if top == 0:
         return case
-    return dataclasses.replace(case, v_amplitude=float(finfo(case.dtype).max) / (4 * max(case.n_k, 1) * top))
+    edge = float(finfo(target.precision(case.dtype)).max)
+    return dataclasses.replace(case, v_amplitude=edge / (4 * max(case.n_k, 1) * top))
 
 
 @st.composite
 def at_edge(
-    draw: st.DrawFn, base: st.SearchStrategy[Case], *, fractions: tuple[float, ...] = EDGE_FRACTIONS,
-    keep: float = 0.0,
+    draw: st.DrawFn, target: Target, base: st.SearchStrategy[Case], *,
+    fractions: tuple[float, ...] = EDGE_FRACTIONS, keep: float = 0.0,
 ) -> Case:
     """Cases from ``base`` with amplitude a drawn fraction of the edge; with probability
     ``keep`` the case keeps its own amplitude (moderate scores still get examples), but never
     beyond the edge."""
     case = draw(base)
     scale = 1.0 / np.sqrt(case.d_k) if case.scale is None else case.scale
-    edge = edge_amplitude(case, scale)
+    edge = edge_amplitude(target, case, scale)
     if keep and draw(st.floats(0, 1)) < keep:
         return case if case.amplitude <= edge else dataclasses.replace(case, amplitude=edge)
     return dataclasses.replace(case, amplitude=draw(st.sampled_from(fractions)) * edge)

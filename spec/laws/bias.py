@@ -1,43 +1,81 @@
 """Laws of ``bias=``: an additive float array ``[batch, heads, n_q, n_k]`` (or broadcastable to
-it) added to the scaled (and capped) scores before the softmax — ALiBi, relative-position bias,
-the additive ``finfo.min`` masks of transformers. ``-inf`` hides a key.
+it) added to the scaled (and capped) scores before the softmax — relative-position biases, the
+additive ``finfo.min`` masks of transformers. ``-inf`` hides a key.
 
-Each law needs ``supports_bias``; the cases carry the bias as an amplitude (``Case.bias``: a
-N(0, 1) array times it, in the case's dtype) or, for shapes a case does not describe, the law
-builds the array from the case and passes it as an override.
+A case draws the bias as ``(amplitude, broadcast)``: a N(0, 1) array times the amplitude, in the
+case's dtype, full-shape (``""``) or broadcast over the heads (``"heads"``: ``[batch, 1, n_q,
+n_k]``) or over the batch (``"batch"``: ``[1, heads, n_q, n_k]``).
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import numpy as np
 from hypothesis import strategies as st
 
 from spec.cases import Case, cases
 from spec.dtypes import finfo
-from spec.laws._helpers import assert_matches, assert_same, needs_keyword, run, same_bits, sees_any
+from spec.keywords import Adds, Keyword
+from spec.laws import _needs
+from spec.laws._helpers import assert_hidden_unmoved, assert_matches, assert_same, run, sees_any
 from spec.registry import law
 from spec.target import Target
 
 Array = np.ndarray
 
-needs_bias = needs_keyword("bias")
+AMPLITUDES = (0.5, 1.0, 2.0, 8.0)  # a bias that matters against unit scores
 
 
-@st.composite
-def bias_cases(draw: st.DrawFn, target: Target, **given: object) -> Case:
-    """Cases with a N(0, 1)·b bias, b from 0.5 to 8 (a bias that matters against unit scores)."""
-    case = draw(cases(target, n_max=48, **given))  # type: ignore[arg-type]
-    return dataclasses.replace(case, bias=draw(st.sampled_from((0.5, 1.0, 2.0, 8.0))))
+def bias_shape(case: Case, broadcast: str) -> tuple[int, ...]:
+    """The shape of the drawn bias: the scores' ``[*lead, n_q, n_k]``, with the head axis
+    (``"heads"``) or the batch axis (``"batch"``) of size 1."""
+    lead = list(case.lead())
+    if broadcast == "heads" and case.ndim >= 3:
+        lead[-1] = 1
+    if broadcast == "batch" and case.ndim == 4:
+        lead[0] = 1
+    return (*lead, case.n_q, case.n_k)
 
 
-def row_shift(case: Case) -> float:
-    """A constant large enough that exp of it overflows every float type (2^(nmant/2 + 4) or
-    more: 512 for float16, 128 for bfloat16, ~3e4 for float32), and small enough that the shifted
-    bias keeps ~half the dtype's significand."""
-    info = finfo(case.dtype)
-    return float(2.0 ** max(7, int(info.nmant) // 2 + 4))
+def received(case: Case, parameter: tuple[float, str]) -> tuple[Array]:
+    amplitude, broadcast = parameter
+    shape = bias_shape(case, broadcast)
+    return ((case.rng(11).standard_normal(shape) * amplitude).astype(case.np_dtype),)
+
+
+def broadcasts(case: Case) -> tuple[str, ...]:
+    """The bias shapes this case can take: full, and broadcast over each axis it has."""
+    return ("",) + (("heads",) if case.ndim >= 3 else ()) + (("batch",) if case.ndim == 4 else ())
+
+
+def draw(draw: st.DrawFn, target: Target, case: Case) -> Case:
+    """A bias of amplitude 0.5–8, full-shape or broadcast over heads or batch; a broadcast over
+    the heads comes with two or more batch rows, over the batch with two or more heads (where
+    reading the wrong slab shows)."""
+    broadcast = draw(st.sampled_from(broadcasts(case)))
+    if broadcast == "heads" and case.ndim == 4 and case.batch < 2:
+        case = case.replace(batch=2)
+    if broadcast == "batch" and case.heads < 2:
+        case = case.replace(heads=2, kv_heads=None)
+    return case.with_keyword("bias", (draw(st.sampled_from(AMPLITUDES)), broadcast))
+
+
+BIAS = Keyword(
+    name="bias",
+    field="supports_bias",
+    passes=("bias",),
+    meaning="A float array broadcastable to [batch, heads, n_q, n_k], added to the scaled (and capped) "
+            "scores before the softmax; -inf hides a key (relative-position biases, additive masks).",
+    terms=(Adds(lambda geo, bias: np.asarray(bias, dtype=np.float64), grad="dbias", cause="bias"),),
+    received=received,
+    draw=draw,
+    names={"torch": "attn_mask", "jax": "bias", "xformers": "attn_bias"},
+)
+
+needs_bias = _needs.keyword(BIAS)
+
+
+def bias_cases(target: Target, **given: object) -> st.SearchStrategy[Case]:
+    return cases(target, n_max=48, keywords=(BIAS,), **given)  # type: ignore[arg-type]
 
 
 @law(strategy=lambda t: bias_cases(t, masks=("none", "random"), scale=True), needs=needs_bias)
@@ -48,8 +86,38 @@ def bias_matches_golden(target: Target, case: Case) -> None:
     Catches: a bias added before the scale (``(q·kᵀ + B)·scale``, so the bias shrinks by √d_k); a
     bias read transposed ([n_k, n_q]) or broadcast over the wrong axis.
     """
-    q, k, v = case.arrays()
-    assert_matches(target, case, run(target, case, q, k, v), q, k, v, what="with bias=, the output")
+    inputs = case.inputs()
+    assert_matches(target, inputs, run(target, inputs), what="with bias=, the output")
+
+
+@st.composite
+def _broadcast_cases(draw: st.DrawFn, target: Target) -> Case:
+    case = draw(bias_cases(target, ndims=(4,)))
+    case = case.replace(batch=max(case.batch, 2), heads=max(case.heads, 2), kv_heads=None)
+    return case.with_keyword("bias", (case.param("bias")[0], draw(st.sampled_from(("heads", "batch")))))
+
+
+@law(strategy=_broadcast_cases, needs=needs_bias & _needs.ndim(4))
+def bias_broadcast_reaches_every_slice(target: Target, case: Case) -> None:
+    """A bias broadcast over the heads (``[batch, 1, n_q, n_k]``, one per batch row) or over the
+    batch (``[1, heads, n_q, n_k]``, one per head), with two or more of each, reaches every
+    (batch, head) slice as broadcasting says: the output matches the golden slice by slice.
+
+    Catches: onnxruntime#24017 — with a bias of shape [B, 1, n_q, n_k] and B > 1, batch b read the
+    bias slab at b·heads (the flattened (batch, head) index), so every batch row after the first
+    got another row's bias or memory past it; a bias broadcast over the batch indexed by batch.
+    """
+    inputs = case.inputs()
+    assert_matches(target, inputs, run(target, inputs),
+                   what=f"with a bias of shape {inputs.get('bias').shape}, the output")
+
+
+def row_shift(target: Target, case: Case) -> float:
+    """A constant large enough that exp of it overflows every float type (2^(nmant/2 + 4) or
+    more: 512 for float16, 128 for bfloat16, ~3e4 for float32), and small enough that the shifted
+    bias keeps ~half the significand of the dtype the target computes in."""
+    info = finfo(target.precision(case.dtype))
+    return float(2.0 ** max(7, int(info.nmant) // 2 + 4))
 
 
 @law(strategy=lambda t: bias_cases(t, masks=("none", "random")), needs=needs_bias)
@@ -62,27 +130,25 @@ def bias_row_shift_invariance(target: Target, case: Case) -> None:
     overflows to inf and the row turns NaN once the bias is large (a fused kernel that folds the
     bias in after its running maximum).
     """
-    q, k, v = case.arrays()
+    inputs = case.inputs()
     signs = np.where(case.rng(12).random((*case.lead(), case.n_q, 1)) < 0.5, -1.0, 1.0)
-    base = case.bias_array()
-    assert base is not None
-    shifted = (base.astype(np.float64) + signs * row_shift(case)).astype(case.dtype)
-    out = run(target, case, q, k, v, bias=shifted)
-    rows = sees_any(target, case)
-    bad = rows[..., None] & ~np.isfinite(out)
+    shifted = (inputs.get("bias").astype(np.float64) + signs * row_shift(target, case)).astype(case.dtype)
+    inputs = inputs.replace(bias=shifted)
+    out = run(target, inputs)
+    bad = sees_any(target, inputs)[..., None] & ~np.isfinite(out)
     if bad.any():
         at = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise AssertionError(f"with every bias row shifted by ±{row_shift(case):g}, output {list(at)} "
-                             f"is {out[at]}")
-    assert_matches(target, case, out, q, k, v, bias=shifted,
-                   what=f"with every bias row shifted by ±{row_shift(case):g}, the output")
+        raise AssertionError(f"with every bias row shifted by ±{row_shift(target, case):g}, "
+                             f"output {list(at)} is {out[at]}")
+    assert_matches(target, inputs, out,
+                   what=f"with every bias row shifted by ±{row_shift(target, case):g}, the output")
 
 
-def hiding_bias(case: Case) -> tuple[Array, Array, Array]:
-    # -> bias [*lead, n_q, n_k], changed keys [*lead, n_k], blind rows [*lead, n_q] (bool)
-    """The case's bias with −inf on ~30% of the entries, and a set of keys (~40% per slice) that
-    the −inf entries hide from a set of rows (~half): those rows see none of them. Every row keeps
-    at least one key."""
+def hiding_bias(case: Case) -> tuple[Array, Array]:
+    # -> bias [*lead, n_q, n_k], changed keys [*lead, n_k] (bool)
+    """A full-shape bias with −inf on ~30% of the entries, and a set of keys (~40% per slice)
+    that the −inf entries hide from a set of rows (~half): those rows see none of them. Every row
+    keeps at least one key."""
     rng = case.rng(13)
     shape = (*case.lead(), case.n_q, case.n_k)
     changed = rng.random((*shape[:-2], case.n_k)) < 0.4
@@ -91,50 +157,36 @@ def hiding_bias(case: Case) -> tuple[Array, Array, Array]:
     blind = rng.random(shape[:-1]) < 0.5
     hidden = (rng.random(shape) < 0.3) | (blind[..., None] & changed[..., None, :])
     np.put_along_axis(hidden, np.broadcast_to(spare[..., None, None], (*shape[:-1], 1)), False, axis=-1)
-    base = case.bias_array()
-    assert base is not None
-    return np.where(hidden, case.np_dtype.type(-np.inf), base), changed, blind
+    (base,) = received(case, (case.param("bias")[0], ""))
+    return np.where(hidden, case.np_dtype.type(-np.inf), base), changed
 
 
 @law(strategy=lambda t: bias_cases(t, causal=(False,), n_k_min=2), needs=needs_bias)
 def bias_neg_inf_hides_keys(target: Target, case: Case) -> None:
     """A −inf bias entry hides its key exactly as a boolean mask does: the output matches the
     golden (and, with mask=, the call that hides the same keys by the mask), and replacing keys
-    and values (by others ×1e5; ×10 in float16) leaves every row that a −inf hides them from
-    bit-identical (within tolerance if the target declares exact_masking=False).
+    and values leaves every row that a −inf hides them from bit-identical (within tolerance if
+    the target declares exact_masking=False).
 
     Catches: −inf clamped to a finite fill (−1e4, transformers' old additive mask value), so a
     hidden key whose score exceeds the fill still leaks; −inf − (−inf) = NaN when the bias is
     folded into a running maximum.
     """
-    q, k, v = case.arrays()
-    bias, changed, blind = hiding_bias(case)
-    out = run(target, case, q, k, v, bias=bias)
-    assert_matches(target, case, out, q, k, v, bias=bias, what="with −inf bias entries, the output")
+    bias, changed = hiding_bias(case)
+    inputs = case.inputs().replace(bias=bias)
+    out = run(target, inputs)
+    assert_matches(target, inputs, out, what="with −inf bias entries, the output")
     if target.supports_mask:  # the same keys hidden by mask= instead: the same output
-        finite = case.bias_array()
-        as_mask = run(target, case, q, k, v, bias=finite, mask=~np.isneginf(bias))
-        assert_same(target, case, as_mask, out, q, k, v, bias=bias,
+        finite = np.where(np.isneginf(bias), case.np_dtype.type(0), bias)
+        as_mask = inputs.replace(bias=finite, mask=~np.isneginf(bias))
+        assert_same(target, inputs, run(target, as_mask), out,
                     what="−inf bias entries against the same keys hidden by mask=")
-    rng = case.rng(14)
-    factor = 10.0 if case.dtype == "float16" else 1e5
-    where = changed[..., None]  # [*lead, n_k, 1] against [*lead, n_k, d]
-    k2 = np.where(where, (case.values_like(rng, k.shape) * factor).astype(case.dtype), k)
-    v2 = np.where(where, (case.values_like(rng, v.shape) * factor).astype(case.dtype), v)
-    after = run(target, case, q, k2, v2, bias=bias)
-    if target.exact_masking:
-        bad = blind[..., None] & ~same_bits(out, after)
-        if bad.any():
-            at = tuple(int(i) for i in np.argwhere(bad)[0])
-            raise AssertionError(f"changing keys that a −inf bias hides from query {at[-2]} changed output "
-                                 f"{list(at)} from {float(out[at])!r} to {float(after[at])!r}")
-    else:
-        assert_matches(target, case, after, q, k, v, bias=bias, rows=blind,
-                       what="after changing keys hidden by a −inf bias, the output")
+    assert_hidden_unmoved(target, case, inputs, changed, before=out,
+                          what="changing keys that a −inf bias hides")
 
 
 def alibi(case: Case) -> Array:  # -> [1, heads, n_q, n_k] (4-D) or [heads, n_q, n_k] (3-D)
-    """ALiBi: head h adds slope_h·(j − i), slopes 2^(−8(h+1)/heads) (Press et al.), one per head."""
+    """ALiBi as a bias: head h adds slope_h·(j − i), slopes 2^(−8(h+1)/heads) (Press et al.)."""
     slopes = 2.0 ** (-8.0 * np.arange(1, case.heads + 1) / case.heads)
     distance = np.arange(case.n_k)[None, :] - np.arange(case.n_q)[:, None]
     bias = (slopes[:, None, None] * distance).astype(case.dtype)
@@ -142,18 +194,15 @@ def alibi(case: Case) -> Array:  # -> [1, heads, n_q, n_k] (4-D) or [heads, n_q,
 
 
 @law(strategy=lambda t: bias_cases(t, ndims=(3, 4)).filter(lambda c: c.heads >= 2),
-     needs=lambda t: needs_bias(t) or (None if {3, 4} & set(t.ndims) else "needs 3-D or 4-D inputs"),
-     requires="bias= (supports_bias) and inputs with a head axis (ndims 3 or 4)")
+     needs=needs_bias & _needs.ndim(3, 4))
 def bias_per_head(target: Target, case: Case) -> None:
-    """A per-head bias (ALiBi: head h adds slope_h·(j − i), shape [1, heads, n_q, n_k] or
-    [heads, n_q, n_k], broadcast over the batch) reaches its own head: the output matches the
-    golden head by head.
+    """A per-head bias (ALiBi written as a bias: head h adds slope_h·(j − i), shape
+    [1, heads, n_q, n_k] or [heads, n_q, n_k], broadcast over the batch) reaches its own head: the
+    output matches the golden head by head.
 
     Catches: a kernel whose bias path only handles one bias per batch row ([batch, 1, n_q, n_k])
     and silently applies head 0's slopes to every head; heads and batch confused when the bias is
     broadcast.
     """
-    q, k, v = case.arrays()
-    bias = alibi(case)
-    out = run(target, case, q, k, v, bias=bias)
-    assert_matches(target, case, out, q, k, v, bias=bias, what="with a per-head (ALiBi) bias, the output")
+    inputs = case.inputs().replace(bias=alibi(case))
+    assert_matches(target, inputs, run(target, inputs), what="with a per-head (ALiBi) bias, the output")

@@ -1,12 +1,13 @@
-"""Laws of the call itself: the same call twice gives the same bits (``deterministic``, DESIGN §2b),
+"""Laws of the call itself: the same call twice gives the same bits (``deterministic``),
 and the memory layout of the inputs does not matter (strided views)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from spec.calling import DEADLINE, call
+from spec.calling import call
 from spec.cases import Case, cases
+from spec.laws import _needs
 from spec.laws._helpers import assert_same, differs_at, run
 from spec.registry import law
 from spec.target import Target
@@ -14,12 +15,7 @@ from spec.target import Target
 Array = np.ndarray
 
 
-def needs_deterministic(t: Target) -> str | None:
-    """deterministic=True"""
-    return None if t.deterministic else "needs deterministic=True (target declares deterministic=False)"
-
-
-@law(strategy=lambda t: cases(t, masks=("none", "random")), needs=needs_deterministic)
+@law(strategy=lambda t: cases(t, masks=("none", "random")), needs=_needs.deterministic)
 def deterministic_calls(target: Target, case: Case) -> None:
     """Two identical calls (same inputs, same keywords) give bit-identical outputs.
 
@@ -27,9 +23,8 @@ def deterministic_calls(target: Target, case: Case) -> None:
     second call adds the first's result); split-K reductions finished with atomic adds in whatever
     order the threads arrive (FlashAttention's backward, hence its ``deterministic=`` flag).
     """
-    q, k, v = case.arrays()
-    first = run(target, case, q, k, v)
-    second = run(target, case, q, k, v)
+    inputs = case.inputs()
+    first, second = run(target, inputs), run(target, inputs)
     if not np.array_equal(first, second, equal_nan=True):
         at = differs_at(first, second)
         raise AssertionError(f"a second identical call gave {float(second[at])!r} instead of "
@@ -68,12 +63,11 @@ def strided_views(target: Target, case: Case) -> None:
     view is then read as the untransposed matrix); a negative stride taken as unsigned; an
     offset into the buffer dropped, so every row is read one element early.
     """
-    q, k, v = case.arrays()
+    inputs = case.inputs()
     kinds = [VIEWS[int(i)] for i in case.rng(12).integers(0, len(VIEWS), size=3)]
-    views = [as_view(x, kind) for x, kind in zip((q, k, v), kinds, strict=True)]
-    assert all(np.array_equal(a, b) for a, b in zip(views, (q, k, v), strict=True))
-    contiguous = run(target, case, q, k, v)
-    out = call(target, *views, deadline=DEADLINE.get(), causal=case.causal, mask=case.mask_array(),
-               scale=case.scale, copy=False, **case.keywords()).astype(np.float64)
-    assert_same(target, case, contiguous, out, q, k, v,
+    views = [as_view(x, kind) for x, kind in zip((inputs.q, inputs.k, inputs.v), kinds, strict=True)]
+    assert all(np.array_equal(a, b) for a, b in zip(views, (inputs.q, inputs.k, inputs.v), strict=True))
+    contiguous = run(target, inputs)
+    out = call(target, inputs.replace(q=views[0], k=views[1], v=views[2]), copy=False).astype(np.float64)
+    assert_same(target, inputs, contiguous, out,
                 what=f"with q, k, v as {', '.join(kinds)} views, against contiguous copies, the output")

@@ -3,7 +3,7 @@
 Every law takes ``(target, case)``, builds its inputs from the case, calls the target and
 raises ``AssertionError`` saying what broke. Its docstring says the law (first paragraph) and a
 real bug it catches (the paragraph starting "Catches"). ``@law`` marks it with the cases it
-wants and the capability it needs; :mod:`spec.registry` collects it, :mod:`spec.runner` hands
+wants and the capability it needs; `spec.registry` collects it, `spec.runner` hands
 it to Hypothesis.
 
 An output-only target is read through identity values: with ``V = I`` (n_k × n_k) the output
@@ -12,34 +12,31 @@ row i *is* the pattern row softmax(q_i Kᵀ·scale), so no target needs to retur
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 from hypothesis import strategies as st
 
-from spec import dtypes, tolerance
-from spec.calling import DEADLINE, call
+from spec import dtypes, golden
+from spec.calling import call
 from spec.cases import Case, boundary_cases, cases
+from spec.inputs import Inputs
+from spec.laws import _needs
 from spec.laws._helpers import (
-    _short,
+    assert_empty_rows_follow_policy,
+    assert_hidden_unmoved,
     assert_matches,
     assert_same,
     differs_at,
-    expected,
-    held_fixed,
-    needs_causal,
-    needs_mask,
-    needs_ndim,
     observe,
     pattern,
     run,
-    scale_of,
     sees_any,
+    short,
     slack,
+    visible,
 )
 from spec.laws._range import at_edge, values_at_edge
-from spec.registry import law
-from spec.target import FINITE_FILL, Target
+from spec.registry import Need, law
+from spec.target import Target
 
 Array = np.ndarray
 
@@ -54,10 +51,9 @@ def output_shape_dtype(target: Target, case: Case) -> None:
     Catches: weights @ K instead of weights @ V (width d_k, wrong whenever d_v ≠ d_k); a result
     silently upcast to float64 from float32 inputs, doubling memory downstream.
     """
-    q, k, v = case.arrays()
-    out = call(target, q, k, v, deadline=DEADLINE.get(), causal=case.causal,
-               mask=case.mask_array(), scale=case.scale)
-    assert out.dtype == q.dtype, f"output dtype is {out.dtype}, inputs are {q.dtype}"
+    inputs = case.inputs()
+    out = call(target, inputs)
+    assert out.dtype == inputs.q.dtype, f"output dtype is {out.dtype}, inputs are {inputs.q.dtype}"
 
 
 @law(strategy=lambda t: cases(t, masks=("none", "random")))
@@ -67,12 +63,10 @@ def inputs_not_mutated(target: Target, case: Case) -> None:
     Catches: an in-place ``q *= scale`` or ``scores.masked_fill_`` on a view of the caller's
     array — the next layer then reads scaled queries.
     """
-    q, k, v = case.arrays()
-    mask = case.mask_array()
-    given = {"q": q, "k": k, "v": v} | ({} if mask is None else {"mask": mask})
+    given = {name: np.array(x) for name, x in case.inputs().arrays().items()}  # writable, the caller's
     kept = {name: x.copy() for name, x in given.items()}
-    call(target, q, k, v, deadline=DEADLINE.get(), causal=case.causal, mask=mask, scale=case.scale,
-         copy=False)
+    inputs = case.inputs().replace(**given)
+    call(target, inputs, copy=False)
     for name, x in given.items():
         assert np.array_equal(x, kept[name], equal_nan=x.dtype != bool), (
             f"the target changed its input {name} (first change at index {list(differs_at(x, kept[name]))})"
@@ -87,8 +81,8 @@ def matches_golden(target: Target, case: Case) -> None:
     Catches: tiling that drops the last (partial) block of keys; an online softmax that forgets to
     rescale the accumulator when the running maximum grows; any error that no single law names.
     """
-    q, k, v = case.arrays()
-    assert_matches(target, case, run(target, case, q, k, v), q, k, v)
+    inputs = case.inputs()
+    assert_matches(target, inputs, run(target, inputs))
 
 
 @law(strategy=lambda t: cases(t, pattern=True, n_max=130, tiles=True), reads_pattern=True,
@@ -99,9 +93,9 @@ def rows_sum_to_one(target: Target, case: Case) -> None:
     Catches: softmax over the wrong axis (columns sum to 1, rows do not); masking applied after the
     softmax without renormalising (rows sum to less than 1).
     """
-    p, q, k = pattern(target, case)
-    rows = sees_any(target, case)
-    tol = target.tolerance * slack(target, case, q, k)
+    p, inputs = pattern(target, case)
+    rows = sees_any(target, inputs)
+    tol = target.tolerance * slack(target, inputs)
     sums = p.sum(axis=-1)
     bad = rows & ~(np.abs(sums - 1) <= tol)
     if bad.any():
@@ -119,16 +113,17 @@ def convex_combination(target: Target, case: Case) -> None:
     Catches: a softmax that is never normalised (outputs scale with the number of keys); masked
     scores multiplied by 0 instead of set to −∞ (invisible values get weight e⁰ = 1).
     """
-    q, k, v = case.arrays()
-    out = run(target, case, q, k, v)
-    vis = case.visible(target)
+    inputs = case.inputs()
+    out = run(target, inputs)
+    vis = visible(target, inputs)
+    v = golden.with_kv_heads(inputs.q, inputs.v)
     v64 = np.broadcast_to(v.astype(np.float64)[..., None, :, :], (*vis.shape, case.d_v))
     hidden = ~vis[..., None]
     lo = np.min(np.where(hidden, np.inf, v64), axis=-2)  # [..., n_q, d_v]
     hi = np.max(np.where(hidden, -np.inf, v64), axis=-2)
     vmax = float(np.max(np.abs(v64), initial=0.0))
-    tol = target.tolerance * slack(target, case, q, k) * vmax
-    rows = sees_any(target, case)[..., None]
+    tol = target.tolerance * slack(target, inputs) * vmax
+    rows = sees_any(target, inputs)[..., None]
     with np.errstate(invalid="ignore"):
         bad = rows & ~((out >= lo - tol) & (out <= hi + tol))
     if bad.any():
@@ -147,10 +142,9 @@ def uniform_scores_average(target: Target, case: Case) -> None:
     Catches: a causal mask off by one in either direction (j < i: query 0 sees nothing; j ≤ i+1:
     the mean includes the next value); dividing by n_k instead of the number of visible keys.
     """
-    q, k, v = case.arrays()
-    k = np.ascontiguousarray(np.broadcast_to(k[..., :1, :], k.shape))
-    assert_matches(target, case, run(target, case, q, k, v), q, k, v,
-                   what="with all keys equal, the output")
+    k = case.inputs().k
+    inputs = case.inputs().replace(k=np.ascontiguousarray(np.broadcast_to(k[..., :1, :], k.shape)))
+    assert_matches(target, inputs, run(target, inputs), what="with all keys equal, the output")
 
 
 @law(strategy=lambda t: cases(t, pattern=True, n_k_min=2, n_max=64, values=("normal",), scale=True),
@@ -160,19 +154,20 @@ def scale_is_inv_sqrt_dk(target: Target, case: Case) -> None:
     log-ratios, log(P_ij / P_ij') = scale·q_i·(k_j − k_j'), by least squares.
 
     Catches: scaling by 1/d_k, by 1/√d_v or by 1/√(h·d_k) (the model width) instead of 1/√d_k;
-    no scaling at all; a ``scale=`` argument that is accepted and ignored.
+    no scaling at all; a ``scale=`` argument that is accepted and ignored. A pattern that is not
+    finite where a query sees keys has no scale to recover: that fails too.
     """
-    p, q, k = pattern(target, case)
-    vis = case.visible(target)
-    q64, k64 = q.astype(np.float64), k.astype(np.float64)
-    if case.kv_heads is not None:
-        k64 = tolerance.repeat_kv(k64, case.heads)
+    p, inputs = pattern(target, case)
+    _assert_finite_where_seen(target, inputs, p, "the pattern read through V = I")
+    vis = visible(target, inputs)
+    q64 = inputs.q.astype(np.float64)
+    k64 = golden.with_kv_heads(q64, inputs.k.astype(np.float64))
     raw = q64 @ np.swapaxes(k64, -1, -2)  # q·k without any scale
     # Compare each key with the row's most likely one; keep entries well above underflow.
     top = np.argmax(np.where(vis, p, -np.inf), axis=-1)[..., None]
     p_top = np.take_along_axis(p, top, axis=-1)
     # Subnormal weights carry few significant bits: keep only normal numbers.
-    usable = vis & (p > 1e-3 * p_top) & (p >= 16 * dtypes.tiny(case.dtype))
+    usable = vis & (p > 1e-3 * p_top) & (p >= 16 * dtypes.tiny(target.precision(case.dtype)))
     with np.errstate(divide="ignore", invalid="ignore"):
         y = np.log(p) - np.log(p_top)
     x = raw - np.take_along_axis(raw, top, axis=-1)
@@ -180,7 +175,7 @@ def scale_is_inv_sqrt_dk(target: Target, case: Case) -> None:
     if float(np.sum(x * x)) < 1e-6:
         return  # no two distinguishable visible keys: nothing to recover (rare: n_k ≥ 2 is drawn)
     recovered = float(np.sum(x * y) / np.sum(x * x))
-    want = scale_of(case)
+    want = inputs.scale_value
     # Each log-ratio carries the relative error of two weights; least squares spreads it over |x|.
     dtype_eps = dtypes.eps(target.precision(case.dtype))
     s_abs = abs(want) * float(np.max(np.abs(q64) @ np.swapaxes(np.abs(k64), -1, -2)))
@@ -207,7 +202,7 @@ def _score_variance_cases(t: Target) -> st.SearchStrategy[Case]:
     )
 
 
-@law(strategy=_score_variance_cases, needs=needs_ndim(3, 4), reads_pattern=True)
+@law(strategy=_score_variance_cases, needs=_needs.ndim(3, 4), reads_pattern=True)
 def score_variance(target: Target, case: Case) -> None:
     """For q, k with independent unit-variance entries the scaled scores have variance 1,
     whatever d_k. Measured on 4,096 independent heads, each one query against two keys:
@@ -219,7 +214,7 @@ def score_variance(target: Target, case: Case) -> None:
     Catches: scaling by 1/d_k (variance 1/d_k) or not at all (variance d_k) for d_k ≥ 2; a scale
     taken from the model width h·d_k instead of the head width.
     """
-    p, _, _ = pattern(target, case)
+    p, _ = pattern(target, case)
     with np.errstate(divide="ignore", invalid="ignore"):
         x = np.log(p[..., 0, 1]) - np.log(p[..., 0, 0])
     estimate = float(np.mean(x * x) / 2)
@@ -237,14 +232,14 @@ def kv_permutation_invariance(target: Target, case: Case) -> None:
 
     Catches: a causal mask (or position bias) applied even when ``causal=False``.
     """
-    q, k, v = case.arrays()
-    mask = case.mask_array()
+    inputs = case.inputs()
+    mask = inputs.mask
     perm = case.rng(2).permutation(case.n_k)
-    out = run(target, case, q, k, v)
-    moved = run(target, case, q, k[..., perm, :], v[..., perm, :],
-                mask=None if mask is None else mask[..., perm])
-    assert_same(target, case, out, moved, q, k, v,
-                what=f"with keys and values permuted by {_short(perm)}, the output")
+    out = run(target, inputs)
+    moved = run(target, inputs.replace(k=inputs.k[..., perm, :], v=inputs.v[..., perm, :],
+                                       mask=None if mask is None else mask[..., perm]))
+    assert_same(target, inputs, out, moved,
+                what=f"with keys and values permuted by {short(perm)}, the output")
 
 
 @law(strategy=lambda t: cases(t, causal=(False,), masks=("none", "random"), n_q_min=2))
@@ -254,15 +249,16 @@ def query_permutation_equivariance(target: Target, case: Case) -> None:
     Catches: a position-dependent transform of the queries inside the kernel (rotary embedding
     applied twice); output tiles written back at the wrong row offset.
     """
-    q, k, v = case.arrays()
-    mask = case.mask_array()
+    inputs = case.inputs()
+    mask = inputs.mask
     perm = case.rng(2).permutation(case.n_q)
-    out = run(target, case, q, k, v)
-    moved = run(target, case, q[..., perm, :], k, v, mask=None if mask is None else mask[..., perm, :])
+    out = run(target, inputs)
+    moved = run(target, inputs.replace(q=inputs.q[..., perm, :],
+                                       mask=None if mask is None else mask[..., perm, :]))
     back = np.empty_like(moved)
     back[..., perm, :] = moved
-    assert_same(target, case, out, back, q, k, v,
-                what=f"with queries permuted by {_short(perm)}, the un-permuted output")
+    assert_same(target, inputs, out, back,
+                what=f"with queries permuted by {short(perm)}, the un-permuted output")
 
 
 def _several_slices(t: Target) -> st.SearchStrategy[Case]:
@@ -270,54 +266,55 @@ def _several_slices(t: Target) -> st.SearchStrategy[Case]:
         lambda c: c.batch * c.heads >= 2)
 
 
-@law(strategy=_several_slices, needs=needs_ndim(3, 4))
+@law(strategy=_several_slices, needs=_needs.ndim(3, 4))
 def batch_head_independence(target: Target, case: Case) -> None:
     """Each (batch, head) slice of a batched call equals the call on that slice alone.
 
     Catches: heads mixed by a wrong reshape ((b, h, n, d) viewed as (b, n, h, d)); a softmax
     normalised over the heads or batch axis.
     """
-    q, k, v = case.arrays()
-    mask = case.mask_array()
-    out = run(target, case, q, k, v)
-    vis = case.visible(target)
+    inputs = case.inputs()
+    q, k, v, mask = inputs.q, inputs.k, inputs.v, inputs.mask
+    out = run(target, inputs)
     for index in np.ndindex(*case.lead()):
         one = tuple(slice(i, i + 1) for i in index)  # keep the rank: (1, 1, n, d)
-        alone = run(target, case, q[one], k[one], v[one], mask=None if mask is None else mask[one])
-        assert_same(target, case, out[one], alone, q[one], k[one], v[one], visible=vis[one],
+        slice_inputs = inputs.replace(q=q[one], k=k[one], v=v[one], mask=None if mask is None else mask[one])
+        alone = run(target, slice_inputs)
+        assert_same(target, slice_inputs, out[one], alone,
                     what=f"(batch, head) slice {list(index)} alone, against the batched call")
 
 
 def _large_logit_cases(t: Target) -> st.SearchStrategy[Case]:
-    return at_edge(cases(t, values=("normal",), n_max=64, amplitudes=(1e2, 1e3, 1e4)), keep=0.3)
+    return at_edge(t, cases(t, values=("normal",), n_max=64, amplitudes=(1e2, 1e3, 1e4)), keep=0.3)
 
 
 @law(strategy=_large_logit_cases)
 def large_logits(target: Target, case: Case) -> None:
     """With scores of magnitude 1e2–1e4 and up to the edge of the dtype's range (scaled scores
-    near half its largest finite value, derived from finfo: see :mod:`spec.laws._range`) every
+    near half its largest finite value, derived from finfo: see `spec.laws._range`) every
     row that sees a key has a finite output that still matches the golden.
 
     Catches: a softmax that exponentiates without subtracting the row maximum (exp overflows to
     inf, inf/inf = NaN); scores q·k formed in float16 before the scale, which overflow to inf
     although the scaled scores are representable (pytorch#60939).
     """
-    q, k, v = case.arrays()
-    out = run(target, case, q, k, v)
-    _assert_finite_where_seen(target, case, out, f"scores of magnitude ~{case.amplitude:g} ({case.dtype})")
-    assert_matches(target, case, out, q, k, v)
+    inputs = case.inputs()
+    out = run(target, inputs)
+    _assert_finite_where_seen(target, inputs, out, f"scores of magnitude ~{case.amplitude:g} ({case.dtype})")
+    assert_matches(target, inputs, out)
 
 
-def _assert_finite_where_seen(target: Target, case: Case, out: Array, inputs: str) -> None:
-    """Every output row that sees a key is finite; else say where, and for which ``inputs``."""
-    bad = sees_any(target, case)[..., None] & ~np.isfinite(out)
+def _assert_finite_where_seen(target: Target, inputs: Inputs, out: Array, said: str) -> None:
+    """Every output row that sees a key is finite; else say where, and for which inputs (``said``)."""
+    bad = sees_any(target, inputs)[..., None] & ~np.isfinite(out)
     if bad.any():
         at = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise AssertionError(f"output {list(at)} is {out[at]} for {inputs}")
+        raise AssertionError(f"output {list(at)} is {out[at]} for {said}")
 
 
 def _large_value_cases(t: Target) -> st.SearchStrategy[Case]:
-    return cases(t, masks=("none", "random"), n_max=64, amplitudes=(1.0, 10.0)).map(values_at_edge)
+    return cases(t, masks=("none", "random"), n_max=64, amplitudes=(1.0, 10.0)).map(
+        lambda c: values_at_edge(t, c))
 
 
 @law(strategy=_large_value_cases)
@@ -331,61 +328,33 @@ def large_values(target: Target, case: Case) -> None:
     exp, which stays far from overflow) and so accumulates e^s·v unnormalised, which overflows to
     inf for values near max/n_k; normalising only after summing unshifted weights times values.
     """
-    q, k, v = case.arrays()
-    out = run(target, case, q, k, v)
-    top = float(np.max(np.abs(v.astype(np.float64)), initial=0.0))
-    _assert_finite_where_seen(target, case, out, f"values up to {top:.3g} ({case.dtype}, n_k = {case.n_k})")
-    assert_matches(target, case, out, q, k, v)
+    inputs = case.inputs()
+    out = run(target, inputs)
+    top = float(np.max(np.abs(inputs.v.astype(np.float64)), initial=0.0))
+    _assert_finite_where_seen(target, inputs, out, f"values up to {top:.3g} ({case.dtype}, n_k = {case.n_k})")
+    assert_matches(target, inputs, out)
 
 
-@law(strategy=lambda t: cases(t, causal=(True,), n_k_min=2, tiles=True), needs=needs_causal,
+@law(strategy=lambda t: cases(t, causal=(True,), n_k_min=2, tiles=True), needs=_needs.causal_mode,
      grid=lambda t: boundary_cases(t, causal=(True,), n_k_min=2, tiles=True, long=True))
 def causal_no_leak(target: Target, case: Case) -> None:
     """Changing the keys and values from position t on leaves every output that cannot see
     position t bit-identical (up to the sign of zero; within tolerance if the target declares
-    exact_masking=False) — the source article's experiment, generalised.
+    exact_masking=False) — the causal-mask experiment of the article "How an LLM Works, Part 6:
+    Attention", generalised.
 
     Catches: a mask off by one (j ≤ i + 1); the mask built transposed (j ≥ i) or not applied;
     a row maximum taken before masking, so future scores move the rounding of past outputs.
     """
-    q, k, v = case.arrays()
-    rng = case.rng(3)
-    t = int(rng.integers(1, case.n_k)) if case.n_k > 1 else 0
-    factor = 1.0 if rng.random() < 0.5 else (10.0 if case.dtype == "float16" else 1e3)
-    k2, v2 = k.copy(), v.copy()
-    k2[..., t:, :] = (case.values_like(rng, k2[..., t:, :].shape) * factor).astype(case.dtype)
-    v2[..., t:, :] = (case.values_like(rng, v2[..., t:, :].shape) * factor).astype(case.dtype)
-    vis = case.visible(target)
-    blind = held_fixed(target, case, np.asarray(~vis[..., t:].any(axis=-1)))  # [..., n_q]
-    before = run(target, case, q, k, v)
-    after = run(target, case, q, k2, v2)
-    if target.exact_masking:
-        same = (before == after) | (np.isnan(before) & np.isnan(after))
-        bad = blind[..., None] & ~same
-        if bad.any():
-            at = tuple(int(i) for i in np.argwhere(bad)[0])
-            raise AssertionError(
-                f"changing keys/values from position {t} on changed output {list(at)} "
-                f"from {float(before[at])!r} to {float(after[at])!r}, though query {at[-2]} "
-                f"cannot see position {t}"
-            )
-    else:
-        assert_matches(target, case, after, q, k, v, rows=blind, what=f"after changing keys from {t}, output")
-
-
-def _masked_rows_needs(t: Target) -> str | None:
-    """a masked-row policy other than 'any', and mask= or bottom-right causal (to empty a row)"""
-    if t.masked_rows == "any":
-        return "target declares masked_rows='any' (fully-masked rows unspecified)"
-    if not (t.supports_mask or t.causal_alignment == "bottom_right"):
-        return "needs mask= or bottom-right causal alignment to produce rows that see no key"
-    return None
+    t = int(case.rng(3).integers(1, case.n_k)) if case.n_k > 1 else 0
+    assert_hidden_unmoved(target, case, case.inputs(), np.arange(case.n_k) >= t,
+                          what=f"changing keys/values from position {t} on")
 
 
 def _masked_rows_cases(t: Target) -> st.SearchStrategy[Case]:
     if t.supports_mask:
-        return at_edge(cases(t, masks=("rows",)), keep=0.3)
-    return at_edge(cases(t, causal=(True,), n_q_min=2).filter(lambda c: c.n_q > c.n_k), keep=0.3)
+        return at_edge(t, cases(t, masks=("rows",)), keep=0.3)
+    return at_edge(t, cases(t, causal=(True,), n_q_min=2).filter(lambda c: c.n_q > c.n_k), keep=0.3)
 
 
 def _masked_rows_grid(t: Target) -> list[Case]:
@@ -394,61 +363,30 @@ def _masked_rows_grid(t: Target) -> list[Case]:
     return boundary_cases(t, causal=(True,), n_q_min=2, keep=lambda c: c.n_q > c.n_k)
 
 
-@law(strategy=_masked_rows_cases, needs=_masked_rows_needs, grid=_masked_rows_grid)
+empties_rows = _needs.either(_needs.mask, Need(
+    lambda t: None if t.causal_alignment == "bottom_right" else "needs bottom-right causal alignment",
+    "bottom-right causal alignment (to produce rows that see no key)"))
+
+
+@law(strategy=_masked_rows_cases, needs=_needs.policy_declared & empties_rows, grid=_masked_rows_grid)
 def masked_rows_policy(target: Target, case: Case) -> None:
-    """A query that sees no key at all returns what the target declares: exact zeros, all NaN,
-    the plain mean of all values, or the output it would have unmasked; the other rows are
-    unaffected. Scores are drawn up to the edge of the dtype's range (finfo), where a finite
-    fill plus a negative score can leave the range.
+    """A query that sees no key at all returns what the target declares for the cause that
+    emptied it: exact zeros, all NaN, the plain mean of all values, or the output it would have
+    unmasked; the other rows are unaffected. Scores are drawn up to the edge of the dtype's range
+    (finfo), where a finite fill plus a negative score can leave the range.
 
     Catches: a plain softmax over an all −∞ row (0/0 = NaN) in a target that promises zeros; a
     finite −1e9 additive mask (uniform weights) where zeros were promised; an additive
     ``finfo(float16).min`` mask, which plus a score below −16 overflows to −∞ and turns a fully
     masked row NaN (transformers#17306).
     """
-    q, k, v = case.arrays()
-    out = run(target, case, q, k, v)
-    empty = ~sees_any(target, case)
-    got = out[empty]  # [rows, d_v]
-    policy = target.masked_rows
-    if policy == "zeros":
-        ok, want = bool(np.all(got == 0)), "exact zeros"
-    elif policy == "nan":
-        ok, want = bool(np.all(np.isnan(got))), "NaN"
-    else:
-        ref, want, tol = _masked_row_expectation(target, case, q, k, v)
-        ref = np.broadcast_to(ref, out.shape)[empty]
-        with np.errstate(invalid="ignore"):
-            ok = bool(np.all(np.abs(got - ref) <= tol))
-    if not ok:
-        at = tuple(int(i) for i in np.argwhere(empty)[0])
-        raise AssertionError(f"query row {list(at)} sees no key; expected {want}, got {out[at][:4]!r}")
-    assert_matches(target, case, out, q, k, v, what="rows that see a key")
+    inputs = case.inputs()
+    out = run(target, inputs)
+    assert_empty_rows_follow_policy(target, inputs, out)
+    assert_matches(target, inputs, out, what="rows that see a key")
 
 
-def _masked_row_expectation(
-    target: Target, case: Case, q: Array, k: Array, v: Array
-) -> tuple[Array, str, float]:  # -> expected rows [..., n_q | 1, d_v], what, tolerance
-    """What a fully masked row must equal under the ``uniform`` or ``unmasked`` policy, and how
-    closely: the mean of all values, or the golden with every key visible, where each score may
-    be off by eps·FINITE_FILL (a finite fill that the whole row shares)."""
-    work = target.precision(case.dtype)
-    qw, kw, vw = (x.astype(dtypes.as_dtype(work)) for x in (q, k, v))
-    floor = tolerance.floor(qw, kw, vw, scale=scale_of(case))
-    if target.masked_rows == "uniform":  # no score enters the mean: the floor of scale 0
-        kv = v if case.kv_heads is None else tolerance.repeat_kv(v, case.heads)
-        return kv.astype(np.float64).mean(axis=-2, keepdims=True), "the mean of all values", \
-            target.tolerance * tolerance.floor(qw, kw, vw, scale=0.0)
-    every = np.ones((*case.lead(), case.n_q, case.n_k), dtype=bool)
-    gold, _, _ = expected(target, case, q, k, v, visible=every)[:3]
-    shift = min(1.0, dtypes.eps(work) * FINITE_FILL)  # each score moved by up to this
-    vmax = float(np.max(np.abs(v.astype(np.float64)), initial=0.0))
-    return gold, "the output with nothing masked", target.tolerance * (floor + 2 * shift * vmax)
-
-
-@law(strategy=lambda t: cases(t, ndims=(3, 4), gqa=True, n_max=48),
-     needs=lambda t: None if t.supports_gqa else "needs grouped K/V heads (supports_gqa=False)",
-     requires="grouped K/V heads (supports_gqa)")
+@law(strategy=lambda t: cases(t, ndims=(3, 4), gqa=True, n_max=48), needs=_needs.gqa)
 def gqa_matches_repeated_kv(target: Target, case: Case) -> None:
     """With g K/V heads shared by h query heads, the output equals plain multi-head attention with
     each K/V head repeated h/g times (query head i reads K/V head i // (h/g)).
@@ -456,12 +394,11 @@ def gqa_matches_repeated_kv(target: Target, case: Case) -> None:
     Catches: K/V heads tiled instead of repeated (head i reads i mod g), the interleaving bug
     between the PyTorch/JAX convention and a hand-written broadcast.
     """
-    q, k, v = case.arrays()
-    out = run(target, case, q, k, v)
-    assert_matches(target, case, out, q, k, v, what="grouped-query output")
+    inputs = case.inputs()
+    assert_matches(target, inputs, run(target, inputs), what="grouped-query output")
 
 
-@law(strategy=lambda t: at_edge(cases(t, n_k_min=2, tiles=True), keep=0.5), needs=needs_mask,
+@law(strategy=lambda t: at_edge(t, cases(t, n_k_min=2, tiles=True), keep=0.5), needs=_needs.mask,
      grid=lambda t: boundary_cases(t, n_k_min=2, tiles=True))
 def mask_semantics(target: Target, case: Case) -> None:
     """``mask=True`` means *may attend*: an all-True mask changes nothing, and the causal mask
@@ -472,14 +409,11 @@ def mask_semantics(target: Target, case: Case) -> None:
     an additive ``finfo(float16).min`` mask, under which a hidden key whose score exceeds a
     visible one's by more than 65504 outweighs it.
     """
-    q, k, v = case.arrays()
     lead = (*case.lead(), case.n_q, case.n_k)
-    out = run(target, case, q, k, v, causal=False, mask=np.ones(lead, dtype=bool))
-    assert_matches(target, dataclasses.replace(case, causal=False, mask="none"), out, q, k, v,
-                   what="with an all-True mask, the output")
+    all_true = case.inputs().replace(causal=False, mask=np.ones(lead, dtype=bool))
+    assert_matches(target, all_true, run(target, all_true), what="with an all-True mask, the output")
     if target.causal_alignment is not None and target.causal_shape_ok(case.n_q, case.n_k):
-        causal = dataclasses.replace(case, causal=True, mask="none")
-        as_mask = np.ascontiguousarray(np.broadcast_to(causal.visible(target), lead))
-        out = run(target, case, q, k, v, causal=False, mask=as_mask)
-        assert_matches(target, causal, out, q, k, v, what="with the causal mask passed as mask=, the output")
-
+        causal = case.inputs().replace(causal=True, mask=None)
+        as_mask = all_true.replace(mask=np.ascontiguousarray(np.broadcast_to(visible(target, causal), lead)))
+        assert_matches(target, as_mask, run(target, as_mask),
+                       what="with the causal mask passed as mask=, the output")

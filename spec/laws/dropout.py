@@ -1,4 +1,4 @@
-"""Laws of attention dropout (``dropout_p=``, ``seed=``, DESIGN §2b): each weight is dropped with
+"""Laws of attention dropout (``dropout_p=``, ``seed=``): each weight is dropped with
 probability p, independently, after the softmax; the kept ones are scaled by ``1/(1 − p)``.
 
 Two laws are exact (p = 0 changes nothing; a seed fixes the output) and two are statistical. For
@@ -10,7 +10,6 @@ empirically on the reference.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import numpy as np
@@ -18,7 +17,9 @@ from hypothesis import strategies as st
 
 from spec import tolerance
 from spec.cases import Case, cases
-from spec.laws._helpers import differs_at, expected, identity_values, observe, run, slack
+from spec.keywords import Keyword, Leaves
+from spec.laws import _needs
+from spec.laws._helpers import differs_at, expected, observe, pattern_inputs, run, slack
 from spec.registry import law
 from spec.target import Target
 
@@ -29,23 +30,36 @@ FALSE_ALARM = 1e-9
 DROP_RATES = (0.1, 0.2, 0.3, 0.7, 0.8, 0.9)
 """p drawn by the laws; not 0.5, where dropping with p and keeping with p cannot be told apart."""
 SEEDS = 32
-"""Seeds averaged by :func:`dropout_unbiased`."""
+"""Seeds averaged by `dropout_unbiased`."""
 PATTERN_ENTRIES = 2048
-"""Pattern entries (at least) read by :func:`dropout_drops_fraction_p`."""
+"""Pattern entries (at least) read by `dropout_drops_fraction_p`."""
 OUTPUT_ENTRIES = 512
-"""Output entries (at least) averaged by :func:`dropout_unbiased`."""
+"""Output entries (at least) averaged by `dropout_unbiased`."""
 
 
-def needs_dropout(t: Target) -> str | None:
-    """dropout_p=/seed= (supports_dropout)"""
-    return None if t.supports_dropout else "needs dropout_p=/seed= (target declares supports_dropout=False)"
+def draw(draw: st.DrawFn, target: Target, case: Case) -> Case:
+    """A drop rate from `DROP_RATES` and a seed."""
+    return case.with_keyword("dropout", (draw(st.sampled_from(DROP_RATES)), draw(st.integers(0, 2**31 - 1))))
 
 
-@st.composite
-def dropout_cases(draw: st.DrawFn, t: Target, n_max: int = 32) -> Case:
-    case = draw(cases(t, masks=("none", "random"), n_max=n_max, values=("normal",)))
-    return dataclasses.replace(case, dropout_p=draw(st.sampled_from(DROP_RATES)),
-                               dropout_seed=draw(st.integers(0, 2**31 - 1)))
+DROPOUT = Keyword(
+    name="dropout",
+    field="supports_dropout",
+    passes=("dropout_p", "seed"),
+    meaning="dropout_p=, seed=: dropout on the attention weights after the softmax, kept weights scaled "
+            "by 1/(1 - p); the same seed gives the same output.",
+    terms=(Leaves("the kept set is the target's own random draw: the golden is the undropped output, and "
+                  "the dropout laws read the kept set through V = I"),),
+    received=lambda case, drawn: (float(drawn[0]), int(drawn[1])),
+    draw=draw,
+    names={"torch": "dropout_p", "flash_attn": "dropout_p"},
+)
+
+needs_dropout = _needs.keyword(DROPOUT)
+
+
+def dropout_cases(t: Target, n_max: int = 32) -> st.SearchStrategy[Case]:
+    return cases(t, masks=("none", "random"), n_max=n_max, values=("normal",), keywords=(DROPOUT,))
 
 
 def _assert_identical(a: Array, b: Array, what: str) -> None:
@@ -63,10 +77,10 @@ def dropout_zero_is_identity(target: Target, case: Case) -> None:
     back to the module's training rate; a dropout branch taken whenever the argument is given,
     with its own (differently rounded) kernel.
     """
-    q, k, v = case.arrays()
-    plain = run(target, case, q, k, v, dropout_p=None, seed=None)
-    zero = run(target, case, q, k, v, dropout_p=0.0)
-    _assert_identical(plain, zero, f"with dropout_p=0 and seed={case.dropout_seed}, the output")
+    inputs = case.inputs()
+    plain = run(target, inputs.replace(dropout_p=None, seed=None))
+    zero = run(target, inputs.replace(dropout_p=0.0))
+    _assert_identical(plain, zero, f"with dropout_p=0 and seed={inputs.get('seed')}, the output")
 
 
 @law(strategy=dropout_cases, needs=needs_dropout)
@@ -77,18 +91,17 @@ def dropout_same_seed_same_output(target: Target, case: Case) -> None:
     drops different weights, and a training run cannot be replayed); a generator seeded once per
     process instead of per call.
     """
-    q, k, v = case.arrays()
-    first = run(target, case, q, k, v)
-    second = run(target, case, q, k, v)
-    _assert_identical(first, second, f"a second call with dropout_p={case.dropout_p}, "
-                                     f"seed={case.dropout_seed}")
+    inputs = case.inputs()
+    first, second = run(target, inputs), run(target, inputs)
+    _assert_identical(first, second, f"a second call with dropout_p={inputs.get('dropout_p')}, "
+                                     f"seed={inputs.get('seed')}")
 
 
 @st.composite
 def _fraction_cases(draw: st.DrawFn, t: Target) -> Case:
     """Pattern cases (d_v = n_k, no mask, not causal) with at least PATTERN_ENTRIES weights."""
     case = draw(dropout_cases(t, n_max=24).filter(lambda c: c.n_k >= 2))
-    case = dataclasses.replace(case, d_v=case.n_k, batch=1, causal=False, mask="none")
+    case = case.replace(d_v=case.n_k, batch=1, causal=False, mask="none")
     return _many_rows(case, PATTERN_ENTRIES, case.n_k)
 
 
@@ -107,12 +120,12 @@ def dropout_drops_fraction_p(target: Target, case: Case) -> None:
     PyTorch's ``p``); kept weights not rescaled, or rescaled by 1/p; dropout applied to the scores
     before the softmax (the kept weights are then renormalised, not w/(1 − p)).
     """
-    q, k, _ = case.arrays()
-    p = float(case.dropout_p or 0.0)
-    dropped = run(target, case, q, k, identity_values(case))
-    _, weights, _, _ = expected(target, case, q, k, identity_values(case))
+    inputs = pattern_inputs(case)
+    p = float(inputs.get("dropout_p"))
+    dropped = run(target, inputs)
+    weights = expected(target, inputs).weights
     kept_value = weights / (1 - p)
-    tol = target.tolerance * slack(target, case, q, k) / (1 - p)
+    tol = target.tolerance * slack(target, inputs) / (1 - p)
     decidable = kept_value > 2 * tol
     is_zero = np.abs(dropped) <= tol
     is_kept = np.abs(dropped - kept_value) <= tol
@@ -145,9 +158,9 @@ def _many_rows(case: Case, entries: int, width: int) -> Case:
     """The case with more heads (3-D, 4-D) or more queries (2-D), so that its output has at least
     ``entries`` rows × ``width``."""
     if case.ndim == 2:
-        return dataclasses.replace(case, n_q=max(case.n_q, -(-entries // width)))
+        return case.replace(n_q=max(case.n_q, -(-entries // width)))
     heads = max(case.heads, -(-entries // (case.n_q * width)))
-    return dataclasses.replace(case, heads=heads, kv_heads=None)
+    return case.replace(heads=heads, kv_heads=None)
 
 
 @st.composite
@@ -164,7 +177,7 @@ def dropout_unbiased(target: Target, case: Case) -> None:
     g the undropped golden. For a correct target T = Σ_s Σ_(i,j) a_ij·(m_s,ij/(1 − p) − 1) with
     a_ij = w_ij·Σ_c sign(g_ic)·v_jc and m ~ Bernoulli(1 − p) independent: a sum of independent
     zero-mean terms of variance a²·p/(1 − p), each at most |a|·max(1, p/(1 − p)). Bernstein's
-    inequality bounds P(|T| ≥ t) by δ = 1e-9 at the t of :func:`bernstein_threshold`; the rounding
+    inequality bounds P(|T| ≥ t) by δ = 1e-9 at the t of `bernstein_threshold`; the rounding
     of the 32 outputs (each within the tolerance policy, ×1/(1 − p)) is added to t. So a correct
     target fails an example with probability ≤ 1e-9.
 
@@ -172,12 +185,14 @@ def dropout_unbiased(target: Target, case: Case) -> None:
     applied to the scores before the softmax (the renormalised weights are biased towards the
     largest score).
     """
-    q, k, v = case.arrays()
-    p = float(case.dropout_p or 0.0)
-    gold, weights, base, floor = expected(target, case, q, k, v)
-    seed0 = int(case.dropout_seed or 0)
-    outs = [run(target, case, q, k, v, seed=seed0 + s) for s in range(SEEDS)]
+    inputs = case.inputs()
+    p = float(inputs.get("dropout_p"))
+    want = expected(target, inputs)
+    gold, weights, base, floor = want.out, want.weights, want.baseline, want.floor
+    seed0 = int(inputs.get("seed"))
+    outs = [run(target, inputs.replace(seed=seed0 + s)) for s in range(SEEDS)]
     sign = np.sign(gold)  # [..., n_q, d_v]
+    v = inputs.v if case.kv_heads is None else np.repeat(inputs.v, case.heads // case.kv_heads, axis=-3)
     a = weights * (sign @ np.swapaxes(v.astype(np.float64), -1, -2))  # [..., n_q, n_k]
     variance = SEEDS * p / (1 - p) * float(np.sum(a * a))
     bound = float(np.max(np.abs(a), initial=0.0)) * max(1.0, p / (1 - p))

@@ -2,8 +2,8 @@
 
 A batch padded to a common length, a cache not yet filled or a varlen sequence of length zero
 hands a kernel n_k = 0. Nothing is visible to any query, so the output is what the target's
-masked-row policy promises for a row that sees no key (:attr:`spec.Target.masked_rows`), or the
-target declares that it refuses such input (:attr:`spec.Target.empty_keys`) and then says so with
+masked-row policy promises for a row that sees no key (`spec.Target.masked_rows`), or the
+target declares that it refuses such input (`spec.Target.empty_keys`) and then says so with
 an exception, never with a silent NaN.
 """
 
@@ -14,7 +14,7 @@ import dataclasses
 import numpy as np
 from hypothesis import strategies as st
 
-from spec.calling import DEADLINE, TargetFailed, call
+from spec.calling import TargetFailed, call
 from spec.cases import Case, cases
 from spec.registry import law
 from spec.target import Target
@@ -43,10 +43,10 @@ def empty_keys(target: Target, case: Case) -> None:
     zeros were promised); a row maximum taken without an initial value, which crashes on an empty
     axis; a target that declares it refuses n_k = 0 and returns NaN instead.
     """
-    q, k, v = case.arrays()
+    inputs = case.inputs()
     if target.empty_keys == "raise":
         try:
-            out = call(target, q, k, v, deadline=DEADLINE.get(), causal=case.causal, scale=case.scale)
+            out = call(target, inputs)
         except TargetFailed as e:
             cause = e.__cause__
             assert isinstance(cause, ValueError | TypeError) and str(cause).strip(), (
@@ -56,9 +56,11 @@ def empty_keys(target: Target, case: Case) -> None:
             return
         raise AssertionError(f"the target declares empty_keys='raise' but returned an output of shape "
                              f"{out.shape} for n_k = 0 (first entries {out.reshape(-1)[:3]!r})")
-    out = call(target, q, k, v, deadline=DEADLINE.get(), causal=case.causal, scale=case.scale)
-    assert out.dtype == q.dtype, f"with no keys the output dtype is {out.dtype}, inputs are {q.dtype}"
-    want = EMPTY_ROW.get(target.masked_rows)
+    out = call(target, inputs)
+    assert out.dtype == inputs.q.dtype, (f"with no keys the output dtype is {out.dtype}, "
+                                         f"inputs are {inputs.q.dtype}")
+    policy = target.policy("no_keys")
+    want = EMPTY_ROW.get(policy)
     if want is None:
         return
     got = out.astype(np.float64)
@@ -66,5 +68,5 @@ def empty_keys(target: Target, case: Case) -> None:
     if not ok.all():
         at = tuple(int(i) for i in np.argwhere(~ok)[0])
         raise AssertionError(f"with no keys (n_k = 0), output {list(at)} is {float(got[at])!r}; the target "
-                             f"declares masked_rows={target.masked_rows!r}, so a row that sees no key "
-                             f"must be {'NaN' if want == 'nan' else 'exactly 0'}")
+                             f"declares {policy!r} for rows that see no key (no_keys), so each must be "
+                             f"{'NaN' if want == 'nan' else 'exactly 0'}")

@@ -1,33 +1,40 @@
-"""Laws for a target's backward pass: gradients of ``L = Σ out ∘ dO`` against a float64 golden,
-and the causal mask's exactness in the backward.
+"""Laws for a target's backward pass: gradients of ``L = Σ out ∘ dO`` against the float64 golden
+backward, the masks' exactness in the backward, grouped K/V heads, and a backward handed its
+forward's ``out`` and ``lse``. The laws of the backward under each keyword are
+`spec.laws.grad_keywords`.
 
-A target declares ``grad_fn(q, k, v, d_out, *, causal=False) -> (dq, dk, dv)``; these laws skip
-any target that does not. The golden backward is written here, independently of
-:mod:`impl.grad`: it pushes ``dP = dO vᵀ`` through each row's explicit softmax Jacobian
-``J = diag(p) − p pᵀ`` (no ``D = rowsum(dO ∘ O)`` shortcut), with ``p`` the pattern of
-:func:`spec.tolerance.golden`. The tolerance policy is the forward's (:mod:`spec.tolerance`) with
-the baseline the same naive backward in the target's dtype, a gradient floor, and the factor
-``GRAD_FACTOR · target.tolerance`` (see :data:`GRAD_FACTOR` for why gradients need more).
+A target declares ``grad_fn(q, k, v, d_out, *, causal=False, **keywords) -> (dq, dk, dv)``,
+receiving every keyword its forward receives; these laws skip any target that declares none.
+The golden backward is `spec.golden.backward` composed for the call by `spec.oracle.gradients`
+(written independently of ``impl.grad``: it pushes ``dP = dO vᵀ`` through each row's explicit
+softmax Jacobian ``J = diag(p) − p pᵀ``, no ``D = rowsum(dO ∘ O)`` shortcut). The tolerance
+policy is the forward's (`spec.tolerance`) with the baseline the textbook backward in the
+target's dtype (`spec.tolerance.baseline_backward`), a gradient floor
+(`spec.tolerance.grad_floors`), and the factor ``GRAD_FACTOR · target.tolerance`` (see
+`GRAD_FACTOR` for why gradients need more).
 
-Listed in :data:`spec.registry.LAW_MODULES`.
+Listed in `spec.registry.LAW_MODULES`.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 from hypothesis import strategies as st
 
-from spec import dtypes, golden, tolerance
-from spec.calling import GRADS, call_grad
+from spec import golden, oracle, tolerance
+from spec.calling import call, call_grad
 from spec.cases import Case, cases
-from spec.laws._helpers import assert_within_tolerance, scale_of
-from spec.registry import law
+from spec.inputs import Inputs
+from spec.keywords import Keyword, Leaves, registered
+from spec.laws import _needs
+from spec.laws._helpers import assert_within_tolerance, observe, precision_text, visible
+from spec.registry import Need, law
 from spec.target import Target
 
 Array = np.ndarray
+Grads = tuple[Array, Array, Array, dict[str, Array]]
 
 GRAD_FACTOR = 2.0
 """Gradients are allowed ``GRAD_FACTOR`` times the forward's k (so 4 for the default k = 2) times
@@ -42,63 +49,15 @@ max|out − golden| / max|baseline − golden| was, forward / gradients (dq, dk,
 
 so a gradient strays up to 2.5 times further from the baseline than an output does (14.5 against
 5.8). These extremes occur where the baseline is luckily exact and the floor decides: with the
-floor of :func:`grad_floors`, the worst error / allowed at factor 2·k = 4 was 0.034 (reference)
-and 0.027 (torch), while the backward bugs of ``tests/test_properties_grad.py`` reach 990 to 6e5
-(float32) and 21 to 580 (float16) on their shrunk counterexamples."""
+floor of `spec.tolerance.grad_floors`, the worst error / allowed at factor 2·k = 4 was 0.034
+(reference) and 0.027 (torch), while the backward bugs of ``tests/test_properties_grad.py`` reach
+990 to 6e5 (float32) and 21 to 580 (float16) on their shrunk counterexamples."""
 
-
-def _swap(x: Array) -> Array:  # [..., a, b] -> [..., b, a]
-    return np.swapaxes(x, -1, -2)
-
+N_MAX = 64
+"""Sizes of the gradient laws' cases: the golden forms each row's full n_k × n_k Jacobian."""
 
 golden_backward = golden.backward  # the float64 backward oracle lives in spec.golden
-
-
-def baseline_backward(
-    q: Array, k: Array, v: Array, d_out: Array, *, visible: Array, scale: float
-) -> tuple[Array, Array, Array]:  # same shapes as golden_backward's gradients, in q's dtype
-    """The textbook backward in the inputs' dtype: P from :func:`spec.tolerance.baseline`'s
-    softmax, ``dS = P ∘ (dP − rowsum(P ∘ dP))``."""
-    dtype = q.dtype
-    s = dtype.type(scale)
-    n_k = k.shape[-2]
-    eye = np.broadcast_to(np.eye(n_k, dtype=dtype), (*k.shape[:-2], n_k, n_k))
-    p = tolerance.baseline(q, k, eye, visible=visible, scale=scale)  # V = I gives the pattern
-    with np.errstate(invalid="ignore", over="ignore"):
-        dp = d_out @ _swap(v)
-        ds = p * (dp - np.sum(p * dp, axis=-1, keepdims=True))
-        grads = ((ds @ k) * s, (_swap(ds) @ q) * s, _swap(p) @ d_out)
-    return tuple(g.astype(dtype) for g in grads)
-
-
-def grad_floors(
-    q: Array, k: Array, v: Array, d_out: Array, *, p: Array, scale: float
-) -> tuple[float, float, float]:
-    """The a-priori error of a correct backward in q's dtype, per gradient (dq, dk, dv).
-
-    A first-order bound in the forward's style: each gradient is a sum of products whose sizes
-    are bounded by the same backward run on absolute values (``|dP| ≤ |dO||v|ᵀ``,
-    ``|dS| ≤ P ∘ (|dP| + rowsum(P ∘ |dP|))``, ...); each term carries the weights' relative error
-    (d_k + 2)·S·eps (as in :func:`spec.tolerance.floor`) twice — once in P, once in D — plus the
-    rounding of the sums of n_q, n_k and d_v terms.
-    """
-    if min(q.size, k.size, v.size) == 0:
-        return 0.0, 0.0, 0.0
-    aq, ak, av, ado = (np.abs(np.asarray(x, dtype=np.float64)) for x in (q, k, v, d_out))
-    s_abs = abs(scale) * float(np.max(aq @ _swap(ak)))
-    n_q, d_k = q.shape[-2:]
-    n_k, d_v = v.shape[-2:]
-    m_dp = ado @ _swap(av)
-    m_ds = p * (m_dp + np.sum(p * m_dp, axis=-1, keepdims=True))
-    sizes = (abs(scale) * m_ds @ ak, abs(scale) * _swap(m_ds) @ aq, _swap(p) @ ado)
-    c = dtypes.eps(q.dtype) * (4 + math.sqrt(n_q) + math.sqrt(n_k) + math.sqrt(d_v)
-                                  + 2 * (d_k + 2) * s_abs)
-    return tuple(c * float(np.max(m)) for m in sizes)
-
-
-def needs_grad(t: Target) -> str | None:
-    """gradients (grad_fn)"""
-    return None if t.has_gradients else "needs gradients (target declares no grad_fn)"
+baseline_backward = tolerance.baseline_backward
 
 
 def upstream(case: Case) -> Array:  # -> [*lead, n_q, d_v] in the case's dtype
@@ -106,57 +65,85 @@ def upstream(case: Case) -> Array:  # -> [*lead, n_q, d_v] in the case's dtype
     return case.rng(8).standard_normal((*case.lead(), case.n_q, case.d_v)).astype(case.dtype)
 
 
-def _grad_cases(t: Target, **kwargs: Any) -> st.SearchStrategy[Case]:
-    """grad_fn takes no mask= or scale=; n ≤ 64 keeps the golden's full Jacobians small.
+def empty_rows_give_zeros(target: Target, inputs: Inputs) -> bool:
+    """Whether every row that sees no key has a zero output (policy ``zeros``, or a finite sink),
+    so zero gradients. The derivative of a NaN row or of the plain mean is the masked-rows law's
+    business, so cases with such rows are not drawn."""
+    policy = oracle.policies(target, inputs)
+    return bool(np.all((policy == "") | (policy == "zeros")))
 
-    A query that sees no key (bottom-right causal, n_q > n_k) has a zero output, so zero
-    gradients, only under ``masked_rows="zeros"``; for the other policies the derivative of a NaN
-    or of the plain mean is another law's business, so such cases are not drawn.
-    """
-    drawn = cases(t, n_max=64, **kwargs)
-    if t.masked_rows == "zeros" or t.causal_alignment != "bottom_right":
-        return drawn
-    return drawn.filter(lambda c: not c.causal or c.n_q <= c.n_k)
+
+def zero_rows_only(t: Target, drawn: st.SearchStrategy[Case]) -> st.SearchStrategy[Case]:
+    """The cases of ``drawn`` whose rows that see no key give zeros (`empty_rows_give_zeros`)."""
+    return drawn.filter(lambda c: empty_rows_give_zeros(t, c.inputs()))
+
+
+def grad_cases(t: Target, *, n_max: int = N_MAX, **kwargs: Any) -> st.SearchStrategy[Case]:
+    """`spec.cases.cases` of at most ``n_max`` ≤ `N_MAX` queries and keys, every row that sees
+    no key a row of zeros (`zero_rows_only`)."""
+    return zero_rows_only(t, cases(t, n_max=min(n_max, N_MAX), **kwargs))
+
+
+def differentiable(target: Target) -> list[Keyword]:
+    """The keywords ``target`` declares that change the gradients, and that a case can draw at a
+    rank the target takes: every term one the golden backward differentiates through
+    (`spec.oracle.BACKWARD_TERMS`), none a `Leaves` (whose golden is not the target's output:
+    dropout's kept set is the target's own draw, read by its own law)."""
+    return [kw for kw in registered().values()
+            if getattr(target, kw.field) and kw.draw is not None and set(kw.ndims) & set(target.ndims)
+            and all(isinstance(term, oracle.BACKWARD_TERMS) and not isinstance(term, Leaves)
+                    for term in kw.terms)]
+
+
+def assert_gradients_match(
+    target: Target, inputs: Inputs, d_out: Array, got: Grads, *, keep: Array | None = None, what: str = "",
+) -> None:
+    """THE gradient assertion: dq, dk, dv and every extra ``grad_fn`` returned (`call_grad`'s
+    ``extras``: dbias, dsinks) are within the tolerance policy of the golden backward of exactly
+    these inputs (`spec.oracle.gradients`; ``keep``: dropout's kept set), at ``GRAD_FACTOR`` times
+    the target's factor. A NaN or inf where the golden is finite fails."""
+    __tracebackhide__ = True
+    want = oracle.gradients(target, inputs, d_out, keep=keep)
+    dq, dk, dv, extras = got
+    for name, g in ({"dq": dq, "dk": dk, "dv": dv} | extras).items():
+        gold = want.golden[name]
+        cmp = tolerance.compare(g, gold, want.baseline[name], rows=np.ones(gold.shape[:-1], dtype=bool),
+                                tolerance=GRAD_FACTOR * target.tolerance, floor_=want.floors[name])
+        assert_within_tolerance(cmp, dtype=precision_text(target, inputs), what=f"{what}{name}",
+                                against="the float64 golden backward")
 
 
 # --- the laws ------------------------------------------------------------------------------
 
 
-@law(strategy=_grad_cases, needs=needs_grad)
+@law(strategy=lambda t: grad_cases(t, masks=("none", "random"), scale=True), needs=_needs.gradients)
 def grad_matches_golden(target: Target, case: Case) -> None:
     """The target's gradients dq, dk, dv of ``Σ out ∘ dO`` equal the float64 golden backward
-    (softmax Jacobian) within the tolerance policy, the factor doubled for gradients (GRAD_FACTOR).
+    (softmax Jacobian) within the tolerance policy, the factor doubled for gradients (GRAD_FACTOR),
+    with ``mask=`` and ``scale=`` when the target takes them.
 
     Catches: dS = P ∘ dP without subtracting the row term D = rowsum(dO ∘ O); dk (or dq) missing
     the scale; dv = P dO instead of Pᵀ dO; a backward that forgets the causal mask (future keys
     then receive gradient from past queries).
     """
-    q, k, v = case.arrays()
+    inputs = case.inputs()
     d_out = upstream(case)
-    vis = case.visible(target)
-    s = scale_of(case)
-    got = call_grad(target, q, k, v, d_out, causal=case.causal)
-    *gold, p = golden_backward(q, k, v, d_out, visible=vis, scale=s)
-    base = baseline_backward(q, k, v, d_out, visible=vis, scale=s)
-    floors = grad_floors(q, k, v, d_out, p=p, scale=s)
-    for name, g, want, b, fl in zip(GRADS, got, gold, base, floors, strict=True):
-        rows = np.ones(want.shape[:-1], dtype=bool)
-        cmp = tolerance.compare(g, want, b, rows=rows, tolerance=GRAD_FACTOR * target.tolerance, floor_=fl)
-        assert_within_tolerance(cmp, dtype=case.dtype, what=name, against="the float64 golden backward")
+    assert_gradients_match(target, inputs, d_out, call_grad(target, inputs, d_out))
 
 
-def _needs_grad_causal(t: Target) -> str | None:
-    """gradients (grad_fn), a causal mode and exact masking"""
-    if t.grad_fn is None:
-        return needs_grad(t)
-    if t.causal_alignment is None:
-        return "needs a causal mode (target declares causal_alignment=None)"
-    if not t.exact_masking:
-        return "needs exact masking (target declares exact_masking=False; grad_matches_golden applies)"
-    return None
+def unseen_keys(inputs: Inputs, vis: Array) -> Array:  # [*lead, n_q, n_k] -> [*kv_lead, n_k] bool
+    """Keys that no query sees, per K/V head (a grouped K/V head's key is unseen when no query
+    head of its group sees it)."""
+    seen = np.broadcast_to(vis, (*inputs.lead, inputs.n_q, inputs.n_k)).any(axis=-2)  # [*lead, n_k]
+    kv_lead = inputs.k.shape[:-2]
+    if seen.shape[:-1] != kv_lead and len(kv_lead) == seen.ndim - 1:  # grouped: OR over each group
+        g = kv_lead[-1]
+        seen = seen.reshape(*seen.shape[:-2], g, seen.shape[-2] // g, seen.shape[-1]).any(axis=-2)
+    return np.asarray(~seen)
 
 
-@law(strategy=lambda t: _grad_cases(t, causal=(True,), n_k_min=2), needs=_needs_grad_causal)
+@law(strategy=lambda t: grad_cases(t, causal=(True,), n_k_min=2),
+     needs=_needs.gradients & _needs.causal_mode & _needs.exact_masking)
 def grad_causal_no_leak(target: Target, case: Case) -> None:
     """Under the causal mask, changing the keys and values from position t on leaves dq of every
     query that cannot see t bit-identical (up to the sign of zero), and a key that no query sees
@@ -166,7 +153,8 @@ def grad_causal_no_leak(target: Target, case: Case) -> None:
     right to rounding at moderate scores (grad_matches_golden passes it), but large future scores
     move past gradients, or underflow them to 0/0 = NaN; a backward that forgets the causal mask.
     """
-    q, k, v = case.arrays()
+    inputs = case.inputs()
+    k, v = inputs.k, inputs.v
     d_out = upstream(case)
     rng = case.rng(9)
     t = int(rng.integers(1, case.n_k))
@@ -174,16 +162,16 @@ def grad_causal_no_leak(target: Target, case: Case) -> None:
     k2, v2 = k.copy(), v.copy()
     k2[..., t:, :] = (case.values_like(rng, k2[..., t:, :].shape) * factor).astype(case.dtype)
     v2[..., t:, :] = (case.values_like(rng, v2[..., t:, :].shape) * factor).astype(case.dtype)
-    vis = case.visible(target)
-    dq, dk, dv = call_grad(target, q, k, v, d_out, causal=True)
-    unseen = ~np.asarray(np.broadcast_to(vis, (*case.lead(), case.n_q, case.n_k)).any(axis=-2))  # [..., n_k]
+    vis = visible(target, inputs)
+    dq, dk, dv, _ = call_grad(target, inputs, d_out)
+    unseen = unseen_keys(inputs, vis)[..., None]
     for name, g in (("dk", dk), ("dv", dv)):
-        bad = unseen[..., None] & (g != 0)
+        bad = unseen & (g != 0)
         if bad.any():
             at = tuple(int(i) for i in np.argwhere(bad)[0])
             raise AssertionError(
                 f"{name} {list(at)} is {float(g[at])!r}, not 0, though no query sees key {at[-2]}")
-    dq2, _, _ = call_grad(target, q, k2, v2, d_out, causal=True)
+    dq2, _, _, _ = call_grad(target, inputs.replace(k=k2, v=v2), d_out)
     blind = np.asarray(~vis[..., t:].any(axis=-1))  # [..., n_q]: rows that see no changed position
     bad = blind[..., None] & ~((dq == dq2) | (np.isnan(dq) & np.isnan(dq2)))
     if bad.any():
@@ -192,3 +180,66 @@ def grad_causal_no_leak(target: Target, case: Case) -> None:
             f"changing keys/values from position {t} on changed dq {list(at)} from {float(dq[at])!r} "
             f"to {float(dq2[at])!r}, though query {at[-2]} cannot see position {t}"
         )
+
+
+@law(strategy=lambda t: grad_cases(t, ndims=(3, 4), gqa=True, masks=("none", "random"), n_max=32),
+     needs=_needs.gradients & _needs.gqa)
+def grad_gqa_sums_group(target: Target, case: Case) -> None:
+    """With g K/V heads shared by h query heads, each K/V head's dk and dv are the sums of its
+    group's h/g query heads' gradients (query head i reads K/V head i // (h/g)), and dq is each
+    query head's own: all match the golden backward of the grouped call.
+
+    Catches: dk and dv taken from the first query head of each group instead of summed over the
+    group (right whenever h = g); the group summed over query heads i ≡ j mod g (tiled, not
+    repeated: the forward's convention for GQA mixed with a hand-written broadcast's).
+    """
+    inputs = case.inputs()
+    d_out = upstream(case)
+    assert_gradients_match(target, inputs, d_out, call_grad(target, inputs, d_out),
+                           what=f"with {case.heads} query heads over {case.kv_heads} K/V heads, ")
+
+
+needs_residuals = Need(
+    lambda t: None if t.grad_takes_residuals else
+    "needs a backward that takes its forward's out and lse (target declares grad_takes_residuals=False)",
+    "out= and lse= taken by grad_fn (grad_takes_residuals)")
+
+
+@st.composite
+def _residual_cases(draw: st.DrawFn, target: Target) -> Case:
+    """Cases with mask= (rows that see nothing among them) and scale= when taken, and one of the
+    target's differentiable keywords or none."""
+    chosen = draw(st.sampled_from([None, *differentiable(target)]))
+    masks = ("none", "random", "rows")
+    return draw(grad_cases(target, masks=masks, scale=True, keywords=() if chosen is None else (chosen,)))
+
+
+@law(strategy=_residual_cases, needs=_needs.gradients & needs_residuals)
+def grad_residuals_agree(target: Target, case: Case) -> None:
+    """A backward handed its own forward's ``out`` and ``lse`` (from the same call with
+    ``return_lse=True``) gives the gradients it gives when it recomputes them, within twice the
+    tolerance, and both match the golden backward; rows that see no key (lse = −inf) included.
+
+    Catches: a backward that reads the forward's natural-log lse as base 2 (the Triton tutorial
+    keeps m + log₂ l) and so recomputes P = 2^(s·log₂e − lse) wrong; P = exp(s − lse) formed
+    where lse = −inf, so a row that sees nothing gives exp(−inf + inf) = NaN (FlashAttention 2
+    stores +inf for such rows for this reason).
+    """
+    inputs = case.inputs()
+    d_out = upstream(case)
+    out, lse = call(target, inputs.replace(return_lse=True))
+    recomputed = call_grad(target, inputs, d_out)
+    handed = call_grad(target, inputs, d_out, residuals=(out, lse))
+    assert_gradients_match(target, inputs, d_out, handed, what="given the forward's out and lse, ")
+    assert_gradients_match(target, inputs, d_out, recomputed)
+    want = oracle.gradients(target, inputs, d_out)
+    for name, a, b in zip(golden.GRADS, recomputed[:3], handed[:3], strict=True):
+        gold, factor = want.golden[name], GRAD_FACTOR * target.tolerance
+        allowed = tolerance.compare(gold, gold, want.baseline[name], rows=np.ones(a.shape[:-1], dtype=bool),
+                                    tolerance=factor, floor_=want.floors[name]).allowed
+        diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
+        worst = float(np.max(diff, initial=0.0))
+        observe("residuals difference / allowed", worst / (2 * allowed) if allowed > 0 else 0.0)
+        assert worst <= 2 * allowed, (
+            f"{name} given the forward's out and lse differs from {name} recomputed by {worst:.3g} "
+            f"(allowed {2 * allowed:.3g})")

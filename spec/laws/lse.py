@@ -1,4 +1,4 @@
-"""Laws of the logsumexp a fused kernel returns (``return_lse=True``, DESIGN §2b): the natural-log
+"""Laws of the logsumexp a fused kernel returns (``return_lse=True``): the natural-log
 normaliser of each row's final scores, what split-KV decoding and ring attention merge partial
 results with, and the backward pass recomputes the pattern from.
 """
@@ -8,62 +8,62 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as st
 
-from spec import dtypes
+from spec import dtypes, golden
 from spec.cases import Case, cases
-from spec.laws._helpers import (
-    assert_matches,
-    assert_same,
-    needs_mask,
-    observe,
-    run,
-    run_lse,
-    scale_of,
-)
-from spec.registry import law
+from spec.inputs import Inputs
+from spec.keywords import Keyword, Leaves
+from spec.laws import _needs
+from spec.laws._helpers import assert_matches, assert_same, expected, observe, run, run_lse, visible
+from spec.registry import Need, law
 from spec.target import Target
 
 Array = np.ndarray
 
+LSE = Keyword(
+    name="lse",
+    field="returns_lse",
+    passes=("return_lse",),
+    meaning="return_lse=True: the target returns (out, lse), lse [..., n_q] the natural-log logsumexp of "
+            "each row's final scores (sinks included), -inf for a row that sees nothing; float32 for "
+            "float16/bfloat16/float32 inputs, float64 for float64.",
+    terms=(Leaves("it asks for an output beside the attention, and changes no number of it"),),
+    received=lambda case, asked: (bool(asked),),
+    names={"jax": "return_residual", "flash_attn": "return_attn_probs"},
+)
 
-def needs_lse(t: Target) -> str | None:
-    """return_lse=True (returns_lse)"""
-    return None if t.returns_lse else "needs return_lse=True (target declares returns_lse=False)"
+needs_lse = _needs.keyword(LSE)
 
-
-def needs_empty_rows(t: Target) -> str | None:
-    """return_lse=True (returns_lse), mask= (supports_mask) and rows that see no key left empty
-    (masked_rows "zeros" or "nan")"""
-    if t.masked_rows not in ("zeros", "nan"):
-        return (f"needs rows that see no key to stay empty (target declares masked_rows={t.masked_rows!r}: "
-                "such a row is not empty for it, so its lse is finite)")
-    return needs_lse(t) or needs_mask(t)
-
-
-def lse_allowance(target: Target, case: Case, q: Array, k: Array) -> float:
-    """How far a target's lse may lie from the golden's: the scores' rounding in the case's dtype
-    (each score q·k·scale carries ≲ (d_k + 2)·eps·scale·Σ|q||k|) plus the sum's (≲ n_k·eps
-    relative, i.e. n_k·eps in the log), times the target's tolerance factor. lse is returned in
-    float32 or float64, never coarser, so the input dtype's eps bounds both."""
-    eps = dtypes.eps(case.dtype)
-    q64, k64 = np.abs(q.astype(np.float64)), np.abs(k.astype(np.float64))
-    if case.kv_heads is not None:
-        k64 = np.repeat(k64, case.heads // case.kv_heads, axis=-3)
-    s_abs = abs(scale_of(case)) * float(np.max(q64 @ np.swapaxes(k64, -1, -2), initial=0.0))
-    return target.tolerance * eps * (8 + case.n_k + (case.d_k + 2) * s_abs)
+needs_empty_rows = Need(
+    lambda t: None if t.policies <= {"zeros", "nan"} else (
+        f"needs rows that see no key to stay empty (target declares masked_rows={t.masked_rows!r}: "
+        "such a row is not empty for it, so its lse is finite)"),
+    "rows that see no key left empty (masked_rows \"zeros\" or \"nan\")") & needs_lse & _needs.mask
 
 
-def assert_lse_close(target: Target, case: Case, lse: Array, gold: Array, q: Array, k: Array,
-                     *, what: str) -> None:
-    """Finite golden entries within :func:`lse_allowance`; ``-inf`` ones exactly ``-inf``."""
+def lse_allowance(target: Target, inputs: Inputs) -> float:
+    """How far a target's lse may lie from the golden's: the scores' rounding in the dtype the
+    target computes in (each score q·k·scale carries ≲ (d_k + 2)·eps·scale·Σ|q||k|) plus the sum's
+    (≲ n_k·eps relative, i.e. n_k·eps in the log), times the target's tolerance factor. lse is
+    returned in float32 or float64, never coarser, so that dtype's eps bounds both."""
+    eps = dtypes.eps(target.precision(np.dtype(inputs.q.dtype).name))
+    q64 = np.abs(inputs.q.astype(np.float64))
+    k64 = golden.with_kv_heads(q64, np.abs(inputs.k.astype(np.float64)))
+    s_abs = abs(inputs.scale_value) * float(np.max(q64 @ np.swapaxes(k64, -1, -2), initial=0.0))
+    return target.tolerance * eps * (8 + inputs.n_k + (inputs.d_k + 2) * s_abs)
+
+
+def assert_lse_close(target: Target, inputs: Inputs, lse: Array, gold: Array, *, what: str) -> None:
+    """Finite golden entries within `lse_allowance`; ``-inf`` ones exactly ``-inf``."""
     __tracebackhide__ = True
-    allowed = lse_allowance(target, case, q, k)
+    allowed = lse_allowance(target, inputs)
     finite = np.isfinite(gold)
     with np.errstate(invalid="ignore"):
         err = np.where(finite, np.abs(lse - np.where(finite, gold, 0.0)), 0.0)
     err = np.where(np.isnan(err), np.inf, err)
     if err.size:
         at = np.unravel_index(int(np.argmax(err)), err.shape)
-        observe(f"lse error ratio {case.dtype}", float(err[at]) / allowed if allowed > 0 else 0.0)
+        observe(f"lse error ratio {target.precision_text(np.dtype(inputs.q.dtype).name)}",
+                float(err[at]) / allowed if allowed > 0 else 0.0)
         assert err[at] <= allowed, (
             f"{what}: lse {list(map(int, at))} is {float(lse[at])!r}, the golden {float(gold[at])!r} "
             f"(difference {float(err[at]):.3g}, allowed {allowed:.3g})")
@@ -87,13 +87,12 @@ def lse_matches_golden(target: Target, case: Case) -> None:
     unscaled scores (scale applied after the softmax); log Σ exp(s − max) returned without the
     max added back.
     """
-    q, k, v = case.arrays()
-    out, lse = run_lse(target, case, q, k, v)
-    assert_same(target, case, run(target, case, q, k, v), out, q, k, v,
+    inputs = case.inputs()
+    out, lse = run_lse(target, inputs)
+    assert_same(target, inputs, run(target, inputs), out,
                 what="with return_lse=True, against the call without it, the output")
-    _, _, gold_lse = case.golden(target, q, k, v, scale=scale_of(case))
-    assert_lse_close(target, case, lse, gold_lse, q, k, what="lse")
-    assert_matches(target, case, out, q, k, v, what="with return_lse=True, the output")
+    assert_lse_close(target, inputs, lse, expected(target, inputs).lse, what="lse")
+    assert_matches(target, inputs, out, what="with return_lse=True, the output")
 
 
 def _masked_row_cases(t: Target) -> st.SearchStrategy[Case]:
@@ -109,9 +108,9 @@ def lse_empty_row_is_neg_inf(target: Target, case: Case) -> None:
     a merge by logsumexp then weights the empty block by exp(+inf − +inf) = NaN; an lse of 0 or of
     a finite fill (−1e30 + log n_k), which gives the empty block weight in the merge.
     """
-    q, k, v = case.arrays()
-    _, lse = run_lse(target, case, q, k, v)
-    sees = np.asarray(case.visible(target).any(axis=-1))
+    inputs = case.inputs()
+    _, lse = run_lse(target, inputs)
+    sees = np.asarray(visible(target, inputs).any(axis=-1))
     wrong = (~sees & ~np.isneginf(lse)) | (sees & ~np.isfinite(lse))
     if wrong.any():
         at = tuple(int(i) for i in np.argwhere(wrong)[0])
@@ -136,7 +135,7 @@ def merge(out_a: Array, lse_a: Array, out_b: Array, lse_b: Array) -> tuple[Array
      needs=needs_lse)
 def lse_merge_split_keys(target: Target, case: Case) -> None:
     """Splitting the keys (and values, and the mask's columns) in two at t, computing (out, lse)
-    on each part and combining them by their logsumexps (:func:`merge`) gives the output and lse
+    on each part and combining them by their logsumexps (`merge`) gives the output and lse
     of the call on all keys (within twice the tolerance; the lse within its rounding) — what
     split-KV decoding and ring attention rely on.
 
@@ -144,16 +143,16 @@ def lse_merge_split_keys(target: Target, case: Case) -> None:
     part's output is right, the merge weights are wrong; an lse taken before the mask is applied
     (masked keys counted in the normaliser); lse rows written in the wrong (batch, head) order.
     """
-    q, k, v = case.arrays()
-    mask = case.mask_array()
+    inputs = case.inputs()
+    mask = inputs.mask
     t = int(case.rng(10).integers(1, case.n_k))
     parts = []
     for keys in (slice(0, t), slice(t, None)):
-        parts.append(run_lse(target, case, q, k[..., keys, :], v[..., keys, :],
-                             mask=None if mask is None else mask[..., keys]))
+        parts.append(run_lse(target, inputs.replace(k=inputs.k[..., keys, :], v=inputs.v[..., keys, :],
+                                                    mask=None if mask is None else mask[..., keys])))
     (out_a, lse_a), (out_b, lse_b) = parts
     merged, merged_lse = merge(out_a, lse_a, out_b, lse_b)
-    full, full_lse = run_lse(target, case, q, k, v)
+    full, full_lse = run_lse(target, inputs)
     what = f"keys split at {t} and merged by logsumexp"
-    assert_same(target, case, full, merged, q, k, v, what=f"{what}, the output")
-    assert_lse_close(target, case, merged_lse, full_lse, q, k, what=f"{what}, against the full call's lse")
+    assert_same(target, inputs, full, merged, what=f"{what}, the output")
+    assert_lse_close(target, inputs, merged_lse, full_lse, what=f"{what}, against the full call's lse")

@@ -1,47 +1,74 @@
 """Laws of ``sinks=``: one extra logit per query head (``[heads]``, ``[1]`` for 2-D inputs) that
 joins every row's softmax denominator and carries no value (gpt-oss, DeepSeek-V4), so a row's
 weights sum to 1 − the sink's weight.
-
-Each law needs ``supports_sinks``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 from hypothesis import strategies as st
 
-from spec import golden, tolerance
 from spec.cases import Case, cases
+from spec.dtypes import finfo
+from spec.keywords import Geometry, Keyword, Sinks
+from spec.laws import _needs
 from spec.laws._helpers import (
+    assert_empty_rows_follow_policy,
     assert_matches,
     assert_same,
-    needs_keyword,
+    expected,
     pattern,
     run,
-    scale_of,
+    run_lse,
     sees_any,
     slack,
 )
+from spec.laws.lse import LSE, assert_lse_close
 from spec.registry import law
 from spec.target import Target
 
 Array = np.ndarray
 
-needs_sinks = needs_keyword("sinks")
+
+def per_row(geo: Geometry, sinks: Array) -> Array:  # [heads] ([1] for 2-D) -> broadcastable to [*lead, n_q]
+    """Each row's sink logit: the head's, broadcast over the batch and the queries."""
+    s = np.asarray(sinks, dtype=np.float64)
+    return s[:, None] if geo.ndim >= 3 else s
 
 
-def sink_values(heads: int) -> st.SearchStrategy[tuple[float, ...]]:
-    """One sink logit per head, in [−4, 4] (a sink that takes from 2% to 98% of a short row)."""
-    return st.lists(st.floats(-4.0, 4.0, allow_nan=False), min_size=heads, max_size=heads).map(tuple)
+def logit_dtype(case: Case) -> type:
+    """Sinks are float32 logits (float64 for float64 cases), as kernels take them."""
+    return np.float64 if case.dtype == "float64" else np.float32
 
 
-@st.composite
-def sink_cases(draw: st.DrawFn, target: Target, **given: object) -> Case:
-    """Cases with one sink logit per query head (heads = 1 for 2-D inputs)."""
-    case = draw(cases(target, n_max=48, **given))  # type: ignore[arg-type]
-    return dataclasses.replace(case, sinks=draw(sink_values(case.heads if case.ndim >= 3 else 1)))
+def sink_values(heads: int, low: float = -4.0, high: float = 4.0) -> st.SearchStrategy[tuple[float, ...]]:
+    """One sink logit per head, in [low, high] (by default a sink that takes from 2% to 98% of a
+    short row)."""
+    return st.lists(st.floats(low, high, allow_nan=False), min_size=heads, max_size=heads).map(tuple)
+
+
+def draw(draw: st.DrawFn, target: Target, case: Case) -> Case:
+    """One sink logit per query head (one for 2-D inputs), in [−4, 4]."""
+    return case.with_keyword("sinks", draw(sink_values(case.heads if case.ndim >= 3 else 1)))
+
+
+SINKS = Keyword(
+    name="sinks",
+    field="supports_sinks",
+    passes=("sinks",),
+    meaning="A float array [heads] ([1] for 2-D inputs): one extra logit per query head that joins every "
+            "row's softmax denominator and carries no value; a row's weights then sum to less than 1.",
+    terms=(Sinks(per_row, grad="dsinks"),),
+    received=lambda case, sinks: (np.asarray(sinks, dtype=logit_dtype(case)),),
+    draw=draw,
+    names={"torch": "s_aux"},
+)
+
+needs_sinks = _needs.keyword(SINKS)
+
+
+def sink_cases(target: Target, **given: object) -> st.SearchStrategy[Case]:
+    return cases(target, n_max=48, keywords=(SINKS,), **given)  # type: ignore[arg-type]
 
 
 @law(strategy=lambda t: sink_cases(t, masks=("none", "random"), scale=True), needs=needs_sinks)
@@ -53,20 +80,8 @@ def sinks_matches_golden(target: Target, case: Case) -> None:
     sink added to the denominator before the row maximum is subtracted (exp(sink) against
     exp(s − max): the sink's weight is off by e^max).
     """
-    q, k, v = case.arrays()
-    assert_matches(target, case, run(target, case, q, k, v), q, k, v, what="with sinks=, the output")
-
-
-def sink_weights(target: Target, case: Case, q: Array, k: Array) -> Array:  # -> [*lead, n_q]
-    """Each row's sink weight exp(sink − lse), from the float64 golden."""
-    if case.kv_heads is not None:
-        k = tolerance.repeat_kv(k, case.heads)
-    v = np.zeros((*k.shape[:-1], 1))
-    _, _, lse = case.golden(target, q, k, v, scale=scale_of(case))
-    sinks = np.asarray(case.sinks, dtype=np.float64)
-    per_row = sinks[:, None] if case.ndim >= 3 else sinks
-    with np.errstate(invalid="ignore"):
-        return np.where(np.isfinite(lse), np.exp(per_row - np.where(np.isfinite(lse), lse, 0.0)), 1.0)
+    inputs = case.inputs()
+    assert_matches(target, inputs, run(target, inputs), what="with sinks=, the output")
 
 
 @law(strategy=lambda t: sink_cases(t, pattern=True, masks=("none", "random")), needs=needs_sinks,
@@ -78,10 +93,10 @@ def sinks_rows_sum_below_one(target: Target, case: Case) -> None:
     Catches: weights renormalised to sum to 1 after the sink joined the denominator (the sink
     then has no effect); a sink counted twice, or never.
     """
-    p, q, k = pattern(target, case)
-    rows = sees_any(target, case)
-    want = 1 - sink_weights(target, case, q, k)
-    tol = target.tolerance * slack(target, case, q, k)
+    p, inputs = pattern(target, case)
+    rows = sees_any(target, inputs)
+    want = expected(target, inputs).weights.sum(axis=-1)  # 1 − the sink's weight
+    tol = target.tolerance * slack(target, inputs)
     sums = p.sum(axis=-1)
     bad = rows & ~(np.abs(sums - want) <= tol)
     if bad.any():
@@ -101,25 +116,23 @@ def sinks_neg_inf_is_no_sink(target: Target, case: Case) -> None:
     attention hard-coded); −inf − (−inf) = NaN when the sink is folded into the row maximum of a
     row that sees nothing.
     """
-    q, k, v = case.arrays()
-    assert case.sinks is not None
-    none = dataclasses.replace(case, sinks=None)
-    dtype = np.float64 if case.dtype == "float64" else np.float32
-    out = run(target, case, q, k, v, sinks=np.full(len(case.sinks), -np.inf, dtype=dtype))
-    assert_matches(target, none, out, q, k, v, what="with every sink −inf, the output")
-    assert_same(target, none, run(target, none, q, k, v), out, q, k, v, what="sinks = −inf against no sinks")
+    inputs = case.inputs()
+    sinks = inputs.get("sinks")
+    inputs = inputs.replace(sinks=np.full(sinks.shape, -np.inf, dtype=sinks.dtype))
+    out = run(target, inputs)
+    assert_matches(target, inputs, out, what="with every sink −inf, the output")
+    none = inputs.replace(sinks=None)
+    assert_same(target, none, run(target, none), out, what="sinks = −inf against no sinks")
 
 
 @st.composite
 def _per_head_cases(draw: st.DrawFn, target: Target) -> Case:
     case = draw(sink_cases(target, ndims=(3, 4), gqa=target.supports_gqa and draw(st.booleans())))
     sinks = tuple(float(x) for x in np.linspace(-4.0, 4.0, case.heads))  # one distinct sink per head
-    return dataclasses.replace(case, sinks=sinks[::-1] if draw(st.booleans()) else sinks)
+    return case.with_keyword("sinks", sinks[::-1] if draw(st.booleans()) else sinks)
 
 
-@law(strategy=_per_head_cases,
-     needs=lambda t: needs_sinks(t) or (None if {3, 4} & set(t.ndims) else "needs 3-D or 4-D inputs"),
-     requires="sinks= (supports_sinks) and inputs with a head axis (ndims 3 or 4)")
+@law(strategy=_per_head_cases, needs=needs_sinks & _needs.ndim(3, 4))
 def sinks_per_head(target: Target, case: Case) -> None:
     """Each query head uses its own sink (sinks spread from −4 to 4 over the heads; with grouped
     K/V heads when the target declares them): the output matches the golden head by head.
@@ -127,9 +140,8 @@ def sinks_per_head(target: Target, case: Case) -> None:
     Catches: the sink indexed by the K/V head (sinks[i // group]) instead of the query head; head
     0's sink used for every head.
     """
-    q, k, v = case.arrays()
-    assert_matches(target, case, run(target, case, q, k, v), q, k, v,
-                   what="with one sink per head, the output")
+    inputs = case.inputs()
+    assert_matches(target, inputs, run(target, inputs), what="with one sink per head, the output")
 
 
 @law(strategy=lambda t: sink_cases(t, causal=(False,), n_q_min=2), needs=needs_sinks)
@@ -140,13 +152,68 @@ def sinks_single_query_matches_batch(target: Target, case: Case) -> None:
     Catches: a single-query (decoding) path that applies the sinks differently from the batched
     path, so cached decoding diverges from recomputation (mlx#3452).
     """
-    q, k, v = case.arrays()
-    out = run(target, case, q, k, v)
+    inputs = case.inputs()
+    out = run(target, inputs)
     i = int(case.rng(41).integers(0, case.n_q))
-    one = dataclasses.replace(case, n_q=1)
-    alone = run(target, one, q[..., i:i + 1, :], k, v)
-    vis = golden.visibility(one.lead(), 1, case.n_k)
-    assert_matches(target, one, alone, q[..., i:i + 1, :], k, v, visible=vis,
-                   what=f"query {i} alone, the output")
-    assert_same(target, one, out[..., i:i + 1, :], alone, q[..., i:i + 1, :], k, v, visible=vis,
+    one = inputs.replace(q=inputs.q[..., i:i + 1, :],
+                         mask=None if inputs.mask is None else inputs.mask[..., i:i + 1, :])
+    alone = run(target, one)
+    assert_matches(target, one, alone, what=f"query {i} alone, the output")
+    assert_same(target, one, out[..., i:i + 1, :], alone,
                 what=f"query {i} alone against its row of the batched call")
+
+
+def edge_sinks(target: Target, case: Case, draw: st.DrawFn) -> tuple[float, ...]:
+    """Sink logits up to the edge of the logits' range and beyond what an exponent takes:
+    ±(1, 10², 10⁴, half the largest finite float32 — float64 where the target computes float64),
+    so that exp(sink − max) overflows wherever a kernel leaves the sink out of the row maximum."""
+    work = target.precision(case.dtype)
+    edge = float(finfo("float64" if work == "float64" else "float32").max) / 2
+    magnitudes = st.sampled_from((1.0, 1e2, 1e4, edge))
+    one = st.tuples(magnitudes, st.sampled_from((-1.0, 1.0))).map(lambda ms: ms[0] * ms[1])
+    return tuple(draw(st.lists(one, min_size=case.heads if case.ndim >= 3 else 1,
+                               max_size=case.heads if case.ndim >= 3 else 1)))
+
+
+@st.composite
+def _edge_sink_cases(draw: st.DrawFn, target: Target) -> Case:
+    masks = ("none", "random", "rows") if target.supports_mask else ("none",)
+    case = draw(cases(target, n_max=48, masks=masks))
+    return case.with_keyword("sinks", edge_sinks(target, case, draw))
+
+
+@law(strategy=_edge_sink_cases, needs=needs_sinks)
+def sinks_at_range_edge(target: Target, case: Case) -> None:
+    """Sink logits up to half the largest finite float32 (float64 for float64 inputs), of either
+    sign, with rows that see no key among them: every row that sees a key is finite and matches the
+    golden (a huge sink takes nearly all the weight, so the output goes to 0, not to NaN), and a
+    row that sees no key holds zeros when its sink is finite (the sink takes all its weight) —
+    otherwise what the target declares.
+
+    Catches: the sink left out of the row maximum, so exp(sink − max) overflows to inf and the row
+    becomes inf/inf = NaN once the sink is large (the class reviewed in flash-attention#2752); a
+    row that sees no key divided by its sink-only denominator as 0/0.
+    """
+    inputs = case.inputs()
+    out = run(target, inputs)
+    bad = sees_any(target, inputs)[..., None] & ~np.isfinite(out)
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise AssertionError(f"output {list(at)} is {out[at]} with sinks {case.param('sinks')}")
+    assert_empty_rows_follow_policy(target, inputs, out)
+    assert_matches(target, inputs, out, what=f"with sinks {case.param('sinks')}, the output")
+
+
+@law(strategy=_edge_sink_cases, needs=needs_sinks & _needs.keyword(LSE))
+def sinks_in_lse(target: Target, case: Case) -> None:
+    """With sinks and ``return_lse=True`` (sinks up to the range's edge, rows that see no key
+    among them), lse includes the sink: log(Σ_j exp(s_ij) + exp(sink)), the sink itself for a
+    row that sees no key (never −inf while the sink is finite), within the scores' rounding.
+
+    Catches: an lse computed before the sink joins the denominator, so merging split-KV partial
+    results counts the sink once per partition or never; the −inf of an empty row returned where
+    the sink makes the denominator finite.
+    """
+    inputs = case.inputs()
+    _, lse = run_lse(target, inputs)
+    assert_lse_close(target, inputs, lse, expected(target, inputs).lse, what="with sinks, lse")

@@ -2,25 +2,34 @@
 ``diag`` is i (top-left) or i + n_k − n_q (bottom-right), per the target's ``causal_alignment``
 (FlashAttention's ``window_size``, Mistral's sliding window); ANDed with ``causal`` and ``mask``.
 
-Each law needs ``supports_window``. Public off-by-one reports: transformers#39408 and vllm#3385.
+Public off-by-one reports: transformers#39408 and vllm#3385.
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import numpy as np
 from hypothesis import assume
 from hypothesis import strategies as st
 
+from spec import oracle
 from spec.cases import Case, cases
-from spec.laws._helpers import assert_matches, assert_same, held_fixed, needs_keyword, run, same_bits
+from spec.keywords import Geometry, Keyword, Restricts
+from spec.laws import _needs
+from spec.laws._helpers import assert_hidden_unmoved, assert_matches, assert_same, run
+from spec.laws.lengths import KV_LENGTHS
 from spec.registry import law
 from spec.target import Target
 
 Array = np.ndarray
 
-needs_window = needs_keyword("window")
+
+def window_visible(geo: Geometry, window: tuple[int, int]) -> Array:  # -> broadcastable to [*lead, n_q, n_k]
+    """Query i sees key j when diag(i) − left ≤ j ≤ diag(i) + right."""
+    left, right = window
+    if int(left) != left or int(right) != right or left < 0 or right < 0:
+        raise ValueError(f"window must be two integers >= 0, got {window!r}")
+    j = np.arange(geo.n_k)
+    return (j >= geo.diagonal - left) & (j <= geo.diagonal + right)
 
 
 def sides(n: int) -> st.SearchStrategy[int]:
@@ -28,13 +37,31 @@ def sides(n: int) -> st.SearchStrategy[int]:
     return st.one_of(st.integers(0, 4), st.integers(0, n + 2))
 
 
-@st.composite
-def window_cases(draw: st.DrawFn, target: Target, **given: object) -> Case:
-    """Cases with a window, on shapes the target's alignment defines (square_or_decoding: n_q = n_k
-    or n_q = 1)."""
-    case = draw(cases(target, n_max=48, **given))  # type: ignore[arg-type]
+def draw(draw: st.DrawFn, target: Target, case: Case) -> Case:
+    """A window of each side 0..4 or up to n_k + 2, on shapes the target's alignment defines
+    (square_or_decoding: n_q = n_k or n_q = 1)."""
     assume(target.causal_shape_ok(case.n_q, case.n_k))
-    return dataclasses.replace(case, window=(draw(sides(case.n_k)), draw(sides(case.n_k))))
+    return case.with_keyword("window", (draw(sides(case.n_k)), draw(sides(case.n_k))))
+
+
+WINDOW = Keyword(
+    name="window",
+    field="supports_window",
+    passes=("window",),
+    meaning="window=(left, right), integers >= 0: query i sees keys from diag - left to diag + right, "
+            "where diag is i (top-left) or i + n_k - n_q (bottom-right), per causal_alignment; ANDed "
+            "with causal and mask.",
+    terms=(Restricts(window_visible, cause="window"),),
+    received=lambda case, window: (tuple(window),),
+    draw=draw,
+    names={"flash_attn": "window_size", "jax": "local_window_size"},
+)
+
+needs_window = _needs.keyword(WINDOW)
+
+
+def window_cases(target: Target, **given: object) -> st.SearchStrategy[Case]:
+    return cases(target, n_max=48, keywords=(WINDOW,), **given)  # type: ignore[arg-type]
 
 
 @law(strategy=lambda t: window_cases(t, masks=("none", "random")), needs=needs_window)
@@ -45,9 +72,9 @@ def window_matches_golden(target: Target, case: Case) -> None:
     Catches: a window of left + 1 or left − 1 keys (an off-by-one at its edge: transformers#39408,
     vllm#3385); left and right swapped.
     """
-    q, k, v = case.arrays()
-    assert_matches(target, case, run(target, case, q, k, v), q, k, v,
-                   what=f"with window={case.window}, the output")
+    inputs = case.inputs()
+    assert_matches(target, inputs, run(target, inputs),
+                   what=f"with window={case.param('window')}, the output")
 
 
 @law(strategy=lambda t: window_cases(t, masks=("none", "random"), n_k_min=2), needs=needs_window)
@@ -59,31 +86,13 @@ def window_no_leak(target: Target, case: Case) -> None:
     Catches: a window edge off by one (key diag − left − 1 still seen, transformers#39408); a
     window applied to the scores' maximum but not to the sum, so hidden keys move the rounding.
     """
-    q, k, v = case.arrays()
-    assert case.window is not None
-    rng = case.rng(21)
-    row = int(rng.integers(0, case.n_q))
-    diag = row + (case.n_k - case.n_q if target.alignment == "bottom_right" else 0)
-    left, right = case.window
-    outside = (np.arange(case.n_k) < diag - left) | (np.arange(case.n_k) > diag + right)  # [n_k]
+    inputs = case.inputs()
+    window = case.param("window")
+    row = int(case.rng(21).integers(0, case.n_q))
+    outside = ~window_visible(oracle.geometry(target.alignment, inputs), window)[..., row, :]  # [n_k]
     assume(outside.any())
-    factor = 10.0 if case.dtype == "float16" else 1e3
-    where = outside[:, None]
-    k2 = np.where(where, (case.values_like(rng, k.shape) * factor).astype(case.dtype), k)
-    v2 = np.where(where, (case.values_like(rng, v.shape) * factor).astype(case.dtype), v)
-    blind = held_fixed(target, case, np.asarray(~(case.visible(target) & outside).any(axis=-1)))  # [..., n_q]
-    before, after = run(target, case, q, k, v), run(target, case, q, k2, v2)
-    if target.exact_masking:
-        bad = blind[..., None] & ~same_bits(before, after)
-        if bad.any():
-            at = tuple(int(i) for i in np.argwhere(bad)[0])
-            raise AssertionError(
-                f"changing keys outside window={case.window} of query {row} (keys < {diag - left} and "
-                f"> {diag + right}) changed output {list(at)} from {float(before[at])!r} to "
-                f"{float(after[at])!r}, though query {at[-2]} sees none of them")
-    else:
-        assert_matches(target, case, after, q, k, v, rows=blind,
-                       what=f"after changing keys outside window={case.window}, the output")
+    assert_hidden_unmoved(target, case, inputs, outside,
+                          what=f"changing keys outside window={window} of query {row}")
 
 
 @law(strategy=lambda t: window_cases(t, masks=("none", "random")), needs=needs_window)
@@ -95,14 +104,13 @@ def window_wider_than_sequence(target: Target, case: Case) -> None:
     with i − left < 0 slices from the end, or nothing); a "no window" sentinel (−1) confused
     with a window wider than the sequence.
     """
-    q, k, v = case.arrays()
-    wide = (case.n_q + case.n_k + case.window[0] if case.window else 0,
-            case.n_q + case.n_k + case.window[1] if case.window else 0)
-    plain = dataclasses.replace(case, window=None)
-    out = run(target, case, q, k, v, window=wide)
-    assert_matches(target, plain, out, q, k, v, what=f"with window={wide}, the output")
-    assert_same(target, plain, run(target, plain, q, k, v), out, q, k, v,
-                what=f"window={wide} against no window")
+    left, right = case.param("window")
+    wide = (case.n_q + case.n_k + left, case.n_q + case.n_k + right)
+    inputs = case.inputs().replace(window=wide)
+    out = run(target, inputs)
+    assert_matches(target, inputs, out, what=f"with window={wide}, the output")
+    plain = inputs.replace(window=None)
+    assert_same(target, plain, run(target, plain), out, what=f"window={wide} against no window")
 
 
 @st.composite
@@ -120,15 +128,13 @@ def window_alignment(target: Target, case: Case) -> None:
     Catches: a window aligned top-left while the causal mask is aligned bottom-right (or the
     reverse), so decoding with a KV cache slides every window by the cache length.
     """
-    q, k, v = case.arrays()
-    assert_matches(target, case, run(target, case, q, k, v), q, k, v,
-                   what=f"with window={case.window} and n_q={case.n_q}, n_k={case.n_k} "
+    inputs = case.inputs()
+    assert_matches(target, inputs, run(target, inputs),
+                   what=f"with window={case.param('window')} and n_q={case.n_q}, n_k={case.n_k} "
                         f"({target.alignment} diagonal), the output")
 
 
-@law(strategy=lambda t: window_cases(t, causal=(True,)),
-     needs=lambda t: needs_window(t) or (None if t.causal_alignment else "needs a causal mode"),
-     requires="window= (supports_window) and a causal mode")
+@law(strategy=lambda t: window_cases(t, causal=(True,)), needs=needs_window & _needs.causal_mode)
 def window_with_causal(target: Target, case: Case) -> None:
     """``causal=True`` with ``window=(left, right)`` sees only the keys from diag − left to diag: it
     matches the golden, and equals ``window=(left, 0)`` with causal (the right side is cut by causal).
@@ -136,10 +142,27 @@ def window_with_causal(target: Target, case: Case) -> None:
     Catches: a kernel that takes the window path and drops the causal mask (right > 0 then sees
     future keys); a causal mask and window composed with OR instead of AND.
     """
-    q, k, v = case.arrays()
-    assert case.window is not None
-    out = run(target, case, q, k, v)
-    assert_matches(target, case, out, q, k, v, what=f"causal with window={case.window}, the output")
-    cut = (case.window[0], 0)
-    assert_same(target, case, out, run(target, case, q, k, v, window=cut), q, k, v,
-                what=f"causal with window={case.window} against window={cut}")
+    inputs = case.inputs()
+    out = run(target, inputs)
+    window = case.param("window")
+    assert_matches(target, inputs, out, what=f"causal with window={window}, the output")
+    cut = (window[0], 0)
+    assert_same(target, inputs, out, run(target, inputs.replace(window=cut)),
+                what=f"causal with window={window} against window={cut}")
+
+
+@law(strategy=lambda t: cases(t, n_max=48, ndims=(4,), keywords=(KV_LENGTHS, WINDOW)),
+     needs=needs_window & _needs.keyword(KV_LENGTHS) & _needs.ndim(4))
+def window_with_kv_lengths(target: Target, case: Case) -> None:
+    """A window together with ``kv_lengths`` hides what either hides: the output matches the
+    golden, and changing the keys past each row's length moves no row.
+
+    Catches: a sliding-window code path that builds its own mask and drops the key lengths (the
+    padded keys inside the window are then attended); a window measured from the row's length
+    instead of the declared diagonal.
+    """
+    inputs = case.inputs()
+    out = run(target, inputs)
+    assert_matches(target, inputs, out, what=f"with window={case.param('window')} and kv_lengths, the output")
+    past = np.arange(case.n_k) >= np.asarray(case.param("kv_lengths"))[:, None, None]  # [batch, 1, n_k]
+    assert_hidden_unmoved(target, case, inputs, past, before=out, what="changing the keys past kv_lengths")

@@ -2,12 +2,13 @@
 
 Each module holds ``BROKEN`` — deliberately broken implementations, each paired with the law that
 must reject it — and ``CORRECT`` — variants that compute differently and must pass every law.
-A new family of laws adds one module here and one name to :data:`FAMILIES`.
+A new family of laws adds one module here and one name to `FAMILIES`.
 """
 
 from __future__ import annotations
 
 from gallery import (
+    alibi,
     bias,
     calls,
     core,
@@ -24,7 +25,8 @@ from gallery import (
 )
 from gallery.base import Broken
 
-FAMILIES = (core, masks, gradients, range_edges, bias, window, softcap, sinks, lengths, dropout, lse, calls,
+FAMILIES = (core, masks, gradients, range_edges, bias, alibi, window, softcap, sinks, lengths, dropout, lse,
+            calls,
             edges)
 
 BROKEN: list[Broken] = [b for family in FAMILIES for b in family.BROKEN]

@@ -1,5 +1,5 @@
-"""The textbook formula with the §2b keywords (bias, window, softcap, sinks), in the order of
-DESIGN §2b: scale → cap → bias → hide → softmax with the sinks in the denominator → @ V. Each
+"""The textbook formula with the keywords of real kernels (bias, window, softcap, sinks), in the
+order of docs/targets.md: scale → cap → bias → hide → softmax with the sinks in the denominator → @ V. Each
 broken variant of the keyword families changes it in one place; the correct variants compute
 it differently (log-space, per row, tiled)."""
 

@@ -60,7 +60,18 @@ def _declared(fn: Any, catches: str, bug: str, **more: Any) -> Any:
     return broken(fn, catches, bug, **(KEYWORDS | {"ndims": (2, 3, 4)} | more))
 
 
+def bias_slab_by_flat_index(q: Array, k: Array, v: Array, *, bias: Any = None, **kw: Any) -> Array:
+    """A bias of one slab per batch row ([batch, 1, n_q, n_k]) read at the flattened (batch, head)
+    index: batch b takes slab (b·heads) mod batch (onnxruntime#24017 read past the bias)."""
+    if bias is not None and q.ndim == 4 and np.shape(bias)[:2] == (q.shape[0], 1) and q.shape[0] > 1:
+        slabs = np.asarray(bias)
+        bias = slabs[(np.arange(q.shape[0]) * q.shape[1]) % q.shape[0]]
+    return textbook(q, k, v, bias=bias, **kw)
+
+
 BROKEN = [
+    _declared(bias_slab_by_flat_index, "bias_broadcast_reaches_every_slice",
+              "a bias broadcast over heads read at slab b·heads (onnxruntime#24017)"),
     _declared(bias_before_scale, "bias_matches_golden", "bias added before the scale: (q·kᵀ + B)·scale"),
     _declared(bias_after_max, "bias_row_shift_invariance",
               "row maximum taken over q·kᵀ before the bias is added: exp(s + B − max s) overflows"),

@@ -1,4 +1,4 @@
-"""Gallery for the laws of the call (:mod:`spec.laws.calls`): determinism and strided views."""
+"""Gallery for the laws of the call (`spec.laws.calls`): determinism and strided views."""
 
 from __future__ import annotations
 

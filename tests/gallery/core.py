@@ -2,7 +2,7 @@
 each paired with the property that must reject it, and correct variants that must pass.
 
 Each broken one reproduces a bug that real kernels have shipped or that code review routinely
-finds; it changes one thing against the plain formula in :func:`plain`.
+finds; it changes one thing against the plain formula in `plain`.
 """
 
 from __future__ import annotations

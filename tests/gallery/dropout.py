@@ -1,6 +1,6 @@
-"""Gallery for the dropout laws (:mod:`spec.laws.dropout`). Each broken variant changes one thing
+"""Gallery for the dropout laws (`spec.laws.dropout`). Each broken variant changes one thing
 in the dropout step; the correct one draws its mask from another generator (Philox) and applies
-it to the weights :func:`impl.attention` returns."""
+it to the weights `impl.attention` returns."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The gallery of :mod:`spec.laws.edges`: each broken variant mishandles n_k = 0 in one way that
+"""The gallery of `spec.laws.edges`: each broken variant mishandles n_k = 0 in one way that
 real kernels have (an unguarded online-softmax division, an unguarded reduction, a declared
 refusal that is not kept); the correct ones handle it or refuse it as declared."""
 

@@ -1,6 +1,6 @@
-"""Gallery for the ragged-batch laws (:mod:`spec.laws.lengths`): key lengths and packed sequences.
+"""Gallery for the ragged-batch laws (`spec.laws.lengths`): key lengths and packed sequences.
 
-The broken ones change one thing against :func:`impl.attention`'s keyword path; the correct ones
+The broken ones change one thing against `impl.attention`'s keyword path; the correct ones
 compute the same thing another way (a loop over batch rows, a loop over packed sequences).
 """
 
@@ -66,7 +66,20 @@ def varlen_packed_diagonal(q: Array, k: Array, v: Array, *, causal: bool = False
     return attention(q, k, v, mask=same & packed, **kw)
 
 
+def kv_lengths_nan_rows(q: Array, k: Array, v: Array, *, kv_lengths: Any = None, **kw: Any) -> Array:
+    """Key lengths as a −inf mask and a plain softmax: a row of length 0 is 0/0 = NaN."""
+    if kv_lengths is None:
+        return attention(q, k, v, **kw)
+    keep = (np.arange(k.shape[-2]) < np.asarray(kv_lengths)[:, None])[:, None, None, :]
+    s = np.where(keep, (q @ np.swapaxes(k, -1, -2)) / np.sqrt(q.shape[-1]), -np.inf)
+    with np.errstate(invalid="ignore"):
+        e = np.exp(s - np.max(s, axis=-1, keepdims=True))
+        return ((e / e.sum(axis=-1, keepdims=True)) @ v).astype(q.dtype)
+
+
 BROKEN = [
+    broken(kv_lengths_nan_rows, "kv_lengths_zero_rows", "a row of length 0 gives NaN (onnxruntime#27831)",
+           supports_kv_lengths=True, ndims=(2, 3, 4), causal_alignment=None),
     broken(kv_lengths_ignored, "kv_lengths_is_truncation", "kv_lengths accepted and ignored (jax#23349)",
            supports_kv_lengths=True, ndims=(2, 3, 4)),
     broken(kv_lengths_off_by_one, "kv_lengths_is_truncation", "keys j ≤ L visible instead of j < L",

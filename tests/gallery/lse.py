@@ -1,4 +1,4 @@
-"""Gallery for the logsumexp laws (:mod:`spec.laws.lse`). The broken variants return a wrong lse
+"""Gallery for the logsumexp laws (`spec.laws.lse`). The broken variants return a wrong lse
 next to a right output; the correct one computes both tile by tile, merging the tiles' partial
 results by their logsumexps (as split-KV decoding does)."""
 

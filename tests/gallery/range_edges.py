@@ -1,5 +1,5 @@
 """Gallery of float16's range: bugs that only scores near the edge of the dtype's range reveal
-(drawn by :mod:`spec.laws._range`), each rejected by its law, and a float16 kernel that scales
+(drawn by `spec.laws._range`), each rejected by its law, and a float16 kernel that scales
 first and conforms."""
 
 from __future__ import annotations

@@ -50,6 +50,30 @@ def sink_dropped_when_decoding(q: Array, k: Array, v: Array, *, sinks: Any = Non
     return textbook(q, k, v, sinks=None if q.shape[-2] == 1 else sinks, **kw)  # the n_q = 1 path
 
 
+def sink_left_out_of_max(q: Array, k: Array, v: Array, *, sinks: Any = None, **kw: Any) -> Array:
+    s = final_scores(q, k, **kw)
+    sink = sink_logits(q, sinks, s.dtype)
+    top = np.max(s, axis=-1, keepdims=True)  # the row maximum, without the sink
+    shift = np.where(np.isfinite(top), top, 0)
+    with np.errstate(over="ignore", invalid="ignore"):
+        e = np.exp(s - shift)
+        total = e.sum(axis=-1, keepdims=True) + np.exp(sink - shift)  # inf once the sink is large
+        return _weighted(q, v, e / total)
+
+
+def lse_without_sink(q: Array, k: Array, v: Array, *, sinks: Any = None, return_lse: bool = False,
+                     **kw: Any) -> Any:
+    out = textbook(q, k, v, sinks=sinks, **kw)
+    if not return_lse:
+        return out
+    s = final_scores(q, k, **kw)
+    top = np.max(s, axis=-1, keepdims=True)
+    m = np.where(np.isfinite(top), top, 0)
+    with np.errstate(divide="ignore"):
+        lse = (m + np.log(np.sum(np.exp(s - m), axis=-1, keepdims=True)))[..., 0]  # the sink left out
+    return out, lse.astype(np.float64 if q.dtype == np.float64 else np.float32)
+
+
 def _declared(fn: Any, catches: str, bug: str, **more: Any) -> Any:
     return broken(fn, catches, bug, **(KEYWORDS | {"ndims": (2, 3, 4)} | more))
 
@@ -63,6 +87,10 @@ BROKEN = [
     _declared(sink_of_head0, "sinks_per_head", "head 0's sink used for every head"),
     _declared(sink_dropped_when_decoding, "sinks_single_query_matches_batch",
               "the single-query (decoding) path ignores the sinks (cf. mlx#3452)"),
+    _declared(sink_left_out_of_max, "sinks_at_range_edge",
+              "the sink left out of the row maximum: exp(sink − max) overflows once the sink is large "
+              "(the class reviewed in flash-attention#2752)"),
+    _declared(lse_without_sink, "sinks_in_lse", "lse of the keys alone, the sink left out", returns_lse=True),
 ]
 
 

@@ -9,6 +9,7 @@ import numpy as np
 
 from gallery._keywords import KEYWORDS, scale_for, sink_logits, softmax_with_sinks, textbook, visible
 from gallery.base import broken, scores
+from impl import attention
 from spec import Target
 
 Array = np.ndarray
@@ -71,7 +72,15 @@ def _declared(fn: Any, catches: str, bug: str, **more: Any) -> Any:
     return broken(fn, catches, bug, **(KEYWORDS | {"ndims": (2, 3, 4)} | more))
 
 
+def window_drops_lengths(q: Array, k: Array, v: Array, *, window: Any = None, kv_lengths: Any = None,
+                         **kw: Any) -> Array:
+    """The sliding-window path builds its own mask and forgets the key lengths."""
+    return attention(q, k, v, window=window, kv_lengths=None if window is not None else kv_lengths, **kw)
+
+
 BROKEN = [
+    broken(window_drops_lengths, "window_with_kv_lengths", "the sliding-window path drops kv_lengths",
+           supports_window=True, supports_kv_lengths=True, supports_mask=True, ndims=(2, 3, 4)),
     _declared(window_negative_slice, "window_matches_golden",
               "per-row slice k[i − left : i + right + 1]: a negative start wraps to the end of the keys"),
     _declared(window_off_by_one, "window_no_leak",

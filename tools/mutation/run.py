@@ -1,5 +1,5 @@
 """The suite's own mutation score: Cosmic Ray mutates impl's files one change at a time and runs
-the suite (:mod:`tools.mutation.suite`) on each mutant.
+the suite (`tools.mutation.suite`) on each mutant.
 
     python -m tools.mutation.run [--jobs 3] [--timeout 120] [--sample N] [--docs docs/mutation.md] [FILE ...]
     python -m tools.mutation.run --survivors [--docs ...]   # rerun only the stored survivors
@@ -7,7 +7,7 @@ the suite (:mod:`tools.mutation.suite`) on each mutant.
 
 Each file is mutated in a copy of the tree of its own (Cosmic Ray edits files in place), so the
 working tree is never touched and files run side by side (``--jobs``). Mutants of the operators in
-:data:`OPERATORS` are run (one natural change per operator: ``+``→``-``, ``<``→``<=``, n→n±1, ...);
+`OPERATORS` are run (one natural change per operator: ``+``→``-``, ``<``→``<=``, n→n±1, ...);
 mutants inside type annotations are never run (with ``from __future__ import annotations`` they
 are never evaluated). A surviving mutant must be listed in ``tools/mutation/equivalent.toml``
 (the original line, the mutated line and a reason); the exit code is 1 when one is not, 2 when

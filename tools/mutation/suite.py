@@ -6,7 +6,7 @@ it), 0 when everything passes.
 
 The suite's two checks always run before impl's tests, so a mutant that only impl's tests kill is
 one the suite's laws let through: the last line printed, ``killed by: CHECK``, says which check
-noticed it (what :mod:`tools.mutation.run` records). ``--first`` only says which of the suite's two
+noticed it (what `tools.mutation.run` records). ``--first`` only says which of the suite's two
 targets leads (the one likeliest to notice a mutant of that file); a surviving mutant has always
 been through every check.
 """

@@ -1,0 +1,248 @@
+"""The keywords real kernels take, each declared once, as one `Keyword` record.
+
+A keyword (``bias=``, ``window=``, ``alibi_slopes=`` ...) is declared in its own law module, next
+to its laws, and everything else reads the declaration (as PyTorch's ``OpInfo`` describes an
+operator once):
+
+- **capability** — the `Target` field that says ``fn`` takes it (``supports_window``);
+- **arguments** — the keyword arguments ``fn`` receives (``passes``) and how other libraries
+  spell them (``names``, for messages and adapters);
+- **drawing** — how a `Case` draws it (``draw``) and turns the drawn parameter into the values
+  passed (``received``);
+- **terms** — what it does to the maths, for the golden (float64) *and* the baseline (the
+  target's dtype): a restriction of what each query sees, a transform of the scores, an
+  added term, a sink logit, or an explicit statement that it leaves the maths alone.
+
+The golden (`spec.golden`), the baseline and floor (`spec.tolerance`, composed in `spec.oracle`),
+the cases, the calling layer and the docs all read these records. A record cannot be made
+without terms, and each kind of term supplies the golden and the baseline together, so a
+keyword cannot quietly loosen the tolerance by being forgotten in one of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from spec import golden
+from spec.target import CAUSES, GRAD_EXTRAS, Target, keyword_fields
+
+Array = np.ndarray
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """What a term may depend on besides its own values: the shapes, the target's alignment, and
+    each query's diagonal key (``diagonal``, broadcastable to ``[*lead, n_q, 1]``): i + 0 top-left,
+    i + n_k − n_q bottom-right, or per sequence where a keyword realigns it (packed sequences).
+    ``bottom_right`` is the bottom-right diagonal whatever the alignment (ALiBi's distances are
+    measured from it, as FlashAttention defines them)."""
+
+    lead: tuple[int, ...]
+    n_q: int
+    n_k: int
+    align: golden.Alignment
+    diagonal: Array
+    bottom_right: Array
+
+    @property
+    def ndim(self) -> int:
+        return len(self.lead) + 2
+
+
+# --- terms: what a keyword does to the maths ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Restricts:
+    """Hides keys: ``visible(geometry, *values)`` -> bool broadcastable to ``[*lead, n_q, n_k]``
+    (True = may attend), ANDed with causal and mask=. Exact in every dtype, so the golden and the
+    baseline use the same array. ``cause`` names the rows it empties (one of `CAUSES`)."""
+
+    visible: Callable[..., Array]
+    cause: str
+
+    def __post_init__(self) -> None:
+        if self.cause not in CAUSES:
+            raise ValueError(f"Restricts cause must be one of {CAUSES}, got {self.cause!r}")
+
+
+@dataclass(frozen=True)
+class Transforms:
+    """Transforms the scaled scores before anything is added to them (softcap), elementwise:
+    ``golden(s, *values)`` in float64, ``baseline(s, dtype, *values)`` with every step rounded to
+    the dtype, and ``derivative(s, *values)`` = ds'/ds in float64, for the backward. A transform
+    must not enlarge score errors (|derivative| ≤ 1), so the floor needs no term for it."""
+
+    golden: Callable[..., Array]
+    baseline: Callable[..., Array]
+    derivative: Callable[..., Array]
+
+
+@dataclass(frozen=True)
+class Adds:
+    """Adds ``added(geometry, *values)`` (float64, broadcastable to ``[*lead, n_q, n_k]``) to the
+    (transformed) scores; −inf hides a key. The baseline adds it rounded to the dtype; the floor
+    counts 2·max|added| (each biased score rounds once more). ``grad``: the name of its gradient
+    among a backward's extras (``"dbias"``), which then has the shape of the first value.
+    ``cause``: what a row emptied by its −inf entries is called (one of `CAUSES`)."""
+
+    added: Callable[..., Array]
+    grad: str | None = None
+    cause: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.cause is not None and self.cause not in CAUSES:
+            raise ValueError(f"Adds cause must be one of {CAUSES}, got {self.cause!r}")
+
+
+@dataclass(frozen=True)
+class Sinks:
+    """Joins each row's softmax denominator without a value: ``logits(geometry, *values)`` ->
+    float64 broadcastable to ``[*lead, n_q]``; the baseline uses them rounded to the dtype.
+    ``grad``: the name of its gradient among a backward's extras (``"dsinks"``)."""
+
+    logits: Callable[..., Array]
+    grad: str | None = None
+
+
+@dataclass(frozen=True)
+class Realigns:
+    """Moves each query's diagonal key: ``diagonal(geometry, *values)`` -> broadcastable to
+    ``[*lead, n_q, 1]``, in the alignment ``geometry.align`` (packed sequences: each sequence
+    aligned on its own). Causal, windows and ALiBi's distances all read the diagonals from the
+    geometry, so they follow."""
+
+    diagonal: Callable[..., Array]
+
+
+@dataclass(frozen=True)
+class Leaves:
+    """Leaves the golden as it is, for the ``reason`` given (dropout: the golden is the undropped
+    output, and its laws read the kept set; an output asked for changes no number)."""
+
+    reason: str
+
+    def __post_init__(self) -> None:
+        if not self.reason.strip():
+            raise ValueError("Leaves needs the reason the keyword leaves the golden as it is")
+
+
+Term = Restricts | Transforms | Adds | Sinks | Realigns | Leaves
+TERMS = (Restricts, Transforms, Adds, Sinks, Realigns, Leaves)
+
+Arrangement = Literal["dense", "packed"]
+
+
+@dataclass(frozen=True)
+class Keyword:
+    """One keyword of real kernels: everything the suite knows about it, in one place."""
+
+    name: str
+    """Short name, the key of a case's drawn parameter: ``window``, ``varlen``, ``alibi``."""
+    field: str
+    """The `Target` field that declares ``fn`` takes it: ``supports_window``."""
+    passes: tuple[str, ...]
+    """The keyword arguments ``fn`` receives, in order: ``("cu_seqlens_q", "cu_seqlens_k")``."""
+    meaning: str
+    """What it means, one paragraph (the docs, the targets page)."""
+    terms: tuple[Term, ...]
+    """What it does to the maths (at least one; `Leaves` says it does nothing, and why)."""
+    received: Callable[[Any, Any], tuple[Any, ...]]
+    """``received(case, parameter)``: the values passed, in ``passes`` order (None: not passed)."""
+    draw: Callable[[Any, Target, Any], Any] | None = None
+    """``draw(draw_fn, target, case)``: the case with a parameter for this keyword (and whatever it
+    needs: a batch, a rank); None when its laws build the case themselves."""
+    names: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """How libraries spell the first argument: ``{"jax": "local_window_size"}``."""
+    arrangement: Arrangement = "dense"
+    """``packed``: 3-D inputs are packed sequences, ``(heads, total, d)`` (``(total, heads, d)``
+    in ``bnhd``)."""
+    ndims: tuple[int, ...] = (2, 3, 4)
+    """Ranks of q, k, v it applies to (per-row key lengths: 4; packed sequences: 3); `spec.cases.cases`
+    draws only those ranks for a case that draws it."""
+
+    def __post_init__(self) -> None:
+        if not self.terms or not all(isinstance(t, TERMS) for t in self.terms):
+            raise ValueError(f"keyword {self.name!r} needs its terms (Restricts, Transforms, Adds, Sinks, "
+                             f"Realigns or Leaves): the golden and the baseline read them, "
+                             f"got {self.terms!r}")
+        if self.field not in keyword_fields(Target):
+            raise ValueError(f"keyword {self.name!r}: Target has no keyword field {self.field!r} "
+                             f"(add `{self.field}: bool = keyword_field()` to spec.target.Target)")
+        if not self.passes:
+            raise ValueError(f"keyword {self.name!r} passes no argument")
+        if not self.ndims or any(r not in (2, 3, 4) for r in self.ndims):
+            raise ValueError(f"keyword {self.name!r}: ndims must be a non-empty subset of (2, 3, 4), "
+                             f"got {self.ndims!r}")
+
+    def values(self, case: Any) -> dict[str, Any]:
+        """The arguments this keyword passes for ``case`` (none if it drew no parameter)."""
+        parameter = case.keywords.get(self.name)
+        if parameter is None:
+            return {}
+        given = self.received(case, parameter)
+        return {name: value for name, value in zip(self.passes, given, strict=True) if value is not None}
+
+    def given(self, arguments: Mapping[str, Any]) -> tuple[Any, ...] | None:
+        """This keyword's values among ``arguments`` (None when none of them is passed)."""
+        if not any(arguments.get(name) is not None for name in self.passes):
+            return None
+        return tuple(arguments.get(name) for name in self.passes)
+
+    def replace(self, **changes: Any) -> Keyword:
+        return dataclasses.replace(self, **changes)
+
+
+_DECLARED: dict[str, Keyword] = {}
+_BY_ARGUMENT: dict[str, Keyword] = {}
+
+
+def install(found: Mapping[str, Keyword]) -> None:
+    """Make ``found`` the declared keywords: `spec.registry` collects them from its law modules
+    (as it collects the laws) and installs them here, where the layers below the laws read them."""
+    _DECLARED.clear()
+    _DECLARED.update(found)
+    _BY_ARGUMENT.clear()
+    _BY_ARGUMENT.update({arg: kw for kw in found.values() for arg in kw.passes})
+    GRAD_EXTRAS.clear()  # what Target's grad_extras may name
+    GRAD_EXTRAS.update({name: (kw.passes[0], kw.field) for name, kw in gradient_extras().items()})
+
+
+def registered() -> dict[str, Keyword]:
+    """Every declared keyword, by name (installed by `spec.registry` when ``spec`` is imported)."""
+    return _DECLARED
+
+
+def by_argument() -> dict[str, Keyword]:
+    """Every keyword by each argument it passes (``cu_seqlens_k`` -> the varlen keyword)."""
+    return _BY_ARGUMENT
+
+
+def declares(target: Target, keyword: str) -> bool:
+    """Whether ``target`` takes this keyword (by name or by an argument it passes)."""
+    found = registered().get(keyword) or by_argument().get(keyword)
+    if found is None:
+        raise KeyError(f"unknown keyword {keyword!r}")
+    return bool(getattr(target, found.field))
+
+
+def gradient_extras() -> dict[str, Keyword]:
+    """Each gradient a backward may return beside dq, dk, dv (the ``grad`` of an `Adds` or `Sinks`
+    term: ``dbias``, ``dsinks``), with the keyword whose first value it is the gradient of."""
+    return {term.grad: kw for kw in registered().values() for term in kw.terms
+            if isinstance(term, (Adds, Sinks)) and term.grad is not None}
+
+
+def arrangement(arguments: Mapping[str, Any]) -> Arrangement:
+    """How the arrays are arranged for these keyword arguments (packed sequences or dense)."""
+    table = by_argument()
+    for name, value in arguments.items():
+        kw = table.get(name)
+        if kw is not None and value is not None and kw.arrangement != "dense":
+            return kw.arrangement
+    return "dense"

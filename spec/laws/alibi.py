@@ -1,0 +1,170 @@
+"""Laws of ``alibi_slopes=``: ALiBi (Press et al., 2022, "Train Short, Test Long: Attention with
+Linear Biases"), float32 slopes ``[heads]`` or ``[batch, heads]`` (``[1]`` for 2-D inputs), adding
+``−slope·|i + n_k − n_q − j|`` to the score of query i and key j — FlashAttention's definition,
+measured from the bottom-right diagonal whatever the causal alignment — after the softcap,
+before the masks.
+
+The whole keyword is this module: its declaration (`ALIBI`) and its laws; the suite's golden,
+baseline, cases, calling layer and docs read the declaration.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from hypothesis import strategies as st
+
+from spec import oracle
+from spec.cases import Case, cases
+from spec.keywords import Adds, Geometry, Keyword
+from spec.laws import _needs
+from spec.laws._helpers import assert_matches, assert_same, run
+from spec.laws.bias import BIAS
+from spec.registry import law
+from spec.target import Target
+
+Array = np.ndarray
+
+
+def paper_slopes(heads: int) -> tuple[float, ...]:
+    """The paper's slopes: 2^(−8(h+1)/H) for H a power of two; otherwise those of the largest power
+    of two below H, then every other slope of twice that, until there are H (its reference code)."""
+    if heads <= 0:
+        return ()
+    closest = 2 ** math.floor(math.log2(heads))
+    first = tuple(2.0 ** (-8.0 * (h + 1) / closest) for h in range(closest))
+    return first + paper_slopes(2 * closest)[0::2][:heads - closest] if heads > closest else first
+
+
+def distances(geo: Geometry) -> Array:  # -> broadcastable to [*lead, n_q, n_k]
+    """|i + n_k − n_q − j|: each key's distance from the query's bottom-right diagonal."""
+    return np.abs(geo.bottom_right - np.arange(geo.n_k))
+
+
+def alibi_bias(geo: Geometry, slopes: Array) -> Array:  # [heads] | [batch, heads] -> [..., n_q, n_k] float64
+    """−slope·distance, the slope of each (batch row,) head: [heads] → [heads, 1, 1], [batch, heads] →
+    [batch, heads, 1, 1], [1] for 2-D inputs → [1, 1]."""
+    s = np.asarray(slopes, dtype=np.float64)
+    per_row = s[..., None, None] if geo.ndim >= 3 or s.ndim == 2 else s[:, None]
+    return -per_row * distances(geo)
+
+
+def received(case: Case, slopes: tuple) -> tuple[Array]:
+    return (np.asarray(slopes, dtype=np.float32),)
+
+
+def heads_of(case: Case) -> int:
+    return case.heads if case.ndim >= 3 else 1
+
+
+def draw(draw: st.DrawFn, target: Target, case: Case) -> Case:
+    """The paper's slopes for the case's heads, or slopes drawn in [0, 1] (0 included: no bias);
+    with 4-D inputs sometimes one row of slopes per batch row."""
+    heads = heads_of(case)
+    drawn = st.lists(st.floats(0.0, 1.0, width=32), min_size=heads, max_size=heads).map(tuple)
+    row = st.one_of(st.just(paper_slopes(heads)), drawn)
+    if case.ndim == 4 and draw(st.booleans()):
+        return case.with_keyword("alibi", tuple(draw(row) for _ in range(case.batch)))
+    return case.with_keyword("alibi", draw(row))
+
+
+ALIBI = Keyword(
+    name="alibi",
+    field="supports_alibi",
+    passes=("alibi_slopes",),
+    meaning="float32 slopes [heads] or [batch, heads] ([1] for 2-D inputs), adding "
+            "-slope·|i + n_k - n_q - j| to the score of query i and key j (FlashAttention's definition, "
+            "from the bottom-right diagonal), after the softcap, before the masks.",
+    terms=(Adds(alibi_bias),),
+    received=received,
+    draw=draw,
+    names={"flash_attn": "alibi_slopes"},
+)
+
+needs_alibi = _needs.keyword(ALIBI)
+
+
+def alibi_cases(target: Target, **given: object) -> st.SearchStrategy[Case]:
+    return cases(target, n_max=48, keywords=(ALIBI,), **given)  # type: ignore[arg-type]
+
+
+@law(strategy=lambda t: alibi_cases(t, masks=("none", "random"), scale=True), needs=needs_alibi)
+def alibi_matches_golden(target: Target, case: Case) -> None:
+    """With ``alibi_slopes=`` the output equals the float64 golden of
+    softmax(scale·q·kᵀ − slope·|i + n_k − n_q − j|)·V within the tolerance policy, for the paper's
+    slopes and for slopes drawn in [0, 1], whatever the causal mask and mask= hide.
+
+    Catches: the distance measured from the top-left diagonal |i − j| (right only when n_q = n_k,
+    wrong for decoding with a cache); the slope's sign flipped, so far keys gain weight; the bias
+    added before the scale.
+    """
+    inputs = case.inputs()
+    assert_matches(target, inputs, run(target, inputs), what="with alibi_slopes=, the output")
+
+
+@law(strategy=lambda t: alibi_cases(t, masks=("none", "random")), needs=needs_alibi & _needs.keyword(BIAS))
+def alibi_equals_its_bias(target: Target, case: Case) -> None:
+    """``alibi_slopes=m`` gives the output of ``bias=`` the explicit array −m·|i + n_k − n_q − j|
+    (``[heads, n_q, n_k]``, ``[batch, heads, n_q, n_k]`` for per-batch slopes), within twice the
+    tolerance: the keyword is exactly the bias it defines.
+
+    Catches: a fused ALiBi path that applies the slope after the softcap of another path, or
+    rounds the distance in the input dtype (float16 distances past 2,048 lose their last bits);
+    a slope applied to (j − i) without the absolute value, so keys after the diagonal gain.
+    """
+    inputs = case.inputs()
+    geo = oracle.geometry(target.alignment, inputs)
+    explicit = alibi_bias(geo, inputs.get("alibi_slopes")).astype(case.dtype)
+    as_bias = inputs.replace(alibi_slopes=None, bias=np.broadcast_to(explicit, (*case.lead(), case.n_q,
+                                                                                case.n_k)))
+    assert_same(target, inputs, run(target, as_bias), run(target, inputs),
+                what="alibi_slopes= against the explicit bias it defines")
+
+
+@st.composite
+def _per_batch_cases(draw: st.DrawFn, target: Target) -> Case:
+    case = draw(alibi_cases(target, ndims=(4,)))
+    case = case.replace(batch=max(case.batch, 2), heads=max(case.heads, 2), kv_heads=None)
+    distinct = np.linspace(0.05, 1.0, case.batch * case.heads).reshape(case.batch, case.heads)
+    order = draw(st.permutations(range(distinct.size)))
+    slopes = distinct.reshape(-1)[list(order)].reshape(distinct.shape)
+    return case.with_keyword("alibi", tuple(tuple(float(x) for x in row) for row in slopes))
+
+
+@law(strategy=_per_batch_cases, needs=needs_alibi & _needs.ndim(4))
+def alibi_per_batch_and_head(target: Target, case: Case) -> None:
+    """Slopes ``[batch, heads]``, all distinct (two or more of each), reach their own (batch row,
+    head): the output matches the golden slice by slice.
+
+    Catches: ``[batch, heads]`` slopes read as ``[heads]`` (batch row 0's for every row), or
+    indexed by the flattened (head, batch) order; slopes indexed by the K/V head.
+    """
+    inputs = case.inputs()
+    assert_matches(target, inputs, run(target, inputs),
+                   what="with per-(batch, head) alibi_slopes, the output")
+
+
+NOT_POWERS_OF_TWO = (3, 5, 6, 7, 12)
+
+
+@st.composite
+def _odd_head_cases(draw: st.DrawFn, target: Target) -> Case:
+    case = draw(cases(target, ndims=(3, 4), n_max=24))
+    heads = draw(st.sampled_from(NOT_POWERS_OF_TWO))
+    return case.replace(heads=heads, kv_heads=None).with_keyword("alibi", paper_slopes(heads))
+
+
+@law(strategy=_odd_head_cases, needs=needs_alibi & _needs.ndim(3, 4))
+def alibi_heads_not_a_power_of_two(target: Target, case: Case) -> None:
+    """With 3, 5, 6, 7 or 12 heads and the paper's slopes for that count (interleaved from two
+    powers of two), every head — the last ones, past the largest power of two, included — uses
+    its own slope: the output matches the golden head by head.
+
+    Catches: slopes indexed by h mod 2^⌊log₂ H⌋ (a kernel that assumes a power-of-two head count
+    and wraps the last heads onto the first); slopes recomputed inside the kernel by the
+    power-of-two formula 2^(−8(h+1)/H), ignoring the slopes passed.
+    """
+    inputs = case.inputs()
+    assert_matches(target, inputs, run(target, inputs),
+                   what=f"with {case.heads} heads and their ALiBi slopes, the output")

@@ -1,0 +1,104 @@
+"""PyTorch's FlexAttention over a paged cache (spec.frameworks.torch_flex_paged_attention) against
+impl's paged path, and what it reads that it should not.
+
+The eager path runs on a handful of shapes (decode, chunked prefill, grouped heads, block sizes 1 and
+not dividing the lengths, a window, float8). The compiled path — the fused kernel, ~15 s of
+compilation per new shape on this CPU — runs on one shape: its agreement, and the two reads
+measured on torch 2.13.0: the eager path reads every physical block (a NaN in a block nobody owns
+reaches every row), and the compiled kernel skips unowned blocks but reads the values in the tail of
+a sequence's last block (a NaN there reaches that sequence; one in the keys' tail does not).
+"""
+
+import numpy as np
+import pytest
+from paged_caches import draw_seqs, paged
+
+from impl import attention
+
+torch = pytest.importorskip("torch")
+ml_dtypes = pytest.importorskip("ml_dtypes")
+
+from spec.frameworks import torch_flex_paged_attention  # noqa: E402  (needs torch)
+
+# (lengths, h, g, n_q, block_size, keywords)
+SHAPES = [
+    ([9, 1, 30], 4, 2, 1, 4, {"causal": True}),  # decode
+    ([3, 10, 5], 2, 1, 3, 4, {"causal": True}),  # chunked prefill, a query before row 0's start
+    ([7, 12], 3, 3, 2, 1, {}),  # block size 1
+    ([7, 12, 0], 4, 1, 2, 5, {"causal": True}),  # 5 divides no length; an empty sequence
+    ([11, 6], 2, 2, 3, 3, {"causal": True, "window": (2, 0)}),
+]
+
+
+def problem(lengths, h, g, n_q, block_size, *, seed=0, fill=0.0, d=8):
+    rng = np.random.default_rng(seed)
+    k_seqs, v_seqs = draw_seqs(rng, lengths, g, d, np.float32), draw_seqs(rng, lengths, g, d, np.float32)
+    k_pool, v_pool, table = paged(k_seqs, v_seqs, block_size, rng, fill=fill)
+    q = rng.standard_normal((len(lengths), h, n_q, d)).astype(np.float32)
+    return q, k_pool, v_pool, table, np.array(lengths, dtype=np.int32)
+
+
+def both(q, k_pool, v_pool, table, lengths, *, compiled, **kw):
+    flex = torch_flex_paged_attention(q, k_pool, v_pool, block_table=table, kv_lengths=lengths,
+                                      compiled=compiled, **kw)
+    reference = attention(q, k_pool, v_pool, block_table=table, kv_lengths=lengths, **kw)
+    return flex, reference
+
+
+@pytest.mark.parametrize(("lengths", "h", "g", "n_q", "block_size", "kw"), SHAPES)
+def test_eager_flex_attention_agrees_with_the_reference(lengths, h, g, n_q, block_size, kw):
+    flex, reference = both(*problem(lengths, h, g, n_q, block_size), compiled=False, **kw)
+    assert flex.dtype == np.float32 and flex.shape == reference.shape
+    np.testing.assert_allclose(flex, reference, rtol=2e-6, atol=2e-6)
+
+
+def test_eager_flex_attention_with_a_float8_cache():
+    q, k_pool, v_pool, table, lengths = problem([9, 4], 4, 2, 2, 4, seed=1)
+    rng = np.random.default_rng(2)
+    descales = {name: rng.uniform(0.2, 3.0, (2, 2)).astype(np.float32) for name in ("k_descale", "v_descale")}
+    k8, v8 = k_pool.astype(ml_dtypes.float8_e4m3fn), v_pool.astype(ml_dtypes.float8_e4m3fn)
+    flex, reference = both(q, k8, v8, table, lengths, compiled=False, causal=True, **descales)
+    np.testing.assert_allclose(flex, reference, rtol=2e-6, atol=2e-6)
+    swapped = torch_flex_paged_attention(q, k8, v8, block_table=table, kv_lengths=lengths, causal=True,
+                                         compiled=False, k_descale=descales["v_descale"],
+                                         v_descale=descales["k_descale"])
+    assert np.abs(swapped - reference).max() > 1e-2  # the comparison above can tell the scales apart
+
+
+def with_nan(pool, table, lengths, *, tails):
+    """``pool`` with NaN in the blocks nobody owns, or (tails=True) in each last block's tail."""
+    pool = pool.copy()
+    block_size = pool.shape[1]
+    owned = {int(table[b, i]) for b, n in enumerate(lengths) for i in range(-(-int(n) // block_size))}
+    if not tails:
+        pool[sorted(set(range(len(pool))) - owned)] = np.nan
+        return pool
+    for b, n in enumerate(lengths):
+        if n % block_size:
+            pool[table[b, (n - 1) // block_size], n % block_size:] = np.nan
+    return pool
+
+
+def test_eager_flex_attention_reads_blocks_nobody_owns():
+    q, k_pool, v_pool, table, lengths = problem([7, 12], 2, 2, 2, 4)
+    nan_pool = with_nan(v_pool, table, lengths, tails=False)
+    out = torch_flex_paged_attention(q, k_pool, nan_pool, block_table=table, kv_lengths=lengths,
+                                     compiled=False)
+    assert np.isnan(out).all()  # a finding: the unfused path computes over the whole pool
+
+
+def test_compiled_flex_attention_agrees_and_reads_only_the_value_tails():
+    """One shape, so one compilation. Row 0 (7 keys in blocks of 4) has a tail of one position, row
+    1 (12 keys) none."""
+    q, k_pool, v_pool, table, lengths = problem([7, 12], 4, 2, 3, 4)
+    run = dict(block_table=table, kv_lengths=lengths, causal=True, compiled=True)
+    flex, reference = both(q, k_pool, v_pool, table, lengths, compiled=True, causal=True)
+    np.testing.assert_allclose(flex, reference, rtol=2e-6, atol=2e-6)
+    unowned = torch_flex_paged_attention(q, with_nan(k_pool, table, lengths, tails=False),
+                                         with_nan(v_pool, table, lengths, tails=False), **run)
+    np.testing.assert_array_equal(unowned, flex)  # blocks outside the block mask are never visited
+    key_tails = torch_flex_paged_attention(q, with_nan(k_pool, table, lengths, tails=True), v_pool, **run)
+    np.testing.assert_array_equal(key_tails, flex)  # masked scores: a NaN key never counts
+    value_tails = torch_flex_paged_attention(q, k_pool, with_nan(v_pool, table, lengths, tails=True), **run)
+    # a finding: weight 0 times a NaN value in the tail of row 0's last block
+    assert np.isnan(value_tails[0]).all() and not np.isnan(value_tails[1]).any()
