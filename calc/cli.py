@@ -1,15 +1,20 @@
 """``python -m calc``: parameter ledgers and n² cost tables of a model.
 
-    python -m calc MODEL [--format table|github|latex|csv|json] [--seq N ...] [--dtype fp32|fp16|bf16]
-                         [--peak-tflops T] [--bandwidth-gbs G]
+    python -m calc MODEL [--format table|github|latex|csv|json] [--seq N ...] [--dtype fp32|fp16|bf16|fp8]
+                         [--peak-tflops T] [--bandwidth-gbs G] [--width COLUMNS]
+                         [--train [--micro-batch B] [--tp T] [--no-sequence-parallel] [--dp N] [--zero 0-3]
+                                  [--train-precision P]]
+                         [--gpu-memory SIZE | --gpu NAME] [--weight-dtype D]
     python -m calc path/to/config.json [table options]      (a Hugging Face config.json, read from disk)
     python -m calc compare MODEL MODEL ... [--seq N] [--dtype D] [--format F] [--plot FILE.png]
+                           [--gpu-memory SIZE | --gpu NAME] [--weight-dtype D]
     python -m calc custom --d-model D --n-heads H --n-layers L [--d-head K] [--n-kv-heads G] [--d-ff F]
                           [--vocab V] [--n-ctx N] [--arch gpt|llama] [--tied|--untied] [table options]
     python -m calc --list
     python -m calc formulas
 
-Exit status 0 on success; 2 on a usage error, with one line on stderr naming the argument.
+Exit status 0 on success; 2 on a usage error, with one line on stderr naming the argument. A --seq
+past a model's trained context is answered, with a warning on stderr (and in the JSON's ``warnings``).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import io
 import json
 import math
 import os
+import shutil
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -30,7 +36,9 @@ from calc.derivations import formulas_text
 from calc.hf import SUPPORTED, load
 from calc.ledger import checkpoint
 from calc.presets import ARCHS, PRESETS, ConfigError, UnknownModel, custom, preset
-from calc.report import FORMATS, build, render
+from calc.report import DEFAULT_WIDTH, FORMATS, build, fit, render, wrap
+from calc.serving import GPUS, parse_size
+from calc.training import PRECISIONS, ZERO_STAGES
 
 FLAGS = {"vocab_size": "--vocab", "tied_embeddings": "--tied/--untied"}
 
@@ -65,6 +73,33 @@ def positive_float(text: str) -> float:
     return value
 
 
+def size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def width(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number of columns, got {text!r}") from None
+    if value != 0 and value < 40:
+        raise argparse.ArgumentTypeError(f"must be 0 (no wrapping) or at least 40 columns, got {text!r}")
+    return value
+
+
+def _serving_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("serving memory: weights, KV cache, largest batch and context")
+    device = group.add_mutually_exclusive_group()
+    device.add_argument("--gpu-memory", type=size, metavar="SIZE",
+                        help="memory of one device, with a unit: 80GiB, 141GB (GB = 10^9, GiB = 2^30 bytes)")
+    device.add_argument("--gpu", choices=tuple(GPUS), help="a device, with its datasheet's memory")
+    group.add_argument("--weight-dtype", choices=tuple(costs.DTYPE_BYTES),
+                       help="value type of the served weights (default: bf16)")
+
+
 def _table_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
     parser.add_argument("--seq", type=positive_int, nargs="+", metavar="N",
@@ -75,6 +110,57 @@ def _table_options(parser: argparse.ArgumentParser) -> None:
                         help=f"peak TFLOP/s for the time table (default: {costs.DEFAULT_PEAK_TFLOPS:g})")
     parser.add_argument("--bandwidth-gbs", type=positive_float, default=costs.DEFAULT_BANDWIDTH_GBS,
                         help=f"memory GB/s, 10^9 bytes (default: {costs.DEFAULT_BANDWIDTH_GBS:g})")
+    parser.add_argument("--width", type=width, metavar="COLUMNS",
+                        help=f"widest line of the table format (default: the terminal's, {DEFAULT_WIDTH} "
+                        "when stdout is not a terminal; 0: no wrapping)")
+    group = parser.add_argument_group("training memory (Korthikanti et al. 2022; ZeRO)")
+    group.add_argument("--train", action="store_true", help="add training memory over the sequence lengths")
+    group.add_argument("--micro-batch", type=positive_int, metavar="B",
+                       help="sequences per step (default: 1)")
+    group.add_argument("--tp", type=positive_int, metavar="T", help="tensor-parallel degree (default: 1)")
+    group.add_argument("--no-sequence-parallel", dest="sequence_parallel", action="store_const", const=False,
+                       help="tensor parallelism without sequence parallelism: LayerNorm and dropout "
+                       "activations stay whole on every device (default: sequence parallelism on)")
+    group.add_argument("--dp", type=positive_int, metavar="N", help="data-parallel devices (default: 1)")
+    group.add_argument("--zero", type=int, choices=ZERO_STAGES, help="ZeRO stage (default: 0)")
+    group.add_argument("--train-precision", choices=tuple(PRECISIONS),
+                       help="weights, gradients and Adam: mixed (2 + 2 + 12 bytes), bf16, fp32 "
+                       "(default: mixed)")
+    _serving_options(parser)
+
+
+TRAIN_FLAGS = {"micro_batch": "--micro-batch", "tp": "--tp", "sequence_parallel": "--no-sequence-parallel",
+               "dp": "--dp", "zero": "--zero", "train_precision": "--train-precision"}
+
+
+def train_options(args: argparse.Namespace) -> dict[str, Any] | None:
+    """calc.training's options from the flags (None without --train; a training flag alone is an error)."""
+    given = {key: getattr(args, key) for key in TRAIN_FLAGS if getattr(args, key) is not None}
+    if not args.train:
+        if given:
+            raise UsageError(f"{TRAIN_FLAGS[next(iter(given))]} needs --train")
+        return None
+    options = {"precision": given.pop("train_precision", "mixed"), **given}
+    if options.get("zero") and options.get("dp", 1) == 1:
+        raise UsageError(f"--zero {options['zero']} partitions over data-parallel devices: give --dp N > 1")
+    return options
+
+
+def serve_options(args: argparse.Namespace) -> dict[str, Any] | None:
+    """calc.serving's options from the flags (None without --gpu-memory or --gpu)."""
+    if args.gpu_memory is None and args.gpu is None:
+        if args.weight_dtype is not None:
+            raise UsageError("--weight-dtype needs --gpu-memory or --gpu")
+        return None
+    memory, device = (GPUS[args.gpu][1], GPUS[args.gpu][0]) if args.gpu else (args.gpu_memory, "one device")
+    return {"memory": memory, "device": device, "weight_dtype": args.weight_dtype or "bf16"}
+
+
+def terminal_width(args: argparse.Namespace) -> int:
+    """--width, else the terminal's columns, else DEFAULT_WIDTH (output to a file or a pipe)."""
+    if args.width is not None:
+        return int(args.width)
+    return shutil.get_terminal_size().columns if sys.stdout.isatty() else DEFAULT_WIDTH
 
 
 def model_parser() -> argparse.ArgumentParser:
@@ -113,8 +199,12 @@ def compare_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", choices=tuple(costs.DTYPE_BYTES), default="bf16",
                         help="value type of the KV cache (default: bf16)")
     parser.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
-    parser.add_argument("--plot", metavar="FILE.png", help="also write KV cache against context length "
-                        "(needs matplotlib: the 'plot' extra)")
+    parser.add_argument("--plot", metavar="FILE.png", help="also write the KV cache and training activations "
+                        "against context length (needs matplotlib: the 'plot' extra)")
+    parser.add_argument("--width", type=width, metavar="COLUMNS",
+                        help=f"widest line of the table format (default: the terminal's, {DEFAULT_WIDTH} "
+                        "when stdout is not a terminal; 0: no wrapping)")
+    _serving_options(parser)
     return parser
 
 
@@ -133,11 +223,12 @@ def resolve(name: str) -> Config:
         raise UsageError(f"{name}: {err}") from None
 
 
-def run_compare(argv: Sequence[str]) -> str:
+def run_compare(argv: Sequence[str]) -> tuple[str, list[str]]:
     from calc import compare
 
     args = compare_parser().parse_args(argv)
     configs = [resolve(name) for name in args.models]
+    serve = serve_options(args)
     if args.plot:
         folder = os.path.dirname(os.path.abspath(args.plot))
         if not os.path.isdir(folder):
@@ -146,16 +237,17 @@ def run_compare(argv: Sequence[str]) -> str:
             import matplotlib  # noqa: F401
         except ImportError:
             raise UsageError("--plot needs matplotlib: pip install 'attention-spec[plot]'") from None
-    columns = [compare.figures(c, n=args.seq, dtype=args.dtype) for c in configs]
-    text = compare.render(columns, args.format)
+    columns = [compare.figures(c, n=args.seq, dtype=args.dtype, serve=serve) for c in configs]
+    text = compare.render(columns, args.format, width=terminal_width(args))
     if args.plot:
         compare.plot(configs, args.plot, dtype=args.dtype, n_max=args.seq)
         if args.format == "table":
             text += f"\n\nplot: {args.plot}"
-    return text
+    return text, [w for c in columns for w in c["warnings"]]
 
 
-def list_presets(fmt: str) -> str:
+def list_presets(fmt: str, width: int | None = None) -> str:
+    """The presets as a table (the table format: sources wrapped to fit ``width``), CSV or JSON."""
     rows = [
         {"name": c.name, "arch": c.arch, "n_layers": c.n_layers, "d_model": c.d_model, "n_heads": c.n_heads,
          "d_head": c.d_head, "n_kv_heads": c.n_kv_heads, "params": checkpoint(c)["total"], "source": c.source}
@@ -172,20 +264,38 @@ def list_presets(fmt: str) -> str:
     from tabulate import tabulate
 
     tablefmt = {"table": "simple", "github": "github", "latex": "latex"}[fmt]
-    cells = [(r["name"], r["arch"], r["n_layers"], f"{r['d_model']:,}", r["n_heads"], r["d_head"],
-              r["n_kv_heads"], f"{r['params']:,}", r["source"]) for r in rows]
-    table = tabulate(cells, headers=("name", "arch", "L", "d", "h", "d_k", "g", "parameters", "source"),
-                     tablefmt=tablefmt, disable_numparse=True)
-    return (table + "\n\n'gpt3-175b' is 'gpt3'. Parameters: the checkpoint count. Any config.json of "
-            f"model_type {', '.join(SUPPORTED)} also works: python -m calc path/to/config.json")
+    cells = [(str(r["name"]), str(r["arch"]), str(r["n_layers"]), f"{r['d_model']:,}", str(r["n_heads"]),
+              str(r["d_head"]), str(r["n_kv_heads"]), f"{r['params']:,}", str(r["source"])) for r in rows]
+    headers = ("name", "arch", "L", "d", "h", "d_k", "g", "parameters", "source")
+    width = width if fmt == "table" else None
+    sources = max(len(c[-1]) for c in cells)  # the source column takes what the others leave (≥ 20)
+    while True:
+        table = tabulate(cells, headers=headers, tablefmt=tablefmt, disable_numparse=True,
+                         maxcolwidths=[None] * 8 + [sources])
+        over = max(map(len, table.splitlines())) - (width or 10**9)
+        if over <= 0:
+            break
+        if sources == 20:  # too narrow for a source column beside the others: sources in a table of their own
+            names = max(len(c[0]) for c in cells)
+            table = fit([c[:-1] for c in cells], headers[:-1], width) + "\n\n" + tabulate(
+                [(c[0], c[-1]) for c in cells], headers=("name", "source"), tablefmt=tablefmt,
+                disable_numparse=True, maxcolwidths=[None, max(10, (width or 0) - names - 2)])
+            break
+        sources = max(20, sources - over)
+    note = ("'gpt3-175b' is 'gpt3'. Parameters: the checkpoint count. Any config.json of model_type "
+            f"{', '.join(SUPPORTED)} also works: python -m calc path/to/config.json")
+    return table + "\n\n" + "\n".join(wrap(note, width))
 
 
-def run(argv: Sequence[str]) -> str:
-    """The text ``python -m calc *argv`` prints; raises UsageError, ConfigError or UnknownModel."""
+def run(argv: Sequence[str]) -> tuple[str, list[str]]:
+    """The text ``python -m calc *argv`` prints and the warnings it gives; raises UsageError,
+    ConfigError or UnknownModel."""
     if argv[:1] == ["formulas"]:
         parser = _Parser(prog="python -m calc formulas", description="Every formula and the two derivations.")
-        parser.parse_args(argv[1:])
-        return formulas_text()
+        parser.add_argument("--width", type=width, metavar="COLUMNS",
+                            help=f"widest line (default: the terminal's, {DEFAULT_WIDTH} when stdout is not "
+                            "a terminal; 0: no wrapping)")
+        return formulas_text(width=terminal_width(parser.parse_args(argv[1:]))), []
     if argv[:1] == ["compare"]:
         return run_compare(argv[1:])
     if argv[:1] == ["custom"]:
@@ -200,21 +310,21 @@ def run(argv: Sequence[str]) -> str:
         if args.list:
             if args.model is not None:
                 raise UsageError(f"--list takes no MODEL, got {args.model!r}")
-            return list_presets(args.format)
+            return list_presets(args.format, terminal_width(args)), []
         if args.model is None:
             raise UsageError("give a MODEL (see --list), a config.json, 'custom ...', 'compare ...' or "
                              "'formulas'")
         config = resolve(args.model)
     report = build(config, seqs=args.seq, dtype=args.dtype, peak_tflops=args.peak_tflops,
-                   bandwidth_gbs=args.bandwidth_gbs)
-    return render(report, args.format)
+                   bandwidth_gbs=args.bandwidth_gbs, train=train_options(args), serve=serve_options(args))
+    return render(report, args.format, width=terminal_width(args)), report["warnings"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; 0 on success, 2 (and one line on stderr) on bad input."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        text = run(argv)
+        text, warnings = run(argv)
     except SystemExit as done:  # --help
         return int(done.code or 0)
     except UsageError as err:
@@ -223,6 +333,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(str(err.args[0]))
     except ConfigError as err:
         return _fail(f"{FLAGS.get(err.field, '--' + err.field.replace('_', '-'))}: {err.message}")
+    for warning in warnings:
+        print(f"python -m calc: warning: {warning}", file=sys.stderr)
     try:
         print(text, flush=True)
     except BrokenPipeError:  # `python -m calc gpt3 | head`: the reader left; stop quietly

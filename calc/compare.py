@@ -1,8 +1,10 @@
 """``python -m calc compare MODEL MODEL ...``: the figures people compare, side by side.
 
-Each column is a model (a preset or a config.json); each row one of :data:`ROWS`, computed by the
-same ledgers and cost functions as a single model's report. ``--plot`` draws the KV cache against the
-context length for every model (matplotlib, the ``plot`` extra).
+Each column is a model (a preset or a config.json); each row one of ``ROWS``, computed by the same
+ledgers and cost functions as a single model's report: parameters, the KV cache, FLOPs, training
+memory at n (mixed-precision Adam, micro-batch 1, one device) and, with a device's memory, the largest
+batch it serves. ``--plot`` draws the KV cache and the training activations against the context length
+for every model (matplotlib, the ``plot`` extra).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from sympy import Rational
 
 from calc import costs, ledger
 from calc.config import Config
-from calc.report import binary_bytes, count, percent, si
+from calc.report import binary_bytes, count, fit, past_context, percent, si, wrap
+from calc.training import training
 
 ROWS = (
     ("params_total", "parameters (checkpoint)"),
@@ -27,15 +30,28 @@ ROWS = (
     ("kv_bytes_per_token", "KV cache per token"),
     ("kv_bytes_at_n", "KV cache at n"),
     ("forward_flops_per_token", "forward FLOPs per token at n (PaLM)"),
+    ("train_states", "training: weights, gradients, Adam (16 B/param)"),
+    ("train_activations", "training: activations at n, batch 1"),
+    ("train_quadratic_share", "training: n² share of activations"),
+    ("train_flash", "training: activations, FlashAttention"),
+)
+SERVING_ROWS = (
+    ("serve_weights", "serving: weights, one device"),
+    ("serve_batch", "serving: batch at n, one device"),
 )
 
 
-def figures(config: Config, *, n: int | None = None, dtype: str = "bf16") -> dict[str, Any]:
-    """One column: exact numbers for ``config`` at context ``n`` (default: its own n_ctx)."""
+def figures(config: Config, *, n: int | None = None, dtype: str = "bf16",
+            serve: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One column: exact numbers for ``config`` at context ``n`` (default: its own n_ctx); with ``serve``
+    (calc.serving's memory, device and weight_dtype), what one device of that memory serves at n."""
+    warnings = past_context(config, [] if n is None else [n])
     n = n or config.n_ctx
     kv = costs.kv_cache(config, [n], dtype)
     (per_token,) = costs.forward_flops_per_token(config, [n])
-    return {
+    train = training(config, [n])
+    (row,) = train["rows"]
+    column = {
         "model": config.name,
         "params_total": ledger.checkpoint(config)["total"],
         "params_active": ledger.active(config),
@@ -45,21 +61,37 @@ def figures(config: Config, *, n: int | None = None, dtype: str = "bf16") -> dic
         "kv_bytes_per_token": kv["bytes_per_token"],
         "kv_bytes_at_n": kv["rows"][0]["bytes"],
         "forward_flops_per_token": per_token["palm"],
+        "train_states": train["model_states"]["total"],
+        "train_activations": row["activations"],
+        "train_quadratic_share": row["quadratic_share"],
+        "train_flash": row["flash"],
+        "warnings": warnings,
     }
+    if serve is not None:
+        from calc.serving import serving
+
+        one = serving(config, kv_dtype=dtype, n=n, **serve)
+        tp1 = one["rows"][0]
+        column.update(device=one["device"], memory=one["memory"], weight_dtype=one["weight_dtype"],
+                      serve_weights=tp1.get("weights"), serve_batch=tp1.get("batch"))  # None: does not fit
+    return column
 
 
 def _human(key: str, value: Any) -> str:
-    if key == "attention_share":
+    if key in ("attention_share", "train_quadratic_share"):
         return percent(value)
     if key.startswith("kv_bytes"):
         return f"{binary_bytes(value)} ({count(value)} B)"
+    if key.startswith(("train_", "serve_weights")):
+        return binary_bytes(value)
     if key == "forward_flops_per_token":
         return si(value, "FLOP")
     return count(value)
 
 
-def render(columns: Sequence[dict[str, Any]], fmt: str = "table") -> str:
-    """The comparison in one of the report formats (csv and json exact)."""
+def render(columns: Sequence[dict[str, Any]], fmt: str = "table", *, width: int | None = None) -> str:
+    """The comparison in one of the report formats (csv and json exact); ``table`` fits ``width``."""
+    rows_shown = (*ROWS, *(SERVING_ROWS if "serve_batch" in columns[0] else ()))
     if fmt == "json":
         return json.dumps([{k: float(v) if isinstance(v, Rational) else v for k, v in c.items()}
                            for c in columns], indent=2)
@@ -67,25 +99,34 @@ def render(columns: Sequence[dict[str, Any]], fmt: str = "table") -> str:
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow(["quantity", *(c["model"] for c in columns)])
-        for key, _ in ROWS:
-            writer.writerow([key, *(float(c[key]) if key == "attention_share" else c[key] for c in columns)])
+        for key, _ in rows_shown:
+            values = (float(c[key]) if isinstance(c[key], Rational) else c[key] for c in columns)
+            writer.writerow([key, *values])
         return out.getvalue().rstrip("\n")
-    from tabulate import tabulate
-
     tablefmt = {"table": "simple", "github": "github", "latex": "latex"}[fmt]
-    rows = [(label, *(_human(key, c[key]) for c in columns)) for key, label in ROWS]
-    table = tabulate(rows, headers=("", *(c["model"] for c in columns)), tablefmt=tablefmt,
-                     disable_numparse=True, colalign=("left", *("right",) * len(columns)))
+    rows = [(label, *("does not fit" if c[key] is None else _human(key, c[key]) for c in columns))
+            for key, label in rows_shown]
+    width = width if fmt == "table" else None
+    table = fit(rows, ("", *(c["model"] for c in columns)), width, tablefmt)
     note = (f"KV cache in {columns[0]['dtype']} ({costs.DTYPE_BYTES[columns[0]['dtype']]} bytes a value), "
             "MiB = 2^20 bytes, GiB = 2^30 bytes; sliding windows cap it, MLA caches its latent. Active: "
             "the parameters a token uses (MoE: k_E routed experts, both embedding tables counted). FLOPs: "
-            "2N (N active, non-embedding) + the attention a token at n does, a multiply-add = 2.")
+            "2N (N active, non-embedding) + the attention a token at n does, a multiply-add = 2. Training: "
+            "mixed-precision Adam on one device; activations n·d·(34 + 5·h·n/d) bytes a layer (Korthikanti "
+            "et al. 2022, every layer counted as full attention), FlashAttention keeps 34·n·d and each row's "
+            "logsumexp.")
+    if "serve_batch" in columns[0]:
+        note += (f" Serving: {columns[0]['device']}, {binary_bytes(columns[0]['memory'])}, weights in "
+                 f"{columns[0]['weight_dtype']}, no tensor parallelism; the largest batch of n-token "
+                 "sequences whose cache fits beside the weights.")
     prefix = "% " if fmt == "latex" else ""
-    return f"{table}\n\n{prefix}{note}"
+    return table + "\n\n" + "\n".join(prefix + line for line in wrap(note, width))
 
 
 def plot(configs: Sequence[Config], path: str, *, dtype: str = "bf16", n_max: int | None = None) -> None:
-    """KV cache bytes (GiB, log scale) against context length (log2) for each model, into ``path``."""
+    """Against context length (log2), for each model, into ``path``: the KV cache (GiB, log scale) and
+    the training activations of all layers at batch 1, stored whole (solid) and with FlashAttention
+    (dashed), whose gap is the n² term."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -93,18 +134,25 @@ def plot(configs: Sequence[Config], path: str, *, dtype: str = "bf16", n_max: in
 
     top = n_max or max(c.n_ctx for c in configs)
     seqs = [2**k for k in range(8, top.bit_length()) if 2**k <= top] + ([top] if top & (top - 1) else [])
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    fig, (kv_ax, train_ax) = plt.subplots(1, 2, figsize=(11, 4.4))
     for config in configs:
         rows = costs.kv_cache(config, seqs, dtype)["rows"]
-        gib = [r["bytes"] / 2**30 for r in rows]
-        ax.plot([r["n_tokens"] for r in rows], gib, marker=".", label=config.name)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("context length n (tokens)")
-    ax.set_ylabel(f"KV cache, GiB ({dtype}, batch 1)")
-    ax.set_title("KV cache against context length")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize="small")
+        line, = kv_ax.plot([r["n_tokens"] for r in rows], [r["bytes"] / 2**30 for r in rows], marker=".",
+                           label=config.name)
+        act = training(config, seqs)["rows"]
+        train_ax.plot(seqs, [r["activations"] / 2**30 for r in act], color=line.get_color(),
+                      label=config.name)
+        train_ax.plot(seqs, [r["flash"] / 2**30 for r in act], color=line.get_color(), linestyle="--")
+    for ax in (kv_ax, train_ax):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("context length n (tokens)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize="small")
+    kv_ax.set_ylabel(f"KV cache, GiB ({dtype}, batch 1)")
+    kv_ax.set_title("KV cache against context length")
+    train_ax.set_ylabel("training activations, GiB (all layers, batch 1)")
+    train_ax.set_title("Activations: stored (solid), FlashAttention (dashed)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -3,11 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 Arch = Literal["gpt", "llama", "neox"]
 ARCHS: tuple[Arch, ...] = ("gpt", "llama", "neox")
+
+# What each layout stores beside its weight matrices, where a Config leaves the field None. "gpt": GPT-2
+# (learned positions, biases on every projection, LayerNorm with a bias, dense MLP); "neox": GPT-NeoX,
+# the same with rotary positions; "llama": rotary positions, no biases, RMSNorm (a weight only), gated MLP.
+LAYOUTS: dict[str, dict[str, bool]] = {
+    "gpt": {"learned_positions": True, "norm_bias": True, "qkv_bias": True, "o_bias": True,
+            "mlp_gated": False,
+            "mlp_bias": True},
+    "neox": {"learned_positions": False, "norm_bias": True, "qkv_bias": True, "o_bias": True,
+             "mlp_gated": False, "mlp_bias": True},
+    "llama": {"learned_positions": False, "norm_bias": False, "qkv_bias": False, "o_bias": False,
+              "mlp_gated": True, "mlp_bias": False},
+}
 
 
 class ConfigError(ValueError):
@@ -30,6 +43,45 @@ def check_count(name: str, value: object) -> None:
 
 
 @dataclass(frozen=True)
+class GatedDeltaNet:
+    """A linear-attention layer of Qwen3-Next (Yang et al. 2024, "Gated Delta Networks"): it keeps a state
+    of h_v heads × d_lk × d_lv whatever the context, and no KV cache."""
+
+    key_heads: int  # h_lk
+    value_heads: int  # h_lv
+    d_key: int  # d_lk
+    d_value: int  # d_lv
+    conv_kernel: int  # K, the causal convolution over q, k and v
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            check_positive(f"linear_attention.{f.name}", getattr(self, f.name))
+
+
+@dataclass(frozen=True)
+class Mamba:
+    """A Mamba layer (Gu & Dao 2023) as Jamba uses it: it keeps a state of d_in × d_state and the last K − 1
+    inputs of its convolution whatever the context, and no KV cache."""
+
+    d_inner: int  # d_in = expand·d
+    d_state: int  # d_st, the SSM state per channel
+    dt_rank: int  # r_dt, the rank of the step-size projection
+    conv_kernel: int  # K
+    conv_bias: bool
+    proj_bias: bool  # biases on in_proj and out_proj
+    inner_norms: bool  # Jamba's RMSNorms on dt, B and C (r_dt + 2·d_st weights)
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "bool":
+                if not isinstance(value, bool):
+                    raise ConfigError(f"mamba.{f.name}", f"must be True or False, got {value!r}")
+            else:
+                check_positive(f"mamba.{f.name}", value)
+
+
+@dataclass(frozen=True)
 class Config:
     """One decoder-only transformer; field names are the JSON keys of ``config``."""
 
@@ -48,17 +100,38 @@ class Config:
     tied_embeddings: bool  # unembedding = embedding transposed (GPT-2) or a matrix of its own (Llama)
     # --- architecture features (defaults: a plain GPT-2 / Llama layout) ---
     model_type: str | None = None  # the Hugging Face model_type (for calc.verify and the header)
-    qkv_bias: bool = False  # biases on Q, K, V only (Qwen2); the gpt and neox layouts have all biases
-    qk_norm: bool = False  # an RMSNorm of d_k on each query and key head (Qwen3, Gemma 3)
-    norms_per_layer: int = 2  # RMSNorms per layer (Gemma 2/3: 4, before and after attention and MLP)
+    # --- what the layout stores beside its matrices; None = the arch's layout (LAYOUTS) ---
+    learned_positions: bool | None = None  # a learned position table (GPT-2, OPT) instead of rotary
+    position_offset: int = 0  # extra rows of that table (OPT: 2)
+    norm_bias: bool | None = None  # LayerNorm with a bias (GPT, StableLM) or a weight only (RMSNorm, Cohere)
+    qkv_bias: bool | None = None  # biases on Q, K, V (Qwen2, GPT-2)
+    o_bias: bool | None = None  # a bias on the output projection (GPT-2, gpt-oss)
+    mlp_gated: bool | None = None  # gate, up, down (SwiGLU/GeGLU) or up, down (GPT)
+    mlp_bias: bool | None = None  # biases on the MLP's projections
+    lm_head_bias: bool = False  # a bias on the unembedding (Phi-2)
+    qk_norm: bool = False  # a norm on each query and key head vector (Qwen3, Gemma 3, OLMo 2, Cohere)
+    qk_norm_per_head: bool = False  # its weights: one d_k vector shared by heads, or one per head (h·d_k)
+    attention_sinks: bool = False  # one learned sink logit per query head and layer (gpt-oss)
+    attention_output_gate: bool = False  # Q projected twice as wide, half gating the output (Qwen3-Next)
+    norms_per_layer: int = 2  # norms per layer (Gemma 2/3: 4, before and after attention and MLP; Phi-2: 1)
     sliding_window: int | None = None  # w: keys a query of a windowed layer sees at most
     n_window_layers: int = 0  # L_w: layers with the sliding window (all for Mistral-7B, half for Gemma 2)
+    attention_chunk: int | None = None  # C: chunked attention, a query sees only its own chunk of C tokens
+    n_chunked_layers: int = 0  # L_c: layers with chunked attention (Llama 4: three of every four)
+    n_nope_layers: int = 0  # attention layers without rotary positions (no parameters, no cost change)
+    linear_attention: GatedDeltaNet | None = None  # the shape of its linear-attention layers
+    n_linear_layers: int = 0  # L_lin: linear-attention layers (no KV cache)
+    mamba: Mamba | None = None  # the shape of its Mamba layers
+    n_mamba_layers: int = 0  # L_m: Mamba layers (no KV cache)
     n_experts: int = 0  # E routed experts per MoE layer; 0 = a dense model
     experts_per_token: int = 0  # k_E
     n_shared_experts: int = 0  # S
     d_expert: int = 0  # d_e, each expert's MLP width
-    n_dense_layers: int = 0  # L_d: first layers with a dense MLP in an MoE model (DeepSeek-V3: 3)
-    router_bias: bool = False  # DeepSeek-V3's per-expert score-correction bias
+    d_shared_expert: int = 0  # d_s, each shared expert's width; 0 = d_e
+    shared_expert_gate: bool = False  # a sigmoid gate d → 1 on the shared expert (Qwen2-MoE, Qwen3-Next)
+    n_dense_layers: int = 0  # L_d: layers with a dense MLP in an MoE model (DeepSeek-V3: the first 3)
+    router_bias: bool = False  # a per-expert router bias (gpt-oss) or score correction (DeepSeek-V3)
+    expert_bias: bool = False  # biases inside each expert (gpt-oss: 2·d_e + d)
     kv_lora_rank: int = 0  # r_kv; > 0 means multi-head latent attention (d_head is then d_nope + d_rope)
     q_lora_rank: int = 0  # r_q; 0 = an uncompressed query projection
     d_rope: int = 0  # d_r, the rotary part of an MLA head
@@ -74,16 +147,25 @@ class Config:
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
             raise ConfigError("arch", f"must be one of {', '.join(ARCHS)}, got {self.arch!r}")
+        for name, default in LAYOUTS[self.arch].items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, default)  # frozen: resolved once, here
         for name in ("n_layers", "d_model", "n_heads", "d_head", "n_kv_heads", "d_ff", "vocab_size", "n_ctx",
                      "norms_per_layer"):
             check_positive(name, getattr(self, name))
         for name in ("n_window_layers", "n_experts", "experts_per_token", "n_shared_experts", "d_expert",
-                     "n_dense_layers", "kv_lora_rank", "q_lora_rank", "d_rope", "d_value", "n_mtp_layers"):
+                     "d_shared_expert", "n_dense_layers", "kv_lora_rank", "q_lora_rank", "d_rope", "d_value",
+                     "n_mtp_layers", "position_offset", "n_chunked_layers", "n_nope_layers",
+                     "n_linear_layers",
+                     "n_mamba_layers"):
             check_count(name, getattr(self, name))
-        for name in ("tied_embeddings", "qkv_bias", "qk_norm", "router_bias"):
+        for name in ("tied_embeddings", "router_bias", "expert_bias", "shared_expert_gate", "lm_head_bias",
+                     "qk_norm", "qk_norm_per_head", "attention_sinks", "attention_output_gate",
+                     *LAYOUTS[self.arch]):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, f"must be True or False, got {getattr(self, name)!r}")
         self._check_window()
+        self._check_layer_kinds()
         self._check_experts()
         if self.kv_lora_rank and not 0 < self.d_rope < self.d_head:
             raise ConfigError("d_rope", f"must be between 1 and d_head - 1 = {self.d_head - 1} for MLA, "
@@ -103,9 +185,29 @@ class Config:
         if self.n_window_layers and self.sliding_window is None:
             raise ConfigError("sliding_window", f"missing, but {self.n_window_layers} layers have a window")
 
+    def _check_layer_kinds(self) -> None:
+        if self.attention_chunk is not None:
+            check_positive("attention_chunk", self.attention_chunk)
+        if self.n_chunked_layers and self.attention_chunk is None:
+            raise ConfigError("attention_chunk", f"missing, but {self.n_chunked_layers} layers are chunked")
+        for count, shape in (("n_linear_layers", "linear_attention"), ("n_mamba_layers", "mamba")):
+            if getattr(self, count) and getattr(self, shape) is None:
+                raise ConfigError(shape, f"missing, but {count} is {getattr(self, count)}")
+        kinds = self.n_window_layers + self.n_chunked_layers + self.n_linear_layers + self.n_mamba_layers
+        if kinds > self.n_layers or self.n_linear_layers + self.n_mamba_layers == self.n_layers:
+            raise ConfigError("n_layers",
+                              f"{self.n_layers} layers cannot hold {self.n_window_layers} windowed, "
+                              f"{self.n_chunked_layers} chunked, {self.n_linear_layers} linear-attention and "
+                              f"{self.n_mamba_layers} Mamba layers with at least one attention layer")
+        if self.n_nope_layers > self.n_attention_layers:
+            raise ConfigError("n_nope_layers", f"{self.n_nope_layers} exceeds the {self.n_attention_layers} "
+                              "attention layers")
+
     def _check_experts(self) -> None:
         if not self.n_experts:
-            for name in ("experts_per_token", "n_shared_experts", "d_expert", "n_dense_layers"):
+            for name in ("experts_per_token", "n_shared_experts", "d_expert", "d_shared_expert",
+                         "n_dense_layers",
+                         "shared_expert_gate", "expert_bias", "router_bias"):
                 if getattr(self, name):
                     raise ConfigError(name, "is set, but n_experts is 0 (a dense model)")
             return
@@ -113,6 +215,8 @@ class Config:
             raise ConfigError("experts_per_token", f"must be between 1 and n_experts = {self.n_experts}, "
                               f"got {self.experts_per_token}")
         check_positive("d_expert", self.d_expert)
+        if self.shared_expert_gate and not self.n_shared_experts:
+            raise ConfigError("shared_expert_gate", "is set, but there is no shared expert")
         if self.n_dense_layers >= self.n_layers:
             raise ConfigError("n_dense_layers",
                               f"{self.n_dense_layers} leaves no MoE layer of {self.n_layers}")
@@ -126,6 +230,16 @@ class Config:
     def d_v(self) -> int:
         """Value head width: d_head except in multi-head latent attention."""
         return self.d_value or self.d_head
+
+    @property
+    def n_attention_layers(self) -> int:
+        """Layers with softmax attention (and a KV cache): all but the linear-attention and Mamba ones."""
+        return self.n_layers - self.n_linear_layers - self.n_mamba_layers
+
+    @property
+    def n_full_layers(self) -> int:
+        """Attention layers that see every earlier key: neither windowed nor chunked."""
+        return self.n_attention_layers - self.n_window_layers - self.n_chunked_layers
 
     @property
     def is_moe(self) -> bool:

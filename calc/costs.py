@@ -1,6 +1,6 @@
 """What attention costs at n tokens: pattern memory, FLOPs, KV cache, modelled time.
 
-Each row is a formula of :mod:`calc.formulas` evaluated for a configuration and a sequence length.
+Each row is a formula of `calc.formulas` evaluated for a configuration and a sequence length.
 Bytes are exact integers; the human units used when printing are MiB = 2^20 and GiB = 2^30 bytes.
 """
 
@@ -9,13 +9,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sympy import Expr, Rational
+from sympy import Expr, Integer, Rational
 
 from calc import formulas as f
 from calc.ledger import non_embedding, values
 from calc.presets import Config
 
-DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 # A common FlashAttention tile side (impl.flash's default too, not imported so that NumPy stays out of
 # the CLI's start-up). The tiled column is per head, in fp32: the running statistics and the score
 # tile are kept in fp32 whatever the input dtype.
@@ -37,13 +37,17 @@ def default_seqs(n_ctx: int) -> list[int]:
 def _at(expr: Expr, config: Config, **extra: int) -> int:
     env = values(config)
     env.update({getattr(f, name): value for name, value in extra.items()})
+    if f.n in env:
+        env.update(f.chunk_values(env[f.n], env[f.C]))
     return f.evaluate_count(expr, env)
 
 
 def largest_head_entries(config: Config) -> Expr:
-    """Entries of the largest head's pattern: n² where any layer is global, n·min(n, w) where every
-    layer has the window (a query sees at most w keys)."""
-    return f.entries_per_head if config.n_window_layers < config.n_layers else f.windowed_entries_per_head
+    """Entries of the largest head's pattern: n² where any attention layer sees every key, else
+    n·min(n, w) where layers have a window (a query sees at most w keys), else the chunks' blocks."""
+    if config.n_full_layers:
+        return f.entries_per_head
+    return f.windowed_entries_per_head if config.n_window_layers else f.chunked_entries_per_head
 
 
 def pattern_memory(config: Config, seqs: Sequence[int], *, block: int = DEFAULT_BLOCK) -> list[dict]:
@@ -113,6 +117,17 @@ def kv_cache_formulas(config: Config) -> tuple[Expr, Expr]:
     return f.kv_cache_bytes_per_token, f.kv_cache_bytes
 
 
+def state_formula(config: Config) -> Expr:
+    """Bytes of the fixed-size state one sequence keeps in the linear-attention and Mamba layers (0 for
+    a model of attention layers only), at b bytes a value."""
+    expr: Expr = Integer(0)
+    if config.n_linear_layers:
+        expr += f.L_lin * f.deltanet_state
+    if config.n_mamba_layers:
+        expr += f.L_m * f.mamba_state
+    return expr * f.b
+
+
 def kv_cache(config: Config, seqs: Sequence[int], dtype: str) -> dict[str, Any]:
     """KV cache bytes per token (GQA: 2·L·g·d_k·b; MLA: L·(r_kv + d_r)·b), and the bytes held for the
     full context and at each n, sliding-window layers holding at most their window."""
@@ -125,6 +140,7 @@ def kv_cache(config: Config, seqs: Sequence[int], dtype: str) -> dict[str, Any]:
         "bytes_per_token": per_token,
         "n_ctx": config.n_ctx,
         "bytes_per_context": _at(held, config, n=config.n_ctx, b=size),
+        "state_bytes_per_sequence": _at(state_formula(config), config, b=size),
         "rows": [{"n_tokens": n, "bytes": _at(held, config, n=n, b=size)} for n in seqs],
     }
 

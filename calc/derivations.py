@@ -6,7 +6,16 @@ from sympy import Expr, Integer, Symbol, simplify
 
 from calc import formulas as f
 
-FORMULAS: tuple[tuple[str, Expr], ...] = (
+
+def _checkpoint(name: str) -> Expr:
+    """The whole checkpoint formula of a preset's layout (calc.ledger assembles it)."""
+    from calc.ledger import checkpoint_formulas
+    from calc.presets import PRESETS
+
+    return sum(checkpoint_formulas(PRESETS[name]).values(), Integer(0))
+
+
+FORMULAS: tuple[tuple[str, Expr | str], ...] = (
     ("attention per head", f.attention_per_head),
     ("attention per layer", f.attention_per_layer),
     ("attention", f.attention),
@@ -14,24 +23,45 @@ FORMULAS: tuple[tuple[str, Expr], ...] = (
     ("mlp, gated (llama)", f.mlp_gated),
     ("embedding", f.embedding),
     ("unembedding", f.unembedding),
-    ("checkpoint, gpt (tied)", sum(f.gpt_checkpoint.values(), Integer(0))),
-    ("checkpoint, llama (untied)", sum(f.llama_checkpoint.values(), Integer(0)) + f.unembedding),
-    ("checkpoint, gpt-neox (untied)", sum(f.neox_checkpoint.values(), Integer(0)) + f.unembedding),
-    ("fused QKV (Phi-3, GPT-NeoX): same as Q, K, V", f.fused_qkv),
-    ("parallel block, partial rotary: no parameters", Integer(0)),
-    ("QKV bias (Qwen2)", f.qkv_bias),
-    ("q/k norms (Qwen3, Gemma 3)", f.qk_norms),
+    ("checkpoint, gpt (tied)", "gpt2"),
+    ("checkpoint, llama (untied)", "llama2-7b"),
+    ("checkpoint, gpt-neox (untied)", "pythia-1.4b"),
+    ("fused QKV (Phi-3, GPT-NeoX, Falcon): same as Q, K, V", f.fused_qkv),
+    ("parallel block, partial rotary, NoPE: no parameters", Integer(0)),
+    ("position table (OPT: 2 extra rows)", f.position_embedding(2)),
+    ("norms, RMSNorm (2 a layer)", f.norms(2, bias=False)),
+    ("norms, LayerNorm with bias (2 a layer)", f.norms(2, bias=True)),
+    ("QKV bias (Qwen2, StableLM)", f.qkv_bias),
+    ("output bias (GPT-2, gpt-oss, StarCoder2)", f.o_bias),
+    ("q/k norms, shared by heads (Qwen3, Gemma 3)", f.qk_norms),
+    ("q/k norms, per head (OLMo 2, Cohere, StableLM)", f.qk_norms_per_head),
+    ("attention sinks (gpt-oss)", f.attention_sinks),
+    ("output gate per layer (Qwen3-Next)", f.attention_output_gate),
+    ("MLP biases, dense", f.mlp_dense_bias),
+    ("MLP biases, gated", f.mlp_gated_bias),
+    ("unembedding bias (Phi-2)", f.lm_head_bias),
     ("MoE routed experts", f.moe_experts),
     ("MoE shared experts", f.moe_shared_experts),
+    ("MoE shared-expert gate (Qwen2-MoE, Qwen3-Next)", f.moe_shared_expert_gate),
     ("MoE router", f.moe_router),
-    ("MoE dense layers (DeepSeek)", f.mlp_dense_layers),
+    ("MoE router bias (gpt-oss, DeepSeek-V3)", f.moe_router_bias),
+    ("MoE expert biases (gpt-oss)", f.moe_expert_biases),
+    ("MoE dense layers", f.mlp_dense_layers),
     ("MoE inactive per token (total − active)", f.moe_inactive),
     ("MLA queries (down, up)", f.mla_q),
+    ("MLA queries, no LoRA (DeepSeek-V2-Lite)", f.mla_q_full),
     ("MLA keys, values (latent, rotary key, up)", f.mla_kv),
     ("MLA output", f.mla_o),
     ("MLA latent norms", f.mla_norms),
+    ("Gated DeltaNet layer (Qwen3-Next)", f.deltanet_per_layer),
+    ("Gated DeltaNet state per sequence", f.deltanet_state),
+    ("Mamba layer (Jamba)", f.mamba_per_layer),
+    ("Mamba conv bias, projection biases, inner norms",
+     f.mamba_conv_bias + f.mamba_proj_bias + f.mamba_inner_norms),
+    ("Mamba state per sequence", f.mamba_state),
     ("pattern entries per head", f.entries_per_head),
     ("windowed entries per head", f.windowed_entries_per_head),
+    ("chunked entries per head (Llama 4)", f.chunked_entries_per_head),
     ("keys a token sees, over layers", f.keys_seen),
     ("pattern entries per model", f.entries_per_model),
     ("tiled entries per head", f.tiled_entries_per_head),
@@ -43,11 +73,24 @@ FORMULAS: tuple[tuple[str, Expr], ...] = (
     ("forward FLOPs per token, Kaplan", f.forward_flops_per_token_kaplan),
     ("forward FLOPs per token, PaLM", f.forward_flops_per_token_palm),
     ("KV cache bytes per token", f.kv_cache_bytes_per_token),
-    ("KV cache bytes at n (windows)", f.kv_cache_bytes),
+    ("KV cache bytes at n (windows, chunks)", f.kv_cache_bytes),
     ("MLA cache bytes per token", f.kv_cache_bytes_per_token_mla),
     ("MLA cache bytes at n", f.kv_cache_bytes_mla),
     ("naive bytes moved per model", f.naive_bytes_per_model),
     ("tiled bytes moved per model", f.tiled_bytes_per_model),
+    *((f"ZeRO stage {stage}, model states per device (Rajbhandari et al. §5)", total)
+      for stage, total in f.zero_model_states_total.items()),
+    *((f"  mixed-precision Adam (b_w = b_g = 2, b_o = K = 12), stage {stage}", total.subs(f.MIXED_PRECISION))
+      for stage, total in f.zero_model_states_total.items()),
+    ("training activations per layer, no parallelism (Korthikanti)", f.activations_per_layer),
+    ("  of which the n² term", f.activations_quadratic),
+    ("  tensor parallelism", f.activations_tp),
+    ("  tensor and sequence parallelism", f.activations_tp_sp),
+    ("  selective recomputation, tensor parallelism", f.activations_selective_tp),
+    ("  selective recomputation, tensor and sequence parallelism", f.activations_selective_tp_sp),
+    ("  FlashAttention, tensor parallelism", f.activations_flash_tp),
+    ("  FlashAttention, tensor and sequence parallelism", f.activations_flash_tp_sp),
+    ("  full recomputation", f.activations_full_recompute),
 )
 
 
@@ -61,11 +104,40 @@ def multi_head(expr: Expr) -> Expr:
     return simplify(expr.subs(f.GPT_SHAPE))
 
 
-def formulas_text() -> str:
+SYMBOLS = (
+    "Symbols: d model width, h query heads, d_k head width, g key/value heads, d_ff MLP width, L layers, "
+    "V vocabulary, n tokens, n_ctx learned positions, b bytes per value, B tile side, N non-embedding "
+    "parameters (active ones for MoE); d_v value head width, w sliding window, L_w windowed layers; E "
+    "routed experts, k_E per token, S shared, d_e expert width, d_s shared expert width, L_d dense layers; "
+    "MLA: r_q, r_kv query and key/value latent ranks, d_r rotary head width. Layers by kind: L_a of the L "
+    "have softmax attention (L − L_lin linear-attention − L_m Mamba layers), L_w of them windowed (w) and "
+    "L_c chunked (chunks of C; n = m_C·C + r_C). Linear attention: h_lk, h_lv heads of d_lk, d_lv, a "
+    "convolution of K taps; Mamba: inner width d_in, state d_st, step rank r_dt. Training: micro-batch "
+    "b_m, tensor-parallel degree t, N_d data-parallel devices, P parameters a tensor-parallel rank holds at "
+    "b_w, b_g, b_o bytes each of weights, gradients and optimizer states (ZeRO's K). "
+    "Rotary embeddings (full or partial, GPT-NeoX's 25 %), NoPE layers and "
+    "parallel blocks add no parameters; fused QKV or gate-up matrices hold exactly what the separate ones do."
+)
+
+
+def formula_lines(name: str, expr: Expr, width: int | None) -> list[str]:
+    """``name = formula``, wrapped at ``width`` with continuation lines indented, and its multi-head form
+    (g = h, d = h·d_k, one kind of layer) on a line of its own where it differs."""
+    from calc.report import wrap
+
+    lines = wrap(f"{name} = {show(expr)}", width, " " * 6)
+    simple = multi_head(expr)
+    if (simple - expr).expand() != 0:
+        lines += wrap(f"    (g = h, d = h·d_k) = {show(simple)}", width, " " * 8)
+    return lines
+
+
+def formulas_text(width: int | None = None) -> str:
+    """Every formula and the two derivations, in lines of at most ``width`` columns (None: unwrapped)."""
     from tabulate import tabulate
 
-    rows = [(name, show(expr), show(multi_head(expr))) for name, expr in FORMULAS]
-    table = tabulate(rows, headers=("quantity", "formula", "with g = h, d = h·d_k"), tablefmt="simple")
+    formulas = [line for name, expr in FORMULAS
+                for line in formula_lines(name, _checkpoint(expr) if isinstance(expr, str) else expr, width)]
     mean, sigma = Symbol("μ", real=True), Symbol("σ", positive=True)
     general, general_scaled = f.score_variance(mean, sigma**2)
     unit, unit_scaled = f.score_variance()
@@ -77,23 +149,18 @@ def formulas_text() -> str:
         tablefmt="simple",
     )
     ceiling = f.recall_ceiling()
-    return "\n".join([
-        "Symbols: d model width, h query heads, d_k head width, g key/value heads, d_ff MLP width,",
-        "L layers, V vocabulary, n tokens, n_ctx learned positions, b bytes per value, B tile side,",
-        "N non-embedding parameters (active ones for MoE); d_v value head width, w sliding window,",
-        "L_w windowed layers; E routed experts, k_E per token, S shared, d_e expert width, L_d dense",
-        "layers; MLA: r_q, r_kv query and key/value latent ranks, d_r rotary head width.",
-        "Rotary embeddings (full or partial, GPT-NeoX's 25 %) and parallel blocks add no parameters;",
-        "fused QKV or gate-up matrices hold exactly what the separate ones do.",
-        "",
-        table,
-        "",
-        "Why 1/√d_k: q, k with independent components of mean μ and variance σ²",
-        f"  Var(q·k) = Σ_m (E[q_m²]E[k_m²] − E[q_m]²E[k_m]²) = {show(general)}",
-        f"  Var(q·k / √d_k) = {show(general_scaled)}",
-        f"  μ = 0, σ² = 1:  Var(q·k) = {show(unit)},  Var(q·k / √d_k) = {show(unit_scaled)}",
-        "",
-        "Associative-recall ceiling: 3 values drawn uniformly from 8, guess the most repeated (ties uniform)",
-        recall,
-        f"  P(right) = {ceiling} = {float(ceiling) * 100:g} %",
-    ])
+    from calc.report import wrap
+
+    lines = [
+        (SYMBOLS, ""), ("", ""), *((line, " " * 6) for line in formulas), ("", ""),
+        ("Why 1/√d_k: q, k with independent components of mean μ and variance σ²", ""),
+        (f"  Var(q·k) = Σ_m (E[q_m²]E[k_m²] − E[q_m]²E[k_m]²) = {show(general)}", " " * 4),
+        (f"  Var(q·k / √d_k) = {show(general_scaled)}", " " * 4),
+        (f"  μ = 0, σ² = 1:  Var(q·k) = {show(unit)},  Var(q·k / √d_k) = {show(unit_scaled)}", " " * 4),
+        ("", ""),
+        ("Associative-recall ceiling: 3 values drawn uniformly from 8, guess the most repeated "
+         "(ties uniform)", ""),
+    ]
+    text = [out for line, indent in lines
+            for out in ([line] if line in formulas or not line else wrap(line, width, indent))]
+    return "\n".join([*text, recall, f"  P(right) = {ceiling} = {float(ceiling) * 100:g} %"])

@@ -1,4 +1,4 @@
-"""The formulas, as SymPy expressions in the dimension letters of :mod:`impl.attention`.
+"""The formulas, as SymPy expressions in the dimension letters of `impl.attention`.
 
     d     model width            h     query heads          d_k   head width (query/key/value)
     g     key/value heads        d_ff  MLP hidden width     L     layers
@@ -8,8 +8,14 @@
     E     routed experts         k_E   experts per token    S     shared experts
     d_e   expert MLP width       L_d   dense layers of an MoE model (DeepSeek's first layers)
     r_q   query latent rank      r_kv  key/value latent rank  d_r  rotary head width (MLA)
+    d_s   shared expert width    C     attention chunk      L_c   chunked-attention layers
+    m_C   ⌊n/C⌋ whole chunks     r_C   n mod C, the tokens of the last chunk (values given with n)
+    L_lin linear-attention layers (h_lk, h_lv heads of d_lk, d_lv; convolution of K taps)
+    L_m   Mamba layers (inner width d_in, state d_st, step rank r_dt, convolution of K taps)
+    b_m   micro-batch            t     tensor-parallel degree   N_d  data-parallel devices   P  parameters
+    b_w, b_g, b_o  bytes a parameter of weights, gradients and optimizer states (ZeRO's K)
 
-Every ledger and cost in :mod:`calc` is one of these expressions evaluated for a configuration, so
+Every ledger and cost in `calc` is one of these expressions evaluated for a configuration, so
 the printed numbers and the printed formulas cannot drift apart. Multiply-adds count as 2 FLOPs.
 """
 
@@ -19,7 +25,7 @@ import itertools
 from collections import Counter
 from collections.abc import Mapping
 
-from sympy import Expr, Integer, Min, Rational, Symbol, summation, symbols, sympify
+from sympy import Expr, Integer, Min, Rational, Symbol, ceiling, summation, symbols, sympify
 
 d, h, d_k, g, d_ff, L, V, n, n_ctx, b, B = symbols(
     "d h d_k g d_ff L V n n_ctx b B", positive=True, integer=True
@@ -28,6 +34,15 @@ d, h, d_k, g, d_ff, L, V, n, n_ctx, b, B = symbols(
 d_v, w, L_w, E, k_E, S, d_e, L_d, r_q, r_kv, d_r = symbols(
     "d_v w L_w E k_E S d_e L_d r_q r_kv d_r", positive=True, integer=True
 )
+d_s, C, L_a, L_c, L_lin, L_m, h_lk, h_lv, d_lk, d_lv, K, d_in, d_st, r_dt = symbols(
+    "d_s C L_a L_c L_lin L_m h_lk h_lv d_lk d_lv K d_in d_st r_dt", positive=True, integer=True
+)
+# n = m_C·C + r_C with 0 ≤ r_C < C: whole chunks and the rest (symbols of their own rather than floor and
+# Mod, which SymPy builds slowly; whoever substitutes n substitutes them, see chunk_values).
+m_C, r_C = symbols("m_C r_C", nonnegative=True, integer=True)
+# Layers by kind: L_a = L − L_lin − L_m have softmax attention (linear-attention and Mamba layers hold a
+# fixed-size state and no KV cache); of those, L_w are windowed and L_c chunked, and the rest see every key.
+L_full = L_a - L_w - L_c
 
 # --- Source ledger: weight matrices only, embedding and unembedding both counted --------------------
 # Query and output projections are h·d_k wide; key and value projections g·d_k (grouped-query
@@ -35,53 +50,52 @@ d_v, w, L_w, E, k_E, S, d_e, L_d, r_q, r_kv, d_r = symbols(
 # share of the K and V it reads, so per head × h = per layer exactly.
 attention_per_head = 2 * d * d_k + 2 * d * d_k * g / h
 attention_per_layer = 2 * d * h * d_k + 2 * d * g * d_k
-attention = L * attention_per_layer
+attention = L_a * attention_per_layer
 mlp_dense = L * 2 * d * d_ff  # up and down projections (GPT)
 mlp_gated = L * 3 * d * d_ff  # gate, up and down projections (SwiGLU: Llama, Mistral)
 embedding = V * d
 unembedding = V * d
 
 # --- Checkpoint: everything a real checkpoint stores ----------------------------------------------
-# GPT-2 layout (Radford et al. 2019; Hugging Face GPT2Model): learned positions, biases on every
-# projection, LayerNorm with weight and bias before attention, before the MLP and at the end.
-gpt_checkpoint: dict[str, Expr] = {
-    "token_embedding": V * d,
-    "position_embedding": n_ctx * d,
-    "attention": L * attention_per_layer,
-    "attention_bias": L * ((h + 2 * g) * d_k + d),
-    "mlp": mlp_dense,
-    "mlp_bias": L * (d_ff + d),
-    "norms": L * 2 * (2 * d) + 2 * d,
-}
-# Llama layout (Touvron et al. 2023; Hugging Face LlamaModel, also Mistral): rotary positions (no
-# parameters), no biases, RMSNorm (weight only) before attention, before the MLP and at the end.
-llama_checkpoint: dict[str, Expr] = {
-    "token_embedding": V * d,
-    "attention": L * attention_per_layer,
-    "mlp": mlp_gated,
-    "norms": L * 2 * d + d,
-}
+# Its parts beside the weight matrices (calc.ledger assembles a model's checkpoint from them, as its
+# layout says). GPT-2 (Radford et al. 2019): learned positions, biases on every projection, LayerNorm
+# (weight and bias) before attention, before the MLP and at the end. Llama (Touvron et al. 2023): rotary
+# positions (no parameters), no biases, RMSNorm (a weight only). GPT-NeoX: GPT-2's parts with rotary
+# positions. OPT keeps 2 extra rows in its position table.
+token_embedding = V * d
+lm_head_bias = V  # Phi-2's unembedding has a bias
+
+
+def position_embedding(extra_rows: int = 0) -> Expr:
+    """A learned position table: n_ctx (+ OPT's 2 extra) rows of d."""
+    return (n_ctx + extra_rows) * d
+
+
+def norms(per_layer: int, *, bias: bool) -> Expr:
+    """``per_layer`` norms in each layer and a final one, of d weights (RMSNorm) or 2·d (LayerNorm)."""
+    return (L * per_layer + 1) * d * (2 if bias else 1)
+
 
 # --- Components of the architectures of 2023–25 ------------------------------------------------------
-# Qwen2: biases on the Q, K and V projections only (none on O).
-qkv_bias = L * (h + 2 * g) * d_k
+# Biases of the attention projections: Q, K, V (Qwen2, GPT-2, StableLM 2) and O (GPT-2, gpt-oss).
+qkv_bias = L_a * (h + 2 * g) * d_k
+o_bias = L_a * d
+attention_bias = qkv_bias + o_bias
 # Qwen3, Gemma 3: an RMSNorm over each query and key head vector, one weight of d_k each, shared by heads.
-qk_norms = L * 2 * d_k
+qk_norms = L_a * 2 * d_k
+# OLMo 2 (over the whole width h·d_k and g·d_k), Cohere and StableLM (one norm per head): h·d_k + g·d_k.
+qk_norms_per_head = L_a * (h + g) * d_k
+# gpt-oss: one learned sink logit per query head (it joins each row's softmax denominator, no value).
+attention_sinks = L_a * h
+# Qwen3-Next: the query projection is 2·h·d_k wide; half of it gates the attention output per channel.
+attention_output_gate = d * h * d_k
 # Phi-3, GPT-NeoX: Q, K and V as one fused matrix, d × (h + 2g)·d_k: the same count as three separate
 # ones (and Phi-3's fused gate_up is 2·d·d_ff, the same as gate and up). Fusing changes no count.
 fused_qkv = d * (h + 2 * g) * d_k
-# GPT-NeoX (Pythia): attention and MLP read the same input in parallel (x + attn(ln1 x) + mlp(ln2 x)),
-# and rotary embeddings turn only a fraction of each head's dimensions. Rotary has no parameters and
-# the parallel block keeps both LayerNorms, so neither changes the count: the GPT layout less its
-# learned positions, with an untied unembedding.
-neox_checkpoint: dict[str, Expr] = {
-    "token_embedding": V * d,
-    "attention": L * attention_per_layer,
-    "attention_bias": L * ((h + 2 * g) * d_k + d),
-    "mlp": mlp_dense,
-    "mlp_bias": L * (d_ff + d),
-    "norms": L * 2 * (2 * d) + 2 * d,
-}
+# GPT-NeoX (Pythia), Phi-2, Falcon, Cohere: attention and MLP read the same input in parallel
+# (x + attn(ln1 x) + mlp(ln2 x), or one shared norm), and rotary embeddings may turn only a fraction of
+# each head's dimensions (partial rotary). Rotary has no parameters and a parallel block changes only
+# how many norms a layer has, so neither needs a formula of its own.
 
 # Mixture of experts (Mixtral; DeepSeek-V3). Each of the L − L_d MoE layers has E routed experts, each
 # a gated MLP of width d_e, S shared experts every token uses, and a router d → E (DeepSeek-V3 adds a
@@ -90,11 +104,21 @@ neox_checkpoint: dict[str, Expr] = {
 # embedding tables count as active (the convention of Mixtral's 12.9 B of 46.7 B).
 expert = 3 * d * d_e
 moe_experts = (L - L_d) * E * expert
-moe_shared_experts = (L - L_d) * S * expert
+# S shared experts of width d_s every token runs (d_s = d_e for DeepSeek; Qwen2-MoE's one is wider).
+moe_shared_experts = (L - L_d) * S * 3 * d * d_s
 moe_router = (L - L_d) * E * d
 moe_router_bias = (L - L_d) * E
 mlp_dense_layers = L_d * 3 * d * d_ff  # DeepSeek-V3's first L_d layers keep a dense gated MLP
+# The sigmoid gate d → 1 that Qwen2-MoE and Qwen3-Next put on the shared expert.
+moe_shared_expert_gate = (L - L_d) * d
+# gpt-oss: each expert has biases on its gate/up (2·d_e) and down (d) projections.
+expert_bias = 2 * d_e + d
+moe_expert_biases = (L - L_d) * E * expert_bias
 moe_inactive = (L - L_d) * (E - k_E) * expert
+moe_inactive_biases = (L - L_d) * (E - k_E) * expert_bias
+# Biases of a dense MLP: up and down (GPT), or gate, up and down (a gated MLP with biases).
+mlp_dense_bias = L * (d_ff + d)
+mlp_gated_bias = L * (2 * d_ff + d)
 
 # Multi-head latent attention (DeepSeek-V2/V3). Queries go down to rank r_q, are normed, and go up to h
 # heads of d_k = d_nope + d_r; keys and values share one latent of rank r_kv (normed) plus one rotary key
@@ -104,17 +128,43 @@ mla_q_full = d * h * d_k  # no query compression (DeepSeek-V2-Lite: q_lora_rank 
 mla_kv = d * (r_kv + d_r) + r_kv * h * (d_k - d_r + d_v)
 mla_o = h * d_v * d
 mla_per_layer = mla_q + mla_kv + mla_o
-mla_norms = L * (r_q + r_kv)
+mla_norms = L_a * (r_q + r_kv)
+
+# Gated DeltaNet (Qwen3-Next's linear attention, per layer): the fused input projection to q, k (h_lk heads
+# of d_lk), v and the output gate z (h_lv heads of d_lv); the projection to the per-head decay a and
+# write strength b; a depthwise causal convolution of K taps over q, k and v (no bias); per-head decay
+# parameters A_log and dt_bias; a gated RMSNorm of d_lv; the output projection.
+deltanet_conv_width = 2 * h_lk * d_lk + h_lv * d_lv
+deltanet_per_layer = (d * (2 * h_lk * d_lk + 2 * h_lv * d_lv) + d * 2 * h_lv + deltanet_conv_width * K
+                      + 2 * h_lv + d_lv + h_lv * d_lv * d)
+# Its state, per sequence and layer: h_lv matrices d_lk × d_lv, and the last K − 1 inputs of the convolution.
+deltanet_state = h_lv * d_lk * d_lv + (K - 1) * deltanet_conv_width
+# Mamba (Gu & Dao 2023; Jamba's layer): in_proj d → 2·d_in (x and the gate), a depthwise convolution of K
+# taps, x_proj d_in → r_dt + 2·d_st (step, B, C), dt_proj r_dt → d_in with a bias, A_log d_in × d_st, D d_in,
+# out_proj d_in → d. Optional: the convolution's bias d_in, in/out projection biases 2·d_in + d, and
+# Jamba's RMSNorms on the step, B and C (r_dt + 2·d_st).
+mamba_per_layer = (d * 2 * d_in + d_in * K + d_in * (r_dt + 2 * d_st) + r_dt * d_in + d_in + d_in * d_st
+                   + d_in + d_in * d)
+mamba_conv_bias = d_in
+mamba_proj_bias = 2 * d_in + d
+mamba_inner_norms = r_dt + 2 * d_st
+# Its state, per sequence and layer: the SSM state d_in × d_st and the last K − 1 inputs of the convolution.
+mamba_state = d_in * d_st + (K - 1) * d_in
 
 # --- Attention pattern: memory and FLOPs ----------------------------------------------------------
 entries_per_head = n**2
 entries_per_layer = h * n**2
 # A query of a sliding-window layer sees at most w keys (Mistral; Gemma 2/3's local layers).
 windowed_entries_per_head = n * Min(n, w)
-# Keys a new token attends to, summed over layers = token·layers the KV cache holds at n tokens.
-keys_seen = (L - L_w) * n + L_w * Min(n, w)
-# One head's n×n (or n×min(n, w)) pattern, summed over layers.
-layer_entries = (L - L_w) * n**2 + L_w * n * Min(n, w)
+# A query of a chunked layer sees only its own chunk of C tokens (Llama 4): the pattern is block-diagonal,
+# m_C = ⌊n/C⌋ full C×C blocks and one of r_C² (r_C = n mod C).
+chunked_entries_per_head = C**2 * m_C + r_C**2
+# Keys a new token attends to, summed over layers = token·layers the KV cache holds at n tokens; a
+# chunked layer's cache holds at most C tokens (the chunk in progress). Linear-attention and Mamba layers
+# attend to no keys.
+keys_seen = L_full * n + L_w * Min(n, w) + L_c * Min(n, C)
+# One head's pattern, summed over the attention layers.
+layer_entries = L_full * n**2 + L_w * n * Min(n, w) + L_c * chunked_entries_per_head
 entries_per_model = h * layer_entries
 # A tiled kernel holds one B×B tile of scores plus each row's running max and sum (2 values per
 # query) for the head it is working on, never the n×n pattern (Dao et al. 2022, Algorithm 1).
@@ -130,8 +180,10 @@ attention_flops_per_model = h * (2 * d_k + 2 * d_v) * layer_entries
 causal_flops_per_head = attention_flops_per_head * (n * (n + 1) / 2) / n**2
 # With a window, query i sees min(i + 1, w) keys: m(m + 1)/2 + (n − m)·w entries, m = min(n, w).
 windowed_causal_entries = Min(n, w) * (Min(n, w) + 1) / 2 + (n - Min(n, w)) * w
+# In a chunk, query i sees the i + 1 keys of its chunk so far: m_C·C(C + 1)/2 + r_C(r_C + 1)/2.
+chunked_causal_entries = m_C * C * (C + 1) / 2 + r_C * (r_C + 1) / 2
 causal_flops_per_model = h * (2 * d_k + 2 * d_v) * (
-    (L - L_w) * n * (n + 1) / 2 + L_w * windowed_causal_entries
+    L_full * n * (n + 1) / 2 + L_w * windowed_causal_entries + L_c * chunked_causal_entries
 )
 
 # Forward FLOPs per token with N non-embedding parameters (a symbol of its own, since N is itself
@@ -145,21 +197,85 @@ forward_flops_per_token_kaplan = 2 * N + 2 * h * d_k * keys_seen
 forward_flops_per_token_palm = 2 * N + 2 * h * (d_k + d_v) * keys_seen
 
 # --- KV cache -------------------------------------------------------------------------------------
-kv_cache_bytes_per_token = 2 * L * g * d_k * b  # one key and one value vector per layer and kv head
+kv_cache_bytes_per_token = 2 * L_a * g * d_k * b  # one key and one value vector per layer and kv head
 # A sliding-window layer keeps at most w tokens (a rolling cache): bytes held at n tokens.
 kv_cache_bytes = 2 * g * d_k * b * keys_seen
 # MLA caches one latent of r_kv and one shared rotary key of d_r per layer and token, not K and V per
 # head: the up-projections are applied to the cache (or absorbed into W_Q and W_O) at attention time.
-kv_cache_bytes_per_token_mla = L * (r_kv + d_r) * b
+kv_cache_bytes_per_token_mla = L_a * (r_kv + d_r) * b
 kv_cache_bytes_mla = (r_kv + d_r) * b * keys_seen
 
 # --- Roofline: attention's n² part of one forward pass, batch 1 -----------------------------------
 # Naive: read Q, K, V, write O (4·n·d_k per head) and write then read back the n×n pattern.
 # Tiled: the ideal kernel moves only Q, K, V and O (FlashAttention's re-reads of K and V ignored).
-naive_bytes_per_model = h * (L * n * (2 * d_k + 2 * d_v) + 2 * layer_entries) * b
-tiled_bytes_per_model = L * h * n * (2 * d_k + 2 * d_v) * b
+naive_bytes_per_model = h * (L_a * n * (2 * d_k + 2 * d_v) + 2 * layer_entries) * b
+tiled_bytes_per_model = L_a * h * n * (2 * d_k + 2 * d_v) * b
 
-GPT_SHAPE = {g: h, d_k: d / h, d_v: d / h, L_w: 0}  # multi-head attention with d = h·d_k, no windows
+# --- Training memory ----------------------------------------------------------------------------------
+# Model states per device (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion
+# Parameter Models", §3.1 and §5). P parameters (a tensor-parallel rank's share, ⌈Ψ/t⌉ of the model's Ψ)
+# at b_w bytes of weights, b_g of gradients and b_o of optimizer states a parameter (the paper's K):
+# mixed-precision Adam keeps fp16/bf16 weights and gradients, b_w = b_g = 2, and fp32 master weights,
+# momentum and variance, K = 12. ZeRO partitions them over N_d data-parallel devices: stage 1 (P_os) the
+# optimizer states, stage 2 (P_os+g) also the gradients, stage 3 (P_os+g+p) also the weights. A partition
+# is padded to equal size, ⌈P/N_d⌉ parameters a device: the paper's Ψ/N_d wherever N_d divides Ψ.
+b_m, t, N_d, P = symbols("b_m t N_d P", positive=True, integer=True)
+b_w, b_g, b_o = symbols("b_w b_g b_o", positive=True, integer=True)
+P_shard = ceiling(P / N_d)
+# stage → (weights, gradients, optimizer states) one device holds, in bytes
+zero_model_states: dict[int, tuple[Expr, Expr, Expr]] = {
+    0: (b_w * P, b_g * P, b_o * P),  # (2 + 2 + K)·Ψ
+    1: (b_w * P, b_g * P, b_o * P_shard),  # 2Ψ + 2Ψ + K·Ψ/N_d
+    2: (b_w * P, b_g * P_shard, b_o * P_shard),  # 2Ψ + (2 + K)·Ψ/N_d
+    3: (b_w * P_shard, b_g * P_shard, b_o * P_shard),  # (2 + 2 + K)·Ψ/N_d
+}
+# their sum, grouped as §5 writes it
+zero_model_states_total: dict[int, Expr] = {
+    0: (b_w + b_g + b_o) * P,
+    1: (b_w + b_g) * P + b_o * P_shard,
+    2: b_w * P + (b_g + b_o) * P_shard,
+    3: (b_w + b_g + b_o) * P_shard,
+}
+MIXED_PRECISION = {b_w: 2, b_g: 2, b_o: 12}  # ZeRO §3.1: 16 bytes a parameter, K = 12
+
+# Activations one transformer layer stores for its backward pass, in bytes, for n tokens, a micro-batch
+# of b_m, width d and h heads (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+# Transformer Models", §4.1, eq. 1 and Table 2; their s, b, h, a are n, b_m, d, h here): 16-bit activations,
+# 1-byte dropout masks, a GPT layer (MLP 4d, LayerNorm, dropout). 34·n·b_m·d grow with n: attention 11 (its
+# inputs, Q, K, V, the output projection's input, a dropout mask), MLP 19, the two LayerNorms 4. The rest,
+# 5·h·n²·b_m, is the n² term: each head's softmax output (2 bytes), its dropout mask (1) and the
+# dropped-out weights (2).
+activations_linear = 34 * n * b_m * d
+activations_quadratic = 5 * h * n**2 * b_m
+# Table 2, no parallelism: sbh(34 + 5as/h)
+activations_per_layer = n * b_m * d * (34 + 5 * h * n / d)  # = activations_linear + activations_quadratic
+# Table 2, tensor parallelism over t devices (Megatron-LM): the 24·n·b_m·d inside attention and the MLP, and
+# the n² term (by heads), split t ways; 10·n·b_m·d stay whole on every device: the two LayerNorms' inputs
+# (4), the inputs of attention and of the MLP (4) and the two dropout masks after them (2).
+# sbh(10 + 24/t + 5as/(ht))
+activations_tp = n * b_m * d * (10 + 24 / t + 5 * h * n / (d * t))
+# Table 2, tensor and sequence parallelism: those 10 split along n too, so every term t ways.
+# sbh/t·(34 + 5as/h)
+activations_tp_sp = n * b_m * d / t * (34 + 5 * h * n / d)
+# Selective recomputation (ibid. §4.2, Table 2): the n² term is recomputed in the backward pass, not
+# stored. Tensor parallelism: sbh(10 + 24/t); with sequence parallelism: 34sbh/t.
+activations_selective_tp = n * b_m * d * (10 + 24 / t)
+activations_selective_tp_sp = 34 * n * b_m * d / t
+# FlashAttention (Dao et al. 2022; FlashAttention-2, Dao 2023): the n² term is never written; the
+# backward recomputes it from Q, K, V, the output and each row's logsumexp (fp32, 4·h·n·b_m bytes, split
+# by heads).
+activations_flash_tp = activations_selective_tp + 4 * h * n * b_m / t
+activations_flash_tp_sp = activations_selective_tp_sp + 4 * h * n * b_m / t
+# Full recomputation (Table 2): only each layer's input is kept, 2sbh.
+activations_full_recompute = 2 * n * b_m * d
+
+GPT_SHAPE = {g: h, d_k: d / h, d_v: d / h, L_a: L, L_w: 0, L_c: 0}  # MHA, d = h·d_k, one kind
+
+
+def chunk_values(n_tokens: int, chunk: int) -> dict[Symbol, int]:
+    """m_C and r_C for n tokens in chunks of C: n = m_C·C + r_C."""
+    whole, rest = divmod(n_tokens, chunk)
+    return {m_C: whole, r_C: rest}
 
 
 def evaluate(expr: Expr, values: Mapping[Symbol, int]) -> Rational:

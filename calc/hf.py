@@ -1,16 +1,25 @@
-"""``calc.from_config``: a Hugging Face ``config.json`` (as a dict) read into a :class:`Config`.
+"""``calc.from_config``: a Hugging Face ``config.json`` (as a dict) read into a [Config][calc.Config].
 
-One reader per ``model_type`` maps the published keys to calc's fields; every error is a
-:class:`ConfigError` naming the config.json key that is missing or wrong (never a KeyError). Nothing
-is downloaded: the dict is what the caller read from disk.
+Each supported ``model_type`` is one record of ``TYPES``: the reader of the keys every decoder has (its
+body), the features its architecture fixes, the defaults transformers' config class gives the keys a
+file may leave out, and the readers of its optional parts (windows, experts, latent attention, hybrid
+layers). Every error is a ``ConfigError`` naming the config.json key that is missing or wrong (never a
+KeyError); a key whose value calc does not model (a RoPE scaling it does not know, a kind of layer it
+cannot count) is refused rather than guessed, and so is a key the type neither reads nor knows to
+carry no parameters (``IGNORED``, ``ModelType.ignored``). An unsupported ``model_type`` is answered with
+the supported type whose reader places most of the file's keys, and the keys it could not place. Each
+layer's kind (`layer_types`) follows the rule of the type's transformers config or model. Nothing is
+downloaded: the dict is what the caller read from disk.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from calc.config import Config, ConfigError
+from calc.config import Config, ConfigError, GatedDeltaNet, Mamba
 
 _MISSING = object()
 Fields = dict[str, Any]
@@ -20,249 +29,773 @@ LLAMA_KEYS = {
     "n_layers": "num_hidden_layers", "d_model": "hidden_size", "n_heads": "num_attention_heads",
     "d_head": "head_dim", "n_kv_heads": "num_key_value_heads", "d_ff": "intermediate_size",
     "vocab_size": "vocab_size", "n_ctx": "max_position_embeddings", "tied_embeddings": "tie_word_embeddings",
-    "sliding_window": "sliding_window", "n_window_layers": "layer_types",
+    "sliding_window": "sliding_window", "n_window_layers": "layer_types", "n_chunked_layers": "layer_types",
+    "n_linear_layers": "layer_types", "attention_chunk": "attention_chunk_size",
 }
+# Keys that carry no parameters and change no figure calc gives, in any model type: token ids, epsilons,
+# dropout, initialisation, activations, RoPE's base and scaling (checked by check_rope), numerics, and the
+# attributes every transformers config has (PreTrainedConfig's, and generation settings that older versions
+# saved). A known type reads or refuses every other key; an unsupported type's closest match never counts
+# these as unplaced.
+IGNORED = frozenset({
+    # what every config.json carries
+    "architectures", "model_type", "torch_dtype", "dtype", "transformers_version", "_name_or_path",
+    "auto_map", "tokenizer_class", "prefix", "task_specific_params", "quantization_config", "use_cache",
+    "output_attentions", "output_hidden_states", "return_dict", "torchscript", "use_bfloat16",
+    "chunk_size_feed_forward", "is_encoder_decoder", "is_decoder", "add_cross_attention", "id2label",
+    "label2id", "_num_labels", "problem_type", "finetuning_task", "tf_legacy_loss", "gradient_checkpointing",
+    "attn_implementation", "_attn_implementation",
+    "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
+    "cache_implementation",
+    # generation settings saved by transformers 4.x
+    "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
+    "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
+    "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
+    "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
+    "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens",
+    "begin_suppress_tokens",
+    # initialisation, epsilons, dropout, activations
+    "initializer_range", "init_std", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon",
+    "attention_dropout", "hidden_dropout", "embd_pdrop", "resid_pdrop", "attn_pdrop", "dropout",
+    "activation_dropout", "embedding_dropout", "residual_dropout", "attention_probs_dropout_prob",
+    "hidden_dropout_prob", "classifier_dropout", "layerdrop", "hidden_act",
+    "hidden_activation", "activation_function", "activation",
+    # RoPE: its base and scaling (check_rope refuses a scaling it does not know; none adds parameters)
+    "rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor", "rotary_pct",
+    "rotary_emb_base", "original_max_position_embeddings", "rope_local_base_freq",
+    # numerics and scalars of the forward pass: logit caps and scales, softmax precision
+    "attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar", "logit_scale",
+    "attention_softmax_in_fp32", "scale_attention_softmax_in_fp32", "scale_attn_weights",
+    # training-time settings: the router's loss and noise, tensor-parallel slicing, logits kept
+    "output_router_logits", "router_aux_loss_coef", "router_jitter_noise", "pretraining_tp",
+    "num_logits_to_keep",
+    # how a router picks and weighs its experts: no parameters
+    "norm_topk_prob", "routed_scaling_factor", "scoring_func", "topk_method", "n_group", "topk_group",
+    "aux_loss_alpha", "seq_aux", "ep_size", "swiglu_limit", "swiglu_alpha",
+})
+# RoPE scalings transformers implements (modeling_rope_utils); none adds parameters. "su" is Phi-3's old
+# name for longrope.
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional", "su")
+SLIDING_OR_FULL = ("sliding_attention", "full_attention")
 
 
 class Reader:
-    """Typed reads of one config.json object; each error names the key."""
+    """Typed reads of one config.json object, with its type's defaults; each error names the key, and
+    every key read is remembered (the keys a known type left unread are refused; an unsupported config is
+    answered with the type that would place most of its keys).
 
-    def __init__(self, raw: Mapping[str, Any]) -> None:
+    A ``lenient`` reader never stops at a missing or invalid value: it notes the error in ``problems`` and
+    reads on with a stand-in (1, 0, the default), so that it learns every key a type would read."""
+
+    def __init__(self, raw: Mapping[str, Any], defaults: Mapping[str, Any] | None = None, *,
+                 lenient: bool = False) -> None:
         self.raw = raw
+        self.defaults = defaults or {}
+        self.used: set[str] = set()
+        self.lenient = lenient
+        self.problems: list[ConfigError] = []
+        self.kinds: list[str] | None = None  # each layer's kind, where a rule or layer_types gave them
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.used.add(key)
+        if key in self.raw:
+            return self.raw[key]
+        return self.defaults.get(key, default)
+
+    def known(self, *keys: str) -> None:
+        """Keys this reader understands that change nothing in this config (a window left off)."""
+        self.used.update(keys)
+
+    def invalid(self, key: str, message: str, stand_in: Any) -> Any:
+        """Raise ConfigError(key, message); a lenient reader notes it and goes on with ``stand_in``."""
+        if not self.lenient:
+            raise ConfigError(key, message)
+        self.problems.append(ConfigError(key, message))
+        return stand_in
 
     def integer(self, key: str, default: Any = _MISSING) -> int:
-        value = self.raw.get(key, default)
+        value = self.get(key, default)
         if value is _MISSING:
-            raise ConfigError(key, "missing")
+            return int(self.invalid(key, "missing", 1))
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(key, f"must be a positive integer, got {value!r}")
+            return int(self.invalid(key, f"must be a positive integer, got {value!r}", 1))
         return value
 
     def optional_int(self, key: str) -> int | None:
         """A positive integer, or None where the key is absent or null."""
-        return None if self.raw.get(key) is None else self.integer(key)
+        return None if self.get(key) is None else self.integer(key)
+
+    def count(self, key: str) -> int:
+        """A non-negative integer, 0 where absent."""
+        value = self.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            return int(self.invalid(key, f"must be a non-negative integer, got {value!r}", 0))
+        return value
 
     def boolean(self, key: str, default: bool) -> bool:
-        value = self.raw.get(key, default)
+        value = self.get(key, default)
         if not isinstance(value, bool):
-            raise ConfigError(key, f"must be true or false, got {value!r}")
+            return bool(self.invalid(key, f"must be true or false, got {value!r}", default))
         return value
+
+    def int_list(self, key: str, n_layers: int) -> list[int] | None:
+        """A list of layer indices or 0/1 flags, or None where absent or empty."""
+        value = self.get(key)
+        if value is None or value == []:
+            return None
+        whole = isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        if not whole:
+            self.invalid(key, f"must be a list of integers, got {value!r}", None)
+            return None
+        return value
+
+    def whole_heads(self, d: int, n_heads: int, width_key: str = "hidden_size",
+                    heads_key: str = "num_attention_heads", why: str = "") -> int:
+        """d/h, where h divides d (every layout's head width without a head_dim key); the error names
+        the heads' key."""
+        if d % n_heads:
+            message = f"{width_key} {d} is not divisible by {n_heads} heads{why}"
+            return int(self.invalid(heads_key, message, 1))
+        return d // n_heads
 
     def head_dim(self, d_model: int, n_heads: int) -> int:
         """``head_dim`` where given (Gemma, Qwen3, Mistral-Nemo), else d/h, which must divide."""
-        if self.raw.get("head_dim") is not None:
+        if self.get("head_dim") is not None:
             return self.integer("head_dim")
-        if d_model % n_heads:
-            message = f"hidden_size {d_model} is not divisible by {n_heads} heads and no head_dim is given"
-            raise ConfigError("num_attention_heads", message)
-        return d_model // n_heads
+        return self.whole_heads(d_model, n_heads, why=" and no head_dim is given")
 
     def refuse(self, key: str, unsupported: object, what: str) -> None:
-        if self.raw.get(key) == unsupported:
-            raise ConfigError(key, f"{unsupported!r} is not supported ({what})")
+        if key in self.raw and self.get(key) == unsupported:
+            self.invalid(key, f"{unsupported!r} is not supported ({what})", None)
 
-    def window_layers(self, n_layers: int, default_sliding: Callable[[int], bool]) -> int:
-        """Layers with a sliding window: counted from ``layer_types`` where the config lists them, else
-        by the model's rule (``default_sliding(i)`` for layer i)."""
-        types = self.raw.get("layer_types")
+    def layer_kinds(self, n_layers: int, allowed: Sequence[str], default: Callable[[int], str], *,
+                    listed: bool = True) -> Counter[str]:
+        """How many layers of each kind: counted from ``layer_types`` where the config lists them (and
+        ``listed``: the type's transformers config has that key), else by the model's rule (``default(i)``
+        for layer i, as transformers' config class or model builds it). A kind outside ``allowed`` is
+        refused: calc would not know what such a layer stores or costs. Each layer's kind is kept in
+        ``kinds``."""
+        types = self.get("layer_types") if listed else None
+        rule = [default(i) for i in range(n_layers)]
         if types is None:
-            return sum(default_sliding(i) for i in range(n_layers))
-        kinds = {"sliding_attention", "full_attention"}
-        if not isinstance(types, list) or len(types) != n_layers or not set(types) <= kinds:
-            raise ConfigError("layer_types", f"must list {n_layers} of {sorted(kinds)}, got {types!r}")
-        return types.count("sliding_attention")
+            self.kinds = rule
+        elif not isinstance(types, list) or len(types) != n_layers:
+            self.kinds = self.invalid("layer_types", f"must list {n_layers} layer kinds, got {types!r}", rule)
+        elif unknown := sorted({str(t) for t in types} - set(allowed)):
+            self.kinds = self.invalid("layer_types", f"layer kind {unknown[0]!r} is not one calc models for "
+                                      f"this model_type ({', '.join(allowed)})", rule)
+        else:
+            self.kinds = list(types)
+        return Counter(self.kinds)
 
 
-def _llama_family(r: Reader, *, tied: bool = False) -> Fields:
+def noted(fields: Fields, *notes: str) -> Fields:
+    """``fields`` with ``notes`` added to those already there."""
+    return {**fields, "notes": (*fields.get("notes", ()), *notes)}
+
+
+# --- bodies: the keys every decoder has -----------------------------------------------------------------
+def llama_body(r: Reader) -> Fields:
+    """The llama family's keys (most model types since 2023)."""
     d, n_heads = r.integer("hidden_size"), r.integer("num_attention_heads")
-    for key, what in (("attention_bias", "biases on Q, K, V and O"), ("mlp_bias", "biases in the MLP")):
-        r.refuse(key, True, what)
     return {
         "arch": "llama", "n_layers": r.integer("num_hidden_layers"), "d_model": d, "n_heads": n_heads,
         "d_head": r.head_dim(d, n_heads), "n_kv_heads": r.integer("num_key_value_heads", n_heads),
         "d_ff": r.integer("intermediate_size"), "vocab_size": r.integer("vocab_size"),
         "n_ctx": r.integer("max_position_embeddings"),
-        "tied_embeddings": r.boolean("tie_word_embeddings", tied),
+        "tied_embeddings": r.boolean("tie_word_embeddings", False),
     }
 
 
-def _every_layer_windowed(r: Reader, fields: Fields) -> Fields:
-    """Mistral, Mixtral, Phi-3: ``sliding_window`` (or null) applies to every layer."""
-    window = r.optional_int("sliding_window")
-    return {**fields, "sliding_window": window, "n_window_layers": fields["n_layers"] if window else 0}
-
-
-def llama(r: Reader) -> Fields:
-    return _llama_family(r)
-
-
-def mistral(r: Reader) -> Fields:
-    return _every_layer_windowed(r, _llama_family(r))
-
-
-def mixtral(r: Reader) -> Fields:
-    fields = _every_layer_windowed(r, _llama_family(r))
-    return {**fields, "n_experts": r.integer("num_local_experts"),
-            "experts_per_token": r.integer("num_experts_per_tok"), "d_expert": fields["d_ff"]}
-
-
-def phi3(r: Reader) -> Fields:
-    fields = _every_layer_windowed(r, _llama_family(r))
-    factor = r.raw.get("partial_rotary_factor")
-    partial = f"rotary on a fraction {factor} of each head (no parameters)"
-    notes = [] if factor in (None, 1, 1.0) else [partial]
-    return {**fields, "notes": ("Q, K, V fused in one matrix and gate, up in another: the same count as "
-                                "separate ones.", *notes)}
-
-
-def _qwen(r: Reader, fields: Fields) -> Fields:
-    """Qwen2/3: with ``use_sliding_window``, layers from ``max_window_layers`` on have the window."""
-    n_layers = fields["n_layers"]
-    if not r.boolean("use_sliding_window", False):
-        return fields
-    first = r.raw.get("max_window_layers", n_layers)
-    if isinstance(first, bool) or not isinstance(first, int) or first < 0:
-        raise ConfigError("max_window_layers", f"must be a non-negative integer, got {first!r}")
-    n_window = r.window_layers(n_layers, lambda i: i >= first)
-    window = r.integer("sliding_window") if n_window else None
-    return {**fields, "sliding_window": window, "n_window_layers": n_window}
-
-
-def qwen2(r: Reader) -> Fields:
-    # Qwen2Attention: q, k, v projections with bias, o without; attention_bias is not a key of Qwen2.
-    raw = {k: v for k, v in r.raw.items() if k != "attention_bias"}
-    return {**_qwen(r, _llama_family(Reader(raw))), "qkv_bias": True}
-
-
-def qwen3(r: Reader) -> Fields:
-    return {**_qwen(r, _llama_family(r)), "qk_norm": True}
-
-
-def _gemma(r: Reader, fields: Fields, default_sliding: Callable[[int], bool], window: int) -> Fields:
-    n_window = r.window_layers(fields["n_layers"], default_sliding)
-    held = r.integer("sliding_window", window) if n_window else None
-    return {**fields, "norms_per_layer": 4, "sliding_window": held, "n_window_layers": n_window}
-
-
-def gemma2(r: Reader) -> Fields:
-    # Gemma2Config: layer i is sliding when (i + 1) % 2, so the first of each pair is local.
-    return _gemma(r, _llama_family(r, tied=True), lambda i: bool((i + 1) % 2), 4096)
-
-
-def gemma3_text(r: Reader) -> Fields:
-    pattern = r.integer("sliding_window_pattern", 6)  # five local layers, then a global one
-    fields = _gemma(r, _llama_family(r, tied=True), lambda i: bool((i + 1) % pattern), 4096)
-    return {**fields, "qk_norm": True}
-
-
-def gpt2(r: Reader) -> Fields:
+def gpt2_body(r: Reader) -> Fields:
+    """GPT-2's keys (also GPTBigCode's)."""
     d, n_heads = r.integer("n_embd"), r.integer("n_head")
-    if d % n_heads:
-        raise ConfigError("n_head", f"n_embd {d} is not divisible by {n_heads} heads")
     return {
         "arch": "gpt", "n_layers": r.integer("n_layer"), "d_model": d, "n_heads": n_heads,
-        "d_head": d // n_heads, "n_kv_heads": n_heads, "d_ff": r.optional_int("n_inner") or 4 * d,
+        "d_head": r.whole_heads(d, n_heads, "n_embd", "n_head"), "n_kv_heads": n_heads,
+        "d_ff": r.optional_int("n_inner") or 4 * d,
         "vocab_size": r.integer("vocab_size"), "n_ctx": r.integer("n_positions"),
         "tied_embeddings": r.boolean("tie_word_embeddings", True),
     }
 
 
-def gpt_neox(r: Reader) -> Fields:
+def neox_body(r: Reader) -> Fields:
     d, n_heads = r.integer("hidden_size"), r.integer("num_attention_heads")
-    r.refuse("attention_bias", False, "the GPT-NeoX layout has biases on every projection")
-    if d % n_heads:
-        raise ConfigError("num_attention_heads", f"hidden_size {d} is not divisible by {n_heads} heads")
-    rotary = r.raw.get("rotary_pct", r.raw.get("partial_rotary_factor", 0.25))
-    parallel = r.boolean("use_parallel_residual", True)
-    block = "parallel attention and MLP (x + attn(ln1 x) + mlp(ln2 x))" if parallel else "sequential blocks"
-    notes = (f"rotary on a fraction {rotary} of each head's dimensions (rotary has no parameters)",
-             f"{block}; the count is the same either way")
     return {
         "arch": "neox", "n_layers": r.integer("num_hidden_layers"), "d_model": d, "n_heads": n_heads,
-        "d_head": d // n_heads, "n_kv_heads": n_heads, "d_ff": r.integer("intermediate_size"),
-        "vocab_size": r.integer("vocab_size"), "n_ctx": r.integer("max_position_embeddings"),
-        "tied_embeddings": r.boolean("tie_word_embeddings", False), "notes": notes,
-    }
-
-
-def deepseek_v3(r: Reader) -> Fields:
-    r.refuse("attention_bias", True, "biases in MLA's projections")
-    if r.raw.get("moe_layer_freq", 1) != 1:
-        raise ConfigError("moe_layer_freq", f"only 1 (every layer after the dense ones) is supported, "
-                          f"got {r.raw.get('moe_layer_freq')!r}")
-    n_heads = r.integer("num_attention_heads")
-    d_rope = r.integer("qk_rope_head_dim")
-    return {
-        "arch": "llama", "n_layers": r.integer("num_hidden_layers"), "d_model": r.integer("hidden_size"),
-        "n_heads": n_heads, "d_head": r.integer("qk_nope_head_dim") + d_rope,
-        "n_kv_heads": r.integer("num_key_value_heads", n_heads), "d_ff": r.integer("intermediate_size"),
+        "d_head": r.whole_heads(d, n_heads), "n_kv_heads": n_heads, "d_ff": r.integer("intermediate_size"),
         "vocab_size": r.integer("vocab_size"), "n_ctx": r.integer("max_position_embeddings"),
         "tied_embeddings": r.boolean("tie_word_embeddings", False),
-        "kv_lora_rank": r.integer("kv_lora_rank"), "q_lora_rank": r.optional_int("q_lora_rank") or 0,
-        "d_rope": d_rope, "d_value": r.integer("v_head_dim"),
-        "n_experts": r.integer("n_routed_experts"), "experts_per_token": r.integer("num_experts_per_tok"),
-        "n_shared_experts": _count(r, "n_shared_experts"),
-        "d_expert": r.integer("moe_intermediate_size"), "n_dense_layers": _count(r, "first_k_dense_replace"),
-        "router_bias": True, "n_mtp_layers": _count(r, "num_nextn_predict_layers"),
     }
 
 
-def _count(r: Reader, key: str) -> int:
-    value = r.raw.get(key, 0)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(key, f"must be a non-negative integer, got {value!r}")
-    return value
+def opt_body(r: Reader) -> Fields:
+    """OPT (Zhang et al. 2022): GPT-2's layout, with its own key names and 2 extra position rows."""
+    d, n_heads = r.integer("hidden_size"), r.integer("num_attention_heads")
+    if r.get("word_embed_proj_dim", d) != d:
+        r.invalid("word_embed_proj_dim", f"{r.get('word_embed_proj_dim')!r} ≠ hidden_size {d}: the "
+                  "projections between a narrower embedding and the layers are not modelled", None)
+    r.refuse("do_layer_norm_before", False, "post-LayerNorm OPT-350m has no final norm; not modelled")
+    r.refuse("_remove_final_layer_norm", True, "OPT without its final LayerNorm is not modelled")
+    for key in ("enable_bias", "layer_norm_elementwise_affine"):
+        r.refuse(key, False, "OPT without biases or norm weights is not modelled")
+    return {
+        "arch": "gpt", "n_layers": r.integer("num_hidden_layers"), "d_model": d, "n_heads": n_heads,
+        "d_head": r.whole_heads(d, n_heads), "n_kv_heads": n_heads, "d_ff": r.integer("ffn_dim"),
+        "vocab_size": r.integer("vocab_size"), "n_ctx": r.integer("max_position_embeddings"),
+        "tied_embeddings": r.boolean("tie_word_embeddings", True), "position_offset": 2,
+    }
 
 
-READERS: dict[str, Callable[[Reader], Fields]] = {
-    "gpt2": gpt2, "llama": llama, "mistral": mistral, "mixtral": mixtral, "qwen2": qwen2, "qwen3": qwen3,
-    "gemma2": gemma2, "gemma3_text": gemma3_text, "phi3": phi3, "gpt_neox": gpt_neox,
-    "deepseek_v3": deepseek_v3,
+def falcon_body(r: Reader) -> Fields:
+    """Falcon (Almazrouei et al. 2023): a fused QKV, multi-query (7B) or grouped (new_decoder_architecture,
+    40B/180B), parallel attention and MLP, LayerNorm with a bias, a 4d dense MLP, optional linear biases."""
+    d, n_heads = r.integer("hidden_size"), r.integer("num_attention_heads")
+    r.refuse("alibi", True, "ALiBi Falcon (RW-1B) is not modelled")
+    new = r.boolean("new_decoder_architecture", False)
+    parallel = r.boolean("parallel_attn", True)
+    multi_query = r.boolean("multi_query", True)
+    n_kv = (r.optional_int("num_kv_heads") or n_heads) if new else 1 if multi_query else n_heads
+    norms = 2 if not parallel else (r.optional_int("num_ln_in_parallel_attn") or 2) if new else 1
+    bias = r.boolean("bias", False)
+    return {
+        "arch": "neox", "n_layers": r.integer("num_hidden_layers"), "d_model": d, "n_heads": n_heads,
+        "d_head": r.whole_heads(d, n_heads), "n_kv_heads": n_kv,
+        "d_ff": r.optional_int("ffn_hidden_size") or 4 * d, "vocab_size": r.integer("vocab_size"),
+        "n_ctx": r.integer("max_position_embeddings"),
+        "tied_embeddings": r.boolean("tie_word_embeddings", True),
+        "qkv_bias": bias, "o_bias": bias, "mlp_bias": bias, "norms_per_layer": norms,
+        "notes": (("parallel attention and MLP" if parallel else "sequential blocks")
+                  + f"; Q, K, V fused in one matrix; {norms} LayerNorm(s) per layer",),
+    }
+
+
+# --- parts: optional features, each a reader of its keys --------------------------------------------
+Part = Callable[[Reader, Fields], Fields]
+
+
+def no_extra_biases(r: Reader, fields: Fields) -> Fields:
+    for key, what in (("attention_bias", "biases on Q, K, V and O"), ("mlp_bias", "biases in the MLP")):
+        r.refuse(key, True, what)
+    return fields
+
+
+def window_on_every_layer(r: Reader, fields: Fields) -> Fields:
+    """Mistral, Mixtral, Phi-3, StarCoder2: ``sliding_window`` (or null) applies to every layer."""
+    window = r.optional_int("sliding_window")
+    kinds = r.layer_kinds(fields["n_layers"], SLIDING_OR_FULL,
+                          lambda i: "sliding_attention" if window else "full_attention", listed=False)
+    return {**fields, "sliding_window": window, "n_window_layers": kinds["sliding_attention"]}
+
+
+def _windowed(r: Reader, fields: Fields, kinds: Counter[str], default_window: int | None = None) -> Fields:
+    n_window = kinds["sliding_attention"]
+    window = r.integer("sliding_window", default_window if default_window else _MISSING) if n_window else None
+    return {**fields, "sliding_window": window, "n_window_layers": n_window}
+
+
+def _qwen_windowed(r: Reader, fields: Fields, windowed: Callable[[int], bool], *,
+                   listed: bool = True) -> Fields:
+    """The Qwen family's windows: ``sliding_window`` (transformers' default 4,096; null: none) counts only
+    with ``use_sliding_window``; ``windowed(i)`` is the type's rule for layer i, ``layer_types`` (where the
+    type's config has the key) overrides it."""
+    kinds = r.layer_kinds(fields["n_layers"], SLIDING_OR_FULL,
+                          lambda i: "sliding_attention" if windowed(i) else "full_attention", listed=listed)
+    if not kinds["sliding_attention"]:
+        r.known("sliding_window")
+        return fields
+    if not r.boolean("use_sliding_window", False):
+        r.invalid("layer_types", f"lists {kinds['sliding_attention']} sliding layers, but use_sliding_window "
+                  "is false (transformers then has no window to give them)", None)
+    return _windowed(r, fields, kinds)
+
+
+def _qwen_window_size(r: Reader) -> int | None:
+    """The window transformers' Qwen configs keep: ``sliding_window`` with ``use_sliding_window``, else
+    None."""
+    return r.optional_int("sliding_window") if r.boolean("use_sliding_window", False) else None
+
+
+def qwen_window(r: Reader, fields: Fields) -> Fields:
+    """Qwen2, Qwen3 (Qwen2Config, Qwen3Config): with a window, layer i has it where i ≥ ``max_window_layers``
+    (default 28)."""
+    if _qwen_window_size(r) is None:
+        r.known("max_window_layers")
+        return _qwen_windowed(r, fields, lambda i: False)
+    first = r.count("max_window_layers")
+    return _qwen_windowed(r, fields, lambda i: i >= first)
+
+
+def qwen2_moe_window(r: Reader, fields: Fields) -> Fields:
+    """Qwen2-MoE (Qwen2MoeConfig): with ``use_sliding_window``, layer i has the window where i is even and
+    i < ``max_window_layers`` (default 28)."""
+    if not r.boolean("use_sliding_window", False):
+        r.known("max_window_layers")
+        return _qwen_windowed(r, fields, lambda i: False)
+    below = r.count("max_window_layers")
+    return _qwen_windowed(r, fields, lambda i: (i + 1) % 2 == 1 and i < below)
+
+
+def qwen3_moe_window(r: Reader, fields: Fields) -> Fields:
+    """Qwen3-MoE (Qwen3MoeConfig, Qwen3MoeAttention): the window, where there is one, is on every layer.
+    Its config has no ``layer_types``, and ``max_window_layers`` (which its checkpoints' files carry) is not
+    read by transformers."""
+    r.known("max_window_layers")
+    windowed = _qwen_window_size(r) is not None
+    return _qwen_windowed(r, fields, lambda i: windowed, listed=False)
+
+
+def gemma_window(pattern_key: str | None) -> Part:
+    """Gemma 2 (local and global alternate, the first local) and Gemma 3 (``sliding_window_pattern`` − 1
+    local layers, then a global one): 4 norms per layer."""
+    def part(r: Reader, fields: Fields) -> Fields:
+        pattern = r.integer(pattern_key, 6) if pattern_key else 2
+        kinds = r.layer_kinds(fields["n_layers"], SLIDING_OR_FULL,
+                              lambda i: "sliding_attention" if (i + 1) % pattern else "full_attention")
+        return {**_windowed(r, fields, kinds, 4096), "norms_per_layer": 4}
+    return part
+
+
+def rope_flags(r: Reader, n_layers: int) -> list[int]:
+    """SmolLM3, Llama 4: ``no_rope_layers[i]`` is 1 where layer i uses RoPE and 0 where it has no position
+    encoding (NoPE); by default every ``no_rope_layer_interval``-th layer is NoPE."""
+    flags = r.int_list("no_rope_layers", n_layers)
+    if flags is None:
+        interval = r.integer("no_rope_layer_interval", 4)
+        flags = [int((i + 1) % interval != 0) for i in range(n_layers)]
+    else:
+        r.known("no_rope_layer_interval")  # transformers builds the flags from it only where none are listed
+    if len(flags) != n_layers or set(flags) - {0, 1}:
+        r.invalid("no_rope_layers", f"must be {n_layers} flags of 0 or 1, got {flags!r}", None)
+        flags = [1] * n_layers
+    return flags
+
+
+def with_nope(fields: Fields, flags: list[int]) -> Fields:
+    """The NoPE layers named (they have no parameters and change no cost)."""
+    nope = flags.count(0)
+    note = f"{nope} of {len(flags)} layers have no rotary positions (NoPE; no parameters, the same costs)"
+    return {**noted(fields, note), "n_nope_layers": nope}
+
+
+def smollm3_layers(r: Reader, fields: Fields) -> Fields:
+    """SmolLM3: a NoPE layer every 4; with ``use_sliding_window``, transformers windows the NoPE layers."""
+    flags = rope_flags(r, fields["n_layers"])
+    r.known("sliding_window")  # read below where a layer has the window; without one, it changes nothing
+    windowed = r.boolean("use_sliding_window", False) and r.get("sliding_window") is not None
+    kinds = r.layer_kinds(fields["n_layers"], SLIDING_OR_FULL,
+                          lambda i: "sliding_attention" if windowed and not flags[i] else "full_attention")
+    return _windowed(r, with_nope(fields, flags), kinds)
+
+
+def llama4_layers(r: Reader, fields: Fields) -> Fields:
+    """Llama 4: RoPE layers attend within chunks of ``attention_chunk_size``; NoPE layers see every key."""
+    flags = rope_flags(r, fields["n_layers"])
+    chunk = r.optional_int("attention_chunk_size")
+    kinds = r.layer_kinds(fields["n_layers"], ("chunked_attention", "full_attention"),
+                          lambda i: "chunked_attention" if flags[i] and chunk else "full_attention")
+    n_chunked = kinds["chunked_attention"]
+    if n_chunked and chunk is None:
+        chunk = r.invalid("attention_chunk_size", f"missing, but {n_chunked} layers are chunked", 1)
+    return {**with_nope(fields, flags), "n_chunked_layers": n_chunked,
+            "attention_chunk": chunk if n_chunked else None}
+
+
+def qwen3_next_layers(r: Reader, fields: Fields) -> Fields:
+    """Qwen3-Next: three Gated DeltaNet layers to one gated full-attention layer
+    (``full_attention_interval``)."""
+    interval = r.integer("full_attention_interval", 4)
+    kinds = r.layer_kinds(fields["n_layers"], ("linear_attention", "full_attention"),
+                          lambda i: "linear_attention" if (i + 1) % interval else "full_attention")
+    shape = GatedDeltaNet(
+        key_heads=r.integer("linear_num_key_heads"), value_heads=r.integer("linear_num_value_heads"),
+        d_key=r.integer("linear_key_head_dim"), d_value=r.integer("linear_value_head_dim"),
+        conv_kernel=r.integer("linear_conv_kernel_dim"))
+    return {**fields, "n_linear_layers": kinds["linear_attention"], "linear_attention": shape}
+
+
+def jamba_layers(r: Reader, fields: Fields) -> Fields:
+    """Jamba: attention where i % ``attn_layer_period`` = ``attn_layer_offset``, Mamba elsewhere; experts
+    where i % ``expert_layer_period`` = ``expert_layer_offset``, a dense MLP elsewhere."""
+    n_layers = fields["n_layers"]
+    period, offset = r.integer("attn_layer_period"), r.count("attn_layer_offset")
+    kinds = r.layer_kinds(n_layers, ("full_attention", "mamba"),
+                          lambda i: "full_attention" if i % period == offset else "mamba", listed=False)
+    d = fields["d_model"]
+    expand = r.integer("mamba_expand")
+    shape = Mamba(d_inner=expand * d, d_state=r.integer("mamba_d_state"),
+                  dt_rank=r.integer("mamba_dt_rank"),
+                  conv_kernel=r.integer("mamba_d_conv"), conv_bias=r.boolean("mamba_conv_bias", True),
+                  proj_bias=r.boolean("mamba_proj_bias", False), inner_norms=True)
+    e_period, e_offset = r.integer("expert_layer_period"), r.count("expert_layer_offset")
+    n_moe = sum(i % e_period == e_offset for i in range(n_layers))
+    experts = r.integer("num_experts")
+    fields = {**fields, "n_mamba_layers": kinds["mamba"], "mamba": shape}
+    if experts == 1 or not n_moe:
+        r.known("num_experts_per_tok")  # a dense model: no router to pick experts
+        return fields
+    return {**fields, "n_experts": experts, "experts_per_token": r.integer("num_experts_per_tok"),
+            "d_expert": fields["d_ff"], "n_dense_layers": n_layers - n_moe}
+
+
+def mixtral_experts(r: Reader, fields: Fields) -> Fields:
+    return {**fields, "n_experts": r.integer("num_local_experts"),
+            "experts_per_token": r.integer("num_experts_per_tok"), "d_expert": fields["d_ff"]}
+
+
+def qwen_experts(r: Reader, fields: Fields) -> Fields:
+    """Qwen2-MoE, Qwen3-MoE, Qwen3-Next: experts where (i + 1) % ``decoder_sparse_step`` = 0 and i is not in
+    ``mlp_only_layers``; a gated shared expert of ``shared_expert_intermediate_size`` where given."""
+    n_layers = fields["n_layers"]
+    step = r.integer("decoder_sparse_step", 1)
+    dense_only = set(r.int_list("mlp_only_layers", n_layers) or ())
+    n_moe = sum(i not in dense_only and (i + 1) % step == 0 for i in range(n_layers))
+    shared = r.count("shared_expert_intermediate_size")
+    fields = {**fields, "n_experts": r.integer("num_experts"),
+              "experts_per_token": r.integer("num_experts_per_tok"),
+              "d_expert": r.integer("moe_intermediate_size"), "n_dense_layers": n_layers - n_moe}
+    if shared:
+        fields.update(n_shared_experts=1, d_shared_expert=shared, shared_expert_gate=True)
+    return fields
+
+
+def deepseek_experts(r: Reader, fields: Fields) -> Fields:
+    if r.get("moe_layer_freq", 1) != 1:
+        r.invalid("moe_layer_freq", f"only 1 (every layer after the dense ones) is supported, "
+                  f"got {r.get('moe_layer_freq')!r}", None)
+    return {**fields, "n_experts": r.integer("n_routed_experts"),
+            "experts_per_token": r.integer("num_experts_per_tok"),
+            "n_shared_experts": r.count("n_shared_experts"),
+            "d_expert": r.integer("moe_intermediate_size"),
+            "n_dense_layers": r.count("first_k_dense_replace")}
+
+
+def llama4_experts(r: Reader, fields: Fields) -> Fields:
+    """Llama 4: MoE layers every ``interleave_moe_layer_step`` (or listed in ``moe_layers``), each with one
+    shared expert of ``intermediate_size``; dense layers are ``intermediate_size_mlp`` wide."""
+    n_layers = fields["n_layers"]
+    moe_layers = r.int_list("moe_layers", n_layers)
+    if moe_layers is None:
+        step = r.integer("interleave_moe_layer_step", 1)
+        moe_layers = list(range(step - 1, n_layers, step))
+    d_e = fields["d_ff"]
+    return {**fields, "d_ff": r.integer("intermediate_size_mlp"), "n_experts": r.integer("num_local_experts"),
+            "experts_per_token": r.integer("num_experts_per_tok"), "d_expert": d_e, "n_shared_experts": 1,
+            "n_dense_layers": n_layers - len(set(moe_layers) & set(range(n_layers)))}
+
+
+def mla(r: Reader, fields: Fields) -> Fields:
+    """Multi-head latent attention (DeepSeek-V2/V3); ``q_lora_rank`` null means an uncompressed query."""
+    r.refuse("attention_bias", True, "biases in MLA's projections")
+    d_rope = r.integer("qk_rope_head_dim")
+    return {**fields, "d_head": r.integer("qk_nope_head_dim") + d_rope,
+            "kv_lora_rank": r.integer("kv_lora_rank"),
+            "q_lora_rank": r.optional_int("q_lora_rank") or 0, "d_rope": d_rope,
+            "d_value": r.integer("v_head_dim"),
+            "n_mtp_layers": r.count("num_nextn_predict_layers")}
+
+
+def gpt_oss_parts(r: Reader, fields: Fields) -> Fields:
+    """gpt-oss: sinks, biases on Q, K, V, O, alternating sliding/full layers, experts with biases."""
+    kinds = r.layer_kinds(fields["n_layers"], SLIDING_OR_FULL,
+                          lambda i: "sliding_attention" if i % 2 == 0 else "full_attention")
+    bias = r.boolean("attention_bias", True)
+    return {**_windowed(r, fields, kinds), "qkv_bias": bias, "o_bias": bias, "attention_sinks": True,
+            "n_experts": r.integer("num_local_experts"),
+            "experts_per_token": r.integer("num_experts_per_tok"),
+            "d_expert": fields["d_ff"], "router_bias": True, "expert_bias": True}
+
+
+def qwen2_bias(r: Reader, fields: Fields) -> Fields:
+    # Qwen2Attention: q, k, v projections with a bias, o without; attention_bias is not a Qwen2 key.
+    return {**fields, "qkv_bias": r.boolean("qkv_bias", True)}
+
+
+def cohere_parts(r: Reader, fields: Fields) -> Fields:
+    """Cohere: one LayerNorm (a weight, no bias) per layer before parallel attention and MLP; with
+    ``use_qk_norm`` (Command R+), a norm per query and key head."""
+    fields = no_extra_biases(r, fields)
+    return {**noted(fields, "parallel attention and MLP behind one shared norm"),
+            "qk_norm": r.boolean("use_qk_norm", False), "qk_norm_per_head": True}
+
+
+def stablelm_parts(r: Reader, fields: Fields) -> Fields:
+    """StableLM: LayerNorms with a bias, optional Q, K, V biases, optional per-head q/k norms (a weight
+    each), and with ``use_parallel_residual`` one norm per layer instead of two."""
+    parallel = r.boolean("use_parallel_residual", False)
+    return {**fields, "qkv_bias": r.boolean("use_qkv_bias", False),
+            "qk_norm": r.boolean("qk_layernorm", False),
+            "qk_norm_per_head": True, "norms_per_layer": 1 if parallel else 2}
+
+
+def starcoder2_parts(r: Reader, fields: Fields) -> Fields:
+    """StarCoder2: GQA with biases on Q, K, V, O and the dense MLP (``use_bias``), LayerNorm with a bias."""
+    bias = r.boolean("use_bias", True)
+    return window_on_every_layer(r, {**fields, "qkv_bias": bias, "o_bias": bias, "mlp_bias": bias})
+
+
+def phi_parts(r: Reader, fields: Fields) -> Fields:
+    """Phi-1/1.5/2: one LayerNorm per layer before parallel attention and MLP, biases everywhere, a biased
+    unembedding."""
+    r.refuse("qk_layernorm", True, "Phi's LayerNorms on queries and keys")
+    return noted(fields, "parallel attention and MLP behind one shared LayerNorm")
+
+
+def gpt_bigcode_parts(r: Reader, fields: Fields) -> Fields:
+    """GPTBigCode (SantaCoder, StarCoder): GPT-2 with one key/value head (``multi_query``)."""
+    return {**fields, "n_kv_heads": 1 if r.boolean("multi_query", True) else fields["n_heads"]}
+
+
+def neox_parts(r: Reader, fields: Fields) -> Fields:
+    r.refuse("attention_bias", False, "the GPT-NeoX layout has biases on every projection")
+    parallel = r.boolean("use_parallel_residual", True)
+    block = "parallel attention and MLP (x + attn(ln1 x) + mlp(ln2 x))" if parallel else "sequential blocks"
+    return noted(fields, f"{block}; the count is the same either way")
+
+
+def phi3_parts(r: Reader, fields: Fields) -> Fields:
+    fields = window_on_every_layer(r, no_extra_biases(r, fields))
+    return noted(fields,
+                 "Q, K, V fused in one matrix and gate, up in another: the same count as separate ones.")
+
+
+@dataclass(frozen=True)
+class ModelType:
+    """How one ``model_type``'s config.json maps onto [Config][calc.Config]."""
+
+    body: Callable[[Reader], Fields] = llama_body
+    parts: tuple[Part, ...] = (no_extra_biases,)
+    features: Mapping[str, Any] = field(default_factory=dict)  # fixed by the architecture
+    # transformers' defaults of keys a file may omit
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    keys: Mapping[str, str] = field(default_factory=lambda: LLAMA_KEYS)  # calc field → config.json key
+    # keys of this type beside IGNORED that carry no parameters and change no figure: transformers reads
+    # them only at run time, or not at all (an old alias its config class dropped)
+    ignored: frozenset[str] = frozenset()
+
+    def read(self, r: Reader) -> Fields:
+        """Config fields from ``r``; with a lenient ``r``, every part is read whatever an earlier one met
+        (the keys it would read are in ``r.used``, its errors in ``r.problems``)."""
+        fields: Fields = {}
+        for part in (lambda r, _: {**self.body(r), **self.features}, *self.parts):  # the body, then each part
+            try:
+                fields = part(r, fields)
+            except (ConfigError, TypeError, ValueError, KeyError) as err:
+                if not r.lenient:
+                    raise
+                r.problems.append(err if isinstance(err, ConfigError) else ConfigError("config", repr(err)))
+        return fields
+
+    def unread(self, r: Reader) -> list[str]:
+        """The keys of ``r.raw`` that this type neither read nor ignores (sorted)."""
+        return sorted(set(r.raw) - r.used - IGNORED - self.ignored)
+
+
+GPT2_KEYS = {"n_layers": "n_layer", "d_model": "n_embd", "n_heads": "n_head", "n_ctx": "n_positions",
+             "d_ff": "n_inner", "tied_embeddings": "tie_word_embeddings"}
+DEEPSEEK_KEYS = {
+    **LLAMA_KEYS, "d_head": "qk_nope_head_dim", "d_rope": "qk_rope_head_dim", "d_value": "v_head_dim",
+    "n_experts": "n_routed_experts", "experts_per_token": "num_experts_per_tok",
+                 "d_expert": "moe_intermediate_size",
+    "n_dense_layers": "first_k_dense_replace"}
+QWEN_MOE_KEYS = {**LLAMA_KEYS, "n_experts": "num_experts", "experts_per_token": "num_experts_per_tok",
+                 "d_expert": "moe_intermediate_size", "n_dense_layers": "mlp_only_layers"}
+# GPT-2's n_ctx (the old name of n_positions, unread since transformers 4) and the summary head of
+# GPT2DoubleHeadsModel, which a causal LM does not have.
+GPT2_IGNORED = frozenset({"n_ctx", "summary_type", "summary_use_proj", "summary_activation",
+                          "summary_proj_to_labels", "summary_first_dropout",
+                          "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"})
+# transformers' Qwen2/Qwen3 configs: a window of 4,096 from layer 28 on, where use_sliding_window is set
+QWEN_WINDOW = {"sliding_window": 4096, "max_window_layers": 28}
+TYPES: dict[str, ModelType] = {
+    "gpt2": ModelType(gpt2_body, parts=(), keys=GPT2_KEYS, ignored=GPT2_IGNORED),
+    "gpt_bigcode": ModelType(gpt2_body, parts=(gpt_bigcode_parts,), keys=GPT2_KEYS, ignored=GPT2_IGNORED),
+    "opt": ModelType(opt_body, parts=(), keys={**LLAMA_KEYS, "d_ff": "ffn_dim"}),
+    "gpt_neox": ModelType(neox_body, parts=(neox_parts,)),
+    "phi": ModelType(llama_body, parts=(phi_parts,),
+                     features={"arch": "neox", "norms_per_layer": 1, "lm_head_bias": True}),
+    # mlp_type and norm_type: keys of StarCoder2's original code; transformers' model is fixed (LayerNorm,
+    # a dense MLP) and does not read them
+    "starcoder2": ModelType(llama_body, parts=(starcoder2_parts,), features={"arch": "neox"},
+                            defaults={"tie_word_embeddings": True},
+                            ignored=frozenset({"mlp_type", "norm_type"})),
+    # where the residual branches off (before or after the norm): the same weights
+    "falcon": ModelType(falcon_body, parts=(), defaults={"max_position_embeddings": 2048},
+                        ignored=frozenset({"apply_residual_connection_post_layernorm"})),
+    "llama": ModelType(),
+    "mistral": ModelType(parts=(no_extra_biases, window_on_every_layer)),
+    "mixtral": ModelType(parts=(no_extra_biases, window_on_every_layer, mixtral_experts),
+                         keys={**LLAMA_KEYS, "n_experts": "num_local_experts",
+                               "experts_per_token": "num_experts_per_tok", "d_expert": "intermediate_size"}),
+    "phi3": ModelType(parts=(phi3_parts,)),
+    "gemma": ModelType(defaults={"tie_word_embeddings": True}),
+    # sliding_window_size: an old alias of sliding_window, which Gemma2Config does not read
+    "gemma2": ModelType(parts=(no_extra_biases, gemma_window(None)), defaults={"tie_word_embeddings": True},
+                        ignored=frozenset({"sliding_window_size"})),
+    "gemma3_text": ModelType(parts=(no_extra_biases, gemma_window("sliding_window_pattern")),
+                             features={"qk_norm": True}, defaults={"tie_word_embeddings": True}),
+    "qwen2": ModelType(parts=(qwen2_bias, qwen_window), defaults=QWEN_WINDOW),
+    "qwen2_moe": ModelType(parts=(qwen2_bias, qwen2_moe_window, qwen_experts), keys=QWEN_MOE_KEYS,
+                           defaults=QWEN_WINDOW),
+    "qwen3": ModelType(parts=(no_extra_biases, qwen_window), features={"qk_norm": True},
+                       defaults=QWEN_WINDOW),
+    "qwen3_moe": ModelType(parts=(no_extra_biases, qwen3_moe_window, qwen_experts),
+                           features={"qk_norm": True}, keys=QWEN_MOE_KEYS, defaults={"sliding_window": 4096}),
+    # Qwen3NextConfig has no window: files that carry Qwen3's window keys leave every attention layer full
+    "qwen3_next": ModelType(parts=(no_extra_biases, qwen3_next_layers, qwen_experts),
+                            features={"qk_norm": True, "attention_output_gate": True}, keys=QWEN_MOE_KEYS,
+                            ignored=frozenset({"use_sliding_window", "sliding_window", "max_window_layers"})),
+    # SmolLM3Config has no max_window_layers (its windows follow the NoPE layers)
+    "smollm3": ModelType(parts=(no_extra_biases, smollm3_layers), defaults={"tie_word_embeddings": True},
+                         ignored=frozenset({"max_window_layers"})),
+    "olmo2": ModelType(features={"qk_norm": True, "qk_norm_per_head": True}),
+    "cohere": ModelType(parts=(cohere_parts,), features={"norms_per_layer": 1},
+                        defaults={"tie_word_embeddings": True}),
+    "stablelm": ModelType(parts=(stablelm_parts,), features={"norm_bias": True}),
+    # use_qk_norm: an L2 norm without weights; floor_scale, attn_scale and attn_temperature_tuning: the
+    # NoPE layers' temperature
+    "llama4_text": ModelType(parts=(no_extra_biases, llama4_layers, llama4_experts),
+                             keys={**LLAMA_KEYS, "d_ff": "intermediate_size_mlp",
+                                   "d_expert": "intermediate_size",
+                                   "n_experts": "num_local_experts",
+                                   "experts_per_token": "num_experts_per_tok"},
+                             ignored=frozenset({"use_qk_norm", "floor_scale", "attn_scale",
+                                                "attn_temperature_tuning"})),
+    # JambaConfig reads neither sliding_window nor use_mamba_kernels (deprecated: kernels as available)
+    "jamba": ModelType(parts=(no_extra_biases, jamba_layers),
+                       keys={**LLAMA_KEYS, "n_experts": "num_experts",
+                             "experts_per_token": "num_experts_per_tok",
+                             "n_mamba_layers": "attn_layer_period", "n_dense_layers": "expert_layer_period"},
+                       ignored=frozenset({"sliding_window", "use_mamba_kernels"})),
+    # V3's sigmoid router keeps a score-correction bias per expert (a saved buffer); V2's softmax router none
+    "deepseek_v2": ModelType(parts=(mla, deepseek_experts), keys=DEEPSEEK_KEYS),
+    "deepseek_v3": ModelType(parts=(mla, deepseek_experts), features={"router_bias": True},
+                             keys=DEEPSEEK_KEYS),
+    # experts_per_token: a copy of num_experts_per_tok that GptOssConfig does not read;
+    # initial_context_length: the context before YaRN scaling
+    "gpt_oss": ModelType(parts=(gpt_oss_parts,),
+                         keys={**LLAMA_KEYS, "n_experts": "num_local_experts",
+                               "experts_per_token": "num_experts_per_tok", "d_expert": "intermediate_size"},
+                         ignored=frozenset({"experts_per_token", "initial_context_length"})),
 }
-SUPPORTED = (*READERS, "gemma3")  # gemma3: the text_config of a Gemma 3 multimodal config
-KEYS = {"gpt2": {"n_layers": "n_layer", "d_model": "n_embd", "n_heads": "n_head", "n_ctx": "n_positions",
-                 "d_ff": "n_inner", "tied_embeddings": "tie_word_embeddings"},
-        "deepseek_v3": {**LLAMA_KEYS, "d_head": "qk_nope_head_dim", "d_rope": "qk_rope_head_dim",
-                        "d_value": "v_head_dim", "n_experts": "n_routed_experts",
-                        "experts_per_token": "num_experts_per_tok", "d_expert": "moe_intermediate_size",
-                        "n_dense_layers": "first_k_dense_replace"},
-        "mixtral": {**LLAMA_KEYS, "n_experts": "num_local_experts",
-                    "experts_per_token": "num_experts_per_tok", "d_expert": "intermediate_size"}}
+# Multimodal configs hold their language model in text_config.
+OUTER = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
+SUPPORTED = (*TYPES, *OUTER)
 
 
-def from_config(raw: Mapping[str, Any], *, name: str | None = None, source: str | None = None) -> Config:
-    """The :class:`Config` of a Hugging Face ``config.json`` given as a dict (no network).
+def check_rope(r: Reader) -> list[str]:
+    """Refuse a RoPE scaling transformers does not implement (calc would not know what it changes);
+    name the partial rotary fraction, which changes no count."""
+    notes = []
+    for key in ("rope_scaling", "rope_parameters"):
+        value = r.raw.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, Mapping):
+            raise ConfigError(key, f"must be an object or null, got {value!r}")
+        # transformers ≥ 5 may nest one set per layer kind (Gemma 3: full_attention, sliding_attention)
+        sets = [value] if not value or not all(isinstance(v, Mapping) for v in value.values()) else list(
+            value.values())
+        for params in sets:
+            kind = params.get("rope_type", params.get("type", "default"))
+            if kind not in ROPE_TYPES:
+                raise ConfigError(key,
+                                  f"RoPE scaling {kind!r} is not one calc knows ({', '.join(ROPE_TYPES)}); "
+                                  "refusing rather than guessing what it changes")
+            factor = params.get("partial_rotary_factor")
+            if factor not in (None, 1, 1.0):
+                notes.append(f"rotary on a fraction {factor} of each head's dimensions (no parameters)")
+    for key in ("partial_rotary_factor", "rotary_pct"):
+        factor = r.raw.get(key)
+        if factor not in (None, 1, 1.0):
+            notes.append(f"rotary on a fraction {factor} of each head's dimensions (no parameters)")
+    return notes[:1]
 
-    Raises :class:`ConfigError` (a ValueError) naming the config.json key that is missing or invalid,
-    or ``model_type`` when it is not one of :data:`SUPPORTED`.
-    """
+
+def closest_type(raw: Mapping[str, Any]) -> tuple[str, list[str]]:
+    """The supported type whose reader places most of ``raw``'s keys (one that reads the whole file
+    first), and the keys of ``raw`` it did not place (sorted; the keys in IGNORED never count).
+
+    Each type's placement counts every key it would read, whatever it found missing or wrong on the way
+    (a lenient Reader): a file that lacks one key a family reads first still finds that family."""
+    best: tuple[tuple[bool, int], str, list[str]] | None = None
+    keys = set(raw) - IGNORED
+    for name, kind in TYPES.items():
+        r = Reader(raw, kind.defaults, lenient=True)
+        kind.read(r)
+        unplaced = kind.unread(r)
+        score = (not r.problems, len(keys) - len(unplaced))
+        if best is None or score > best[0]:
+            best = (score, name, unplaced)
+    assert best is not None
+    return best[1], best[2]
+
+
+def read_config(raw: Mapping[str, Any]) -> tuple[str, Reader, Fields]:
+    """The supported model_type of ``raw``, the Reader that read it, and the Config fields it read
+    (errors as in `from_config`)."""
     if not isinstance(raw, Mapping):
         raise ConfigError("config", f"must be a JSON object, got {type(raw).__name__}")
     model_type = raw.get("model_type")
-    if model_type == "gemma3":
+    if model_type in OUTER:
         text = raw.get("text_config")
         if not isinstance(text, Mapping):
-            raise ConfigError("text_config", "missing (a gemma3 config holds the language model there)")
-        raw, model_type = {"model_type": "gemma3_text", **text}, "gemma3_text"
-    if not isinstance(model_type, str) or model_type not in READERS:
-        got = "missing" if model_type is None else f"{model_type!r} is not supported"
-        raise ConfigError("model_type", f"{got}; supported: {', '.join(SUPPORTED)}")
-    fields = READERS[model_type](Reader(raw))
-    fields["notes"] = tuple(fields.get("notes", ()))
+            raise ConfigError("text_config",
+                              f"missing (a {model_type} config holds the language model there)")
+        model_type = OUTER[model_type]
+        raw = {**text, "model_type": model_type}
+    if not isinstance(model_type, str) or model_type not in TYPES:
+        if model_type is None:
+            raise ConfigError("model_type", f"missing; supported: {', '.join(SUPPORTED)}")
+        closest, unplaced = closest_type(raw)
+        shown = ", ".join(unplaced[:8]) + (f" and {len(unplaced) - 8} more" if len(unplaced) > 8 else "")
+        placed = f"which could not place {shown}" if unplaced else (
+            "whose reader places every key of this file")
+        raise ConfigError("model_type", f"{model_type!r} is not supported; the closest supported type is "
+                          f"{closest!r}, {placed}; supported: {', '.join(SUPPORTED)}")
+    kind = TYPES[model_type]
+    r = Reader(raw, kind.defaults)
+    fields = noted(kind.read(r), *check_rope(r))
+    unread = kind.unread(r)
+    if unread:
+        more = f" (and {', '.join(unread[1:])})" if unread[1:] else ""
+        raise ConfigError(unread[0], f"not a key calc models for model_type {model_type!r}{more}: it may add "
+                          "weights or change a cost, so calc refuses rather than guessing")
+    return model_type, r, fields
+
+
+def from_config(raw: Mapping[str, Any], *, name: str | None = None, source: str | None = None) -> Config:
+    """The [Config][calc.Config] of a Hugging Face ``config.json`` given as a dict (no network).
+
+    Raises ``ConfigError`` (a ValueError) naming the config.json key that is missing or invalid, or that
+    the type's ledger does not model (a key it neither reads nor knows to change nothing: refused rather
+    than guessed), or ``model_type`` when it is not one of ``SUPPORTED`` (naming the closest supported
+    type and the keys it could not place).
+    """
+    model_type, r, fields = read_config(raw)
     try:
         source = source or f"a Hugging Face config.json (model_type {model_type})"
         return Config(**fields, model_type=model_type, name=name or model_type, source=source,
-                      hf_config=dict(raw))
+                      hf_config=dict(r.raw))
     except ConfigError as err:
-        key = KEYS.get(model_type, LLAMA_KEYS).get(err.field, err.field)
+        key = TYPES[model_type].keys.get(err.field, err.field)
         raise ConfigError(key, err.message) from None
 
 
+def layer_types(raw: Mapping[str, Any]) -> list[str]:
+    """Each layer's kind as calc reads ``raw``, in transformers' names (``full_attention``,
+    ``sliding_attention``, ``chunked_attention``, ``linear_attention``) and ``mamba``: what the counts
+    ``n_window_layers``, ``n_chunked_layers``, ``n_linear_layers`` and ``n_mamba_layers`` count."""
+    _, r, fields = read_config(raw)
+    return r.kinds if r.kinds is not None else ["full_attention"] * fields["n_layers"]
+
+
 def load(path: str) -> Config:
-    """:func:`from_config` of the config.json at ``path`` (read from disk; nothing is downloaded).
+    """[from_config][calc.from_config] of the config.json at ``path`` (read from disk; nothing is
+    downloaded).
 
     The model is named after the file (``mixtral-8x7b.json``) or, for a file called config.json, its
-    folder (``Mixtral-8x7B-v0.1/config.json``). Errors are :class:`ConfigError` naming the key, or
+    folder (``Mixtral-8x7B-v0.1/config.json``). Errors are ``ConfigError`` naming the key, or
     ``config`` when the file cannot be read or is not JSON.
     """
     import json

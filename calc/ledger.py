@@ -1,10 +1,11 @@
 """Parameter ledgers of a configuration: the source ledger, the checkpoint count, the active count.
 
 The source ledger counts weight matrices only, with the embedding and the unembedding counted
-separately even when a checkpoint ties them (the accounting of 3Blue1Brown's video and of the
-source article: GPT-3 = 175,181,291,520). The checkpoint count is what a released checkpoint of the
-architecture stores: biases, norms, learned positions, one copy of tied embeddings, every expert.
-The active count is what one token uses: a mixture-of-experts model runs k_E of its E experts.
+separately even when a checkpoint ties them (the accounting of 3Blue1Brown's video and of
+"How an LLM Works, Part 6: Attention": GPT-3 = 175,181,291,520). The checkpoint count is what a
+released checkpoint of the architecture stores: biases, norms, learned positions, one copy of tied
+embeddings, every expert. The active count is what one token uses: a mixture-of-experts model runs
+k_E of its E experts.
 """
 
 from __future__ import annotations
@@ -19,14 +20,26 @@ from calc.config import Config
 
 def values(config: Config) -> dict[Symbol, int]:
     """The formula symbols' values for ``config`` (0 for the features it does not have)."""
-    return {
+    env = {
         f.d: config.d_model, f.h: config.n_heads, f.d_k: config.d_head, f.g: config.n_kv_heads,
         f.d_ff: config.d_ff, f.L: config.n_layers, f.V: config.vocab_size, f.n_ctx: config.n_ctx,
         f.d_v: config.d_v, f.w: config.sliding_window or config.n_ctx, f.L_w: config.n_window_layers,
         f.E: config.n_experts, f.k_E: config.experts_per_token, f.S: config.n_shared_experts,
-        f.d_e: config.d_expert, f.L_d: config.n_dense_layers, f.r_q: config.q_lora_rank,
-        f.r_kv: config.kv_lora_rank, f.d_r: config.d_rope,
+        f.d_e: config.d_expert, f.d_s: config.d_shared_expert or config.d_expert,
+           f.L_d: config.n_dense_layers,
+        f.r_q: config.q_lora_rank, f.r_kv: config.kv_lora_rank, f.d_r: config.d_rope,
+        f.L_a: config.n_attention_layers, f.L_c: config.n_chunked_layers,
+           f.C: config.attention_chunk or config.n_ctx,
+        f.L_lin: config.n_linear_layers, f.L_m: config.n_mamba_layers,
     }
+    if config.linear_attention is not None:
+        la = config.linear_attention
+        env.update({f.h_lk: la.key_heads, f.h_lv: la.value_heads, f.d_lk: la.d_key, f.d_lv: la.d_value,
+                    f.K: la.conv_kernel})
+    if config.mamba is not None:
+        m = config.mamba
+        env.update({f.d_in: m.d_inner, f.d_st: m.d_state, f.r_dt: m.dt_rank, f.K: m.conv_kernel})
+    return env
 
 
 def _count(expr: Expr, config: Config) -> int:
@@ -34,18 +47,19 @@ def _count(expr: Expr, config: Config) -> int:
 
 
 def attention_per_layer_formula(config: Config) -> Expr:
-    """One layer's attention weight matrices: Q, K, V, O (GQA) or MLA's down and up projections."""
-    if not config.is_mla:
-        return f.attention_per_layer
-    return (f.mla_q if config.q_lora_rank else f.mla_q_full) + f.mla_kv + f.mla_o
+    """One attention layer's weight matrices: Q, K, V, O (GQA; Q twice as wide with an output gate) or
+    MLA's down and up projections."""
+    if config.is_mla:
+        return (f.mla_q if config.q_lora_rank else f.mla_q_full) + f.mla_kv + f.mla_o
+    if config.attention_output_gate:
+        return f.attention_per_layer + f.attention_output_gate
+    return f.attention_per_layer
 
 
 def mlp_formulas(config: Config) -> dict[str, Expr]:
     """The MLP's weight matrices by component: one dense or gated MLP per layer, or MoE's parts."""
-    if config.arch in ("gpt", "neox"):
-        return {"mlp": f.mlp_dense}
     if not config.is_moe:
-        return {"mlp": f.mlp_gated}
+        return {"mlp": f.mlp_gated if config.mlp_gated else f.mlp_dense}
     parts = {"experts": f.moe_experts, "router": f.moe_router}
     if config.n_shared_experts:
         parts["shared_experts"] = f.moe_shared_experts
@@ -54,50 +68,78 @@ def mlp_formulas(config: Config) -> dict[str, Expr]:
     return parts
 
 
+def state_layer_formulas(config: Config) -> dict[str, Expr]:
+    """The weight matrices of the layers that are not softmax attention (linear attention, Mamba)."""
+    parts = {}
+    if config.n_linear_layers:
+        parts["linear_attention"] = f.L_lin * f.deltanet_per_layer
+    if config.n_mamba_layers:
+        parts["mamba"] = f.L_m * f.mamba_per_layer
+    return parts
+
+
 def source_ledger(config: Config) -> dict[str, int | Rational]:
     """Weight matrices by component, with ``total`` and the exact ``attention_share`` (a Rational).
 
     ``attention_per_head`` is a layer's attention over h: exact for the presets; a custom config
-    whose h/g does not divide 2·d·d_k gets a Rational there.
+    whose h/g does not divide 2·d·d_k gets a Rational there. A hybrid's linear-attention or Mamba
+    layers are a component of their own, beside attention (which counts the attention layers only).
     """
     per_layer = attention_per_layer_formula(config)
     mlp = sum(mlp_formulas(config).values(), Integer(0))
     ledger: dict[str, int | Rational] = {
         "attention_per_head": f.evaluate(per_layer / f.h, values(config)),
         "attention_per_layer": _count(per_layer, config),
-        "attention": _count(f.L * per_layer, config),
+        "attention": _count(f.L_a * per_layer, config),
+        **{name: _count(expr, config) for name, expr in state_layer_formulas(config).items()},
         "mlp": _count(mlp, config),
         "embedding": _count(f.embedding, config),
         "unembedding": _count(f.unembedding, config),
     }
     if ledger["attention_per_head"].is_Integer:  # type: ignore[union-attr]
         ledger["attention_per_head"] = int(ledger["attention_per_head"])
-    total = sum(int(ledger[k]) for k in ("attention", "mlp", "embedding", "unembedding"))
+    total = sum(int(v) for k, v in ledger.items() if not k.startswith("attention_per"))
     ledger["total"] = total
     ledger["attention_share"] = Rational(int(ledger["attention"]), total)
     return ledger
 
 
 def checkpoint_formulas(config: Config) -> dict[str, Expr]:
-    """The checkpoint's components as formulas, with the unembedding only when it is not tied."""
-    if config.arch == "gpt":
-        parts = dict(f.gpt_checkpoint)
-    elif config.arch == "neox":
-        parts = dict(f.neox_checkpoint)
-    else:
-        parts = {"token_embedding": f.V * f.d, "attention": f.L * attention_per_layer_formula(config)}
-        if config.qkv_bias:
-            parts["qkv_bias"] = f.qkv_bias
-        if config.qk_norm:
-            parts["qk_norms"] = f.qk_norms
-        if config.is_mla:
-            parts["latent_norms"] = f.mla_norms if config.q_lora_rank else f.L * f.r_kv
-        parts.update(mlp_formulas(config))
-        if config.is_moe and config.router_bias:
-            parts["router_bias"] = f.moe_router_bias
-        parts["norms"] = f.L * config.norms_per_layer * f.d + f.d
+    """The checkpoint's components as formulas: its matrices and what its layout stores beside them
+    (positions, biases, norms, sinks, gates), with the unembedding only when it is not tied."""
+    parts: dict[str, Expr] = {"token_embedding": f.token_embedding}
+    if config.learned_positions:
+        parts["position_embedding"] = f.position_embedding(config.position_offset)
+    parts["attention"] = f.L_a * attention_per_layer_formula(config)
+    biases = {(True, True): ("attention_bias", f.attention_bias), (True, False): ("qkv_bias", f.qkv_bias),
+              (False, True): ("o_bias", f.o_bias)}.get((bool(config.qkv_bias), bool(config.o_bias)))
+    if biases:
+        parts[biases[0]] = biases[1]
+    if config.attention_sinks:
+        parts["attention_sinks"] = f.attention_sinks
+    if config.qk_norm:
+        parts["qk_norms"] = f.qk_norms_per_head if config.qk_norm_per_head else f.qk_norms
+    if config.is_mla:
+        parts["latent_norms"] = f.mla_norms if config.q_lora_rank else f.L_a * f.r_kv
+    parts.update(state_layer_formulas(config))
+    if config.mamba is not None:
+        extra = ((config.mamba.conv_bias, f.mamba_conv_bias), (config.mamba.proj_bias, f.mamba_proj_bias),
+                 (config.mamba.inner_norms, f.mamba_inner_norms))
+        if any(on for on, _ in extra):
+            parts["mamba_biases_norms"] = f.L_m * sum((expr for on, expr in extra if on), Integer(0))
+    parts.update(mlp_formulas(config))
+    if config.mlp_bias:
+        parts["mlp_bias"] = f.mlp_gated_bias if config.mlp_gated else f.mlp_dense_bias
+    for on, name, expr in ((config.router_bias, "router_bias", f.moe_router_bias),
+                           (config.expert_bias, "expert_biases", f.moe_expert_biases),
+                           (config.shared_expert_gate, "shared_expert_gate", f.moe_shared_expert_gate)):
+        if on:
+            parts[name] = expr
+    parts["norms"] = f.norms(config.norms_per_layer, bias=bool(config.norm_bias))
     if not config.tied_embeddings:
         parts["unembedding"] = f.unembedding
+    if config.lm_head_bias:
+        parts["lm_head_bias"] = f.lm_head_bias
     return parts
 
 
@@ -108,14 +150,19 @@ def checkpoint(config: Config) -> dict[str, int]:
     return parts
 
 
+def inactive_formula(config: Config) -> Expr:
+    """Parameters of the routed experts a token skips (with their biases, where experts have them)."""
+    return f.moe_inactive + (f.moe_inactive_biases if config.expert_bias else 0)
+
+
 def active(config: Config) -> int:
-    """Parameters one token uses: the checkpoint less the routed experts it skips (f.moe_inactive).
+    """Parameters one token uses: the checkpoint less the routed experts it skips (inactive_formula).
 
     Both embedding tables count, as in Mixtral's "12.9 B active of 46.7 B"; a dense model's active
     count is its total.
     """
     total = checkpoint(config)["total"]
-    return total - _count(f.moe_inactive, config) if config.is_moe else total
+    return total - _count(inactive_formula(config), config) if config.is_moe else total
 
 
 def non_embedding(config: Config, *, per_token: bool = False) -> int:

@@ -1,4 +1,4 @@
-"""The named presets and their sources (the dataclass is :class:`calc.config.Config`).
+"""The named presets and their sources (the dataclass is `calc.config.Config`).
 
 Every preset carries where its numbers come from. ``published`` is the parameter count of the
 released checkpoint (``sum(p.numel())`` over the Hugging Face ``transformers`` model built from the

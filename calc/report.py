@@ -1,4 +1,5 @@
-"""One model's report: a JSON-ready dict (the contract of DESIGN.md §3) and its tables.
+"""One model's report: a JSON-ready dict (its keys documented in docs/calc.md; other tools read
+them, so none is renamed) and its tables.
 
 Table formats print human units (thousands separators; MiB = 2^20 bytes, GiB = 2^30 bytes; SI
 prefixes for FLOPs and seconds); ``csv`` and ``json`` carry the exact integers.
@@ -7,15 +8,18 @@ prefixes for FLOPs and seconds); ``csv`` and ``json`` carry the exact integers.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
-from collections.abc import Sequence
+import textwrap
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sympy import Rational
 
 from calc import costs, ledger
+from calc.config import LAYOUTS
 from calc.presets import Config
 
 CONFIG_KEYS = (
@@ -27,9 +31,24 @@ FEATURE_KEYS = (
     "model_type", "qkv_bias", "qk_norm", "norms_per_layer", "sliding_window", "n_window_layers", "n_experts",
     "experts_per_token", "n_shared_experts", "d_expert", "n_dense_layers", "router_bias", "kv_lora_rank",
     "q_lora_rank", "d_rope", "d_v", "n_mtp_layers",
+    # added with the layer kinds and layouts of 2024–25 (config.json readers of calc.hf)
+    "learned_positions", "position_offset", "norm_bias", "o_bias", "mlp_gated", "mlp_bias", "lm_head_bias",
+    "qk_norm_per_head", "attention_sinks", "attention_output_gate", "n_attention_layers", "attention_chunk",
+    "n_chunked_layers", "n_nope_layers", "n_linear_layers", "linear_attention", "n_mamba_layers", "mamba",
+    "d_shared_expert", "shared_expert_gate", "expert_bias",
 )
 FORMATS = ("table", "github", "latex", "csv", "json")
+DEFAULT_WIDTH = 100  # columns of a table-format report when stdout is not a terminal
 UNITS = "MiB = 2^20 bytes, GiB = 2^30 bytes; FLOPs count a multiply-add as 2"
+
+
+def past_context(config: Config, seqs: Sequence[int]) -> list[str]:
+    """The warning for the lengths asked for past the trained context n_ctx (none where none is)."""
+    past = [n for n in seqs if n > config.n_ctx]
+    if not past:
+        return []
+    return [f"n = {', '.join(map(count, past))} exceeds the trained context n_ctx = {count(config.n_ctx)} of "
+            f"{config.name}: figures there extrapolate past what the model was trained on"]
 
 
 def build(
@@ -39,15 +58,25 @@ def build(
     dtype: str = "bf16",
     peak_tflops: float = costs.DEFAULT_PEAK_TFLOPS,
     bandwidth_gbs: float = costs.DEFAULT_BANDWIDTH_GBS,
+    train: Mapping[str, Any] | None = None,
+    serve: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Everything :mod:`calc` knows about ``config``, with exact numbers (ints and Rationals)."""
-    seqs = list(seqs) if seqs else costs.default_seqs(config.n_ctx)
+    """Everything calc knows about ``config``, with exact numbers (ints and Rationals).
+
+    ``seqs`` given and past the trained context n_ctx add a line to ``warnings``. ``train``: options of
+    `calc.training.training` (precision, zero, dp, tp, micro_batch) for a ``training`` section;
+    ``serve``: options of `calc.serving.serving` (memory, device, weight_dtype) for ``serving``.
+    """
+    given = list(seqs) if seqs else None
+    warnings = past_context(config, given or [])
+    seqs = given or costs.default_seqs(config.n_ctx)
     parts = ledger.checkpoint(config)
-    return {
+    report = {
         "model": config.name,
         "source": config.source,
         "notes": list(config.notes),
-        "config": {key: getattr(config, key) for key in (*CONFIG_KEYS, *FEATURE_KEYS)},
+        "warnings": warnings,
+        "config": {key: _config_value(getattr(config, key)) for key in (*CONFIG_KEYS, *FEATURE_KEYS)},
         "ledger": ledger.source_ledger(config),
         "params": {
             "total": parts["total"],
@@ -65,6 +94,23 @@ def build(
         "kv_cache": costs.kv_cache(config, seqs, dtype),
         "time": costs.roofline(config, seqs, dtype, peak_tflops=peak_tflops, bandwidth_gbs=bandwidth_gbs),
     }
+    if train is not None:
+        from calc.training import training
+
+        report["training"] = training(config, seqs, **train)
+    if serve is not None:
+        from calc.serving import serving
+
+        # at the first n asked for, else at the trained context
+        report["serving"] = serving(config, kv_dtype=dtype, n=given[0] if given else None, **serve)
+    return report
+
+
+def _config_value(value: Any) -> Any:
+    """A config field for the report: a layer shape (linear attention, Mamba) as a dict."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return value
 
 
 def plain(x: Any) -> Any:
@@ -137,35 +183,49 @@ class Table:
 
 def tables(report: dict[str, Any]) -> list[Table]:
     """The report as tables, in reading order."""
+    extra = [*([_training(report)] if "training" in report else []),
+             *([_serving(report)] if "serving" in report else [])]
     return [_ledger(report), _checkpoint(report), _memory(report), _flops(report), _per_token(report),
-            _kv(report), _time(report)]
+            _kv(report), _time(report), *extra]
 
 
 def _ledger(report: dict[str, Any]) -> Table:
     led = report["ledger"]
     total = led["total"]
-    parts = ("attention", "mlp", "embedding", "unembedding", "total")
+    per = ("attention_per_head", "attention_per_layer", "total", "attention_share")
+    parts = (*(k for k in led if k not in per), "total")
     names = ("attention_per_head", "attention_per_layer", *parts)
     shares = {k: percent(Rational(int(led[k]), total)) for k in parts}
     rows = [(k.replace("_", " "), f"{float(led[k]):,.1f}" if not _is_int(led[k]) else count(int(led[k])),
              shares.get(k, "")) for k in names]
     cfg = report["config"]
-    mlp = "2·d·d_ff" if cfg["arch"] in ("gpt", "neox") else "3·d·d_ff (gate, up, down)"
+    mlp = "3·d·d_ff (gate, up, down)" if cfg["mlp_gated"] else "2·d·d_ff"
     attention = "2·d·h·d_k + 2·d·g·d_k"
     if cfg["n_experts"]:
+        shared = count(cfg["d_shared_expert"] or cfg["d_expert"])
         mlp = (f"{cfg['n_experts']} experts of 3·d·d_e (d_e = {count(cfg['d_expert'])}) + a router d·E"
-               + (f" + {cfg['n_shared_experts']} shared expert(s)" if cfg["n_shared_experts"] else "")
-               + (f"; the first {cfg['n_dense_layers']} layers 3·d·d_ff" if cfg["n_dense_layers"] else ""))
+               + (f" + {cfg['n_shared_experts']} shared expert(s) of 3·d·d_s (d_s = {shared})"
+                  if cfg["n_shared_experts"] else "")
+               + (f"; {cfg['n_dense_layers']} layers 3·d·d_ff" if cfg["n_dense_layers"] else ""))
     if cfg["kv_lora_rank"]:
-        attention = "MLA: d·r_q + r_q·h·d_k + d·(r_kv + d_r) + r_kv·h·(d_k − d_r + d_v) + h·d_v·d"
+        q = "d·r_q + r_q·h·d_k" if cfg["q_lora_rank"] else "d·h·d_k"
+        attention = f"MLA: {q} + d·(r_kv + d_r) + r_kv·h·(d_k − d_r + d_v) + h·d_v·d"
+    if cfg["attention_output_gate"]:
+        attention = "3·d·h·d_k + 2·d·g·d_k (Q and its output gate, K, V, O)"
+    notes = [f"attention per layer = {attention}; mlp per layer = {mlp}; attention share = "
+             f"{percent(led['attention_share'])} (exactly {led['attention_share']})"]
+    if cfg["n_attention_layers"] != cfg["n_layers"]:
+        kind = "linear-attention (Gated DeltaNet)" if cfg["n_linear_layers"] else "Mamba"
+        notes.append(f"attention counts its {cfg['n_attention_layers']} attention layers; the other "
+                     f"{cfg['n_layers'] - cfg['n_attention_layers']} are {kind} layers, a component of their "
+                     "own")
     return Table(
         title="Source ledger: weight matrices only, embedding and unembedding counted separately",
         headers=("component", "parameters", "share"),
         rows=rows,
         raw_headers=("component", "parameters"),
         raw_rows=[(k, led[k]) for k in names],
-        notes=(f"attention per layer = {attention}; mlp per layer = {mlp}; attention share = "
-               f"{percent(led['attention_share'])} (exactly {led['attention_share']})",),
+        notes=tuple(notes),
     )
 
 
@@ -188,9 +248,11 @@ def _checkpoint(report: dict[str, Any]) -> Table:
     notes = [f"total {count(total)}: {note}"]
     if params["active"] != total:
         share = percent(Rational(params["active"], total))
+        unembedding = report["ledger"]["unembedding"]
         notes.append(f"active per token {count(params['active'])} ({share}): "
                      "the routed experts a token runs, shared experts, router, attention, norms and both "
-                     "embedding tables (the convention of Mixtral's 12.9 B of 46.7 B)")
+                     "embedding tables (the convention of Mixtral's 12.9 B of 46.7 B); without the "
+                     f"unembedding, as some model cards count: {count(params['active'] - unembedding)}")
     if params["mtp_module"]:
         notes.append(f"not in the total: the multi-token-prediction module(s), {count(params['mtp_module'])} "
                      f"more in the released checkpoint ({count(total + params['mtp_module'])} in all)")
@@ -205,15 +267,26 @@ def _checkpoint(report: dict[str, Any]) -> Table:
 
 
 def window_notes(cfg: dict[str, Any]) -> tuple[str, ...]:
-    """What the sliding window changes, for models that have one (none otherwise)."""
-    if not cfg["n_window_layers"]:
-        return ()
-    w = count(cfg["sliding_window"])
-    layers = "every layer attends" if cfg["n_window_layers"] == cfg["n_layers"] else \
-        f"{cfg['n_window_layers']} of {cfg['n_layers']} layers attend"
-    return (f"window: {layers} within {w} tokens: a query there sees at most {w} keys "
-            f"(n×min(n, {w}) pattern entries) and the cache holds at most {w} tokens; per head/layer "
-            "columns are the largest layer's",)
+    """What sliding windows, chunks and layers without attention change, for models that have them."""
+    notes = []
+    largest = "; per head/layer columns are the largest layer's"
+    if cfg["n_window_layers"]:
+        w = count(cfg["sliding_window"])
+        layers = "every layer attends" if cfg["n_window_layers"] == cfg["n_layers"] else \
+            f"{cfg['n_window_layers']} of {cfg['n_layers']} layers attend"
+        notes.append(f"window: {layers} within {w} tokens: a query there sees at most {w} keys "
+                     f"(n×min(n, {w}) pattern entries) and the cache holds at most {w} tokens{largest}")
+    if cfg["n_chunked_layers"]:
+        c = count(cfg["attention_chunk"])
+        notes.append(f"chunks: {cfg['n_chunked_layers']} of {cfg['n_layers']} layers attend within chunks of "
+                     f"{c} tokens: a query sees only its own chunk (C²·⌊n/C⌋ + (n mod C)² pattern entries) "
+                     f"and the cache holds at most {c} tokens{largest}")
+    if cfg["n_attention_layers"] != cfg["n_layers"]:
+        kind = "linear-attention" if cfg["n_linear_layers"] else "Mamba"
+        notes.append(f"hybrid: {cfg['n_layers'] - cfg['n_attention_layers']} of {cfg['n_layers']} layers are "
+                     f"{kind} layers, with no n×n pattern and no KV cache (a fixed-size state instead); the "
+                     f"attention figures are those of the {cfg['n_attention_layers']} attention layers")
+    return tuple(notes)
 
 
 def _memory(report: dict[str, Any]) -> Table:
@@ -259,7 +332,8 @@ def _flops(report: dict[str, Any]) -> Table:
     keys = ("qk_flops_per_head", "av_flops_per_head", "attention_flops_per_head", "attention_flops_per_layer",
             "attention_flops_per_model", "causal_flops_per_model")
     cfg = report["config"]
-    keys_seen = "n·min(n, w)" if cfg["n_window_layers"] == cfg["n_layers"] else "n²"
+    keys_seen = ("n²" if cfg["n_attention_layers"] > cfg["n_window_layers"] + cfg["n_chunked_layers"]
+                 else "n·min(n, w)" if cfg["n_window_layers"] else "chunk-block")
     value = "d_v" if cfg["d_v"] != cfg["d_head"] else "d_k"
     return Table(
         title=(f"Attention FLOPs of one forward pass: QKᵀ (2·{keys_seen}·d_k) + AV (2·{keys_seen}·{value}) "
@@ -281,10 +355,12 @@ def _per_token(report: dict[str, Any]) -> Table:
            if report["params"]["active"] != report["params"]["total"] else "")
     cfg = report["config"]
     headers = ("Kaplan: 2N + 2·L·n·h·d_k", "PaLM: 2N + 4·L·h·d_k·n")
-    if cfg["n_window_layers"] or cfg["d_v"] != cfg["d_head"]:
+    if (cfg["n_window_layers"] or cfg["n_chunked_layers"] or cfg["d_v"] != cfg["d_head"]
+            or cfg["n_attention_layers"] != cfg["n_layers"]):
         # keys = keys a token attends to, summed over layers: L·n without windows (f.keys_seen)
         headers = ("Kaplan: 2N + 2·h·d_k·keys", "PaLM: 2N + 2·h·(d_k + d_v)·keys")
-        moe += " keys: the keys a token sees, summed over layers ((L − L_w)·n + L_w·min(n, w))."
+        moe += (" keys: the keys a token sees, summed over the attention layers ((L_a − L_w − L_c)·n + "
+                "L_w·min(n, w) + L_c·min(n, C), chunks at most).")
     return Table(
         title="Forward FLOPs per token at context n",
         headers=("n", *headers, "attention share (PaLM)"),
@@ -304,9 +380,10 @@ def _kv(report: dict[str, Any]) -> Table:
     kv = report["kv_cache"]
     cfg = report["config"]
     size = kv["bytes_per_value"]
-    per_token = "2·L·g·d_k·b"
+    layers = "L" if cfg["n_attention_layers"] == cfg["n_layers"] else "L_a"
+    per_token = f"2·{layers}·g·d_k·b"
     if cfg["kv_lora_rank"]:
-        per_token = (f"MLA, L·(r_kv + d_r)·b = {cfg['n_layers']}·({cfg['kv_lora_rank']} + "
+        per_token = (f"MLA, {layers}·(r_kv + d_r)·b = {cfg['n_attention_layers']}·({cfg['kv_lora_rank']} + "
                      f"{cfg['d_rope']})·{size}")
     heads = (f"one latent of {cfg['kv_lora_rank']} and one rotary key of {cfg['d_rope']} per layer, "
              f"shared by the {cfg['n_heads']} heads" if cfg["kv_lora_rank"]
@@ -319,7 +396,10 @@ def _kv(report: dict[str, Any]) -> Table:
         raw_rows=[(r["n_tokens"], r["bytes"]) for r in kv["rows"]],
         notes=(f"{count(kv['bytes_per_token'])} bytes ({binary_bytes(kv['bytes_per_token'])}) per token; "
                f"{binary_bytes(kv['bytes_per_context'])} for the full context of {count(kv['n_ctx'])} "
-               f"({heads})", *window_notes(cfg)),
+               f"({heads})", *window_notes(cfg),
+               *([f"state per sequence, whatever n: {count(kv['state_bytes_per_sequence'])} bytes "
+                  f"({binary_bytes(kv['state_bytes_per_sequence'])}) in the layers without attention, at "
+                  f"{size} bytes a value"] if kv["state_bytes_per_sequence"] else [])),
     )
 
 
@@ -342,6 +422,95 @@ def _time(report: dict[str, Any]) -> Table:
     )
 
 
+TRAINING_COLUMNS = (
+    ("activations_per_layer", "per layer"), ("activations", "all layers"), ("selective", "selective"),
+    ("flash", "FlashAttention"), ("full_recompute", "full recompute"), ("total_activations", "total"),
+    ("total_selective", "total, selective"), ("total_flash", "total, Flash"),
+)
+
+
+def _training(report: dict[str, Any]) -> Table:
+    t = report["training"]
+    cfg, states = report["config"], t["model_states"]
+    per = t["bytes_per_param"]
+    zero = ("no ZeRO" if not t["zero"] else
+            f"ZeRO stage {t['zero']} over {t['dp']} data-parallel devices (Rajbhandari et al. 2020 §5)")
+    if t["sequence_parallel"]:
+        per_layer, parallel = "n·b·d·(34 + 5·h·n/d)/t", "tensor and sequence parallelism over t"
+        share, selective = "5·h·n / (34·d + 5·h·n)", "34·n·b·d/t"
+    else:
+        per_layer = "n·b·d·(10 + 24/t + 5·h·n/(d·t))"
+        parallel = ("tensor parallelism over t and no sequence parallelism (the 10·n·b·d of the LayerNorms, "
+                    "the block inputs and the dropout masks whole on every device)")
+        share, selective = "5·h·n / (10·d·t + 24·d + 5·h·n)", "n·b·d·(10 + 24/t)"
+    notes = [
+        f"model states per device: weights {binary_bytes(states['weights'])}, gradients "
+        f"{binary_bytes(states['gradients'])}, Adam {binary_bytes(states['optimizer'])}, "
+        f"{binary_bytes(states['total'])} in all: {count(t['params'])} parameters at {per['weights']} + "
+        f"{per['gradients']} + {per['optimizer']} bytes ({t['precision']} precision), {zero}, tensor "
+        f"parallelism t = {t['tp']}",
+        f"activations: Korthikanti et al. 2022 (§4, Table 2), {per_layer} bytes per layer with {parallel}, "
+        "16-bit values and 1-byte dropout masks, for a GPT layer (MHA, a 4d MLP, LayerNorm, dropout); n² "
+        f"share = {share}, the softmax output, its dropout mask and the dropped-out weights",
+        f"selective: recompute that n² part in the backward pass, {selective}; FlashAttention: never write "
+        "it, keep each row's logsumexp (fp32, 4·h·n·b/t; Dao et al. 2022, 2023); full recompute: keep only "
+        "each layer's input, 2·n·b·d. Totals add the model states. " + UNITS,
+    ]
+    if cfg["n_attention_layers"] != cfg["n_layers"] or cfg["n_window_layers"] or cfg["n_chunked_layers"]:
+        notes.append("the paper's formula counts every layer as full attention: windows, chunks and layers "
+                     "without attention store less than it says")
+    keys = [k for k, _ in TRAINING_COLUMNS]
+    return Table(
+        title=(f"Training memory per device, micro-batch {t['micro_batch']}: activations (Korthikanti et al. "
+               "2022) and the n² term's share"),
+        headers=("n", "n² share", *(label for _, label in TRAINING_COLUMNS)),
+        rows=[(count(r["n_tokens"]), percent(r["quadratic_share"]), *(binary_bytes(r[k]) for k in keys))
+              for r in t["rows"]],
+        raw_headers=("n_tokens", "quadratic_share", *keys),
+        raw_rows=[(r["n_tokens"], float(r["quadratic_share"]), *(r[k] for k in keys)) for r in t["rows"]],
+        notes=tuple(notes),
+    )
+
+
+def _serving(report: dict[str, Any]) -> Table:
+    s = report["serving"]
+    cfg = report["config"]
+    n = count(s["n_tokens"])
+    rows, raw = [], []
+    for r in s["rows"]:
+        if not r["fits"]:
+            rows.append((str(r["tp"]), *(binary_bytes(r[k]) if k in r else "" for k in ("weights",)), "", "",
+                         r["reason"], ""))
+            raw.append((r["tp"], r.get("weights", ""), r.get("kv_bytes_per_token", ""), r.get("free", ""), "",
+                        ""))
+            continue
+        context = "unbounded" if r["context"] is None else count(r["context"])
+        rows.append((str(r["tp"]), binary_bytes(r["weights"]), count(r["kv_bytes_per_token"]),
+                     binary_bytes(r["free"]), count(r["batch"]), context))
+        raw.append((r["tp"], r["weights"], r["kv_bytes_per_token"], r["free"], r["batch"],
+                    "" if r["context"] is None else r["context"]))
+    state_bytes = s["rows"][0].get("state_bytes_per_sequence")
+    state = f"; each sequence also keeps a state of {count(state_bytes)} bytes at t = 1" if state_bytes else \
+        ""
+    return Table(
+        title=(f"Serving on {s['device']} ({binary_bytes(s['memory'])} = {count(s['memory'])} bytes a "
+               "device): "
+               f"weights in {s['weight_dtype']}, KV cache in {s['kv_dtype']}"),
+        headers=("t", "weights/device", "KV bytes/token", "free for KV", f"batch at n = {n}",
+                 "context at batch 1"),
+        rows=rows,
+        raw_headers=("tp", "weights", "kv_bytes_per_token", "free", "batch", "context"),
+        raw_rows=raw,
+        notes=(f"t: tensor-parallel degree; a device holds ⌈P/t⌉ of the {count(s['params'])} parameters, the "
+               "rest of its memory is free for the KV cache, and it holds "
+               f"K and V of ⌈g/t⌉ of the g = {cfg['n_kv_heads']} key/value heads (replicated where t > g; "
+               "MLA's "
+               f"latent is whole on each){state}. Batch: sequences of n tokens that fit; context: the "
+               "longest single sequence (windows and chunks cap a layer's cache). Activations, the CUDA "
+               "context and fragmentation are not counted: engines fit somewhat less. " + UNITS,),
+    )
+
+
 def header_lines(report: dict[str, Any]) -> list[str]:
     cfg = report["config"]
     tied = "tied" if cfg["tied_embeddings"] else "untied"
@@ -351,34 +520,111 @@ def header_lines(report: dict[str, Any]) -> list[str]:
         f"V = {count(cfg['vocab_size'])}, n_ctx = {count(cfg['n_ctx'])}, {tied} embeddings",
         *feature_lines(cfg),
         f"source: {report['source']}",
+        *(f"warning: {warning}" for warning in report["warnings"]),
         *(f"note: {note}" for note in report["notes"]),
     ]
 
 
+# How the header names a layout field where a model differs from its arch's layout (calc.config.LAYOUTS).
+LAYOUT_TEXT = {
+    "learned_positions": ("learned positions", "no learned positions"),
+    "norm_bias": ("norms with biases (LayerNorm)", "norms without biases"),
+    "qkv_bias": ("Q, K, V biases", "no Q, K, V biases"),
+    "o_bias": ("output-projection bias", "no output-projection bias"),
+    "mlp_gated": ("gated MLP", "dense MLP"),
+    "mlp_bias": ("MLP biases", "no MLP biases"),
+}
+# Features named whenever they are set.
+FEATURE_TEXT = {
+    "attention_sinks": "attention sinks", "attention_output_gate": "gated attention output",
+    "shared_expert_gate": "gated shared expert", "expert_bias": "expert biases",
+                "lm_head_bias": "unembedding bias",
+}
+
+
 def feature_lines(cfg: dict[str, Any]) -> list[str]:
-    """One line naming the architecture features a model has beyond the plain GPT-2/Llama layout."""
+    """One line naming the architecture features a model has beyond its arch's plain layout."""
     parts = []
     if cfg["n_experts"]:
         parts.append(f"MoE: {cfg['n_experts']} experts of d_e = {count(cfg['d_expert'])}, "
                      f"{cfg['experts_per_token']} per token"
                      + (f", {cfg['n_shared_experts']} shared" if cfg["n_shared_experts"] else "")
-                     + (f", first {cfg['n_dense_layers']} layers dense" if cfg["n_dense_layers"] else ""))
+                     + (f", {plural(cfg['n_dense_layers'], 'layer')} dense" if cfg["n_dense_layers"] else ""))
     if cfg["kv_lora_rank"]:
         parts.append(f"MLA: r_q = {cfg['q_lora_rank']}, r_kv = {cfg['kv_lora_rank']}, d_r = {cfg['d_rope']}, "
                      f"d_v = {cfg['d_v']}")
     if cfg["n_window_layers"]:
         parts.append(f"sliding window {count(cfg['sliding_window'])} on {cfg['n_window_layers']} of "
                      f"{cfg['n_layers']} layers")
-    for key, text in (("qkv_bias", "Q, K, V biases"), ("qk_norm", "q/k norms")):
+    if cfg["n_chunked_layers"]:
+        parts.append(f"chunked attention ({count(cfg['attention_chunk'])}) on {cfg['n_chunked_layers']} of "
+                     f"{cfg['n_layers']} layers")
+    if cfg["n_nope_layers"]:
+        parts.append(f"{cfg['n_nope_layers']} NoPE layers")
+    for key, kind in (("n_linear_layers", "linear-attention (Gated DeltaNet)"), ("n_mamba_layers", "Mamba")):
         if cfg[key]:
-            parts.append(text)
+            parts.append(f"{cfg[key]} of {cfg['n_layers']} layers {kind}")
+    layout = LAYOUTS[cfg["arch"]]
+    parts += [LAYOUT_TEXT[key][0 if cfg[key] else 1] for key in LAYOUT_TEXT if cfg[key] != layout[key]]
+    if cfg["qk_norm"]:
+        parts.append("q/k norms" + (" per head" if cfg["qk_norm_per_head"] else ""))
+    parts += [text for key, text in FEATURE_TEXT.items() if cfg[key]]
+    if cfg["position_offset"]:
+        parts.append(f"{plural(cfg['position_offset'], 'extra position row')}")
     if cfg["norms_per_layer"] != 2:
-        parts.append(f"{cfg['norms_per_layer']} norms per layer")
+        parts.append(f"{plural(cfg['norms_per_layer'], 'norm')} per layer")
     return [f"features: {'; '.join(parts)}"] if parts else []
 
 
-def render(report: dict[str, Any], fmt: str = "table") -> str:
-    """The report in one of :data:`FORMATS`."""
+def plural(k: int, noun: str) -> str:
+    return f"{k} {noun}" + ("" if k == 1 else "s")
+
+
+def wrap(text: str, width: int | None, indent: str = "") -> list[str]:
+    """``text`` as lines of at most ``width`` columns (one line when ``width`` is None or 0)."""
+    if not width:
+        return [text]
+    return textwrap.wrap(text, width, subsequent_indent=indent, break_long_words=False,
+                         break_on_hyphens=False) or [""]
+
+
+def fit(rows: Sequence[Sequence[str]], headers: Sequence[str], width: int | None,
+        tablefmt: str = "simple") -> str:
+    """A table, split into column groups that each fit ``width`` (the first column repeated in each)
+    when the whole is wider; each group after the first is headed "(continued)"."""
+    from tabulate import tabulate
+
+    label_width: int | None = None  # the first column wrapped when it and any other column are too wide
+
+    def draw(columns: Sequence[int]) -> str:
+        return tabulate([[row[i] for i in columns] for row in rows], headers=[headers[i] for i in columns],
+                        tablefmt=tablefmt, disable_numparse=True,
+                        colalign=("left", *("right",) * (len(columns) - 1)),
+                        maxcolwidths=[label_width] + [None] * (len(columns) - 1))
+
+    whole = draw(range(len(headers)))
+    lines = whole.splitlines()
+    if not width or max(map(len, lines)) <= width or tablefmt != "simple":
+        return whole
+    # "simple" underlines each header with dashes as wide as its column, columns 2 spaces apart
+    widths = [len(dashes) for dashes in lines[1].split()]
+    if len(widths) > 1 and widths[0] + 2 + max(widths[1:]) > width:
+        label_width = max(10, width - 2 - max(widths[1:]))
+        widths[0] = min(widths[0], label_width)
+    groups: list[list[int]] = [[0]]
+    used = widths[0]
+    for column in range(1, len(headers)):
+        if len(groups[-1]) > 1 and used + 2 + widths[column] > width:
+            groups.append([0])
+            used = widths[0]
+        groups[-1].append(column)
+        used += 2 + widths[column]
+    return "\n\n(continued)\n".join(draw(group) for group in groups)
+
+
+def render(report: dict[str, Any], fmt: str = "table", *, width: int | None = DEFAULT_WIDTH) -> str:
+    """The report in one of ``FORMATS``. ``table``: lines of at most ``width`` columns, wide tables split
+    into column groups and notes wrapped (``width`` None or 0: one line each, as the other formats)."""
     if fmt == "json":
         return to_json(report)
     if fmt == "csv":
@@ -390,14 +636,13 @@ def render(report: dict[str, Any], fmt: str = "table") -> str:
             writer.writerows(plain(list(table.raw_rows)))
             out.write("\n")
         return out.getvalue().rstrip("\n")
-    from tabulate import tabulate
-
     tablefmt = {"table": "simple", "github": "github", "latex": "latex"}[fmt]
     prefix = {"table": "", "github": "", "latex": "% "}[fmt]
-    blocks = ["\n".join(prefix + line for line in header_lines(report))]
+    width = width if fmt == "table" else None
+    blocks = ["\n".join(prefix + line for text in header_lines(report) for line in wrap(text, width, "  "))]
     for table in tables(report):
         title = f"### {table.title}" if fmt == "github" else prefix + table.title
-        body = tabulate(table.rows, headers=table.headers, tablefmt=tablefmt, disable_numparse=True,
-                        colalign=("left", *("right",) * (len(table.headers) - 1)))
-        blocks.append("\n".join([title, "", body, "", *(prefix + note for note in table.notes)]))
+        body = fit(table.rows, table.headers, width, tablefmt)
+        notes = [prefix + line for note in table.notes for line in wrap(note, width)]
+        blocks.append("\n".join([*wrap(title, width), "", body, "", *notes]))
     return "\n\n".join(blocks)

@@ -3,11 +3,13 @@
 Builds the Hugging Face ``transformers`` model of every preset from its config on PyTorch's meta
 device (shapes only: no weights, no download) and compares what a checkpoint of it stores (every
 parameter, tied weights once, plus the buffers saved with the weights, such as DeepSeek-V3's
-score-correction bias; rotary tables are not saved) with :func:`calc.ledger.checkpoint`, and with
-the count recorded in the preset. Presets read from a config.json are built from that config by
-``AutoConfig.for_model``; so are config.json files named on the command line
-(``python -m calc.verify tests/configs/*.json``). Needs ``torch`` and ``transformers``; exit 0 when
-every buildable preset agrees, 1 otherwise, 2 (one line) when they are not installed.
+score-correction bias; rotary tables are not saved) with `calc.ledger.checkpoint`, and with
+the count recorded in the preset; for a mixture-of-experts model, also the parameters one token uses,
+from the model's own expert tensors (see ``active_count``). Presets read from a config.json are built
+from that config by ``AutoConfig.for_model``; so are config.json files named on the command line
+(``python -m calc.verify tests/configs/*.json``, or the folder; ``--presets`` names every preset, as
+no argument does). Needs ``torch`` and ``transformers``; exit 0 when every buildable preset agrees,
+1 otherwise, 2 (one line) when they are not installed.
 
 GPT-3's XL and 13B rows (h·d_k ≠ d) cannot be built: transformers' GPT-2 ties the head width to
 d/h. They are counted by the same formula as the rows that are built.
@@ -21,7 +23,7 @@ from typing import Any
 
 from calc.cli import is_path
 from calc.hf import load
-from calc.ledger import checkpoint
+from calc.ledger import active, checkpoint
 from calc.presets import PRESETS, Config, ConfigError
 
 INSTALL = "pip install torch==2.13.0 'transformers>=4.45' (or run tox -e calc-verify)"
@@ -55,7 +57,9 @@ def build_model(config: Config) -> Any:
         )
         mistral = config.model_type == "mistral"
         config_class = tf.MistralConfig if mistral else tf.LlamaConfig
-        hf_config = config_class(head_dim=config.d_head, sliding_window=config.sliding_window, **kwargs)
+        if mistral:
+            kwargs["sliding_window"] = config.sliding_window
+        hf_config = config_class(head_dim=config.d_head, **kwargs)
         model_class = tf.MistralForCausalLM if mistral else tf.LlamaForCausalLM
     with torch.device("meta"):
         return model_class(hf_config)
@@ -68,20 +72,74 @@ def stored_count(model: Any) -> int:
     return params + sum(b.numel() for name, b in model.named_buffers() if name in saved)
 
 
-def verify(names: Sequence[str] | None = None) -> list[tuple[str, int, int | None, int | None]]:
-    """(name, calc's count, the model's count or None, the recorded count) for every preset, or for
-    the presets and config.json files named."""
-    rows = []
+def active_count(model: Any, experts_per_token: int) -> int:
+    """Parameters one token uses, read from the model alone: its stored count less, in every MoE layer,
+    the share (E − k)/E of the routed experts' tensors (weights and biases) that a token skips.
+
+    Routed experts are the parameters under an ``experts`` module (``mlp.experts.gate_up_proj``,
+    ``feed_forward.experts.3.w1``); shared experts (``shared_expert``, ``shared_experts``) and routers are
+    outside it. E is read from the tensors: their leading dimension where the experts are fused in one
+    tensor, else the number of expert submodules.
+    """
+    import re
+    from collections import defaultdict
+
+    layers: dict[str, list[tuple[Any, int | None]]] = defaultdict(list)
+    for name, p in model.named_parameters():
+        found = re.match(r"(.*\.experts)\.(\d+\.)?", name)
+        if found:
+            layers[found[1]].append((p, None if found[2] is None else int(found[2][:-1])))
+    skipped = 0
+    for tensors in layers.values():
+        indices = {i for _, i in tensors if i is not None}
+        n_experts = len(indices) if indices else tensors[0][0].shape[0]
+        size = sum(p.numel() for p, _ in tensors)
+        if size * (n_experts - experts_per_token) % n_experts:
+            raise ValueError(f"{n_experts} experts do not split {size} parameters evenly")
+        skipped += size * (n_experts - experts_per_token) // n_experts
+    return stored_count(model) - skipped
+
+
+Row = tuple[str, int, int | None, int | None, int | None, int | None]
+
+
+def verify(names: Sequence[str] | None = None) -> list[Row]:
+    """(name, calc's count, the model's count or None, the recorded count, calc's active count and the
+    model's, both None for a dense model) for every preset, or for the presets and config.json files named."""
+    rows: list[Row] = []
     for name in names or PRESETS:
         config = load(name) if is_path(name) else PRESETS[name]
         model = build_model(config)
         built = None if model is None else stored_count(model)
-        rows.append((name, checkpoint(config)["total"], built, config.published))
+        counted_active = active(config) if config.is_moe else None
+        built_active = None if model is None or not config.is_moe else active_count(
+            model, config.experts_per_token)
+        rows.append((name, checkpoint(config)["total"], built, config.published, counted_active,
+                     built_active))
+        del model
     return rows
 
 
+def expand(argv: Sequence[str]) -> list[str]:
+    """The presets and files the arguments name: ``--presets`` is every preset, a folder every .json in it,
+    no argument every preset."""
+    import os
+    from pathlib import Path
+
+    names: list[str] = []
+    for arg in argv or ["--presets"]:
+        if arg == "--presets":
+            names += PRESETS
+        elif os.path.isdir(arg):
+            names += sorted(str(path) for path in Path(arg).glob("*.json"))
+        else:
+            names.append(arg)
+    return names
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """``python -m calc.verify [NAME | config.json | FOLDER | --presets ...]``; no argument: every preset."""
+    argv = expand(list(sys.argv[1:] if argv is None else argv))
     unknown = [name for name in argv if name not in PRESETS and not is_path(name)]
     if unknown:
         print(f"python -m calc.verify: error: unknown preset {unknown[0]!r}; see python -m calc --list",
@@ -102,15 +160,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print(f"transformers {transformers.__version__}, models built on the meta device", flush=True)
     ok = True
-    width = max(map(len, argv or PRESETS))
-    for name, counted, built, published in verify(argv):
-        agree = (built is None or built == counted) and (published is None or published == counted)
+    width = max(map(len, argv))
+    for name, counted, built, published, counted_active, built_active in verify(argv):
+        agree = ((built is None or built == counted) and (published is None or published == counted)
+                 and counted_active == built_active)
         ok &= agree
         verdict = "MISMATCH" if not agree else "formula only" if built is None and published is None else "ok"
         model = "not buildable" if built is None else f"{built:,}"
         recorded = "-" if published is None else f"{published:,}"
-        line = f"{name:{width}} calc {counted:>16,}  model {model:>16}  recorded {recorded:>16}  {verdict}"
-        print(line, flush=True)
+        line = f"{name:{width}} calc {counted:>16,}  model {model:>16}  recorded {recorded:>16}"
+        if counted_active is not None:
+            line += f"  active: calc {counted_active:,}, model {built_active:,}"
+        print(f"{line}  {verdict}", flush=True)
     return 0 if ok else 1
 
 

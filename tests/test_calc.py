@@ -45,7 +45,8 @@ def test_palm_attention_term_is_twice_kaplans_when_values_are_as_wide_as_keys():
     palm = (f.forward_flops_per_token_palm - 2 * f.N).subs(f.d_v, f.d_k)
     kaplan = f.forward_flops_per_token_kaplan - 2 * f.N
     assert expand(palm - 2 * kaplan) == 0
-    assert expand(f.keys_seen.subs(f.L_w, 0) - f.L * f.n) == 0  # without windows: L·n keys per token
+    # one kind of layer (every layer attends to all keys): L·n keys per token
+    assert expand(f.keys_seen.subs(f.GPT_SHAPE) - f.L * f.n) == 0
 
 
 def test_evaluate_refuses_missing_symbols():
@@ -116,7 +117,7 @@ def test_recall_ceiling_refuses_huge_enumerations():
         f.recall_ceiling(n_values=100, n_pairs=4)
 
 
-# --- the source material's figures (DESIGN.md §4) ---------------------------------------------------
+# --- the figures of the article "How an LLM Works, Part 6: Attention" -----------------------------
 def test_gpt3_source_ledger():
     led = ledger.source_ledger(GPT3)
     assert led["attention_per_head"] == 6_291_456

@@ -97,13 +97,38 @@ def test_seq_and_dtype_and_peak(capsys):
 
 
 def test_list_shows_every_preset_with_its_source(capsys):
-    code, out, _ = run(capsys, "--list")
+    code, out, _ = run(capsys, "--list", "--width", "0")
     assert code == 0
     for name, config in PRESETS.items():
         assert f"\n{name} " in out
         assert config.source.split(",")[0] in out
     code, out, _ = run(capsys, "--list", "--format", "json")
     assert [row["name"] for row in json.loads(out)] == list(PRESETS)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["formulas"], ["gpt3"], ["--list"], ["deepseek-v3", "--train", "--gpu", "h100"],
+     [str(ROOT / "tests/configs/qwen3-next-80b-a3b.json"), "--train"],
+     ["compare", "gpt3", "llama3-8b", "mixtral-8x7b"]],
+)
+@pytest.mark.parametrize("width", [None, 100, 60])
+def test_table_output_fits_the_width(capsys, argv, width):
+    code, out, _ = run(capsys, *argv, *([] if width is None else ["--width", str(width)]))
+    assert code == 0
+    widest = max(map(len, out.splitlines()))
+    assert widest <= (width or 100), [line for line in out.splitlines() if len(line) > (width or 100)][:1]
+
+
+def test_width_0_keeps_one_line_each(capsys):
+    _, wrapped, _ = run(capsys, "formulas")
+    _, whole, _ = run(capsys, "formulas", "--width", "0")
+    assert max(map(len, whole.splitlines())) > 100 >= max(map(len, wrapped.splitlines()))
+    assert "".join(whole.split()) == "".join(wrapped.split())  # the same text, only the line breaks differ
+    _, split, _ = run(capsys, "gpt3", "--width", "60")
+    assert "(continued)" in split
+    _, one, _ = run(capsys, "gpt3", "--width", "0")
+    assert "(continued)" not in one and max(map(len, one.splitlines())) > 200
 
 
 def test_formulas_prints_4d2_and_both_derivations(capsys):

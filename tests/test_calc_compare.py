@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -13,7 +14,8 @@ import pytest
 
 from calc import costs, ledger
 from calc.cli import main
-from calc.presets import preset
+from calc.presets import PRESETS, preset
+from calc.training import training
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,7 +27,7 @@ def run(capsys, *argv):
 
 
 def test_compare_table_shows_total_active_share_cache_and_flops(capsys):
-    code, out, err = run(capsys, "compare", "mistral-7b", "mixtral-8x7b", "deepseek-v3")
+    code, out, err = run(capsys, "compare", "mistral-7b", "mixtral-8x7b", "deepseek-v3", "--width", "0")
     assert (code, err) == (0, "")
     header = out.splitlines()[0].split()
     assert header == ["mistral-7b", "mixtral-8x7b", "deepseek-v3"]
@@ -93,6 +95,73 @@ def test_compare_bad_input_exits_2_in_one_line(capsys, argv, expected):
     assert err.count("\n") == 1 and expected in err, err
 
 
+def test_compare_carries_training_and_serving(capsys):
+    code, out, _ = run(capsys, "compare", "llama2-7b", "deepseek-v3", "--seq", "4096", "--gpu", "h100",
+                       "--format", "json")
+    assert code == 0
+    llama, deepseek = json.loads(out)
+    (row,) = training(preset("llama2-7b"), [4096])["rows"]
+    assert llama["train_states"] == 16 * 6_738_415_616 and llama["train_activations"] == row["activations"]
+    assert llama["train_quadratic_share"] == float(row["quadratic_share"])
+    assert llama["train_flash"] == row["flash"]
+    assert llama["serve_batch"] == (80 * 10**9 - 2 * 6_738_415_616) // (4096 * 2 * 32 * 32 * 128 * 2)
+    assert deepseek["serve_batch"] is None  # 1.3 TB of bf16 weights do not fit 80 GB
+    _, table, _ = run(capsys, "compare", "llama2-7b", "deepseek-v3", "--seq", "4096", "--gpu", "h100")
+    assert "serving: batch at n, one device" in table and "does not fit" in table
+    assert "training: n² share of activations" in table
+
+
+class _Tensor:
+    def __init__(self, *shape: int) -> None:
+        self.shape = shape
+
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+class _Model:
+    """What calc.verify reads of a transformers model: named parameters, buffers, a state dict."""
+
+    def __init__(self, params: dict[str, _Tensor]) -> None:
+        self.params = params
+
+    def named_parameters(self):
+        return iter(self.params.items())
+
+    def parameters(self):
+        return iter(self.params.values())
+
+    def named_buffers(self):
+        return iter(())
+
+    def state_dict(self):
+        return dict(self.params)
+
+
+def test_verify_reads_the_active_count_from_fused_and_listed_experts():
+    from calc.verify import active_count
+
+    # a fused layout: 4 experts in 3-D tensors (weights and biases), a shared expert and a router outside
+    fused = _Model({"embed": _Tensor(10, 3), "layers.0.mlp.experts.gate_up_proj": _Tensor(4, 3, 6),
+                    "layers.0.mlp.experts.down_proj_bias": _Tensor(4, 3),
+                    "layers.0.mlp.shared_expert.up_proj.weight": _Tensor(5, 3),
+                    "layers.0.mlp.gate": _Tensor(4, 3)})
+    total = 30 + 72 + 12 + 15 + 12
+    assert active_count(fused, experts_per_token=1) == total - (72 + 12) * 3 // 4
+    # one module per expert: E is the number of expert indices
+    listed = _Model({f"layers.1.moe.experts.{i}.w1": _Tensor(2, 3) for i in range(8)} | {"norm": _Tensor(3)})
+    assert active_count(listed, experts_per_token=2) == 8 * 6 + 3 - 6 * 6
+
+
+def test_verify_names_presets_files_and_folders():
+    from calc.verify import expand
+
+    fixtures = sorted(str(p) for p in (ROOT / "tests" / "configs").glob("*.json"))
+    assert expand([]) == expand(["--presets"]) == list(PRESETS)
+    assert expand(["gpt2", str(ROOT / "tests" / "configs")]) == ["gpt2", *fixtures]
+    assert len(fixtures) == 30
+
+
 def test_verify_without_transformers_says_what_to_install(capsys, monkeypatch):
     from calc import verify
 
@@ -119,9 +188,15 @@ def test_formulas_print_the_new_components(capsys):
     code, out, _ = run(capsys, "formulas")
     assert code == 0
     for row in ("MoE routed experts", "3·E·d·d_e·(L - L_d)", "MoE inactive per token", "MLA keys, values",
-                "d·(d_r + r_kv) + h·r_kv·(d_k - d_r + d_v)", "QKV bias (Qwen2)", "q/k norms", "2·L·d_k",
-                "fused QKV", "parallel block, partial rotary: no parameters", "n·Min(n, w)",
-                "KV cache bytes at n (windows)", "MLA cache bytes per token", "L·b·(d_r + r_kv)"):
+                "d·(d_r + r_kv) + h·r_kv·(d_k - d_r + d_v)", "QKV bias (Qwen2", "q/k norms", "2·L_a·d_k",
+                "fused QKV", "parallel block, partial rotary, NoPE: no parameters", "n·Min(n, w)",
+                "KV cache bytes at n (windows, chunks)", "MLA cache bytes per token", "L_a·b·(d_r + r_kv)",
+                "attention sinks (gpt-oss) = L_a·h", "C^2·m_C + r_C^2", "Gated DeltaNet layer", "Mamba layer",
+                "MoE shared-expert gate", "MoE expert biases (gpt-oss) = E·(L - L_d)·(d + 2·d_e)",
+                "q/k norms, per head (OLMo 2, Cohere, StableLM) = L_a·d_k·(g + h)", "position table",
+                "training activations per layer, no parallelism (Korthikanti) = b_m·d·n·(34 + 5·h·n/d)",
+                "FlashAttention, tensor and sequence parallelism = 34·b_m·d·n/t + 4·b_m·h·n/t",
+                "MLA queries, no LoRA"):
         assert row in out, row
 
 

@@ -13,13 +13,14 @@ import pytest
 from calc import costs, ledger
 from calc.cli import main
 from calc.config import ConfigError
-from calc.hf import SUPPORTED, from_config, load
+from calc.hf import OUTER, SUPPORTED, from_config, load
 from calc.presets import PRESETS, preset
 from calc.report import binary_bytes, build, render
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "tests" / "configs"
 FIXTURES = sorted(CONFIGS.glob("*.json"))
+PRESET_FIXTURES = [p for p in FIXTURES if p.stem in PRESETS]  # the others: tests/test_calc_models.py
 MiB, GiB = 2**20, 2**30
 
 
@@ -37,7 +38,7 @@ def figures(config, seqs=(1024, 4096, 8192)) -> dict:
             "kv": (kv["bytes_per_token"], kv["rows"])}
 
 
-@pytest.mark.parametrize("path", FIXTURES, ids=[p.stem for p in FIXTURES])
+@pytest.mark.parametrize("path", PRESET_FIXTURES, ids=[p.stem for p in PRESET_FIXTURES])
 def test_published_config_gives_the_preset_figures(path):
     config, named = load(str(path)), preset(path.stem)
     assert config.name == path.stem
@@ -47,7 +48,10 @@ def test_published_config_gives_the_preset_figures(path):
 
 def test_every_supported_model_type_has_a_fixture():
     types = {json.loads(p.read_text(encoding="utf-8"))["model_type"] for p in FIXTURES}
-    assert types | {"gemma3"} == set(SUPPORTED)
+    # a multimodal fixture (llama4) covers its text type; a text fixture (gemma3_text) its outer one
+    inner = {OUTER[t] for t in types if t in OUTER}
+    covered = types | inner | {outer for outer, text in OUTER.items() if text in types}
+    assert covered == set(SUPPORTED)
 
 
 def test_gemma3_multimodal_config_reads_its_text_config():
@@ -181,7 +185,7 @@ def _llama(**changes):
 @pytest.mark.parametrize(
     ("config", "key", "text"),
     [
-        ({"model_type": "bert"}, "model_type", "supported: gpt2, llama"),
+        ({"model_type": "bert"}, "model_type", "supported: gpt2, gpt_bigcode"),
         ({"hidden_size": 8}, "model_type", "missing"),
         (_llama(hidden_size=...), "hidden_size", "missing"),
         (_llama(hidden_size="4096"), "hidden_size", "positive integer"),
@@ -214,7 +218,7 @@ def _cli(capsys, *argv):
 @pytest.mark.parametrize(
     ("content", "expected"),
     [
-        ('{"model_type": "t5"}', "model_type: 't5' is not supported; supported: gpt2, llama, mistral"),
+        ('{"model_type": "t5"}', "model_type: 't5' is not supported; the closest supported type is"),
         (json.dumps(_llama(intermediate_size=...)), "intermediate_size: missing"),
         (json.dumps(_llama(num_key_value_heads=5)), "num_key_value_heads: 32 query heads cannot share 5"),
         ("{not json", "config: not JSON"),
@@ -263,5 +267,38 @@ def test_subprocess_reads_a_config_and_refuses_a_bad_one(tmp_path):
 
 def test_every_new_preset_has_a_published_config_fixture():
     new = [name for name, c in PRESETS.items() if c.hf_config is not None]
-    assert sorted(new) == sorted(p.stem for p in FIXTURES if preset(p.stem).hf_config is not None)
+    assert sorted(new) == sorted(p.stem for p in PRESET_FIXTURES if preset(p.stem).hf_config is not None)
     assert len(new) == 10
+
+
+# --- one place for each check and each message ----------------------------------------------------------
+@pytest.mark.parametrize(
+    ("config", "key", "message"),
+    [
+        (_llama(hidden_size=4100), "num_attention_heads",
+         "hidden_size 4100 is not divisible by 32 heads and no head_dim is given"),
+        ({**raw("pythia-1.4b"), "hidden_size": 2050}, "num_attention_heads",
+         "hidden_size 2050 is not divisible by 16 heads"),
+        ({**raw("gpt2"), "n_embd": 770}, "n_head", "n_embd 770 is not divisible by 12 heads"),
+    ],
+)
+def test_head_width_must_divide_with_the_same_words_in_every_layout(config, key, message):
+    with pytest.raises(ConfigError) as err:
+        from_config(config)
+    assert (err.value.field, err.value.message) == (key, message)
+
+
+def test_one_function_checks_head_widths_and_one_words_the_context_warning():
+    import calc.compare
+    from calc.report import past_context
+
+    sources = {path.name: path.read_text(encoding="utf-8") for path in (ROOT / "calc").glob("*.py")}
+    assert [name for name, text in sources.items() if "exceeds the trained context" in text] == ["report.py"]
+    assert sources["hf.py"].count("is not divisible by") == 1
+    gpt2 = preset("gpt2")
+    assert past_context(gpt2, [512, 4096]) == [
+        "n = 4,096 exceeds the trained context n_ctx = 1,024 of gpt2: figures there extrapolate past what "
+        "the model was trained on"]
+    assert calc.compare.figures(gpt2, n=4096)["warnings"] == past_context(gpt2, [4096])
+    assert build(gpt2, seqs=[512, 4096])["warnings"] == past_context(gpt2, [512, 4096])
+    assert past_context(gpt2, [1024]) == []

@@ -1,0 +1,111 @@
+"""Serving memory per device: the weights, the KV cache, and the largest batch and context that fit.
+
+For each tensor-parallel degree t, a device holds ⌈P/t⌉ parameters and its share of the cache: K and V of
+⌈g/t⌉ key/value heads (heads are replicated where t > g, as vLLM does), MLA's latent whole (it has no
+heads to split), and ⌈·/t⌉ of a linear-attention or Mamba layer's state. What is left of the device's
+memory after the weights holds the cache; activations, the CUDA context and fragmentation are not
+counted, so real engines fit somewhat less (vLLM reserves 10 % by default).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from calc import costs
+from calc import formulas as f
+from calc.config import Config, ConfigError
+from calc.ledger import checkpoint, values
+
+# Memory per device as its datasheet prints it (GB = 10^9 bytes: the printed figure, read as SI; the
+# driver shows a little more on HBM parts and a little less on GDDR ones; pass --gpu-memory for yours).
+GPUS: dict[str, tuple[str, int]] = {
+    "h100": ("NVIDIA H100 SXM5, 80 GB HBM3", 80 * 10**9),
+    "h200": ("NVIDIA H200 SXM, 141 GB HBM3e", 141 * 10**9),
+    "a100-80gb": ("NVIDIA A100 80GB, 80 GB HBM2e", 80 * 10**9),
+    "a100-40gb": ("NVIDIA A100 40GB, 40 GB HBM2", 40 * 10**9),
+    "l40s": ("NVIDIA L40S, 48 GB GDDR6", 48 * 10**9),
+    "mi300x": ("AMD Instinct MI300X, 192 GB HBM3", 192 * 10**9),
+}
+TP_DEGREES = (1, 2, 4, 8)
+UNITS = {"": None, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+         "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+# Contexts past this many tokens are reported as unbounded (every layer's cache is capped).
+CONTEXT_LIMIT = 2**40
+
+
+def parse_size(text: str) -> int:
+    """Bytes of a size such as ``80GiB``, ``141 GB`` or ``81920MiB`` (GB = 10^9, GiB = 2^30 bytes)."""
+    found = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
+    unit = UNITS.get(found[2].lower(), 0) if found else 0
+    if not found or unit is None or not unit:
+        raise ValueError(f"must be a size with a unit, such as 80GiB or 141GB, got {text!r}")
+    value = math.floor(float(found[1]) * unit)
+    if value < 1:
+        raise ValueError(f"must be a positive size, got {text!r}")
+    return value
+
+
+def _split(config: Config, tp: int) -> dict[Any, int]:
+    """The formula symbols for one device of ``tp``: its key/value heads and state channels."""
+    env = values(config)
+    env[f.g] = math.ceil(config.n_kv_heads / tp)
+    for symbol in (f.h_lk, f.h_lv, f.d_in):
+        if symbol in env:
+            env[symbol] = math.ceil(env[symbol] / tp)
+    return env
+
+
+def sequence_bytes(config: Config, n: int, kv_bytes: int, tp: int = 1) -> int:
+    """Bytes one sequence of n tokens keeps on one of ``tp`` devices: its KV cache and its state."""
+    env = _split(config, tp)
+    env.update({f.n: n, f.b: kv_bytes})
+    held = costs.kv_cache_formulas(config)[1]
+    return f.evaluate_count(held + costs.state_formula(config), env)
+
+
+def largest_context(config: Config, free: int, kv_bytes: int, tp: int) -> int | None:
+    """The most tokens one sequence can hold in ``free`` bytes (None: unbounded, every cache capped)."""
+    if sequence_bytes(config, 1, kv_bytes, tp) > free:
+        return 0
+    if sequence_bytes(config, CONTEXT_LIMIT, kv_bytes, tp) <= free:
+        return None
+    low, high = 1, CONTEXT_LIMIT  # bytes grow with n: sequence_bytes(low) ≤ free < sequence_bytes(high)
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if sequence_bytes(config, mid, kv_bytes, tp) <= free else (low, mid)
+    return low
+
+
+def serving(config: Config, *, memory: int, device: str, kv_dtype: str = "bf16", weight_dtype: str = "bf16",
+            n: int | None = None) -> dict[str, Any]:
+    """Per tensor-parallel degree: weights and cache per device, and the largest batch at context n
+    (default n_ctx) and the largest context at batch 1 that fit in ``memory`` bytes a device."""
+    if isinstance(memory, bool) or not isinstance(memory, int) or memory < 1:
+        raise ConfigError("gpu_memory", f"must be a positive number of bytes, got {memory!r}")
+    n = n or config.n_ctx
+    kv_bytes, weight_bytes = costs.DTYPE_BYTES[kv_dtype], costs.DTYPE_BYTES[weight_dtype]
+    params = checkpoint(config)["total"]
+    per_token = costs.kv_cache_formulas(config)[0]
+    rows = []
+    for tp in TP_DEGREES:
+        row: dict[str, Any] = {"tp": tp}
+        if config.n_heads % tp:
+            rows.append({**row, "fits": False, "reason": f"{config.n_heads} heads do not split over {tp}"})
+            continue
+        env = _split(config, tp)
+        env[f.b] = kv_bytes
+        weights = math.ceil(params / tp) * weight_bytes
+        free = memory - weights
+        row.update(weights=weights, kv_bytes_per_token=f.evaluate_count(per_token, env),
+                   state_bytes_per_sequence=f.evaluate_count(costs.state_formula(config), env),
+                   free=max(free, 0))
+        if free <= 0:
+            rows.append({**row, "fits": False, "reason": "the weights alone exceed the memory"})
+            continue
+        per_sequence = sequence_bytes(config, n, kv_bytes, tp)
+        rows.append({**row, "fits": True, "sequence_bytes": per_sequence, "batch": free // per_sequence,
+                     "context": largest_context(config, free, kv_bytes, tp)})
+    return {"device": device, "memory": memory, "kv_dtype": kv_dtype, "weight_dtype": weight_dtype,
+            "params": params, "n_tokens": n, "rows": rows}

@@ -1,0 +1,445 @@
+"""The model types of 2024–25 read from their published config.json files (tests/configs/): totals and
+active counts against transformers' own models, counts derived by hand from each architecture, KV caches
+derived by hand (hybrids: the attention layers only; MLA: the latent and the rotary key), and a reader
+that says why it refuses."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+from calc import costs, ledger
+from calc.cli import main
+from calc.config import ConfigError
+from calc.hf import closest_type, from_config, layer_types, load
+
+CONFIGS = Path(__file__).resolve().parents[1] / "tests" / "configs"
+
+
+def raw(name: str) -> dict:
+    return json.loads((CONFIGS / f"{name}.json").read_text(encoding="utf-8"))
+
+
+class Counted(NamedTuple):
+    total: int  # transformers' model on the meta device: parameters and saved buffers
+    active: int | None  # the same model less (E − k)/E of its routed experts' tensors; None: dense
+    kv_per_token: int  # bf16, derived by hand below
+
+
+# total and active: `python -m calc.verify tests/configs/*.json` (calc.verify.stored_count and active_count,
+# read from the models alone), transformers 5.24.0, torch 2.13.0; every one equal to calc's count.
+# KV bytes per token, bf16 (2 bytes): 2 (K and V) · attention layers · key/value heads · d_k · 2.
+MODELS = {
+    "qwen3-30b-a3b": Counted(30_532_122_624, 3_353_032_704, 2 * 48 * 4 * 128 * 2),
+    "gpt-oss-20b": Counted(20_914_757_184, 4_187_440_704, 2 * 24 * 8 * 64 * 2),
+    "llama4-scout-17b-16e": Counted(107_769_861_120, 17_172_894_720, 2 * 48 * 8 * 128 * 2),
+    "deepseek-v2-lite": Counted(15_706_484_224, 2_661_150_208, 27 * (512 + 64) * 2),  # MLA's latent and key
+    "qwen3-next-80b-a3b": Counted(79_674_391_296, 3_874_929_408, 2 * 12 * 2 * 256 * 2),  # 12 of 48 layers
+    "jamba-v0.1": Counted(51_570_323_328, 12_110_311_296, 2 * 4 * 8 * 128 * 2),  # 4 of 32 layers attend
+    "qwen1.5-moe-a2.7b": Counted(14_315_784_192, 2_689_173_504, 2 * 24 * 16 * 128 * 2),
+    "gemma-7b": Counted(8_537_680_896, None, 2 * 28 * 16 * 256 * 2),
+    "smollm3-3b": Counted(3_075_098_624, None, 2 * 36 * 4 * 128 * 2),
+    "olmo2-7b": Counted(7_298_617_344, None, 2 * 32 * 32 * 128 * 2),
+    "phi-2": Counted(2_779_683_840, None, 2 * 32 * 32 * 80 * 2),
+    "starcoder2-3b": Counted(3_030_371_328, None, 2 * 30 * 2 * 128 * 2),
+    "command-r-v01": Counted(34_980_831_232, None, 2 * 40 * 64 * 128 * 2),
+    "falcon-7b": Counted(6_921_720_704, None, 2 * 32 * 1 * 64 * 2),  # multi-query: one K/V head
+    "stablelm-3b-4e1t": Counted(2_795_443_200, None, 2 * 32 * 32 * 80 * 2),
+    "starcoder": Counted(15_517_456_384, None, 2 * 40 * 1 * 128 * 2),
+    "opt-125m": Counted(125_239_296, None, 2 * 12 * 12 * 64 * 2),
+}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_totals_and_active_equal_transformers_count(name):
+    config, counted = load(str(CONFIGS / f"{name}.json")), MODELS[name]
+    assert ledger.checkpoint(config)["total"] == counted.total
+    assert ledger.active(config) == (counted.active or counted.total)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_kv_bytes_per_token_by_hand(name):
+    kv = costs.kv_cache(load(str(CONFIGS / f"{name}.json")), [128], "bf16")
+    assert kv["bytes_per_token"] == MODELS[name].kv_per_token
+    assert kv["rows"][0]["bytes"] == 128 * MODELS[name].kv_per_token  # no window (gpt-oss: 128) is over-full
+
+
+def test_every_new_type_has_a_fixture_here():
+    new = {"qwen3_moe", "gpt_oss", "llama4", "deepseek_v2", "qwen3_next", "jamba", "qwen2_moe", "gemma",
+           "smollm3",
+           "olmo2", "phi", "starcoder2", "cohere", "falcon", "stablelm", "gpt_bigcode", "opt"}
+    assert {raw(name)["model_type"] for name in MODELS} == new
+
+
+# --- counts by hand, one per new feature ---------------------------------------------------------------
+def test_gpt_oss_sinks_biases_and_biased_experts_by_hand():
+    d, h, g, d_k, layers, experts, d_e, vocab = 2880, 64, 8, 64, 24, 32, 2880, 201088
+    # Q, K, V, O, their biases, the sinks
+    attention = 2 * d * h * d_k + 2 * d * g * d_k + (h + 2 * g) * d_k + d + h
+    expert = 3 * d * d_e + 2 * d_e + d  # gate and up (fused), down, their biases
+    moe = experts * expert + experts * d + experts  # experts, router and its bias
+    total = layers * (attention + moe + 2 * d) + d + 2 * vocab * d
+    config = load(str(CONFIGS / "gpt-oss-20b.json"))
+    assert ledger.checkpoint(config)["total"] == total
+    assert ledger.active(config) == total - layers * (experts - 4) * expert
+    # OpenAI's card: 3.61 B active, counting the embedding but not the unembedding
+    assert round((ledger.active(config) - vocab * d) / 1e9, 2) == 3.61
+
+
+def test_qwen3_next_gated_deltanet_and_gated_attention_by_hand():
+    d, vocab = 2048, 151936
+    # Q and its gate, K, V, O, q/k norms
+    attention = 2 * 16 * 256 * d + 2 * 2 * 256 * d + 16 * 256 * d + 2 * 256
+    conv = 2 * 16 * 128 + 32 * 128  # q, k and v, convolved
+    deltanet = (d * (2 * 16 * 128 + 2 * 32 * 128) + d * 2 * 32 + conv * 4 + 2 * 32 + 128 + 32 * 128 * d)
+    moe = 512 * d + 512 * 3 * d * 512 + 3 * d * 512 + d  # router, experts, shared expert and its gate
+    total = 12 * attention + 36 * deltanet + 48 * (moe + 2 * d) + d + 2 * vocab * d
+    config = load(str(CONFIGS / "qwen3-next-80b-a3b.json"))
+    assert (config.n_attention_layers, config.n_linear_layers) == (12, 36)
+    assert ledger.checkpoint(config)["total"] == total
+    kv = costs.kv_cache(config, [4096], "bf16")
+    # 36 layers keep h_v = 32 states of 128 × 128 and K − 1 = 3 inputs of the convolution, at 2 bytes
+    assert kv["state_bytes_per_sequence"] == 36 * (32 * 128 * 128 + 3 * conv) * 2 == 39_518_208
+
+
+def test_jamba_mamba_layers_and_interleaved_experts_by_hand():
+    d, d_in, state, rank, vocab = 4096, 8192, 16, 256, 65536
+    attention = 2 * d * 32 * 128 + 2 * d * 8 * 128
+    # in, conv and its bias, x, dt and its bias, A, D, out, the dt/B/C norms
+    mamba = (d * 2 * d_in + d_in * 4 + d_in + d_in * (rank + 2 * state) + rank * d_in + d_in + d_in * state
+             + d_in + d_in * d + rank + 2 * state)
+    moe, dense = 16 * 3 * d * 14336 + 16 * d, 3 * d * 14336
+    total = 4 * attention + 28 * mamba + 16 * moe + 16 * dense + 32 * 2 * d + d + 2 * vocab * d
+    config = load(str(CONFIGS / "jamba-v0.1.json"))
+    assert (config.n_attention_layers, config.n_mamba_layers, config.n_dense_layers) == (4, 28, 16)
+    assert ledger.checkpoint(config)["total"] == total
+    assert costs.kv_cache(config, [1],
+                          "bf16")["state_bytes_per_sequence"] == 28 * (d_in * state + 3 * d_in) * 2
+
+
+def test_llama4_interleaved_moe_with_a_shared_expert_and_chunked_layers():
+    d, vocab = 5120, 202048
+    layer = 2 * d * 40 * 128 + 2 * d * 8 * 128 + 16 * 3 * d * 8192 + 16 * d + 3 * d * 8192 + 2 * d
+    config = load(str(CONFIGS / "llama4-scout-17b-16e.json"))  # the multimodal outer config: its text_config
+    assert config.model_type == "llama4_text"
+    assert ledger.checkpoint(config)["total"] == 48 * layer + d + 2 * vocab * d
+    # RoPE layers attend in chunks of 8,192; every fourth is a NoPE layer that sees every key
+    assert (config.n_chunked_layers, config.n_nope_layers, config.attention_chunk) == (36, 12, 8192)
+    (row,) = costs.kv_cache(config, [32768], "bf16")["rows"]
+    assert row["bytes"] == 2 * 8 * 128 * 2 * (12 * 32768 + 36 * 8192)  # a chunked layer holds one chunk
+
+
+def test_deepseek_v2_lite_mla_without_a_query_lora_by_hand():
+    d, vocab = 2048, 102400
+    mla = d * 16 * 192 + d * (512 + 64) + 512 + 512 * 16 * (128 + 128) + 16 * 128 * d  # Q, latent, up, O
+    moe = 64 * 3 * d * 1408 + 64 * d + 2 * 3 * d * 1408  # routed experts, router, 2 shared experts
+    total = 27 * mla + 3 * d * 10944 + 26 * moe + 27 * 2 * d + d + 2 * vocab * d
+    config = load(str(CONFIGS / "deepseek-v2-lite.json"))
+    # no query LoRA; V2's router keeps no score-correction bias
+    assert (config.q_lora_rank, config.router_bias) == (0, False)
+    assert ledger.checkpoint(config)["total"] == total
+
+
+def test_falcon_multi_query_fused_qkv_and_one_layernorm_per_layer():
+    d, layers, vocab = 4544, 32, 65024
+    layer = d * (d + 2 * 64) + d * d + 2 * d * 4 * d + 2 * d  # Q + one K/V head, dense, 4d MLP, LayerNorm
+    total = ledger.checkpoint(load(str(CONFIGS / "falcon-7b.json")))["total"]
+    assert total == layers * layer + 2 * d + vocab * d
+
+
+def test_opt_keeps_two_extra_position_rows_and_phi_a_biased_unembedding():
+    d = 768
+    layer = 4 * d * d + 4 * d + 2 * d * 3072 + 3072 + d + 2 * 2 * d
+    opt = load(str(CONFIGS / "opt-125m.json"))
+    assert ledger.checkpoint(opt)["position_embedding"] == (2048 + 2) * d
+    assert ledger.checkpoint(opt)["total"] == 12 * layer + 2 * d + 50272 * d + 2050 * d
+    phi = ledger.checkpoint(load(str(CONFIGS / "phi-2.json")))
+    assert phi["lm_head_bias"] == 51200 and phi["norms"] == (32 + 1) * 2 * 2560
+
+
+def test_qk_norm_weights_per_head_or_shared():
+    olmo = ledger.checkpoint(load(str(CONFIGS / "olmo2-7b.json")))
+    assert olmo["qk_norms"] == 32 * (32 + 32) * 128  # OLMo 2: over the whole width of Q and of K
+    cohere = from_config({**raw("command-r-v01"), "use_qk_norm": True, "num_key_value_heads": 8})
+    assert ledger.checkpoint(cohere)["qk_norms"] == 40 * (64 + 8) * 128  # Command R+: one weight per head
+    qwen = ledger.checkpoint(load(str(CONFIGS / "qwen3-30b-a3b.json")))
+    assert qwen["qk_norms"] == 48 * 2 * 128  # Qwen3: one d_k weight shared by the heads
+
+
+# --- patterns and FLOPs of chunked layers ----------------------------------------------------------------
+@pytest.mark.parametrize(("n", "chunk"), [(10, 4), (8, 4), (3, 4), (17, 1), (100, 7)])
+def test_chunked_pattern_and_causal_flops_count_visible_keys_by_brute_force(n, chunk):
+    config = dataclasses.replace(load(str(CONFIGS / "llama4-scout-17b-16e.json")), attention_chunk=chunk)
+    same_chunk = sum(i // chunk == j // chunk for i in range(n) for j in range(n))
+    visible = sum(i // chunk == j // chunk for i in range(n) for j in range(i + 1))  # causal, its own chunk
+    (memory,) = costs.pattern_memory(config, [n])
+    assert memory["entries_per_model"] == 40 * (12 * n * n + 36 * same_chunk)
+    (flops,) = costs.flops(config, [n])
+    causal = 12 * n * (n + 1) // 2 + 36 * visible
+    assert flops["causal_flops_per_model"] == 40 * (2 * 128 + 2 * 128) * causal
+
+
+def test_gpt_oss_window_caps_half_the_layers():
+    (row,) = costs.kv_cache(load(str(CONFIGS / "gpt-oss-20b.json")), [8192], "bf16")["rows"]
+    assert row["bytes"] == 2 * 8 * 64 * 2 * (12 * 8192 + 12 * 128)
+
+
+# --- window rules, layer by layer (only visible with use_sliding_window) --------------------------------
+def _variant(name: str, drop: tuple[str, ...] = (), **changes) -> dict:
+    """A fixture (a multimodal one's text config) with keys dropped and changed."""
+    base = raw(name)
+    if "text_config" in base:
+        base = {**base["text_config"], "model_type": base["text_config"]["model_type"]}
+    return {**{k: v for k, v in base.items() if k not in drop}, **changes}
+
+
+FULL, SLIDING = "full_attention", "sliding_attention"
+# config → the layers with a window, derived by hand from transformers' rules (5.24): Qwen2Config and
+# Qwen3Config window layer i ≥ max_window_layers (default 28) where sliding_window is set; Qwen2MoeConfig
+# the even layers i < max_window_layers; Qwen3MoeAttention every layer, and it has no max_window_layers.
+WINDOW_RULES = {
+    "qwen3_moe: every layer": (
+        _variant("qwen3-30b-a3b", use_sliding_window=True, sliding_window=4096), range(48)),
+    "qwen3_moe: a null window is none": (_variant("qwen3-30b-a3b", use_sliding_window=True), ()),
+    "qwen2_moe: the even layers below max_window_layers": (
+        _variant("qwen1.5-moe-a2.7b", use_sliding_window=True), range(0, 21, 2)),
+    "qwen2_moe: max_window_layers past the last layer": (
+        _variant("qwen1.5-moe-a2.7b", use_sliding_window=True, max_window_layers=100), range(0, 24, 2)),
+    "qwen2_moe: layer_types overrides the rule": (
+        _variant("qwen1.5-moe-a2.7b", use_sliding_window=True, layer_types=[SLIDING] * 3 + [FULL] * 21),
+        range(3)),
+    "qwen2: from max_window_layers on": (
+        _variant("qwen2-7b", use_sliding_window=True, max_window_layers=20), range(20, 28)),
+    "qwen2: from layer 28 where max_window_layers is absent": (
+        _variant("qwen2-7b", drop=("max_window_layers",), use_sliding_window=True, num_hidden_layers=32),
+        range(28, 32)),
+    "qwen3: a null window is none": (_variant("qwen3-8b", use_sliding_window=True), ()),
+    "qwen3: the window's default, 4,096": (
+        _variant("qwen3-8b", drop=("sliding_window",), use_sliding_window=True, max_window_layers=30),
+        range(30, 36)),
+}
+
+
+@pytest.mark.parametrize("name", WINDOW_RULES)
+def test_window_rules_layer_by_layer_by_hand(name):
+    config, windowed = WINDOW_RULES[name]
+    read = from_config(config)
+    assert read.n_window_layers == len(windowed)
+    assert read.sliding_window == (None if not windowed else config.get("sliding_window") or 4096)
+    assert layer_types(config) == [SLIDING if i in windowed else FULL for i in range(read.n_layers)]
+
+
+def test_qwen3_moe_window_caps_the_cache_of_every_layer():
+    # 48 layers, each holding at most w = 4,096 tokens of K and V for 4 heads of 128, in bf16
+    config = from_config(_variant("qwen3-30b-a3b", use_sliding_window=True, sliding_window=4096))
+    (row,) = costs.kv_cache(config, [32768], "bf16")["rows"]
+    assert row["bytes"] == 48 * 4096 * 2 * 4 * 128 * 2
+    (pattern,) = costs.pattern_memory(config, [32768])
+    assert pattern["entries_per_model"] == 32 * 48 * 32768 * 4096
+
+
+def test_qwen2_moe_window_on_even_layers_caps_their_cache():
+    # Qwen1.5-MoE: 11 windowed layers (here w = 1,024) of 24; 16 K/V heads of 128, bf16
+    config = from_config(_variant("qwen1.5-moe-a2.7b", use_sliding_window=True, sliding_window=1024))
+    (row,) = costs.kv_cache(config, [4096], "bf16")["rows"]
+    assert row["bytes"] == 2 * 16 * 128 * 2 * (13 * 4096 + 11 * 1024)
+
+
+@pytest.mark.parametrize("name", WINDOW_RULES)
+def test_window_rules_layer_by_layer_equal_transformers(name):
+    pytest.importorskip("transformers")
+    import torch
+    import transformers as tf
+
+    config = dict(WINDOW_RULES[name][0])
+    hf_config = tf.AutoConfig.for_model(config.pop("model_type"), **config)
+    with torch.device("meta"):
+        model = tf.AutoModelForCausalLM.from_config(hf_config)
+    # each attention module's own window: Qwen2/Qwen3 set it to None on full layers, Qwen2-MoE only on
+    # sliding ones, Qwen3-MoE on every layer
+    theirs = [SLIDING if getattr(layer.self_attn, "sliding_window", None) else FULL
+              for layer in model.model.layers]
+    assert layer_types(WINDOW_RULES[name][0]) == theirs
+
+
+# --- a reader that says why ------------------------------------------------------------------------------
+def test_unknown_type_names_the_closest_supported_one_and_the_keys_it_could_not_place():
+    config = {**raw("qwen3-30b-a3b"), "model_type": "qwen4_moe", "router_temperature": 0.7, "mtp_depth": 2}
+    assert closest_type(config) == ("qwen3_moe", ["mtp_depth", "router_temperature"])
+    with pytest.raises(ConfigError) as err:
+        from_config(config)
+    assert err.value.field == "model_type"
+    assert "'qwen4_moe' is not supported; the closest supported type is 'qwen3_moe', which could not place " \
+           "mtp_depth, router_temperature" in str(err.value)
+
+
+def test_unknown_type_from_another_family_finds_its_family():
+    falcon_like = {**raw("falcon-7b"), "model_type": "falcon_h2"}
+    assert closest_type(falcon_like)[0] == "falcon"
+    gpt2_like = {"model_type": "gpt3", "n_embd": 12288, "n_head": 96, "n_layer": 96, "n_positions": 2048,
+                 "vocab_size": 50257}
+    assert closest_type(gpt2_like) == ("gpt2", [])
+
+
+def test_a_missing_key_does_not_hide_the_keys_a_type_would_read():
+    # the first key a llama-family body reads is missing: every key after it still counts as placed
+    qwen = {k: v for k, v in raw("qwen3-30b-a3b").items() if k != "num_attention_heads"}
+    assert closest_type({**qwen, "model_type": "qwen4_moe"}) == ("qwen3_moe", [])
+    mamba2 = {"model_type": "mamba2", "hidden_size": 2560, "num_hidden_layers": 64, "vocab_size": 50288,
+              "head_dim": 64, "tie_word_embeddings": True, "use_bias": False, "state_size": 128, "expand": 2,
+              "conv_kernel": 4, "n_groups": 1, "num_heads": 80, "use_conv_bias": True, "chunk_size": 256,
+              "time_step_rank": 160, "rms_norm": True, "residual_in_fp32": True, "norm_before_gate": False}
+    closest, unplaced = closest_type(mamba2)
+    # what no supported type reads is its SSM's shape: the keys of the llama family are all placed
+    assert closest != "opt"
+    assert unplaced == sorted({"state_size", "expand", "conv_kernel", "n_groups", "num_heads",
+                               "use_conv_bias", "chunk_size", "time_step_rank", "rms_norm",
+                               "residual_in_fp32", "norm_before_gate"})
+
+
+def test_a_fully_placed_unknown_type_says_so():
+    gpt2_like = {"model_type": "gpt3", "n_embd": 12288, "n_head": 96, "n_layer": 96, "n_positions": 2048,
+                 "vocab_size": 50257}
+    with pytest.raises(ConfigError) as err:
+        from_config(gpt2_like)
+    message = str(err.value)
+    assert "the closest supported type is 'gpt2', whose reader places every key of this file;" in message
+    assert "nothing" not in message
+
+
+@pytest.mark.parametrize(
+    ("name", "changes", "key"),
+    [
+        ("qwen3-30b-a3b", {"num_nextn_predict_layers": 1}, "num_nextn_predict_layers"),  # MTP weights
+        ("jamba-v0.1", {"layer_types": ["full_attention"] * 32}, "layer_types"),  # JambaConfig derives them
+        ("qwen3-30b-a3b", {"layer_types": ["full_attention"] * 48}, "layer_types"),  # Qwen3MoeConfig has none
+        ("mixtral-8x7b", {"layer_types": ["sliding_attention"] * 32}, "layer_types"),
+        ("llama2-7b", {"num_nextn_predict_layers": 1}, "num_nextn_predict_layers"),
+        ("gpt2", {"n_embd_kv": 128}, "n_embd_kv"),
+    ],
+)
+def test_known_type_refuses_a_key_it_does_not_model(capsys, tmp_path, name, changes, key):
+    config = {**raw(name), **changes}
+    with pytest.raises(ConfigError) as err:
+        from_config(config)
+    assert err.value.field == key and "not a key calc models for model_type" in err.value.message
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config), encoding="utf-8")
+    assert main([str(path)]) == 2
+    out, err_text = capsys.readouterr()
+    assert out == "" and err_text.count("\n") == 1 and f": {key}: not a key calc models" in err_text
+
+
+def test_keys_without_parameters_stay_ignored():
+    # what transformers 4.x saved in every config.json (PretrainedConfig's attributes, generation settings)
+    extra = {"output_attentions": False, "id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0},
+             "temperature": 1.0, "top_p": 1.0, "num_beams": 1, "max_length": 20, "is_decoder": False,
+             "torchscript": False, "return_dict": True, "problem_type": None,
+             "cache_implementation": "hybrid"}
+    for name in ("qwen3-30b-a3b", "llama2-7b", "jamba-v0.1", "gpt2"):
+        config = {**raw(name), **extra}
+        assert ledger.checkpoint(from_config(config)) == ledger.checkpoint(from_config(raw(name))), name
+    # a key a type reads, at the value it models: OPT-1.3b's file keeps its final LayerNorm
+    opt = from_config({**raw("opt-125m"), "_remove_final_layer_norm": False})
+    assert ledger.checkpoint(opt) == ledger.checkpoint(from_config(raw("opt-125m")))
+
+
+@pytest.mark.parametrize(
+    ("config", "key", "text"),
+    [
+        ({**raw("qwen3-30b-a3b"), "rope_scaling": {"rope_type": "ntk-by-parts-2", "factor": 4.0}},
+         "rope_scaling",
+         "RoPE scaling 'ntk-by-parts-2' is not one calc knows"),
+        ({**raw("gemma-7b"), "rope_parameters": {"full_attention": {"rope_type": "mystery"}}},
+         "rope_parameters",
+         "'mystery'"),
+        ({**raw("gpt-oss-20b"), "layer_types": ["chunked_attention", "full_attention"] * 12}, "layer_types",
+         "layer kind 'chunked_attention' is not one calc models for this model_type"),
+        ({**raw("qwen3-next-80b-a3b"), "layer_types": ["mamba"] * 48}, "layer_types", "'mamba'"),
+        ({**raw("opt-125m"), "word_embed_proj_dim": 512}, "word_embed_proj_dim", "not modelled"),
+        ({**raw("opt-125m"), "do_layer_norm_before": False}, "do_layer_norm_before", "not supported"),
+        ({**raw("falcon-7b"), "alibi": True}, "alibi", "not supported"),
+        ({**raw("phi-2"), "qk_layernorm": True}, "qk_layernorm", "not supported"),
+        ({**raw("qwen3-30b-a3b"), "attention_bias": True}, "attention_bias", "not supported"),
+        ({**raw("jamba-v0.1"), "mamba_d_state": 0}, "mamba_d_state", "positive integer"),
+        ({**raw("qwen3-next-80b-a3b"), "linear_num_value_heads": None}, "linear_num_value_heads", "positive"),
+        ({"model_type": "llama4"}, "text_config", "missing"),
+    ],
+)
+def test_known_type_refuses_what_the_ledger_does_not_model(config, key, text):
+    with pytest.raises(ConfigError) as err:
+        from_config(config)
+    assert err.value.field == key and text in str(err.value)
+
+
+def test_unknown_type_exits_2_in_one_line(capsys, tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**raw("olmo2-7b"), "model_type": "olmo3"}), encoding="utf-8")
+    assert main([str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert "'olmo3' is not supported; the closest supported type is" in err
+
+
+def test_partial_rotary_and_nope_layers_are_named_in_the_notes():
+    assert any("fraction 0.4" in note for note in load(str(CONFIGS / "phi-2.json")).notes)
+    notes = load(str(CONFIGS / "smollm3-3b.json")).notes
+    assert any("9 of 36 layers have no rotary positions" in note for note in notes)
+
+
+# --- feature combinations no fixture has, against transformers itself (where it is installed) -----------
+VARIANTS = {
+    "falcon, grouped K/V and two norms (40B's layout)": _variant(
+        "falcon-7b", hidden_size=1024, num_attention_heads=16, num_kv_heads=4, new_decoder_architecture=True,
+        num_hidden_layers=4),
+    "falcon, sequential blocks with biases": _variant(
+        "falcon-7b", hidden_size=1024, num_attention_heads=16, parallel_attn=False, bias=True,
+        num_hidden_layers=3),
+    "llama4, MoE every other layer (Maverick's interleave)": _variant(
+        "llama4-scout-17b-16e", interleave_moe_layer_step=2, num_local_experts=8, hidden_size=512,
+        num_hidden_layers=8, use_qk_norm=False),
+    "stablelm, Q/K/V biases, per-head q/k norms, parallel": _variant(
+        "stablelm-3b-4e1t", use_qkv_bias=True, qk_layernorm=True, use_parallel_residual=True,
+        num_key_value_heads=8, num_hidden_layers=4),
+    "cohere, per-head q/k norms and GQA (Command R+)": _variant(
+        "command-r-v01", use_qk_norm=True, num_key_value_heads=8, num_hidden_layers=3, hidden_size=1024,
+        num_attention_heads=8),
+    "smollm3, windowed NoPE layers": _variant(
+        "smollm3-3b", use_sliding_window=True, sliding_window=512, num_hidden_layers=8,
+        no_rope_layers=[1, 1, 1, 0] * 2),
+    "qwen2_moe, dense layers by index and by step": _variant(
+        "qwen1.5-moe-a2.7b", mlp_only_layers=[0, 3], decoder_sparse_step=2, num_hidden_layers=6),
+    "qwen3_moe, a window (transformers puts it on every layer)": _variant(
+        "qwen3-30b-a3b", use_sliding_window=True, sliding_window=4096, max_window_layers=2,
+        num_hidden_layers=4),
+    "deepseek_v2, a query LoRA and two dense layers": _variant(
+        "deepseek-v2-lite", q_lora_rank=384, num_hidden_layers=4, first_k_dense_replace=2),
+    "gpt_bigcode, multi-head": _variant("starcoder", multi_query=False, n_layer=2),
+    "starcoder2, no biases, no window": _variant(
+        "starcoder2-3b", use_bias=False, num_hidden_layers=2, sliding_window=None),
+    "jamba, biased projections, unbiased convolution": _variant(
+        "jamba-v0.1", mamba_conv_bias=False, mamba_proj_bias=True, num_hidden_layers=8, num_experts=4),
+    "gpt_oss, no attention biases": _variant(
+        "gpt-oss-20b", attention_bias=False, num_hidden_layers=4,
+        layer_types=["sliding_attention", "full_attention"] * 2),
+    "qwen3_next, a dense layer": _variant(
+        "qwen3-next-80b-a3b", mlp_only_layers=[1], num_hidden_layers=8, num_experts=8, num_experts_per_tok=2),
+    "phi, grouped K/V": _variant("phi-2", num_key_value_heads=8, num_hidden_layers=2),
+    "opt, untied": _variant("opt-125m", tie_word_embeddings=False, num_hidden_layers=2),
+}
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_feature_combinations_equal_transformers_count(name):
+    pytest.importorskip("transformers")
+    from calc.verify import active_count, build_model, stored_count
+
+    config = from_config(VARIANTS[name])
+    model = build_model(config)
+    assert stored_count(model) == ledger.checkpoint(config)["total"]
+    if config.is_moe:
+        assert active_count(model, config.experts_per_token) == ledger.active(config)
