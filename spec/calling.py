@@ -264,11 +264,22 @@ the last one, exactly as the target received it."""
 @dataclass(frozen=True)
 class Call:
     """One call into a target, as it received it: ``which`` callable (``fn`` or ``grad_fn``),
-    its inputs and, for a gradient, the upstream gradient."""
+    its inputs and, for a gradient, the upstream gradient, in the suite's layout; ``axes``: the
+    two axes of q, k, v (and d_out) that ``fn`` received swapped (its ``bnhd`` layout), or None."""
 
     which: str
     inputs: Inputs
     d_out: np.ndarray | None = None
+    axes: tuple[int, int] | None = None
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Every array argument by name, exactly as the callable received it (in its layout;
+        masks and biases are ``[batch, heads, n_q, n_k]`` in every layout)."""
+        found = self.inputs.arrays() | ({} if self.d_out is None else {"d_out": self.d_out})
+        if self.axes is not None:
+            found |= {name: np.swapaxes(found[name], *self.axes) for name in ("q", "k", "v", "d_out")
+                      if name in found}
+        return found
 
 
 def _record(call: Call) -> None:
@@ -310,10 +321,11 @@ def call(
     expected shape; with ``return_lse=True`` among the keywords the result is ``(out, lse)``,
     lse checked to be float and shaped ``[..., n_q]``. ``deadline`` defaults to the running
     property's (`DEADLINE`). The call is recorded (`CALLS`) for the report."""
-    _record(Call("fn", inputs))
     args = tuple(np.array(x, copy=copy) for x in (inputs.q, inputs.k, inputs.v))
     kwargs = arguments(target, inputs, copy=copy)
     kwargs["arrangement"] = arrangement(kwargs)
+    _record(Call("fn", inputs, axes=target._layout_axes(inputs.q.ndim,
+                                                         packed=kwargs["arrangement"] == "packed")))
     request = Request(target, "fn", args, kwargs)
     got = invoke(target, "the target", request, DEADLINE.get() if deadline is None else deadline)
     out, lse = got if kwargs.get("return_lse") else (got, None)
@@ -352,11 +364,11 @@ def call_grad(
     grad_fn = target.grad_fn
     if grad_fn is None:
         raise TargetError(f"target {target.name!r} declares no grad_fn")
-    _record(Call("grad_fn", inputs, d_out))
     q, k, v = inputs.q, inputs.k, inputs.v
     kwargs = arguments(target, inputs)
     kwargs.pop("return_lse", None)
     axes = target._layout_axes(q.ndim, packed=arrangement(kwargs) == "packed")
+    _record(Call("grad_fn", inputs, d_out, axes))
 
     def given(x: np.ndarray) -> np.ndarray:  # a copy, in the target's layout
         return np.ascontiguousarray(np.swapaxes(x, *axes)) if axes else np.array(x, copy=True)
@@ -528,11 +540,11 @@ class _Worker:
             except OSError:
                 pass
         self.conn.close()
-        for _ in range(200):  # up to 2 s for a polite exit, then SIGKILL
+        for _ in range(2000):  # up to 2 s for a polite exit, then SIGKILL
             pid, status = os.waitpid(self.pid, os.WNOHANG)
             if pid:
                 break
-            time.sleep(0.01)
+            time.sleep(0.001)
         else:
             _kill(self.pid)
             status = os.waitpid(self.pid, 0)[1]
@@ -638,7 +650,16 @@ CRASHES: contextvars.ContextVar[list[int]] = contextvars.ContextVar("CRASHES", d
 @contextlib.contextmanager
 def workers() -> Iterator[None]:
     """Within: process-isolated calls reuse one worker per target; on leaving (also on an
-    exception or Ctrl-C) every worker is stopped and reaped, so none outlives the run."""
+    exception or Ctrl-C) every worker is stopped and reaped, so none outlives the run. Nested
+    (a property run inside a whole check) it shares the outer workers, so a check forks once, not
+    once per law, and starts its own count of crashes (`MAX_CRASHES` is per property run)."""
+    if WORKERS.get() is not None:
+        crash_token = CRASHES.set([])
+        try:
+            yield
+        finally:
+            CRASHES.reset(crash_token)
+        return
     pool: dict[int, _Worker] = {}
     token, crash_token = WORKERS.set(pool), CRASHES.set([])
     interrupted = True  # until the block ends normally: then a worker may still be mid-call

@@ -205,6 +205,9 @@ _BY_ARGUMENT: dict[str, Keyword] = {}
 def install(found: Mapping[str, Keyword]) -> None:
     """Make ``found`` the declared keywords: `spec.registry` collects them from its law modules
     (as it collects the laws) and installs them here, where the layers below the laws read them."""
+    sinks = [kw.name for kw in found.values() for term in kw.terms if isinstance(term, Sinks)]
+    if len(sinks) > 1:  # the golden and the backward hold one sink logit per row
+        raise ValueError(f"keywords {', '.join(map(repr, sinks))} each declare a Sinks term; one may")
     _DECLARED.clear()
     _DECLARED.update(found)
     _BY_ARGUMENT.clear()

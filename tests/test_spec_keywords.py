@@ -63,6 +63,19 @@ def test_two_declarations_of_one_argument_are_refused(tmp_path, monkeypatch):
         registry.collect_keywords(("spec.laws.bias", "twice"))
 
 
+def test_two_keywords_with_sink_logits_are_refused():
+    """The golden and the backward hold one sink logit per row: a second Sinks term would have
+    been dropped without a word."""
+    from spec import keywords
+
+    sinks = registered()["sinks"]
+    before = dict(registered())
+    twin = sinks.replace(name="more_sinks", passes=("more_sinks",))
+    with pytest.raises(ValueError, match="'sinks', 'more_sinks' each declare a Sinks term"):
+        keywords.install(before | {"more_sinks": twin})
+    assert registered() == before  # refused before anything was installed
+
+
 def test_a_law_states_its_needs_one_way():
     with pytest.raises(TypeError, match="needs must be a Need"):
         registry.law(needs=lambda t: None)  # type: ignore[arg-type]
@@ -117,8 +130,43 @@ def test_a_failure_shows_the_bias_the_target_received():
     assert "bias" in example["shapes"]
     case = Case.from_fields(**example["case"])
     assert example["shapes"]["bias"] == list(case.inputs().get("bias").shape)
-    if "bias" in example["arrays"]:
-        np.testing.assert_array_equal(example["arrays"]["bias"], case.inputs().get("bias"))
+    assert "bias" in example["arrays"]  # the shrunk case is small: every array is shown whole
+    np.testing.assert_array_equal(example["arrays"]["bias"], case.inputs().get("bias"))
+
+
+def test_replay_gives_the_target_exactly_what_the_failure_shows():
+    sys.path.insert(0, "tests")
+    from gallery.bias import BROKEN
+
+    (bug,) = [b for b in BROKEN if b.catches == "bias_matches_golden"]
+    example = _failure(bug.target, "bias_matches_golden")
+    received = []
+
+    def recording(q, k, v, **kwargs):
+        received.append({"q": q, "k": k, "v": v} | kwargs)
+        return bug.target.fn(q, k, v, **kwargs)
+
+    with pytest.raises(AssertionError):
+        spec.replay(bug.target.replace(fn=recording), "bias_matches_golden", **example["case"])
+    last = received[-1]
+    assert {name: list(np.shape(last[name])) for name in example["shapes"]} == example["shapes"]
+    for name, shown in example["arrays"].items():
+        np.testing.assert_array_equal(last[name], shown)
+    assert {name: last[name] for name in example["keywords"]} == example["keywords"]
+
+
+def test_a_failure_shows_the_arrays_in_the_layout_the_target_received_them():
+    """Before: a bnhd target was shown (batch, heads, n, d) shapes, which it never received."""
+    def wrong_in_bnhd(q, k, v, *, causal=False):  # q [batch, n_q, heads, d]
+        return np.zeros((*q.shape[:-1], v.shape[-1]), dtype=q.dtype)
+
+    target = Target(wrong_in_bnhd, layout="bnhd", ndims=(4,))
+    example = _failure(target, "matches_golden")
+    case = Case.from_fields(**example["case"])
+    batch, heads, n_q, d_k = case.shapes()["q"]
+    assert example["shapes"]["q"] == [batch, n_q, heads, d_k]
+    q = np.asarray(example["arrays"]["q"])
+    np.testing.assert_array_equal(q, np.swapaxes(case.arrays()[0], 1, 2))
 
 
 def test_a_failure_shows_the_keys_the_law_gave_the_target():

@@ -109,9 +109,9 @@ def alibi_equals_its_bias(target: Target, case: Case) -> None:
     (``[heads, n_q, n_k]``, ``[batch, heads, n_q, n_k]`` for per-batch slopes), within twice the
     tolerance: the keyword is exactly the bias it defines.
 
-    Catches: a fused ALiBi path that applies the slope after the softcap of another path, or
-    rounds the distance in the input dtype (float16 distances past 2,048 lose their last bits);
-    a slope applied to (j − i) without the absolute value, so keys after the diagonal gain.
+    Catches: a fused ALiBi path that is not the bias it defines: a slope applied to (j − i)
+    without the absolute value, so keys after the diagonal gain; distances measured from the
+    top-left diagonal where n_q ≠ n_k; [batch, heads] slopes read per head only.
     """
     inputs = case.inputs()
     geo = oracle.geometry(target.alignment, inputs)

@@ -185,8 +185,10 @@ def bias_neg_inf_hides_keys(target: Target, case: Case) -> None:
                           what="changing keys that a −inf bias hides")
 
 
-def alibi(case: Case) -> Array:  # -> [1, heads, n_q, n_k] (4-D) or [heads, n_q, n_k] (3-D)
-    """ALiBi as a bias: head h adds slope_h·(j − i), slopes 2^(−8(h+1)/heads) (Press et al.)."""
+def per_head_bias(case: Case) -> Array:  # -> [1, heads, n_q, n_k] (4-D) or [heads, n_q, n_k] (3-D)
+    """A linear bias with a slope per head: head h adds slope_h·(j − i), slopes 2^(−8(h+1)/heads),
+    distinct per head (a signed relative-position bias; ALiBi itself, −slope·|distance|, is the
+    ``alibi_slopes=`` keyword's, `spec.laws.alibi`)."""
     slopes = 2.0 ** (-8.0 * np.arange(1, case.heads + 1) / case.heads)
     distance = np.arange(case.n_k)[None, :] - np.arange(case.n_q)[:, None]
     bias = (slopes[:, None, None] * distance).astype(case.dtype)
@@ -196,7 +198,7 @@ def alibi(case: Case) -> Array:  # -> [1, heads, n_q, n_k] (4-D) or [heads, n_q,
 @law(strategy=lambda t: bias_cases(t, ndims=(3, 4)).filter(lambda c: c.heads >= 2),
      needs=needs_bias & _needs.ndim(3, 4))
 def bias_per_head(target: Target, case: Case) -> None:
-    """A per-head bias (ALiBi written as a bias: head h adds slope_h·(j − i), shape
+    """A per-head bias (head h adds its own slope times the signed distance j − i, shape
     [1, heads, n_q, n_k] or [heads, n_q, n_k], broadcast over the batch) reaches its own head: the
     output matches the golden head by head.
 
@@ -204,5 +206,5 @@ def bias_per_head(target: Target, case: Case) -> None:
     and silently applies head 0's slopes to every head; heads and batch confused when the bias is
     broadcast.
     """
-    inputs = case.inputs().replace(bias=alibi(case))
-    assert_matches(target, inputs, run(target, inputs), what="with a per-head (ALiBi) bias, the output")
+    inputs = case.inputs().replace(bias=per_head_bias(case))
+    assert_matches(target, inputs, run(target, inputs), what="with a per-head bias, the output")

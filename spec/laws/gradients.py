@@ -29,7 +29,7 @@ from spec.cases import Case, cases
 from spec.inputs import Inputs
 from spec.keywords import Keyword, Leaves, registered
 from spec.laws import _needs
-from spec.laws._helpers import assert_within_tolerance, observe, precision_text, visible
+from spec.laws._helpers import assert_within_tolerance, observe, perturbed, precision_text, visible
 from spec.registry import Need, law
 from spec.target import Target
 
@@ -154,14 +154,8 @@ def grad_causal_no_leak(target: Target, case: Case) -> None:
     move past gradients, or underflow them to 0/0 = NaN; a backward that forgets the causal mask.
     """
     inputs = case.inputs()
-    k, v = inputs.k, inputs.v
     d_out = upstream(case)
-    rng = case.rng(9)
-    t = int(rng.integers(1, case.n_k))
-    factor = 10.0 if case.dtype == "float16" else 1e3
-    k2, v2 = k.copy(), v.copy()
-    k2[..., t:, :] = (case.values_like(rng, k2[..., t:, :].shape) * factor).astype(case.dtype)
-    v2[..., t:, :] = (case.values_like(rng, v2[..., t:, :].shape) * factor).astype(case.dtype)
+    t = int(case.rng(9).integers(1, case.n_k))
     vis = visible(target, inputs)
     dq, dk, dv, _ = call_grad(target, inputs, d_out)
     unseen = unseen_keys(inputs, vis)[..., None]
@@ -171,7 +165,7 @@ def grad_causal_no_leak(target: Target, case: Case) -> None:
             at = tuple(int(i) for i in np.argwhere(bad)[0])
             raise AssertionError(
                 f"{name} {list(at)} is {float(g[at])!r}, not 0, though no query sees key {at[-2]}")
-    dq2, _, _, _ = call_grad(target, inputs.replace(k=k2, v=v2), d_out)
+    dq2, _, _, _ = call_grad(target, perturbed(target, case, inputs, np.arange(case.n_k) >= t), d_out)
     blind = np.asarray(~vis[..., t:].any(axis=-1))  # [..., n_q]: rows that see no changed position
     bad = blind[..., None] & ~((dq == dq2) | (np.isnan(dq) & np.isnan(dq2)))
     if bad.any():

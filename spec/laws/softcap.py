@@ -138,8 +138,9 @@ def softcap_bounds_scores(target: Target, case: Case) -> None:
      needs=needs_softcap & _needs.either(_needs.mask, _needs.causal_mode))
 def softcap_keeps_hidden_keys_hidden(target: Target, case: Case) -> None:
     """A key hidden by the mask or the causal mask stays hidden after capping: the output
-    matches the golden, and changing every hidden key and value (×1e3; ×10 in float16) leaves the
-    rows bit-identical (within tolerance if the target declares exact_masking=False).
+    matches the golden, and changing every hidden key and value (at their scale, or ×1e5; ×10 in
+    float16) leaves the rows bit-identical (within tolerance if the target declares
+    exact_masking=False).
 
     Catches: the cap applied after masking, c·tanh(−inf/c) = −c, so every hidden key gets
     weight e^(−2c) relative to the top instead of 0 (the Gemma 2 order is cap, then mask).

@@ -1,0 +1,58 @@
+"""What a run of the suite costs: each example's arrays and expectations are made once, BLAS does
+not spin on the suite's small arrays, and process isolation forks once per check."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import spec
+from impl import attention
+from spec import oracle
+from spec.cases import Case
+
+
+def test_an_example_builds_its_arrays_and_its_expectation_once(monkeypatch):
+    """Before: each example rebuilt its arrays and revalidated its keywords about six times."""
+    drawn, expected, examples = [], [], []
+    values_like, _expected = Case.values_like, oracle._expected
+    monkeypatch.setattr(Case, "values_like", lambda self, *a: drawn.append(1) or values_like(self, *a))
+    monkeypatch.setattr(oracle, "_expected", lambda *a: expected.append(1) or _expected(*a))
+
+    def counted(q, k, v, *, causal=False):
+        examples.append(1)
+        return attention(q, k, v, causal=causal)
+
+    report = spec.check(counted, profile="quick", only=["matches_golden"], isolation="caller")
+    assert report.ok and examples
+    assert len(drawn) == 3 * len(examples)  # q, k and v, once each
+    assert len(expected) == len(examples)
+
+
+def test_blas_runs_on_one_thread_during_a_check():
+    """Before: BLAS kept one thread per core, which spin between the suite's small calls (about a
+    third of a run's CPU time on two cores)."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    seen = []
+
+    def recording(q, k, v, *, causal=False):
+        seen.extend(lib["num_threads"] for lib in threadpoolctl.threadpool_info()
+                    if lib["user_api"] == "blas")
+        return attention(q, k, v, causal=causal)
+
+    assert spec.check(recording, profile="quick", only=["rows_sum_to_one"]).ok
+    assert seen and set(seen) == {1}
+
+
+def test_process_isolation_forks_one_worker_per_check(monkeypatch):
+    """Before: a fresh worker process per law (68 forks for the reference)."""
+    import spec.calling
+
+    forks, fork = [], os.fork
+    monkeypatch.setattr(spec.calling.os, "fork", lambda: forks.append(1) or fork())
+    target = spec.Target(attention, isolation="process")
+    laws = ["output_shape_dtype", "rows_sum_to_one", "matches_golden"]
+    report = spec.check(target, profile="quick", only=laws)
+    assert report.ok and len(report.results) == 3
+    assert len(forks) == 1
