@@ -178,7 +178,9 @@ def _tile_scores(
 ) -> None:  # s [rows, cols] <- the scores of queries q0.. × keys k0..; q_t [rows, d_k]; k [n_k, d_k]
     """One tile's final scores, in place: ``q_t·kᵀ`` (``q_t`` = q·scale, and /c under a softcap),
     ``c·tanh(·)``, ALiBi's term, −∞ where hidden. The forward and the backward both form their scores
-    here, so the backward's are the forward's — a score that overflowed there overflows here too.
+    here, by the same steps in the same order, so the backward's are the forward's up to the order
+    in which BLAS sums each dot product (it follows the tile's shape); `flash_attention_backward`
+    gives no gradient to a row whose forward saw nothing, whatever its scores are here.
     ``tanh``, when given, keeps ``tanh(s/c)`` for the softcap's derivative."""
     rows, cols = s.shape
     np.matmul(q_t, k[k0 : k0 + cols].T, out=s)  # [rows, d_k] @ [d_k, cols]
@@ -521,9 +523,9 @@ def _with_column(x: Array, column: Array | float) -> Array:  # [n, d], [n] or sc
 def _key_block(
     q_s: Array, q: Array, lse: Array, k: Array, v: Array, do_d: Array, dq: Array, dk: Array, dv: Array,
     k0: int, k1: int, *, head: tuple[int, ...], seen: Visibility, scale: float, softcap: float | None,
-    alibi: Alibi | None, block_q: int, skip_hidden: bool,
+    alibi: Alibi | None, block_q: int, skip_hidden: bool, dead: Array,
 ) -> None:  # one head: q_s, q, dq [n_q, d_k]; lse [n_q, 1]; k, dk [n_k, d_k]; v, dv [n_k, d_v];
-    # do_d [n_q, d_v + 1]
+    # do_d [n_q, d_v + 1]; dead [n_q]: the rows that saw nothing in the forward
     """Gradients from keys ``k0:k1`` of one head: writes ``dk[k0:k1]``, ``dv[k0:k1]``, adds into ``dq``.
 
     For each query tile the scores are formed again exactly as the forward formed them
@@ -556,6 +558,9 @@ def _key_block(
         _tile_scores(p, q_s[q0:q1], k, q0, k0, head=head, softcap=softcap, alibi=alibi, seen=seen, tanh=t)
         np.subtract(p, lse[q0:q1], out=p)  # S − lse
         np.exp(p, out=p)  # P = e^(S − lse)
+        gone = dead[q0:q1]
+        if gone.any():  # rows that saw nothing in the forward: no gradient (flash_attention_backward)
+            p[gone] = 0
         dv_b += np.matmul(p.T, do[q0:q1], out=dv_t)  # [cols, rows] @ [rows, d_v]
         np.matmul(do_d[q0:q1], v_one.T, out=dp)  # dP − D: [rows, d_v + 1] @ [d_v + 1, cols]
         np.multiply(dp, p, out=dp)  # dS = P ∘ (dP − D)
@@ -626,9 +631,10 @@ def flash_attention_backward(
       ``dq``, ``dk``, ``dv``, each in the shape and dtype of its input (summed over the leading
       dims it was broadcast along), equal to `impl.attention_backward` up to float rounding.
 
-    The scores are formed again exactly as the forward formed them, ``(q·scale)·kᵀ`` then the cap,
-    ALiBi and the masks, and only then is ``lse`` subtracted: where the forward's score overflowed
-    to −∞ (and its row's lse with it), the backward's is −∞ too, and that pair gets no gradient.
+    The scores are formed again as the forward formed them, ``(q·scale)·kᵀ`` then the cap, ALiBi
+    and the masks, and only then is ``lse`` subtracted. A row whose lse is −∞ (it saw nothing, or
+    every score of it overflowed to −∞) gets no gradient, even where a tiling other than the
+    forward's sums a score in another order and so to a finite value, or +∞.
     """
     qs, ks, vs, batch, scale = _prepare(q, k, v, scale)
     block_q, block_k = _tile_shape(block)
@@ -642,9 +648,13 @@ def flash_attention_backward(
     lse_ = _check_lse(lse, work, (*batch, n_q))
     alibi = _alibi(alibi_slopes, batch, n_q, n_k, work)
     d_row = np.einsum("...ij,...ij->...i", do, out_)  # D = rowsum(dO ∘ O): [..., n_q]
-    # A row with lse = −∞ had every score −∞ in the forward, and has here (the same scores), so
-    # e^(−∞ − x) = 0 for any finite stand-in x; −∞ itself would give −∞ − −∞ = NaN.
-    lse_ = np.where(np.isneginf(lse_), work.type(0), lse_)[..., None]  # [..., n_q, 1]
+    # A row with lse = −∞ saw nothing in the forward and gets no gradient, whatever its scores are
+    # here: they equal the forward's in value, not always in bits (BLAS sums a dot product in an
+    # order that depends on the tile's shape, so a score that overflowed to −∞ there may be finite,
+    # or +∞, here). _key_block zeroes those rows of P; +∞ for their lse keeps e^(S − lse) from
+    # overflowing first (−∞ itself would give −∞ − −∞ = NaN).
+    dead = np.isneginf(lse_)  # [..., n_q]
+    lse_ = np.where(dead, work.type(np.inf), lse_)[..., None]  # [..., n_q, 1]
     q_s = qs * _query_factor(scale, softcap, work)  # as the forward scales q: [..., n_q, d_k]
     do_d = _with_column(do, -d_row)  # [..., n_q, d_v + 1]
     # As in the forward: tiles outside the mask are skipped only when that is exact; with a NaN
@@ -673,7 +683,7 @@ def flash_attention_backward(
             idx = heads[h]
             _key_block(q_s[idx], qs[idx], lse_[idx], ks[idx], vs[idx], do_d[idx], dqs[worker][idx], dk[idx],
                        dv[idx], k0, k1, head=idx, seen=seen, scale=scale, softcap=softcap, alibi=alibi,
-                       block_q=block_q, skip_hidden=skip_hidden)
+                       block_q=block_q, skip_hidden=skip_hidden, dead=dead[idx])
 
     _in_parallel(run, range(len(shares)), threads)
     dq = dqs[0]

@@ -672,6 +672,26 @@ def test_backward_forms_the_scores_as_its_forward_did_where_they_overflow():
             assert dq[0, 0] == 0 and np.isfinite(dk).all()
 
 
+@pytest.mark.parametrize("block", [1, 2, (4, 1)])
+def test_a_row_whose_lse_is_minus_inf_gets_no_gradient_whatever_its_scores_are_here(block):
+    # A forward that saw nothing in row 0 returns lse = −∞ there, but a backward tiled otherwise may
+    # sum that row's dot products in another order (BLAS's order depends on the tile's shape) and
+    # find a finite score, or +∞, where the forward's overflowed to −∞. Here row 0's scores are
+    # finite outright and only its lse says "nothing": it must still give no gradient, and no NaN.
+    # (Before: e^(S − stand-in) weighed its keys, and dv took row 0's upstream gradient.)
+    rng = np.random.default_rng(45)
+    q, k, v = qkv(rng, 3, 4, 5, 2)
+    q, k, v = (x.astype(np.float32) for x in (q, k, v))
+    out, lse = flash_attention(q, k, v, return_lse=True)
+    out[0], lse[0] = 0, -np.inf  # row 0 as a forward whose every score overflowed to −∞ leaves it
+    d_out = rng.standard_normal((3, 2)).astype(np.float32) * 5
+    dq, dk, dv = flash_attention_backward(q, k, v, out, lse, d_out, block=block)
+    assert (dq[0] == 0).all()
+    want = attention_backward(q[1:], k, v, d_out[1:])  # the other rows alone
+    np.testing.assert_allclose(dv, want[2], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(dk, want[1], rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("block", [(8, 8), (16, 4), (5, 3)])
 @pytest.mark.parametrize("options", [dict(causal=True), dict(window=(6, 2), softcap=1.5),
                                      dict(causal=True, window=(40, 0), softcap=3.0, scale=0.3)])
@@ -761,3 +781,13 @@ def test_backward_refuses_bad_input_by_name(change, error, says):
     options = {key: args.pop(key) for key in ("block", "window", "alibi_slopes") if key in args}
     with pytest.raises(error, match=says):
         flash_attention_backward(q, k, v, args["out"], args["lse"], args["d_out"], **options)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_of_no_queries_is_empty_dq_and_zero_dk_dv(causal):
+    # n_q = 0 (a batch whose queries are all gone): nothing reaches dk or dv, and nothing divides by n_q.
+    rng = np.random.default_rng(49)
+    q, k, v = qkv(rng, 0, 5, 4, 3, lead_q=(2,), lead_kv=(2,))
+    (dq, dk, dv), _ = grads(rng, q, k, v, block=4, causal=causal)
+    assert dq.shape == (2, 0, 4) and dk.shape == (2, 5, 4) and dv.shape == (2, 5, 3)
+    assert not dk.any() and not dv.any()

@@ -569,3 +569,18 @@ def test_alibi_comes_after_the_softcap():
     _, want = attention(q, k, v, softcap=1.0, bias=bias, return_weights=True)
     np.testing.assert_array_equal(w, want)
     assert w[0, 0, 2, 0] < 1e-7 < capped_only[0, 0, 2, 0]  # 8 keys away: e^(−16) of the diagonal's weight
+
+
+def test_dropout_keeps_a_weight_whose_draw_equals_p():
+    # kept = draw >= p (the docstring's rule): the caller picks p, so p can be one of the draws
+    # exactly, and that weight is kept (a `>` would drop it). The draws are the documented ones:
+    # default_rng(seed).random(pattern shape), float64, in C order.
+    rng = np.random.default_rng(11)
+    q, k, v = rng.standard_normal((4, 3)), rng.standard_normal((5, 3)), rng.standard_normal((5, 2))
+    draws = np.random.default_rng(2).random((4, 5))
+    at = np.unravel_index(np.argsort(draws, axis=None)[10], draws.shape)  # 10 draws below it, 9 above
+    p = float(draws[at])
+    _, plain = attention(q, k, v, return_weights=True)
+    _, w = attention(q, k, v, dropout_p=p, seed=2, return_weights=True)
+    assert w[at] == plain[at] / (1 - p) != 0
+    np.testing.assert_array_equal(w == 0, draws < p)

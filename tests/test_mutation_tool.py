@@ -33,12 +33,17 @@ def test_mutated_line_is_the_first_added_line():
 
 
 def test_equivalent_entries_need_a_reason(tmp_path):
+    (tmp_path / "impl").mkdir()
+    (tmp_path / "impl" / "x.py").write_text("a\n")
     path = tmp_path / "eq.toml"
-    path.write_text('[[equivalent]]\nfile = "impl/x.py"\noriginal = "a"\nmutated = "b"\nreason = ""\n')
+    entry = ('[[equivalent]]\nfile = "impl/x.py"\nline = 1\noriginal = " a "\nmutated = "b"\n'
+             'kind = "bit-identical"\n')
+    path.write_text(entry + 'reason = ""\n')
     with pytest.raises(run.ToolError, match="reason"):
-        run.load_equivalent(path)
-    path.write_text('[[equivalent]]\nfile = "impl/x.py"\noriginal = " a "\nmutated = "b"\nreason = "same"\n')
-    assert run.load_equivalent(path) == {("impl/x.py", "a", "b"): "same"}
+        run.load_equivalent(path, tmp_path)
+    path.write_text(entry + 'reason = "same"\n')
+    assert run.load_equivalent(path, tmp_path) == {
+        ("impl/x.py", "a", "b"): run.Reviewed("bit-identical", "same", (1,))}
 
 
 def test_a_survivor_not_listed_fails_and_listed_ones_count_as_equivalent():
@@ -47,11 +52,12 @@ def test_a_survivor_not_listed_fails_and_listed_ones_count_as_equivalent():
 
     result = FileResult("impl/x.py", [mutant("n = 2", "killed"), mutant("n = 0", "survived"),
                                       mutant("n = 3", "survived")])
-    listed = {("impl/x.py", "n = 1", "n = 0"): "n is never read", ("impl/x.py", "gone", "x"): "stale"}
+    listed = {("impl/x.py", "n = 1", "n = 0"): run.Reviewed("bit-identical", "n is never read", (3,)),
+              ("impl/x.py", "gone", "x"): run.Reviewed("within tolerance", "stale", (9,))}
     text, unlisted = run.report([result], listed, "python -m tools.mutation.run", 60.0)
     assert [m.mutated for m in unlisted] == ["n = 3"]
     assert "| impl/x.py | 3 (of 0) | 1 | 0 | 0 | 1 | 1 | 1 | 50.0 % |" in text
-    assert "n is never read" in text and "no longer match" in text
+    assert "`n = 1` → `n = 0`: bit-identical: n is never read" in text and "no longer match" in text
 
 
 def test_suite_order_puts_the_files_own_target_first_and_impl_tests_last():

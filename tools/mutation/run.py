@@ -10,9 +10,10 @@ working tree is never touched and files run side by side (``--jobs``). Mutants o
 `OPERATORS` are run (one natural change per operator: ``+``→``-``, ``<``→``<=``, n→n±1, ...);
 mutants inside type annotations are never run (with ``from __future__ import annotations`` they
 are never evaluated). A surviving mutant must be listed in ``tools/mutation/equivalent.toml``
-(the original line, the mutated line and a reason); the exit code is 1 when one is not, 2 when
-the unmutated tree fails the suite or a tool fails, 0 otherwise. A score per file is printed,
-and with ``--docs`` written as Markdown.
+(the original line, the mutated line, the kind of sameness claimed and a reason; see
+`load_equivalent`); the exit code is 1 when one is not, 2 when the unmutated tree fails the suite,
+the list is malformed or stale, or a tool fails, 0 otherwise. A score per file is printed, and
+with ``--docs`` written as Markdown.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import argparse
 import ast
 import dataclasses
 import datetime
+import difflib
 import json
 import random
 import re
@@ -43,6 +45,7 @@ EQUIVALENT = Path(__file__).with_name("equivalent.toml")
 STORE = Path(__file__).with_name("results")  # the last run of each file, as JSON (what --docs reads)
 COPIED = ("impl", "spec", "tests", "tools", "pyproject.toml")
 SUITE = "-m tools.mutation.suite"
+Key = tuple[str, str, str]  # (file, original line, mutated line), both stripped: how a mutant is matched
 
 # One natural change per operator; Cosmic Ray's full cross product (every binary operator into
 # every other, << and ** included) would be ~2,000 mutants for these files, mostly absurd ones.
@@ -68,7 +71,7 @@ class Mutant:
     killed_by: str = ""  # the check that noticed it (suite.CHECKS; "" when unknown or not killed)
 
     @property
-    def key(self) -> tuple[str, str, str]:
+    def key(self) -> Key:
         return self.file, self.original, self.mutated
 
 
@@ -139,16 +142,20 @@ def _run(cmd: list[str], cwd: Path, timeout: float | None = None) -> subprocess.
 def mutated_source_line(
     source: str, operator: str, occurrence: int, line_no: int, args: dict[str, Any],
 ) -> str:
-    """The line ``line_no`` of ``source`` after Cosmic Ray's mutation (stripped), without running it."""
+    """The mutated line of a mutation at ``line_no`` of ``source``, without running it: what
+    `mutated_line` reads from Cosmic Ray's diff of a run ("" where the mutation deletes the line, as
+    a removed decorator), so a key computed here matches the stored one."""
     from cosmic_ray.mutating import mutate_code
     from cosmic_ray.plugins import get_operator
 
     code = mutate_code(source, get_operator(operator)(**args), occurrence)
-    return "" if code is None else code.splitlines()[line_no - 1].strip()
+    if code is None:
+        return ""
+    return mutated_line("\n".join(difflib.unified_diff(source.splitlines(), code.splitlines(), lineterm="")))
 
 
 def mutate_file(file: str, timeout: float, sample: int | None = None,
-                only: set[tuple[str, str, str]] | None = None) -> FileResult:
+                only: set[Key] | None = None) -> FileResult:
     """Every chosen mutant of ``file`` (or a fixed sample of ``sample`` of them: the same ones on
     every run of the same source; or those whose key is in ``only``), each run against the suite
     in a copy of the tree."""
@@ -218,7 +225,7 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
-def _key(file: str, source: str, spec: Any, only: set[tuple[str, str, str]]) -> tuple[str, str, str] | None:
+def _key(file: str, source: str, spec: Any, only: set[Key]) -> Key | None:
     """The (file, original, mutated) key of a mutation spec, computed only if its line is in ``only``."""
     line_no = spec.start_pos[0]
     original = source.splitlines()[line_no - 1].strip()
@@ -228,7 +235,7 @@ def _key(file: str, source: str, spec: Any, only: set[tuple[str, str, str]]) -> 
                                                spec.operator_args)
 
 
-def rerun_survivors(stored: FileResult, timeout: float, equivalent: set[tuple[str, str, str]]) -> FileResult:
+def rerun_survivors(stored: FileResult, timeout: float, equivalent: set[Key]) -> FileResult:
     """``stored`` with its survivors not listed as equivalent run again (on the tree as it is now)
     and their outcomes updated."""
     keys = {m.key for m in stored.mutants if m.outcome == "survived" and m.key not in equivalent}
@@ -253,21 +260,102 @@ def mutated_line(diff: str) -> str:
     return ""
 
 
-def load_equivalent(path: Path = EQUIVALENT) -> dict[tuple[str, str, str], str]:
-    """The reviewed equivalent mutants: (file, original line, mutated line) -> reason."""
+# The kinds of sameness an equivalent mutant may claim, strongest first.
+KINDS = {
+    "bit-identical": "every public call returns the same bits and raises the same errors",
+    "within tolerance": "results differ only in rounding (a summation order, a tiling, a thread count), "
+                        "within the tolerances impl documents and the laws allow",
+    "unreachable from the public API": "no public call, where the suite runs, executes the mutated code",
+}
+NEAR = 40  # lines an entry's original may drift from its reviewed line (edits above it) before it is stale
+FIELDS = ("file", "line", "original", "mutated", "kind", "reason")
+
+
+@dataclass(frozen=True)
+class Reviewed:
+    """A reviewed equivalent mutant: the kind of sameness claimed (one of `KINDS`) and why."""
+
+    kind: str
+    reason: str
+    lines: tuple[int, ...]  # where the original stood when reviewed (one key may match several)
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.reason}"
+
+
+def _field_problem(entry: dict[str, Any]) -> str | None:
+    """What is missing, empty or unknown among an entry's fields (None when nothing)."""
+    missing = [k for k in ("file", "original", "kind", "reason")
+               if not isinstance(entry.get(k), str) or not entry[k].strip()]
+    # mutated may be "": the mutation deleted the line (a decorator removed)
+    missing += [] if isinstance(entry.get("mutated"), str) else ["mutated"]
+    line = entry.get("line")
+    lines = line if isinstance(line, list) else [line]
+    if not lines or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in lines):
+        missing.append("line (an int >= 1, or a list of them)")
+    unknown = sorted(set(entry) - set(FIELDS))
+    said = [f"lacks {', '.join(missing)}"] * bool(missing)
+    said += [f"has unknown fields {', '.join(unknown)} (it takes {', '.join(FIELDS)})"] * bool(unknown)
+    return "; ".join(said) or None
+
+
+def _stale(original: str, lines: tuple[int, ...], source: list[str]) -> str | None:
+    """Why ``original`` no longer stands within `NEAR` lines of each of ``lines`` (None when it does)."""
+    found = [n for n, text in enumerate(source, start=1) if text.strip() == original]
+    far = [n for n in lines if not any(abs(n - f) <= NEAR for f in found)]
+    if not far:
+        return None
+    now = f"it is now at line {', '.join(map(str, found))}" if found else "it is nowhere in the file"
+    return (f"is stale: {original!r} is not within {NEAR} lines of line {', '.join(map(str, far))} "
+            f"({now}); review the mutant again")
+
+
+def load_equivalent(path: Path = EQUIVALENT, root: Path = ROOT) -> dict[Key, Reviewed]:
+    """The reviewed equivalent mutants: (file, original line, mutated line) -> `Reviewed`.
+
+    Each ``[[equivalent]]`` entry has ``file``, ``line`` (the line number of the original, or a
+    list of them where one key matches several mutants), ``original`` and ``mutated`` (stripped
+    lines, as `Mutant.key`; ``mutated`` is "" where the mutation deletes the line), ``kind`` (one of
+    `KINDS`) and ``reason``. Refused (`ToolError`, every problem named): a field missing, empty or
+    unknown; a kind not in `KINDS`; a key listed twice; an entry whose ``original`` is no longer
+    within `NEAR` lines of each of its ``line`` in ``root/file`` (stale: the code changed since its
+    review, so the claim must be made again).
+    """
     entries = tomllib.loads(path.read_text()).get("equivalent", []) if path.exists() else []
-    out: dict[tuple[str, str, str], str] = {}
-    for i, entry in enumerate(entries):
-        # mutated may be "": the mutation deleted the line (a decorator removed)
-        missing = [k for k in ("file", "original", "reason") if not str(entry.get(k, "")).strip()]
-        missing += [] if isinstance(entry.get("mutated"), str) else ["mutated"]
-        if missing:
-            raise ToolError(f"{path.name}: entry {i + 1} lacks {', '.join(missing)}")
-        out[(entry["file"], entry["original"].strip(), entry["mutated"].strip())] = entry["reason"]
+    out: dict[Key, Reviewed] = {}
+    first: dict[Key, int] = {}  # the entry that listed each key
+    problems: list[str] = []
+    sources: dict[str, list[str] | None] = {}
+    for i, entry in enumerate(entries, start=1):
+        if (problem := _field_problem(entry)) is not None:
+            problems.append(f"entry {i} {problem}")
+            continue
+        file, original, mutated = entry["file"], entry["original"].strip(), entry["mutated"].strip()
+        lines = tuple(entry["line"]) if isinstance(entry["line"], list) else (entry["line"],)
+        where = f"entry {i} ({file}:{','.join(map(str, lines))})"
+        if entry["kind"] not in KINDS:
+            problems.append(f"{where}: kind {entry['kind']!r} is none of {', '.join(map(repr, KINDS))}")
+        key = (file, original, mutated)
+        if key in first:
+            problems.append(f"{where} repeats entry {first[key]}'s key ({file}: {original!r} -> "
+                            f"{mutated!r}): one entry matches every mutant with that key; list its lines")
+        first.setdefault(key, i)
+        if file not in sources:
+            sources[file] = (root / file).read_text().splitlines() if (root / file).is_file() else None
+        if (source := sources[file]) is None:
+            problems.append(f"{where}: no file {file} under {root}")
+        elif (stale := _stale(original, lines, source)) is not None:
+            problems.append(f"{where} {stale}")
+        out[key] = Reviewed(entry["kind"], entry["reason"].strip(), lines)
+    if len(problems) > 1:
+        listed = "\n".join(f"  {p}" for p in problems)
+        raise ToolError(f"{path.name} has {len(problems)} problems:\n{listed}")
+    if problems:
+        raise ToolError(f"{path.name}: {problems[0]}")
     return out
 
 
-def score_table(results: list[FileResult], equivalent: dict[tuple[str, str, str], str]) -> list[str]:
+def score_table(results: list[FileResult], equivalent: dict[Key, Reviewed]) -> list[str]:
     rows = ["| file | mutants run (of eligible) | killed | by the suite's laws | by impl's tests only "
             "| otherwise | equivalent (reviewed) | survivors | score | seconds | run at |",
             "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -285,7 +373,7 @@ def score_table(results: list[FileResult], equivalent: dict[tuple[str, str, str]
     return rows
 
 
-def report(results: list[FileResult], equivalent: dict[tuple[str, str, str], str], command: str,
+def report(results: list[FileResult], equivalent: dict[Key, Reviewed], command: str,
            seconds: float) -> tuple[str, list[Mutant]]:
     """The Markdown report and the survivors not on the equivalent list."""
     survivors = [m for r in results for m in r.mutants if m.outcome == "survived"]
@@ -323,6 +411,9 @@ def report(results: list[FileResult], equivalent: dict[tuple[str, str, str], str
            if m.outcome == "killed" and m.killed_by == IMPL] or ["None."]),
         "",
         "## Reviewed equivalent mutants that survived",
+        "",
+        "Each entry of tools/mutation/equivalent.toml claims one kind of sameness, checked by reading "
+        "the code: " + "; ".join(f"*{kind}*: {meaning}" for kind, meaning in KINDS.items()) + ".",
         "",
         *([f"- `{m.file}:{m.line_no}` `{m.original}` → `{m.mutated}`: {equivalent[m.key]}"
            for m in survivors if m.key in equivalent] or ["None."]),
