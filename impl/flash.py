@@ -528,10 +528,11 @@ def _key_block(
     # do_d [n_q, d_v + 1]; dead [n_q]: the rows that saw nothing in the forward
     """Gradients from keys ``k0:k1`` of one head: writes ``dk[k0:k1]``, ``dv[k0:k1]``, adds into ``dq``.
 
-    For each query tile the scores are formed again exactly as the forward formed them
-    (``_tile_scores``, from ``q_s`` = q·scale, or q·scale/c under a softcap) and the weights
-    recomputed from the forward's logsumexp, ``P = e^(S − lse)``, so the pattern is never stored
-    (FlashAttention-2, Algorithm 2):
+    For each query tile the scores are formed again as the forward formed them (``_tile_scores``,
+    from ``q_s`` = q·scale, or q·scale/c under a softcap) and the weights recomputed from the
+    forward's logsumexp, ``P = e^(S − lse)``, so the pattern is never stored (FlashAttention-2,
+    Algorithm 2). Without a softcap or ALiBi, ``q_s`` arrives as ``[q·scale, −lse]`` and ``S − lse``
+    is one matmul against ``[k, 1]``: the forward's products, and ``−lse`` as one more term.
 
         dV += Pᵀ dO,   dP = dO Vᵀ,   dS = P ∘ (dP − D),   dQ += dS K·scale,   dK += dSᵀ Q·scale
 
@@ -543,6 +544,7 @@ def _key_block(
     do = do_d[:, :-1]  # view: [n_q, d_v]
     q_lo, q_hi = seen.queries(k0, k1, n_q) if skip_hidden else (0, n_q)
     k_grad = k[k0:k1] * work.type(scale)  # ∂S/∂q = scale·k: [cols, d_k]
+    k_one = _with_column(k[k0:k1], 1) if q_s.shape[-1] == d_k + 1 else None  # [cols, d_k + 1]
     v_one = _with_column(v[k0:k1], 1)  # [cols, d_v + 1]
     dk_b, dv_b = dk[k0:k1], dv[k0:k1]  # [cols, d_k], [cols, d_v]: this job's rows, zero on entry
     rows_max, cols = min(block_q, q_hi - q_lo), k1 - k0
@@ -555,8 +557,14 @@ def _key_block(
         rows = q1 - q0
         p, dp = p_buf[:rows], dp_buf[:rows]
         t = None if t_buf is None else t_buf[:rows]
-        _tile_scores(p, q_s[q0:q1], k, q0, k0, head=head, softcap=softcap, alibi=alibi, seen=seen, tanh=t)
-        np.subtract(p, lse[q0:q1], out=p)  # S − lse
+        if k_one is not None:  # S − lse: [rows, d_k + 1] @ [d_k + 1, cols], then the masks
+            np.matmul(q_s[q0:q1], k_one.T, out=p)
+            if seen.crosses(q0, q1, k0, k1):
+                seen.hide(p, q0, k0)
+        else:
+            _tile_scores(p, q_s[q0:q1], k, q0, k0, head=head, softcap=softcap, alibi=alibi, seen=seen,
+                         tanh=t)
+            np.subtract(p, lse[q0:q1], out=p)  # S − lse
         np.exp(p, out=p)  # P = e^(S − lse)
         gone = dead[q0:q1]
         if gone.any():  # rows that saw nothing in the forward: no gradient (flash_attention_backward)
@@ -656,6 +664,8 @@ def flash_attention_backward(
     dead = np.isneginf(lse_)  # [..., n_q]
     lse_ = np.where(dead, work.type(np.inf), lse_)[..., None]  # [..., n_q, 1]
     q_s = qs * _query_factor(scale, softcap, work)  # as the forward scales q: [..., n_q, d_k]
+    if softcap is None and alibi is None:  # [q·scale, −lse]: S − lse in one matmul (_key_block)
+        q_s = _with_column(q_s, -lse_[..., 0])  # [..., n_q, d_k + 1]
     do_d = _with_column(do, -d_row)  # [..., n_q, d_v + 1]
     # As in the forward: tiles outside the mask are skipped only when that is exact; with a NaN
     # or Inf among the inputs, the hidden pairs' 0 · Inf terms must reach the gradients too.
