@@ -1,8 +1,9 @@
 """Targets by name — the one module of `spec` that imports `impl`.
 
 - ``reference`` — `impl.attention`; ``flash`` — `impl.flash_attention`;
-- ``torch``, ``jax`` — built by the zero-argument factories ``torch_target`` and ``jax_target``
-  of `spec.frameworks`, imported only when asked for, so the suite needs neither framework;
+- ``torch``, ``jax``, ``torch_flex_paged`` — built by the zero-argument factories ``torch_target``,
+  ``jax_target`` and ``torch_flex_paged_target`` of `spec.frameworks`, imported only when asked
+  for, so the suite needs neither framework;
 - ``package.module:attr`` — any importable callable or `spec.Target` (an attribute path
   such as ``pkg.mod:Class.method`` works too);
 - ``path/to/script.py:attr`` — the same from a file, imported under a module name of its own (not
@@ -49,7 +50,7 @@ def _reference() -> Target:
                   grad_fn=_reference_grad, grad_extras=("dbias", "dsinks"), supports_gqa=True,
                   supports_bias=True, supports_window=True, supports_softcap=True, supports_sinks=True,
                   supports_kv_lengths=True, supports_varlen=True, supports_dropout=True, returns_lse=True,
-                  supports_alibi=True)
+                  supports_alibi=True, supports_paged_kv=True, supports_fp8_kv=dt.has_ml_dtypes())
 
 
 def _flash_grad(q: Any, k: Any, v: Any, d_out: Any, *, out: Any = None, lse: Any = None,
@@ -69,11 +70,17 @@ def _flash() -> Target:
     return Target(flash_attention, name="flash", supports_scale=True,
                   dtypes=("float16", "float32", "float64", *dt.bfloat16_if_installed()), ndims=(2, 3, 4),
                   supports_window=True, supports_softcap=True, returns_lse=True, grad_fn=_flash_grad,
-                  grad_takes_residuals=True, supports_alibi=True)
+                  grad_takes_residuals=True, supports_alibi=True,
+                  # a paged cache, float8 or not, and its kv_lengths (carried by block_table): the
+                  # float8 path and kv_lengths only with a block table, ALiBi only without
+                  supports_paged_kv=True, supports_fp8_kv=dt.has_ml_dtypes(),
+                  fp8_kv_paged_only=dt.has_ml_dtypes())
 
 
-def _framework(name: str) -> Callable[[], Target]:
-    """The factory ``spec.frameworks:<name>_target``, looked up only when the target is asked for."""
+def _framework(name: str, extra: str | None = None) -> Callable[[], Target]:
+    """The factory ``spec.frameworks:<name>_target``, looked up only when the target is asked for;
+    ``extra``: the package extra that installs what it needs (``name`` by default)."""
+    extra = extra or name
 
     def build() -> Target:
         try:
@@ -81,7 +88,7 @@ def _framework(name: str) -> Callable[[], Target]:
         except ModuleNotFoundError as e:
             if e.name != "spec.frameworks":
                 raise TargetError(f"built-in target {name!r} needs {e.name}: "
-                                  f"pip install 'attention-spec[{name}]'") from None
+                                  f"pip install 'attention-spec[{extra}]'") from None
             raise TargetError(f"built-in target {name!r} is not available in this installation "
                               "(no module spec.frameworks)") from None
         factory = getattr(frameworks, f"{name}_target", None)
@@ -92,7 +99,7 @@ def _framework(name: str) -> Callable[[], Target]:
             target = factory()
         except ModuleNotFoundError as e:
             raise TargetError(f"built-in target {name!r} needs {e.name or name}, which is not installed: "
-                              f"pip install 'attention-spec[{name}]'") from None
+                              f"pip install 'attention-spec[{extra}]'") from None
         return as_target(target)
 
     return build
@@ -103,6 +110,7 @@ BUILTIN: dict[str, Callable[[], Target]] = {
     "flash": _flash,
     "torch": _framework("torch"),
     "jax": _framework("jax"),
+    "torch_flex_paged": _framework("torch_flex_paged", extra="torch"),
 }
 """Built-in targets by name; each entry builds its Target on demand."""
 

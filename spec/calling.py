@@ -23,10 +23,11 @@ from typing import Any
 
 import numpy as np
 
+from spec import oracle
 from spec.golden import GRADS
 from spec.inputs import Inputs
-from spec.keywords import arrangement, by_argument, gradient_extras, registered
-from spec.target import NotAnArray, Target, TargetError
+from spec.keywords import arrangement, by_argument, carried, gradient_extras, registered
+from spec.target import IN_LAYOUT, NotAnArray, Target, TargetError
 
 
 class TargetFailed(AssertionError):
@@ -265,20 +266,24 @@ the last one, exactly as the target received it."""
 class Call:
     """One call into a target, as it received it: ``which`` callable (``fn`` or ``grad_fn``),
     its inputs and, for a gradient, the upstream gradient, in the suite's layout; ``axes``: the
-    two axes of q, k, v (and d_out) that ``fn`` received swapped (its ``bnhd`` layout), or None."""
+    two axes of q, k, v (and d_out) that ``fn`` received swapped (its ``bnhd`` layout), or None;
+    ``arrangement``: the call's (`spec.keywords.arrangement`), which says which of them moved
+    (`spec.target.IN_LAYOUT`: a paged cache's k and v never do)."""
 
     which: str
     inputs: Inputs
     d_out: np.ndarray | None = None
     axes: tuple[int, int] | None = None
+    arrangement: str = "dense"
 
     def arrays(self) -> dict[str, np.ndarray]:
         """Every array argument by name, exactly as the callable received it (in its layout;
-        masks and biases are ``[batch, heads, n_q, n_k]`` in every layout)."""
+        masks and biases are ``[batch, heads, n_q, n_k]`` in every layout, paged caches
+        ``[num_blocks, block_size, heads_kv, d]``)."""
         found = self.inputs.arrays() | ({} if self.d_out is None else {"d_out": self.d_out})
         if self.axes is not None:
-            found |= {name: np.swapaxes(found[name], *self.axes) for name in ("q", "k", "v", "d_out")
-                      if name in found}
+            moved = (*IN_LAYOUT[self.arrangement], "d_out")
+            found |= {name: np.swapaxes(found[name], *self.axes) for name in moved if name in found}
         return found
 
 
@@ -292,7 +297,8 @@ def arguments(target: Target, inputs: Inputs, *, copy: bool = True) -> dict[str,
     """The keyword arguments ``fn`` receives for ``inputs``: ``causal`` only when true, ``mask`` and
     ``scale`` when given, each keyword argument when given (``return_lse=False`` is not given), on
     copies when ``copy``. A keyword the target does not declare is a `TargetError` (a law asked
-    for something the target cannot do: a bug in the law's needs)."""
+    for something the target cannot do: a bug in the law's needs), unless another keyword it
+    declares carries it (``kv_lengths`` with ``block_table``: `spec.keywords.Keyword.carries`)."""
     kwargs: dict[str, Any] = {"causal": True} if inputs.causal else {}
     if inputs.mask is not None:
         kwargs["mask"] = np.array(inputs.mask, copy=copy)
@@ -305,7 +311,7 @@ def arguments(target: Target, inputs: Inputs, *, copy: bool = True) -> dict[str,
             raise TargetError(f"unknown keyword {name!r}; the keywords are {', '.join(table)}")
         if value is None or (name == "return_lse" and value is False):
             continue
-        if not getattr(target, kw.field):
+        if not getattr(target, kw.field) and not carried(target, name, inputs.keywords):
             raise TargetError(f"keyword {name}= needs {kw.field}=True, which target {target.name!r} "
                               "does not declare")
         kwargs[name] = np.array(value, copy=copy) if isinstance(value, np.ndarray) else value
@@ -323,14 +329,15 @@ def call(
     property's (`DEADLINE`). The call is recorded (`CALLS`) for the report."""
     args = tuple(np.array(x, copy=copy) for x in (inputs.q, inputs.k, inputs.v))
     kwargs = arguments(target, inputs, copy=copy)
-    kwargs["arrangement"] = arrangement(kwargs)
-    _record(Call("fn", inputs, axes=target._layout_axes(inputs.q.ndim,
-                                                         packed=kwargs["arrangement"] == "packed")))
+    kwargs["arrangement"] = arranged = arrangement(kwargs)
+    _record(Call("fn", inputs, axes=target._layout_axes(inputs.q.ndim, packed=arranged == "packed"),
+                 arrangement=arranged))
     request = Request(target, "fn", args, kwargs)
     got = invoke(target, "the target", request, DEADLINE.get() if deadline is None else deadline)
     out, lse = got if kwargs.get("return_lse") else (got, None)
     _check_float(out, "the target returned")
-    expect_shape = inputs.out_shape if expect_shape is None else expect_shape
+    # the output's shape is that of what k and v mean (a paged pool's shape is not the keys')
+    expect_shape = oracle.meaning(inputs).out_shape if expect_shape is None else expect_shape
     if out.shape != expect_shape:
         raise TargetFailed(f"the target returned shape {out.shape}, expected {expect_shape}")
     if lse is None:
@@ -367,15 +374,19 @@ def call_grad(
     q, k, v = inputs.q, inputs.k, inputs.v
     kwargs = arguments(target, inputs)
     kwargs.pop("return_lse", None)
-    axes = target._layout_axes(q.ndim, packed=arrangement(kwargs) == "packed")
-    _record(Call("grad_fn", inputs, d_out, axes))
+    arranged = arrangement(kwargs)
+    axes = target._layout_axes(q.ndim, packed=arranged == "packed")
+    _record(Call("grad_fn", inputs, d_out, axes, arranged))
+    moved = (*IN_LAYOUT[arranged], "d_out")
 
-    def given(x: np.ndarray) -> np.ndarray:  # a copy, in the target's layout
-        return np.ascontiguousarray(np.swapaxes(x, *axes)) if axes else np.array(x, copy=True)
+    def given(name: str, x: np.ndarray) -> np.ndarray:  # a copy, in the target's layout
+        if axes and name in moved:
+            return np.ascontiguousarray(np.swapaxes(x, *axes))
+        return np.array(x, copy=True)
 
-    args = tuple(given(x) for x in (q, k, v, d_out))
+    args = tuple(given(name, x) for name, x in zip(("q", "k", "v", "d_out"), (q, k, v, d_out), strict=True))
     if residuals is not None:
-        kwargs["out"], kwargs["lse"] = given(residuals[0]), np.array(residuals[1], copy=True)
+        kwargs["out"], kwargs["lse"] = given("d_out", residuals[0]), np.array(residuals[1], copy=True)
     got = invoke(target, "grad_fn", Request(target, "grad_fn", args, kwargs),
                  DEADLINE.get() if deadline is None else deadline)
     size = 4 if target.grad_extras else 3

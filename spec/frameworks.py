@@ -39,6 +39,13 @@ bfloat16 (via ml_dtypes)    yes                                yes, called eager
                                                                float16
 ==========================  =================================  =====================================
 
+gradients: autograd through SDPA (torch) and ``jax.vjp`` of the same call (jax), each with every
+keyword its target declares and ``dbias``. Two JAX findings, left failing or recorded rather than
+declared away (docs/peers.md): under ``jax.jit`` with d_k ≤ 2, XLA fuses q·kᵀ into the softmax's
+``exp(s − max)`` and recomputes it with a fused multiply-add, so scores ≳ 1e10 give NaN
+(``large_logits``; eagerly it is right); and a row that an all −inf bias empties is NaN, which the
+backward spreads to dk and dv of every key of that head.
+
 PyTorch's SDPA gave NaN for fully-masked rows in 2023 (pytorch/pytorch#103963); its math kernel
 now zeroes them (``_safe_softmax``). A target can record such a known deviation with
 ``masked_rows="nan"`` — the suite then checks that the declared behaviour holds, never less.
@@ -55,7 +62,7 @@ import numpy as np
 
 from spec import dtypes, golden
 from spec.calling import declared_by
-from spec.keywords import gradient_extras
+from spec.keywords import gradient_extras, registered
 from spec.target import Target, _callable_name
 
 Array = np.ndarray
@@ -72,6 +79,22 @@ def _check_mask(mask: Any) -> Array:
         # A float mask would be *added* to the scores by both frameworks: refuse, never reinterpret.
         raise TypeError(f"mask must be boolean (True = may attend), got dtype {arr.dtype}")
     return arr
+
+
+def library_names(library: str) -> dict[str, str]:
+    """How ``library`` (``"torch"``, ``"jax"``, ...) spells the suite's keyword arguments, read from
+    the keywords' declarations (`spec.keywords.Keyword.names`, which name a keyword's first
+    argument): ``library_names("jax")["window"] == "local_window_size"``. The default renames of
+    `from_torch` and `from_jax`, and the spellings the built-in wrappers pass, so a library's
+    spelling is declared once, next to its keyword."""
+    return {kw.passes[0]: kw.names[library] for kw in registered().values() if library in kw.names}
+
+
+def _spelled(library: str, **arguments: Any) -> dict[str, Any]:
+    """``arguments``, named as the suite names its keywords, renamed as ``library`` spells them
+    (`library_names`; a keyword it does not spell keeps the suite's name)."""
+    names = library_names(library)
+    return {names.get(key, key): value for key, value in arguments.items()}
 
 
 # ---------------------------------------------------------------------------------------- PyTorch
@@ -143,8 +166,11 @@ def _sdpa(q: Any, k: Any, v: Any, *, causal: bool, mask: Array | None, scale: fl
         warnings.filterwarnings("ignore", message=r".*(kernel not used|Flash attention requires)")
         if seed is not None:
             torch.manual_seed(seed)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=float(dropout_p or 0.0),
-                                              is_causal=causal, scale=scale, enable_gqa=gqa)
+        # bias is not renamed to attn_mask by `_spelled`: it is folded with mask= and causal into
+        # SDPA's one attn_mask above, which is more than a rename.
+        dropout = _spelled("torch", dropout_p=float(dropout_p or 0.0))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal, scale=scale,
+                                              enable_gqa=gqa, **dropout)
 
 
 def torch_attention_grad(
@@ -207,30 +233,103 @@ def torch_target() -> Target:
 # -------------------------------------------------------------------------------------------- JAX
 
 
-def _to_btnh(x: Array) -> Array:  # [n, d] | [h, n, d] | [b, h, n, d] -> [b, n, h, d]
+def _to_btnh(x: Any) -> Any:  # [n, d] | [h, n, d] | [b, h, n, d] -> [b, n, h, d] (NumPy or jax)
     if x.ndim == 2:
         return x[None, :, None, :]
     if x.ndim == 3:
-        return np.swapaxes(x, 0, 1)[None]
+        return x.swapaxes(0, 1)[None]
     if x.ndim == 4:
-        return np.swapaxes(x, 1, 2)
+        return x.swapaxes(1, 2)
     raise ValueError(f"jax.nn.dot_product_attention takes (n, d), (h, n, d) or (b, h, n, d), got {x.shape}")
 
 
-def _from_btnh(out: Array, ndim: int) -> Array:  # [b, n, h, d] -> the input's rank, heads before n
+def _from_btnh(out: Any, ndim: int) -> Any:  # [b, n, h, d] -> the input's rank, heads before n
     if ndim == 2:
         return out[0, :, 0, :]
     if ndim == 3:
-        return np.swapaxes(out[0], 0, 1)
-    return np.swapaxes(out, 1, 2)
+        return out[0].swapaxes(0, 1)
+    return out.swapaxes(1, 2)
 
 
-def _lse_from_btn(lse: Array, ndim: int) -> Array:  # [b, n_q, h] -> [..., n_q], heads before n
+def _lse_from_btn(lse: Any, ndim: int) -> Any:  # [b, n_q, h] -> [..., n_q], heads before n
     if ndim == 2:
         return lse[0, :, 0]
     if ndim == 3:
-        return np.swapaxes(lse[0], 0, 1)
-    return np.swapaxes(lse, 1, 2)
+        return lse[0].swapaxes(0, 1)
+    return lse.swapaxes(1, 2)
+
+
+def _jax_dot_product_attention(
+    q: Any, k: Any, v: Any, mask: Any, scale: Any, bias: Any, lengths: Any, *, causal: bool,
+    window: tuple[int, int] | None, lse: bool,
+) -> Any:  # jax arrays [..., h, n_q, d_k], [..., g, n_k, d_k], [..., g, n_k, d_v] -> [..., h, n_q, d_v]
+    """``jax.nn.dot_product_attention(implementation="xla")`` on jax arrays in the suite's layout,
+    traceable: `jax_attention` calls it, `jax_attention_grad` differentiates it with ``jax.vjp``
+    (so the transposes, broadcasts and V slices below are differentiated too, and a bias
+    broadcast here gets its gradient summed back to its own shape).
+
+    JAX wants ``[batch, n, heads, d]`` and equal widths ``d_v = d_k``: the arrays are transposed,
+    and for ``d_v ≠ d_k`` JAX is called once per ``d_k``-wide slice of V (the last one
+    zero-padded): output column c is the weighted sum of V's column c alone, so the slices are
+    exact, and the scale is still JAX's own."""
+    import jax
+    import jax.numpy as jnp
+
+    # Any: its overloads want a literal return_residual, and lse is a bool chosen at run time
+    dot_product_attention: Any = jax.nn.dot_product_attention
+    ndim = q.ndim
+    qj, kj, vj = _to_btnh(q), _to_btnh(k), _to_btnh(v)
+    batch = np.broadcast_shapes(qj.shape[:1], kj.shape[:1], vj.shape[:1])
+    qj, kj, vj = (jnp.broadcast_to(x, batch + x.shape[1:]) for x in (qj, kj, vj))
+    b, n_q, h, d_k = qj.shape
+    n_k, d_v = vj.shape[1], vj.shape[3]
+    full = (b, h, n_q, n_k)
+    mask_j = None if mask is None else jnp.broadcast_to(mask, full)
+    bias_j = None if bias is None else jnp.broadcast_to(bias, full)
+    n_slices = max(1, -(-d_v // d_k))
+    padded = jnp.pad(vj, ((0, 0), (0, 0), (0, 0), (0, n_slices * d_k - d_v)))
+    # The keywords that JAX only spells differently (bias, key_value_seq_lengths,
+    # local_window_size, return_residual) are spelled as their declarations say (`_spelled`);
+    # mask= and is_causal= are the suite's core arguments, not keywords.
+    pieces = [
+        dot_product_attention(
+            qj, kj, padded[..., s * d_k:(s + 1) * d_k], mask=mask_j, scale=scale, is_causal=causal,
+            implementation="xla", **_spelled("jax", bias=bias_j, kv_lengths=lengths, window=window,
+                                               return_lse=lse))
+        for s in range(n_slices)
+    ]
+    outs = [p[0] if lse else p for p in pieces]
+    out = _from_btnh(jnp.concatenate(outs, axis=-1)[..., :d_v], ndim)
+    if lse:
+        return out, _lse_from_btn(pieces[0][1], ndim)
+    return out
+
+
+def _jax_arguments(
+    q: Array, k: Array, v: Array, mask: Array | None, scale: float | None, bias: Array | None,
+    kv_lengths: Array | None, window: tuple[int, int] | None,
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The suite's NumPy arguments as `_jax_dot_product_attention` takes them: q, k, v, the mask
+    (checked boolean), the scale and the bias (in q's dtype, as JAX adds it), the key lengths
+    (int32) as jax arrays; the window as a static pair of ints."""
+    import jax.numpy as jnp
+
+    def jax_or_none(x: Any, dtype: Any) -> Any:
+        return None if x is None else jnp.asarray(np.asarray(x).astype(dtype))
+
+    dtype = q.dtype
+    arrays = (jnp.asarray(q), jnp.asarray(k), jnp.asarray(v),
+              None if mask is None else jnp.asarray(_check_mask(mask)),
+              None if scale is None else jnp.asarray(scale, dtype=dtype),
+              jax_or_none(bias, dtype), jax_or_none(kv_lengths, np.int32))
+    return arrays, {"window": None if window is None else (int(window[0]), int(window[1]))}
+
+
+def _jax_precision(arrays: list[Array]) -> Any:
+    """float64 inputs: x64 enabled for the call (JAX would otherwise make them float32)."""
+    import jax
+
+    return jax.enable_x64(True) if any(x.dtype == np.float64 for x in arrays) else contextlib.nullcontext()
 
 
 def jax_attention(
@@ -238,76 +337,76 @@ def jax_attention(
     scale: float | None = None, bias: Array | None = None, kv_lengths: Array | None = None,
     window: tuple[int, int] | None = None, return_lse: bool = False,
 ) -> Any:  # [..., h, n_q, d_k], [..., g, n_k, d_k], [..., g, n_k, d_v] -> [..., h, n_q, d_v] (, [..., n_q])
-    """``jax.nn.dot_product_attention(implementation="xla")`` on NumPy arrays.
-
-    JAX wants ``[batch, n, heads, d]`` and equal widths ``d_v = d_k``. The adapter transposes, and
-    for ``d_v ≠ d_k`` calls JAX once per ``d_k``-wide slice of V (the last one zero-padded): output
-    column c is the weighted sum of V's column c alone, so the slices are exact, and the scale is
-    still JAX's own. float64 runs with x64 enabled for the call (JAX computes float32 otherwise).
-    The keywords of docs/targets.md are JAX's own: ``bias`` → ``bias`` (``[b, h, n_q, n_k]``),
-    ``kv_lengths`` →
-    ``key_value_seq_lengths`` (int32), ``window`` → ``local_window_size`` (top-left, as its causal
-    mask), ``return_lse`` → ``return_residual`` (its lse ``[b, n_q, h]``, natural log, float32).
+    """``jax.nn.dot_product_attention(implementation="xla")`` on NumPy arrays
+    (`_jax_dot_product_attention`). float64 runs with x64 enabled for the call (JAX computes
+    float32 otherwise). The keywords of docs/targets.md are JAX's own: ``bias`` → ``bias``
+    (``[b, h, n_q, n_k]``), ``kv_lengths`` → ``key_value_seq_lengths`` (int32), ``window`` →
+    ``local_window_size`` (top-left, as its causal mask), ``return_lse`` → ``return_residual``
+    (its lse ``[b, n_q, h]``, natural log, float32).
     """
-    import jax
+    q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
+    with _jax_precision([q]):
+        arrays, static = _jax_arguments(q, k, v, mask, scale, bias, kv_lengths, window)
+        got = _jax_core(jit=_jittable(q.dtype))(*arrays, causal=causal, lse=return_lse, **static)
+    if return_lse:
+        return np.array(got[0]), np.array(got[1])  # writable copies
+    return np.array(got)
+
+
+def jax_attention_grad(
+    q: Array, k: Array, v: Array, d_out: Array, *, causal: bool = False, mask: Array | None = None,
+    scale: float | None = None, bias: Array | None = None, kv_lengths: Array | None = None,
+    window: tuple[int, int] | None = None,
+) -> tuple[Array, Array, Array, dict[str, Array]]:  # [..., n_q, d_k], ..., d_out [..., n_q, d_v]
+    """``(dq, dk, dv, {"dbias": ...})`` of `jax_attention` for the upstream gradient ``d_out``:
+    ``jax.vjp`` of the same call (`_jax_dot_product_attention`) in q, k, v and the bias, the other
+    keywords held fixed. ``dbias`` (when a bias is given) in the bias's shape and dtype as passed,
+    summed over the axes it was broadcast along."""
     import jax.numpy as jnp
 
-    q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
-    ndim = q.ndim
-    qj, kj, vj = _to_btnh(q), _to_btnh(k), _to_btnh(v)
-    batch = np.broadcast_shapes(qj.shape[:1], kj.shape[:1], vj.shape[:1])
-    qj, kj, vj = (np.broadcast_to(x, batch + x.shape[1:]) for x in (qj, kj, vj))
-    b, n_q, h, d_k = qj.shape
-    n_k, d_v = vj.shape[1], vj.shape[3]
-    mask_j = None
-    if mask is not None:
-        mask_j = np.broadcast_to(_check_mask(mask), (b, h, n_q, n_k))
-    bias_j = None if bias is None else np.broadcast_to(np.asarray(bias).astype(q.dtype), (b, h, n_q, n_k))
-    lengths_j = None if kv_lengths is None else np.asarray(kv_lengths).astype(np.int32)
-    n_slices = max(1, -(-d_v // d_k))
-    padded = np.zeros((*vj.shape[:3], n_slices * d_k), dtype=vj.dtype)
-    padded[..., :d_v] = vj
-    # Under jit, float16 and bfloat16 fail on CPU: JAX asks dot_general for precision F16_F16_F32
-    # (BF16_BF16_F32) and falls back only when that raises at once, as it does eagerly but not at
-    # jit's later lowering ("Algorithm not supported by the ElementalIrEmitter").
-    core = _jax_core(jit=q.dtype.itemsize > 2)
-    window_j = None if window is None else (int(window[0]), int(window[1]))
-    with jax.enable_x64(True) if q.dtype == np.float64 else contextlib.nullcontext():
-        pieces = [
-            core(
-                jnp.asarray(qj), jnp.asarray(kj), jnp.asarray(padded[..., s * d_k:(s + 1) * d_k]),
-                None if mask_j is None else jnp.asarray(mask_j),
-                None if scale is None else jnp.asarray(scale, dtype=qj.dtype),
-                None if bias_j is None else jnp.asarray(bias_j),
-                None if lengths_j is None else jnp.asarray(lengths_j),
-                causal=causal, window=window_j, lse=return_lse,
-            )
-            for s in range(n_slices)
-        ]
-    outs = [np.asarray(p[0] if return_lse else p) for p in pieces]
-    out = np.array(_from_btnh(np.concatenate(outs, axis=-1)[..., :d_v], ndim))  # a writable copy
-    if return_lse:
-        return out, np.array(_lse_from_btn(np.asarray(pieces[0][1]), ndim))
-    return out
+    q, k, v, d_out = (np.asarray(x) for x in (q, k, v, d_out))
+    with _jax_precision([q]):
+        arrays, static = _jax_arguments(q, k, v, mask, scale, bias, kv_lengths, window)
+        grad = _jax_grad_core(jit=_jittable(q.dtype))
+        dq, dk, dv, dbias = grad(*arrays, jnp.asarray(d_out.astype(q.dtype)), causal=causal, **static)
+    extras = {} if bias is None else {"dbias": np.array(dbias).astype(np.asarray(bias).dtype)}
+    return np.array(dq), np.array(dk), np.array(dv), extras
+
+
+def _jittable(dtype: np.dtype) -> bool:
+    """Under jit, float16 and bfloat16 fail on CPU: JAX asks dot_general for precision F16_F16_F32
+    (BF16_BF16_F32) and falls back only when that raises at once, as it does eagerly but not at
+    jit's later lowering ("Algorithm not supported by the ElementalIrEmitter"), so they run eagerly."""
+    return dtype.itemsize > 2
 
 
 @functools.cache
 def _jax_core(jit: bool) -> Any:
-    """``jax.nn.dot_product_attention``, under ``jax.jit`` if asked: one XLA compilation per shape
+    """`_jax_dot_product_attention`, under ``jax.jit`` if asked: one XLA compilation per shape
     instead of one per operation (measured 1.2 s against 3.7 s per new shape on this CPU). The
     scale is traced, so a new scale= does not recompile."""
     import jax
 
-    # Any: its overloads want a literal return_residual, and lse is a bool chosen at run time
-    dot_product_attention: Any = jax.nn.dot_product_attention
-
-    def core(q: Any, k: Any, v: Any, mask: Any, scale: Any, bias: Any, lengths: Any, *, causal: bool,
-             window: tuple[int, int] | None, lse: bool) -> Any:
-        return dot_product_attention(
-            q, k, v, bias=bias, mask=mask, scale=scale, is_causal=causal, key_value_seq_lengths=lengths,
-            local_window_size=window, implementation="xla", return_residual=lse)
-
+    core = _jax_dot_product_attention
     return jax.jit(core, static_argnames=("causal", "window", "lse")) if jit else core
+
+
+@functools.cache
+def _jax_grad_core(jit: bool) -> Any:
+    """The pullback of `_jax_dot_product_attention` in q, k, v and the bias, applied to ``d_out``
+    (``jax.vjp``), under ``jax.jit`` if asked (as `_jax_core`)."""
+    import jax
+
+    def grad(q: Any, k: Any, v: Any, mask: Any, scale: Any, bias: Any, lengths: Any, d_out: Any, *,
+             causal: bool, window: tuple[int, int] | None) -> Any:
+        def forward(q: Any, k: Any, v: Any, bias: Any) -> Any:
+            return _jax_dot_product_attention(q, k, v, mask, scale, bias, lengths, causal=causal,
+                                              window=window, lse=False)
+
+        _, pull = jax.vjp(forward, q, k, v, bias)
+        return pull(d_out)
+
+    return jax.jit(grad, static_argnames=("causal", "window")) if jit else grad
 
 
 def jax_target() -> Target:
@@ -342,6 +441,14 @@ def jax_target() -> Target:
         returns_lse=True,
         # Each new shape is an XLA compilation (~1 s here, several under load), not a hang.
         deadline_s=60.0,
+        # jax.vjp of the same call: every keyword above reaches the backward, and the bias gets
+        # its gradient (summed over the axes it was broadcast along). Measured: passes every
+        # gradient law (float16, bfloat16, float32); a hidden key gets exactly zero dk, dv and
+        # dbias. The all -inf bias row above is NaN in the backward too, and spreads NaN to dk
+        # and dv of every key of its head (tests/test_peers.py); no law draws that row, as
+        # masked_rows="uniform" keeps the gradient laws off rows that see no key.
+        grad_fn=jax_attention_grad,
+        grad_extras=("dbias",),
     )
 
 
@@ -358,16 +465,28 @@ def _check_rename(rename: dict[str, str] | None) -> dict[str, str]:
     if unknown:
         raise ValueError(f"rename names {', '.join(map(repr, unknown))}, which the suite never passes; "
                          f"its keywords are {', '.join(passed)}")
+    shared = sorted({to for to in rename.values() if list(rename.values()).count(to) > 1})
+    if shared:
+        raise ValueError(f"rename gives {', '.join(map(repr, shared))} to more than one keyword")
     return dict(rename)
 
 
-def _wrap(fn: Any, to: Any, back: Any, rename: dict[str, str] | None, around: Any) -> Any:
-    """``fn`` taking NumPy arrays: array arguments converted by ``to``, keywords renamed, results
+def _renames(library: str, rename: dict[str, str] | None) -> dict[str, str]:
+    """The adapter's renames: ``library``'s own spellings (`library_names`), then the user's
+    ``rename``, which wins — a keyword it renames, and a spelling it gives to another keyword
+    (``{"mask": "attn_mask"}`` for SDPA), drop the default."""
+    given = _check_rename(rename)
+    defaults = {key: to for key, to in library_names(library).items()
+                if key not in given and to not in given.values()}
+    return defaults | given
+
+
+def _wrap(fn: Any, to: Any, back: Any, names: dict[str, str], around: Any) -> Any:
+    """``fn`` taking NumPy arrays: array arguments converted by ``to``, keywords renamed (``names``), results
     (an array, or a tuple of them) converted by ``back``; ``around(arrays)`` is a context the call
     runs in."""
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-    names = _check_rename(rename)
 
     def wrapped(q: Array, k: Array, v: Array, **kwargs: Any) -> Any:
         arrays = [np.asarray(x) for x in (q, k, v)]
@@ -405,7 +524,10 @@ def from_torch(
     ``fn(q, k, v, **keywords)`` gets torch tensors made from the suite's NumPy arrays bit for bit
     (bfloat16 and float16 included; masks, biases and lengths too) and returns a tensor (or, with
     ``return_lse=True``, a tuple), converted back bit for bit. ``rename`` maps the suite's keyword
-    names (``causal``, ``mask``, ``scale``, ``bias``, ...) to ``fn``'s. ``declarations`` are
+    names (``causal``, ``mask``, ``scale``, ``bias``, ...) to ``fn``'s; by default each keyword
+    is spelled as PyTorch spells it (its declaration's ``names["torch"]``, `library_names`:
+    ``bias`` → ``attn_mask``), and ``rename`` overrides that (``{"bias": "bias"}`` keeps the
+    suite's name; a spelling ``rename`` gives to another keyword drops its default). ``declarations`` are
     `spec.Target`'s (``layout``, ``dtypes``, ``supports_mask``, ...); a keyword is passed
     only when declared, as for any target.
 
@@ -413,17 +535,17 @@ def from_torch(
     declared ``grad_extras``: ``bias`` for ``dbias``, ``sinks`` for ``dsinks``) require grad, ``fn``
     runs with the same keywords, and ``out.backward(d_out)`` gives the gradients.
     """
-    wrapped = _wrap(fn, _to_torch, _from_torch, rename, lambda arrays: contextlib.nullcontext())
+    names = _renames("torch", rename)
+    wrapped = _wrap(fn, _to_torch, _from_torch, names, lambda arrays: contextlib.nullcontext())
     if not grad:
         return Target(wrapped, name=name or _callable_name(fn), **declarations)
-    return _grad_target(fn, wrapped, _torch_grad(fn, rename, declarations.get("grad_extras", ())), name,
+    return _grad_target(fn, wrapped, _torch_grad(fn, names, declarations.get("grad_extras", ())), name,
                         declarations)
 
 
-def _torch_grad(fn: Any, rename: dict[str, str] | None, extras: Any) -> Any:
+def _torch_grad(fn: Any, names: dict[str, str], extras: Any) -> Any:
     """``grad_fn`` for a torch ``fn``: the gradients of ``Σ fn(q, k, v, **keywords) ∘ d_out`` by
     autograd, as NumPy arrays, with the declared extras' in a dict."""
-    names = _check_rename(rename)
     wanted = _differentiated(extras)
 
     def grad_fn(q: Array, k: Array, v: Array, d_out: Array, **kwargs: Any) -> Any:
@@ -456,13 +578,6 @@ def _from_jax(x: Any) -> Array:  # jax.Array -> NumPy, same bits, writable
     return np.array(x)
 
 
-def _jax_precision(arrays: list[Array]) -> Any:
-    """float64 inputs: x64 enabled for the call (JAX would otherwise make them float32)."""
-    import jax
-
-    return jax.enable_x64(True) if any(x.dtype == np.float64 for x in arrays) else contextlib.nullcontext()
-
-
 def from_jax(
     fn: Any, *, rename: dict[str, str] | None = None, name: str = "", grad: bool = False, **declarations: Any
 ) -> Target:
@@ -471,20 +586,23 @@ def from_jax(
 
     As `from_torch`, with ``jax.Array`` s: the suite's NumPy arrays go in bit for bit (bfloat16
     is ml_dtypes' on both sides), float64 inputs run with x64 enabled for the call, and the results
-    come back as NumPy arrays. ``grad=True`` builds ``grad_fn`` with ``jax.vjp`` of ``fn`` in q, k,
-    v (and the input of each declared ``grad_extras``), the other keywords held fixed.
+    come back as NumPy arrays. Keywords are spelled as JAX spells them by default
+    (``names["jax"]``: ``window`` → ``local_window_size``, ``kv_lengths`` →
+    ``key_value_seq_lengths``), ``rename`` overriding. ``grad=True`` builds ``grad_fn`` with
+    ``jax.vjp`` of ``fn`` in q, k, v (and the input of each declared ``grad_extras``), the other
+    keywords held fixed.
     """
-    wrapped = _wrap(fn, _to_jax, _from_jax, rename, _jax_precision)
+    names = _renames("jax", rename)
+    wrapped = _wrap(fn, _to_jax, _from_jax, names, _jax_precision)
     if not grad:
         return Target(wrapped, name=name or _callable_name(fn), **declarations)
-    return _grad_target(fn, wrapped, _jax_grad(fn, rename, declarations.get("grad_extras", ())), name,
+    return _grad_target(fn, wrapped, _jax_grad(fn, names, declarations.get("grad_extras", ())), name,
                         declarations)
 
 
-def _jax_grad(fn: Any, rename: dict[str, str] | None, extras: Any) -> Any:
+def _jax_grad(fn: Any, names: dict[str, str], extras: Any) -> Any:
     """``grad_fn`` for a JAX ``fn``: ``jax.vjp`` of ``fn`` in q, k, v and the declared extras'
     inputs, pulled back from ``d_out``, as NumPy arrays."""
-    names = _check_rename(rename)
     wanted = _differentiated(extras)
 
     def grad_fn(q: Array, k: Array, v: Array, d_out: Array, **kwargs: Any) -> Any:
@@ -619,3 +737,42 @@ def torch_flex_paged_attention(
         v_scale = torch.from_numpy(np.asarray(v_descale, dtype=np.float32))  # [batch, g]
         out = out * v_scale.repeat_interleave(heads // g, dim=1)[:, :, None, None].to(out.dtype)
     return _from_torch(out)
+
+
+def torch_flex_paged(
+    q: Array, k: Array, v: Array, *, causal: bool = False, block_table: Array | None = None,
+    kv_lengths: Array | None = None, k_descale: Array | None = None, v_descale: Array | None = None,
+    window: tuple[int, int] | None = None, scale: float | None = None,
+) -> Array:  # [b, h, n_q, d_k], pools [num_blocks, block_size, g, d] (or contiguous) -> [b, h, n_q, d_v]
+    """`torch_flex_paged_attention` (eager) as a target's ``fn``: a paged call as it is, and
+    contiguous keys ``[b, g, n_k, d]`` as a pool of one block per batch row (block b holds row b's
+    n_k keys, every row full), so the suite's other laws run through the same kernel."""
+    if block_table is None:
+        batch, n_k = k.shape[0], k.shape[2]
+        if n_k == 0:
+            raise ValueError("a paged cache needs block_size > 0: no keys (n_k = 0) cannot be paged")
+        k, v = (np.ascontiguousarray(np.swapaxes(x, 1, 2)) for x in (k, v))  # [b, n_k, g, d]: b blocks
+        block_table = np.arange(batch, dtype=np.int32)[:, None]
+        kv_lengths = np.full(batch, n_k, dtype=np.int32)
+    if kv_lengths is None:
+        raise TypeError("kv_lengths is required with block_table")
+    return torch_flex_paged_attention(q, k, v, causal=causal, kv_lengths=kv_lengths, block_table=block_table,
+                                      k_descale=k_descale, v_descale=v_descale, window=window, scale=scale,
+                                      compiled=False)
+
+
+def torch_flex_paged_target() -> Target:
+    """The ``torch_flex_paged`` built-in target: FlexAttention's eager path over a paged (and
+    float8) cache, as `torch_flex_paged_attention` declares it. Causal and the window are aligned
+    per sequence over a cache (the suite's paged laws expect it) and bottom-right over contiguous
+    keys (each row full: kv_lengths = n_k). The compiled kernel is not the built-in: ~15 s of
+    compilation per new shape would make a run of the suite take hours on a CPU."""
+    import torch
+
+    return Target(
+        torch_flex_paged, name=f"torch {torch.__version__} flex_attention (eager) over a paged cache",
+        dtypes=("float32", "float64"), ndims=(4,), supports_scale=True, causal_alignment="bottom_right",
+        masked_rows="zeros", supports_gqa=True, supports_window=True, empty_keys="raise",
+        supports_paged_kv=True, supports_fp8_kv=dtypes.has_ml_dtypes(),
+        fp8_kv_paged_only=dtypes.has_ml_dtypes(), deadline_s=60.0,
+    )

@@ -15,8 +15,9 @@ added terms and sinks come from the keywords' declarations (`spec.keywords`): th
 no keyword by name, so a new keyword never edits it.
 
 Visibility: query i sees key j when every restriction allows it; ``causal`` is j ≤ diag, where
-``diag`` is i (top-left alignment) or i + n_k − n_q (bottom-right); a keyword may move the
-diagonals (packed sequences align each sequence on its own).
+``diag`` is i (top-left alignment) or i + n_k − n_q (bottom-right, and ``kv_lengths`` before a
+keyword moves it); a keyword may move the diagonals (packed sequences align each sequence on its
+own; key lengths and paged caches each batch row on its own).
 """
 
 from __future__ import annotations
@@ -28,14 +29,17 @@ from typing import Literal
 import numpy as np
 
 Array = np.ndarray
-Alignment = Literal["top_left", "bottom_right"]
+Alignment = Literal["top_left", "bottom_right", "kv_lengths"]
+"""``kv_lengths``: bottom-right per sequence; here, without the lengths, bottom-right (the keyword
+``kv_lengths=`` moves each batch row's diagonal: `spec.laws.lengths`)."""
 Transform = Callable[[Array], Array]
 
 
 def diagonal(n_q: int, n_k: int, align: Alignment) -> Array:  # -> [n_q, 1] int
-    """Each query's diagonal key: i (top-left) or i + n_k − n_q (bottom-right)."""
-    if align not in ("top_left", "bottom_right"):
-        raise ValueError(f"align must be 'top_left' or 'bottom_right', got {align!r}")
+    """Each query's diagonal key: i (top-left) or i + n_k − n_q (bottom-right; kv_lengths before
+    its lengths move it)."""
+    if align not in ("top_left", "bottom_right", "kv_lengths"):
+        raise ValueError(f"align must be 'top_left', 'bottom_right' or 'kv_lengths', got {align!r}")
     shift = 0 if align == "top_left" else n_k - n_q
     return np.arange(n_q)[:, None] + shift
 

@@ -11,7 +11,8 @@ operator once):
   passed (``received``);
 - **terms** — what it does to the maths, for the golden (float64) *and* the baseline (the
   target's dtype): a restriction of what each query sees, a transform of the scores, an
-  added term, a sink logit, or an explicit statement that it leaves the maths alone.
+  added term, a sink logit, a moved diagonal, another representation of the keys and values
+  (a paged cache, float8), or an explicit statement that it leaves the maths alone.
 
 The golden (`spec.golden`), the baseline and floor (`spec.tolerance`, composed in `spec.oracle`),
 the cases, the calling layer and the docs all read these records. A record cannot be made
@@ -121,6 +122,24 @@ class Realigns:
 
 
 @dataclass(frozen=True)
+class Reads:
+    """Changes how k and v are represented: ``read(k, v, *values) -> (k, v)`` gives the contiguous
+    keys and values the maths reads, ``[batch, heads_kv, n_k, d]``, from the k and v the target
+    received (a paged pool gathered through its block table; float8 codes dequantized) — exactly:
+    in the received dtype or float64, never rounded. `spec.oracle.meaning` applies every `Reads`
+    term first, in the order the keywords are declared, so the golden, the baseline, the floor and
+    the visibility all start from what the keys and values mean. The keyword's ``writes`` is the
+    other direction, for the cases.
+
+    ``weights_in``: a float format a correct kernel may round the unnormalised weights
+    exp(s − max) to before the P·V product (FlashAttention 3's float8 path rounds P to
+    ``float8_e4m3fn``); the floor then counts that rounding (`spec.tolerance.weights_floor`)."""
+
+    read: Callable[..., tuple[Array, Array]]
+    weights_in: str | None = None
+
+
+@dataclass(frozen=True)
 class Leaves:
     """Leaves the golden as it is, for the ``reason`` given (dropout: the golden is the undropped
     output, and its laws read the kept set; an output asked for changes no number)."""
@@ -132,10 +151,10 @@ class Leaves:
             raise ValueError("Leaves needs the reason the keyword leaves the golden as it is")
 
 
-Term = Restricts | Transforms | Adds | Sinks | Realigns | Leaves
-TERMS = (Restricts, Transforms, Adds, Sinks, Realigns, Leaves)
+Term = Restricts | Transforms | Adds | Sinks | Realigns | Reads | Leaves
+TERMS = (Restricts, Transforms, Adds, Sinks, Realigns, Reads, Leaves)
 
-Arrangement = Literal["dense", "packed"]
+Arrangement = Literal["dense", "packed", "paged"]
 
 
 @dataclass(frozen=True)
@@ -161,7 +180,17 @@ class Keyword:
     """How libraries spell the first argument: ``{"jax": "local_window_size"}``."""
     arrangement: Arrangement = "dense"
     """``packed``: 3-D inputs are packed sequences, ``(heads, total, d)`` (``(total, heads, d)``
-    in ``bnhd``)."""
+    in ``bnhd``); ``paged``: k and v are paged caches ``[num_blocks, block_size, heads_kv, d]`` in
+    every layout (`spec.target.IN_LAYOUT`: only q and the output follow the target's layout)."""
+    carries: tuple[str, ...] = ()
+    """Arguments of other keywords passed with this one whenever it is given (``block_table``
+    carries ``kv_lengths``): its values are ``passes`` then these (`given`), and a target that
+    declares this keyword receives them with it, whether or not it declares theirs alone."""
+    writes: Callable[[Any, Any, Array, Array], tuple[Array, Array]] | None = None
+    """``writes(case, parameter, k, v) -> (k, v)``: the case's contiguous keys and values as this
+    keyword passes them (scattered into a paged pool, quantized to float8) — the inverse of its
+    `Reads` term. `spec.cases.Case.inputs` applies the keywords' writes in the reverse of their
+    declaration order, so the reads, in that order, undo them."""
     ndims: tuple[int, ...] = (2, 3, 4)
     """Ranks of q, k, v it applies to (per-row key lengths: 4; packed sequences: 3); `spec.cases.cases`
     draws only those ranks for a case that draws it."""
@@ -179,6 +208,12 @@ class Keyword:
         if not self.ndims or any(r not in (2, 3, 4) for r in self.ndims):
             raise ValueError(f"keyword {self.name!r}: ndims must be a non-empty subset of (2, 3, 4), "
                              f"got {self.ndims!r}")
+        if set(self.carries) & set(self.passes):
+            raise ValueError(f"keyword {self.name!r} both passes and carries "
+                             f"{sorted(set(self.carries) & set(self.passes))}")
+        if self.draw is not None and self.writes is None and any(isinstance(t, Reads) for t in self.terms):
+            raise ValueError(f"keyword {self.name!r} reads k and v in another representation (a Reads "
+                             f"term) and draws cases: it needs writes=, which puts a case's keys into it")
 
     def values(self, case: Any) -> dict[str, Any]:
         """The arguments this keyword passes for ``case`` (none if it drew no parameter)."""
@@ -189,10 +224,11 @@ class Keyword:
         return {name: value for name, value in zip(self.passes, given, strict=True) if value is not None}
 
     def given(self, arguments: Mapping[str, Any]) -> tuple[Any, ...] | None:
-        """This keyword's values among ``arguments`` (None when none of them is passed)."""
+        """This keyword's values among ``arguments``, those it passes then those it carries (None
+        when none of those it passes is given)."""
         if not any(arguments.get(name) is not None for name in self.passes):
             return None
-        return tuple(arguments.get(name) for name in self.passes)
+        return tuple(arguments.get(name) for name in (*self.passes, *self.carries))
 
     def replace(self, **changes: Any) -> Keyword:
         return dataclasses.replace(self, **changes)
@@ -208,6 +244,11 @@ def install(found: Mapping[str, Keyword]) -> None:
     sinks = [kw.name for kw in found.values() for term in kw.terms if isinstance(term, Sinks)]
     if len(sinks) > 1:  # the golden and the backward hold one sink logit per row
         raise ValueError(f"keywords {', '.join(map(repr, sinks))} each declare a Sinks term; one may")
+    passed = {arg for kw in found.values() for arg in kw.passes}
+    for kw in found.values():
+        if set(kw.carries) - passed:
+            raise ValueError(f"keyword {kw.name!r} carries {sorted(set(kw.carries) - passed)}, which no "
+                             "declared keyword passes")
     _DECLARED.clear()
     _DECLARED.update(found)
     _BY_ARGUMENT.clear()
@@ -239,6 +280,14 @@ def gradient_extras() -> dict[str, Keyword]:
     term: ``dbias``, ``dsinks``), with the keyword whose first value it is the gradient of."""
     return {term.grad: kw for kw in registered().values() for term in kw.terms
             if isinstance(term, (Adds, Sinks)) and term.grad is not None}
+
+
+def carried(target: Target, name: str, arguments: Mapping[str, Any]) -> bool:
+    """Whether ``name`` reaches ``target`` with another keyword among ``arguments`` that carries it
+    and that the target declares (``kv_lengths`` with ``block_table``)."""
+    table = by_argument()
+    givers = [table[arg] for arg, value in arguments.items() if value is not None and arg in table]
+    return any(name in kw.carries and getattr(target, kw.field) for kw in givers)
 
 
 def arrangement(arguments: Mapping[str, Any]) -> Arrangement:

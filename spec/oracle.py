@@ -5,6 +5,11 @@ For each keyword among the arguments its declaration's terms are bound to their 
 call's `Geometry` (shapes and diagonals); restrictions join the visibility, transforms, added
 terms and sinks go to `spec.golden` in float64 and to `spec.tolerance.baseline` in the dtype the
 target computes in (`Target.computes`). Nothing here names a keyword.
+
+Every entry point starts from `meaning`: the inputs with k and v as the maths reads them (a
+keyword's `spec.keywords.Reads` term: a paged pool gathered into contiguous keys, float8 codes
+dequantized), so that the golden, the baseline, the floor, the visibility and the causes of
+empty rows all follow what the keys mean, not how they were stored.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from spec.keywords import (
     Geometry,
     Keyword,
     Leaves,
+    Reads,
     Realigns,
     Restricts,
     Sinks,
@@ -36,19 +42,43 @@ from spec.target import Target
 Array = np.ndarray
 
 
+def meaning(inputs: Inputs) -> Inputs:
+    """``inputs`` with k and v as the maths reads them: every `spec.keywords.Reads` term of the
+    keywords among the arguments applied to them, in declaration order (a paged pool gathered to
+    ``[batch, heads_kv, n_k, d]``, then float8 codes dequantized); ``inputs`` itself when no
+    keyword reads them. The arguments are otherwise as given (the block table, the descales, the
+    key lengths stay, for the terms that read them). Worked out once per inputs; the meaning of a
+    meaning is itself."""
+    return inputs.remember("meaning", lambda: _meaning(inputs))
+
+
+def _meaning(inputs: Inputs) -> Inputs:
+    reads = [(term, values) for _, term, values in bound(inputs) if isinstance(term, Reads)]
+    if not reads:
+        return inputs
+    k, v = inputs.k, inputs.v
+    for term, values in reads:
+        k, v = term.read(k, v, *values)
+    read = dataclasses.replace(inputs, k=k, v=v)
+    read.memo["meaning"] = read
+    return read
+
+
 def geometry(align: golden.Alignment, inputs: Inputs) -> Geometry:
     """Shapes and diagonals of this call in the alignment ``align`` (a target's
     `Target.alignment`), moved by any keyword that realigns them (`spec.keywords.Realigns`)."""
+    inputs = meaning(inputs)
     return inputs.remember(("geometry", align), lambda: _geometry(align, inputs))
 
 
 def _geometry(align: golden.Alignment, inputs: Inputs) -> Geometry:
     n_q, n_k = inputs.n_q, inputs.n_k
+    corner_align: golden.Alignment = "kv_lengths" if align == "kv_lengths" else "bottom_right"
     geo = Geometry(inputs.lead, n_q, n_k, align, golden.diagonal(n_q, n_k, align),
                    golden.diagonal(n_q, n_k, "bottom_right"))
     for _, term, values in bound(inputs):
-        if isinstance(term, Realigns):
-            corner = dataclasses.replace(geo, align="bottom_right")
+        if isinstance(term, Realigns):  # the bottom-right diagonal moves as in a bottom-right target
+            corner = dataclasses.replace(geo, align=corner_align, diagonal=geo.bottom_right)
             geo = dataclasses.replace(geo, diagonal=term.diagonal(geo, *values),
                                       bottom_right=term.diagonal(corner, *values))
     return geo
@@ -75,6 +105,7 @@ def _bound(inputs: Inputs) -> list[tuple[Keyword, Any, tuple[Any, ...]]]:
 def restrictions(align: golden.Alignment, inputs: Inputs) -> list[tuple[str, Array]]:
     """Each restriction of what the queries see, with its cause, in the order of `CAUSES`:
     causal, the keywords' restrictions, mask=, and the −inf entries of added terms."""
+    inputs = meaning(inputs)
     return inputs.remember(("restrictions", align), lambda: _restrictions(align, inputs))
 
 
@@ -95,6 +126,7 @@ def _restrictions(align: golden.Alignment, inputs: Inputs) -> list[tuple[str, Ar
 
 def visibility(align: golden.Alignment, inputs: Inputs) -> Array:  # -> [*lead, n_q, n_k] bool
     """What each query may see: every restriction ANDed."""
+    inputs = meaning(inputs)
     return inputs.remember(("visibility", align), lambda: golden.visibility(
         inputs.lead, inputs.n_q, inputs.n_k, restrictions=[arr for _, arr in restrictions(align, inputs)]))
 
@@ -103,6 +135,7 @@ def causes(align: golden.Alignment,
            inputs: Inputs) -> Array:  # -> [*lead, n_q] str ("" where a row sees a key)
     """Why each row that sees no key sees none: the first cause in `CAUSES` order after which,
     ANDed with those before it, the row sees nothing (``no_keys`` when n_k = 0)."""
+    inputs = meaning(inputs)
     shape = (*inputs.lead, inputs.n_q)
     found = np.full(shape, "", dtype=object)
     if inputs.n_k == 0:
@@ -119,6 +152,7 @@ def policies(target: Target, inputs: Inputs) -> Array:  # -> [*lead, n_q] str ("
     """The declared masked-row policy of each row that sees no key (`Target.policy` of its
     cause). A row with a finite sink logit is the exception: the sink takes all its weight and
     carries no value, so it gives zeros whatever the policy."""
+    inputs = meaning(inputs)
     why = causes(target.alignment, inputs)
     out = np.full(why.shape, "", dtype=object)
     for cause in set(why.reshape(-1).tolist()) - {""}:
@@ -131,7 +165,8 @@ def policies(target: Target, inputs: Inputs) -> Array:  # -> [*lead, n_q] str ("
 
 def terms(inputs: Inputs, geo: Geometry, dtype: np.dtype | None = None) -> golden.Terms:
     """The keywords' terms as `spec.golden.Terms`: float64 (``dtype`` None) for the golden, or
-    the baseline's, every step in ``dtype``."""
+    the baseline's, every step in ``dtype`` (of the inputs' `meaning`: ``geo`` is its geometry)."""
+    inputs = meaning(inputs)
     transforms, added, sinks = [], [], None
     for _, term, values in bound(inputs):
         if isinstance(term, Transforms):
@@ -182,7 +217,9 @@ def golden_of(
     keyword among its arguments included: a reference for any kernel the suite describes.
 
     [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v] -> [..., n_q, d_v], [..., n_q, n_k], [..., n_q]
+    (k and v as they mean: `meaning`)
     """
+    inputs = meaning(inputs)
     geo = geometry(align, inputs)
     vis = visibility(align, inputs) if visible is None else visible
     q = inputs.q
@@ -193,6 +230,7 @@ def golden_of(
 def expected(target: Target, inputs: Inputs, *, visible: Array | None = None) -> Expected:
     """The golden, baseline and floor of ``inputs`` as ``target`` declares itself (alignment,
     ``computes``); ``visible`` replaces the visibility the arguments give."""
+    inputs = meaning(inputs)
     if visible is not None:
         return _expected(target, inputs, visible)
     key = ("expected", target.alignment, target.precision(np.dtype(inputs.q.dtype).name))
@@ -211,6 +249,9 @@ def _expected(target: Target, inputs: Inputs, visible: Array | None) -> Expected
     scale = inputs.scale_value
     base = tolerance.baseline(qw, kw, vw, visible=vis, scale=scale, terms=terms(inputs, geo, work))
     floor = tolerance.floor(qw, kw, vw, scale=scale, added=terms(inputs, geo).added)
+    for _, term, _ in bound(inputs):  # a kernel that may round its weights to a narrower format
+        if isinstance(term, Reads) and term.weights_in is not None:
+            floor += tolerance.weights_floor(weights, v, term.weights_in)
     return Expected(gold, weights, lse, base, floor, vis)
 
 
@@ -231,7 +272,8 @@ class ExpectedGradients:
 
 BACKWARD_TERMS = (Restricts, Transforms, Adds, Sinks, Realigns, Leaves)
 """The kinds of term the golden backward differentiates through (`gradients`); a `Leaves` term
-leaves it as it is (dropout's kept set is the ``keep`` given)."""
+leaves it as it is (dropout's kept set is the ``keep`` given). Not `Reads`: a cache is read at
+inference, and the gradient of a paged pool or of float8 codes is no kernel's contract."""
 
 
 def gradients(
@@ -249,6 +291,7 @@ def gradients(
     the heads gets the sum over the heads), each row's dσ to the sinks' shape (``[heads]``:
     summed over the batch and the queries); grouped K/V heads sum their group's dk and dv.
     """
+    inputs = meaning(inputs)
     work = as_dtype(target.precision(np.dtype(inputs.q.dtype).name))
     key = ("gradients", target.alignment, work.name, np.asarray(d_out).tobytes(),
            None if keep is None else np.asarray(keep, dtype=np.float64).tobytes())

@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 from spec.dtypes import bfloat16_if_installed
-from spec.frameworks import jax_target, torch_target
+from spec.frameworks import jax_target, torch_flex_paged_target, torch_target
 from spec.runner import check
 from spec.target import Target
 
@@ -37,16 +37,20 @@ def dtype_rows(target: Target, dtypes: tuple[str, ...], *, profile: str = "ci",
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m spec.peers [torch] [jax] [--profile P] [--max-examples N]``: the per-dtype table.
+    """``python -m spec.peers [torch] [jax] [torch_flex_paged] [--profile P] [--max-examples N]``:
+    the per-dtype table.
 
-    float64 is run for JAX too, though not declared, to show the recorded deviation.
+    torch and JAX run in float16, bfloat16, float32 and float64: float64 for JAX too, though not
+    declared, to show the recorded deviation. torch_flex_paged (FlexAttention's eager path over a
+    paged cache, minutes per dtype) runs in the dtypes it declares.
     """
     import argparse
 
     from tabulate import tabulate
 
     parser = argparse.ArgumentParser(prog="python -m spec.peers", description=main.__doc__)
-    parser.add_argument("peers", nargs="*", choices=["torch", "jax"], default=["torch", "jax"])
+    peers = {"torch": torch_target, "jax": jax_target, "torch_flex_paged": torch_flex_paged_target}
+    parser.add_argument("peers", nargs="*", choices=list(peers), default=["torch", "jax"])
     parser.add_argument("--profile", choices=["quick", "ci", "thorough"], default="ci")
     parser.add_argument("--max-examples", type=int, default=None)
     args = parser.parse_args(argv)
@@ -54,13 +58,13 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in args.peers:
         try:
-            target = torch_target() if name == "torch" else jax_target()
+            target = peers[name]()
         except ModuleNotFoundError as e:
             print(f"{name}: not installed ({e.name})", file=sys.stderr)
             return 2
-        dtypes = bfloat16_if_installed()
-        rows += dtype_rows(target, ("float16", *dtypes, "float32", "float64"), profile=args.profile,
-                           max_examples=args.max_examples)
+        every = ("float16", *bfloat16_if_installed(), "float32", "float64")
+        rows += dtype_rows(target, target.dtypes if name == "torch_flex_paged" else every,
+                           profile=args.profile, max_examples=args.max_examples)
     table = [{key: value for key, value in row.items() if key != "failures"} for row in rows]
     print(tabulate(table, headers="keys", tablefmt="github", floatfmt=".3g"))
     for row in rows:

@@ -27,9 +27,13 @@ import numpy as np
 from spec import dtypes as dt
 
 Layout = Literal["bhnd", "bnhd"]
-Alignment = Literal["top_left", "bottom_right", "square_or_decoding"]
+Alignment = Literal["top_left", "bottom_right", "square_or_decoding", "kv_lengths"]
 MaskedRows = Literal["zeros", "nan", "uniform", "unmasked", "any"]
-Arrangement = Literal["dense", "packed"]
+Arrangement = Literal["dense", "packed", "paged"]
+IN_LAYOUT: dict[str, tuple[str, ...]] = {"dense": ("q", "k", "v"), "packed": ("q", "k", "v"), "paged": ("q",)}
+"""The arrays ``fn`` receives in its layout (``bnhd`` swaps their heads and positions), for each
+arrangement of the call (`spec.keywords.Keyword.arrangement`): a paged cache is
+``[num_blocks, block_size, heads_kv, d]`` in every layout, so only q (and the output) move."""
 POLICIES = ("zeros", "nan", "uniform", "unmasked", "any")
 Isolation = Literal["thread", "caller", "process"]
 EmptyKeys = Literal["compute", "raise"]
@@ -86,7 +90,17 @@ class Target:
     with a KV cache). The two agree when n_q = n_k. ``square_or_decoding``: defined only for
     n_q = n_k (top-left) and n_q = 1 (decoding: the query sees every key), as transformers' SDPA
     path (``is_causal`` only when n_q > 1); causal cases are then drawn only with those shapes.
-    None: the target has no causal mode. A ``window=`` is aligned the same way."""
+    ``kv_lengths``: bottom-right per sequence — with ``kv_lengths=`` the diagonal of batch row b is
+    i + kv_lengths[b] − n_q (FlashAttention's ``cache_seqlens`` and ``seqused_k``, ONNX's
+    ``nonpad_kv_seqlen``: each row's last query sees its last key), without it i + n_k − n_q.
+    None: the target has no causal mode. A ``window=`` is aligned the same way. A paged cache
+    (``block_table=``) is aligned per sequence whatever this says (decoding and chunked prefill)."""
+    queries_within_keys: bool = False
+    """``causal`` and ``window=`` are defined only where no query comes before the first key:
+    n_q ≤ n_k, and n_q ≤ kv_lengths[b] for every row of a call with ``kv_lengths=`` (mask
+    utilities that place query i at key position i + n_k − n_q and assume it non-negative). Cases
+    with causal or a window are then drawn only with such shapes, and the laws that need a query
+    before the first key are skipped, saying so."""
     masked_rows: MaskedRows | Mapping[str, MaskedRows] = dataclasses.field(default="zeros", hash=False)
     """Output of a query row that sees no key at all: ``zeros`` (PyTorch's fused kernels,
     FlashAttention, `impl`), ``nan`` (a plain softmax over all -inf), ``uniform`` (the plain
@@ -150,7 +164,13 @@ class Target:
     supports_varlen: bool = keyword_field()
     supports_dropout: bool = keyword_field()
     supports_alibi: bool = keyword_field()
+    supports_paged_kv: bool = keyword_field()
+    supports_fp8_kv: bool = keyword_field()
     returns_lse: bool = keyword_field()
+    fp8_kv_paged_only: bool = False
+    """``k_descale=``/``v_descale=`` are taken only with a paged cache (``block_table=``), as by
+    ``impl.flash_attention`` and vLLM's float8 caches: the float8 laws then draw only paged caches.
+    Needs ``supports_fp8_kv`` and ``supports_paged_kv``."""
     deterministic: bool = True
     """Two identical calls give bit-identical outputs."""
     isolation: Isolation = "thread"
@@ -178,7 +198,7 @@ class Target:
         object.__setattr__(self, "dtypes", dtypes)
         _check_choice("layout", self.layout, ("bhnd", "bnhd"))
         _check_choice("causal_alignment", self.causal_alignment,
-                      ("top_left", "bottom_right", "square_or_decoding", None))
+                      ("top_left", "bottom_right", "square_or_decoding", "kv_lengths", None))
         object.__setattr__(self, "masked_rows", _check_masked_rows(self.masked_rows))
         object.__setattr__(self, "computes", _check_computes(self.computes, self.dtypes))
         _check_choice("isolation", self.isolation, ("thread", "caller", "process"))
@@ -193,21 +213,33 @@ class Target:
         if self.deadline_s is not None and not self.deadline_s > 0:
             raise TargetError(f"Target deadline_s must be positive or None, got {self.deadline_s}")
         object.__setattr__(self, "grad_extras", _check_grad_extras(self))
+        if self.supports_fp8_kv and not dt.has_ml_dtypes():
+            raise TargetError("Target supports_fp8_kv=True needs ml_dtypes (float8_e4m3fn), which is not "
+                              "installed: pip install ml-dtypes")
+        if self.fp8_kv_paged_only and not (self.supports_fp8_kv and self.supports_paged_kv):
+            raise TargetError("Target fp8_kv_paged_only=True needs supports_fp8_kv=True and "
+                              "supports_paged_kv=True (it says the float8 cache comes only paged)")
         if self.grad_takes_residuals and (self.grad_fn is None or not self.returns_lse):
             raise TargetError("Target grad_takes_residuals=True needs a grad_fn and returns_lse=True "
                               "(the residuals are what the forward returns with return_lse=True)")
 
     @property
-    def alignment(self) -> Literal["top_left", "bottom_right"]:
+    def alignment(self) -> Literal["top_left", "bottom_right", "kv_lengths"]:
         """The diagonal the golden uses for ``causal`` and ``window``: ``square_or_decoding`` is
-        bottom-right (top-left on square shapes, every key for one query), no causal mode top-left."""
+        bottom-right (top-left on square shapes, every key for one query), ``kv_lengths``
+        bottom-right per sequence, no causal mode top-left."""
         if self.causal_alignment in ("bottom_right", "square_or_decoding"):
             return "bottom_right"
+        if self.causal_alignment == "kv_lengths":
+            return "kv_lengths"
         return "top_left"
 
     def causal_shape_ok(self, n_q: int, n_k: int) -> bool:
-        """Whether the causal mode is defined for these lengths (always, except for
-        ``square_or_decoding``: n_q = n_k or n_q = 1)."""
+        """Whether the causal mode (and a window) is defined for these lengths: always, except for
+        ``square_or_decoding`` (n_q = n_k or n_q = 1) and ``queries_within_keys`` (n_q ≤ n_k; n_k
+        is each row's kv_lengths[b] where the call gives them)."""
+        if self.queries_within_keys and n_q > n_k:
+            return False
         return self.causal_alignment != "square_or_decoding" or n_q in (1, n_k)
 
     def precision(self, dtype: str) -> str:
@@ -249,11 +281,14 @@ class Target:
         when true, ``mask``, ``scale`` and each keyword only when given and declared. With
         ``return_lse=True`` the result is ``(out, lse)`` (lse as ``fn`` returned it; its shape is
         checked by the caller). ``arrangement="packed"``: 3-D inputs are packed sequences
-        ``(heads, total, d)``, which ``fn`` sees as ``(total, heads, d)`` in ``bnhd``.
+        ``(heads, total, d)``, which ``fn`` sees as ``(total, heads, d)`` in ``bnhd``;
+        ``"paged"``: k and v are paged caches, passed as they are in every layout (`IN_LAYOUT`).
         """
         axes = self._layout_axes(q.ndim, packed=arrangement == "packed")
         if axes:
-            q, k, v = (np.ascontiguousarray(np.swapaxes(x, *axes)) for x in (q, k, v))
+            moved = IN_LAYOUT[arrangement]
+            q, k, v = (np.ascontiguousarray(np.swapaxes(x, *axes)) if name in moved else x
+                       for name, x in zip("qkv", (q, k, v), strict=True))
         got = self.fn(q, k, v, **kwargs)
         if kwargs.get("return_lse"):
             if not isinstance(got, (tuple, list)) or len(got) != 2:

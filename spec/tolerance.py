@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from spec import dtypes
 from spec import golden as golden_oracle
 from spec.dtypes import BFLOAT16, eps
 
@@ -157,6 +158,40 @@ def floor(q: Array, k: Array, v: Array, *, scale: float, added: tuple[Array, ...
         b = np.abs(np.asarray(a, dtype=np.float64))
         b_abs += float(np.max(np.where(np.isfinite(b), b, 0.0), initial=0.0))
     return eps(q.dtype) * vmax * (4 + np.sqrt(n_k) + (d_k + 2) * s_abs + 2 * b_abs)
+
+
+def weights_floor(weights: Array, v: Array, fmt: str) -> float:
+    """The error of a correct kernel that rounds its unnormalised weights to the float format
+    ``fmt`` before the P·V product, as FlashAttention 3's float8 path does (P to
+    ``float8_e4m3fn``, so that P·V runs on float8 tensor cores), for the golden pattern
+    ``weights [..., n_q, n_k]`` and the values ``v`` as they mean (dequantized).
+
+    Derivation. Row i's unnormalised weights are p_j = exp(s_j − m) ∈ [0, 1] (m the row
+    maximum, so the largest is 1) and its output is Σ_j p̃_j v_j / ℓ, ℓ = Σ_j p_j, p̃_j = p_j
+    rounded to ``fmt``: |p̃_j − p_j| ≤ u(p_j), half the spacing of ``fmt`` at p_j — eps·2^⌊log₂ p⌋/2
+    for a normal p, half the smallest subnormal below ``fmt``'s tiny (e4m3: eps = 2⁻³, tiny = 2⁻⁶,
+    subnormals 2⁻⁹ apart). The output then moves by at most max|V|·Σ_j u(p_j)/ℓ, and once more
+    that much where ℓ is summed from the rounded p̃ (a kernel may do either): the bound is
+    2·max|V|·max_i Σ_j u(p_ij)/ℓ_i. For e4m3 that is about max|V|/8 for a row of similar weights
+    (eps/2 relative each) and less where most weights are subnormal or zero — large, as a
+    float8 P·V is; the laws' scales (a factor of 4 or more between heads, rows, K and V) put
+    every descale bug far beyond it. The p_j are the golden's weights divided by each row's
+    largest; rows that see nothing count 0. Not counted: a kernel that also rounds q to float8
+    (FlashAttention 3's q_descale), whose scores then move by ~eps·S/2; it declares a larger
+    ``Target.tolerance``."""
+    w = np.asarray(weights, dtype=np.float64)
+    if w.size == 0 or v.size == 0:
+        return 0.0
+    info = dtypes.finfo(fmt)
+    top = np.max(w, axis=-1, keepdims=True)
+    p = np.where(top > 0, w / np.where(top > 0, top, 1.0), 0.0)  # exp(s − m), in [0, 1]
+    with np.errstate(divide="ignore"):
+        spacing = float(info.eps) * np.exp2(np.floor(np.log2(np.where(p > 0, p, 1.0))))
+    half = np.where(p > 0, np.maximum(spacing, float(info.smallest_subnormal)) / 2, 0.0)
+    ell = np.sum(p, axis=-1)
+    per_row = np.where(ell > 0, np.sum(half, axis=-1) / np.where(ell > 0, ell, 1.0), 0.0)
+    vmax = float(np.max(np.abs(np.asarray(v, dtype=np.float64)), initial=0.0))
+    return 2.0 * vmax * float(np.max(per_row, initial=0.0))
 
 
 def baseline_backward(

@@ -152,3 +152,65 @@ def test_jax_row_with_no_key_has_a_finite_lse_and_torch_all_minus_inf_bias_row_g
     bias = np.zeros((2, 1, 3, 5), dtype=np.float32)
     bias[0, 0, 1] = -np.inf
     assert np.array_equal(torch_attention(q, k, v, bias=bias)[0, 0, 1], np.zeros(4, dtype=np.float32))
+
+
+def _recorder(seen: dict):
+    def fn(q, k, v, **kwargs):
+        seen.clear()
+        seen.update(kwargs)
+        return q
+    return fn
+
+
+def test_the_adapters_spell_keywords_as_each_keyword_declares_and_rename_overrides(torch):
+    from spec.frameworks import library_names
+    from spec.keywords import registered
+
+    assert library_names("jax")["window"] == registered()["window"].names["jax"] == "local_window_size"
+    assert library_names("torch")["bias"] == "attn_mask"
+    seen: dict = {}
+    q = np.zeros((2, 1, 3, 4), dtype=np.float32)
+    bias = np.zeros((2, 1, 3, 3), dtype=np.float32)
+    sdpa_like = spec.from_torch(_recorder(seen), supports_bias=True, supports_mask=True, ndims=(4,))
+    sdpa_like(q, q, q, bias=bias, mask=np.ones((3, 3), dtype=bool))
+    assert set(seen) == {"attn_mask", "mask"}
+    # the user's rename wins: a spelling it gives to another keyword drops that keyword's default
+    spec.from_torch(_recorder(seen), rename={"mask": "attn_mask"}, supports_bias=True, supports_mask=True,
+                    ndims=(4,))(q, q, q, bias=bias, mask=np.ones((3, 3), dtype=bool))
+    assert set(seen) == {"attn_mask", "bias"} and seen["attn_mask"].dtype == torch.bool
+    keep = spec.from_torch(_recorder(seen), rename={"bias": "bias"}, supports_bias=True, ndims=(4,))
+    keep(q, q, q, bias=bias)
+    assert set(seen) == {"bias"}
+    with pytest.raises(ValueError, match="gives 'x' to more than one keyword"):
+        spec.from_torch(_recorder(seen), rename={"mask": "x", "bias": "x"})
+
+
+def test_from_jax_spells_keywords_as_jax_does():
+    pytest.importorskip("jax")
+    seen: dict = {}
+    q = np.zeros((2, 1, 3, 4), dtype=np.float32)
+    target = spec.from_jax(_recorder(seen), supports_window=True, supports_kv_lengths=True, returns_lse=True,
+                           ndims=(4,))
+    target(q, q, q, window=(1, 0), kv_lengths=np.array([3, 2]))
+    assert set(seen) == {"local_window_size", "key_value_seq_lengths"}
+    renamed = spec.from_jax(_recorder(seen), rename={"window": "window_size"}, supports_window=True)
+    renamed(q, q, q, window=(1, 0))
+    assert set(seen) == {"window_size"}
+
+
+def test_a_libraries_spelling_is_read_from_the_keyword_declaration(monkeypatch):
+    pytest.importorskip("jax")
+    from spec.frameworks import jax_attention, library_names
+    from spec.keywords import registered
+
+    window = registered()["window"]
+    monkeypatch.setitem(registered(), "window", window.replace(names={**window.names, "jax": "my_window"}))
+    assert library_names("jax")["window"] == "my_window"
+    seen: dict = {}
+    spec.from_jax(_recorder(seen), supports_window=True)(np.zeros((3, 4)), np.zeros((3, 4)), np.zeros((3, 4)),
+                                                         window=(1, 0))
+    assert set(seen) == {"my_window"}
+    # the built-in wrapper reads it too (float16 runs eagerly, so the call is traced again)
+    q = np.zeros((3, 4), dtype=np.float16)
+    with pytest.raises(TypeError, match="my_window"):
+        jax_attention(q, q, q, window=(1, 0))

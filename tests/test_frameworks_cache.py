@@ -102,3 +102,36 @@ def test_compiled_flex_attention_agrees_and_reads_only_the_value_tails():
     value_tails = torch_flex_paged_attention(q, k_pool, with_nan(v_pool, table, lengths, tails=True), **run)
     # a finding: weight 0 times a NaN value in the tail of row 0's last block
     assert np.isnan(value_tails[0]).all() and not np.isnan(value_tails[1]).any()
+
+
+def test_the_flex_paged_target_runs_the_plain_laws_through_one_block_per_row():
+    import spec
+    from spec.builtin import load_target
+
+    target = load_target("torch_flex_paged")
+    report = spec.check(target, profile="quick", max_examples=4,
+                        only=["matches_golden", "causal_no_leak", "window_matches_golden"])
+    assert report.ok, [r.message for r in report.failures]
+
+
+def test_the_flex_paged_target_reads_blocks_its_sequences_do_not_own():
+    """The finding (docs/peers.md): the eager path reads the whole pool, so a NaN in a block no
+    sequence owns reaches the output, which the paged laws draw on purpose."""
+    import spec
+    from spec.builtin import load_target
+
+    (result,) = spec.check(load_target("torch_flex_paged"), profile="quick", max_examples=4,
+                           only=["paged_matches_golden"]).results
+    assert result.status == "fail" and "nan" in result.message
+
+
+def test_the_flex_paged_target_names_the_torch_extra_when_torch_is_missing(monkeypatch):
+    import sys
+
+    from spec.builtin import load_target
+    from spec.target import TargetError
+
+    monkeypatch.setitem(sys.modules, "torch", None)
+    with pytest.raises(TargetError,
+                       match=r"built-in target 'torch_flex_paged' needs torch.*attention-spec\[torch\]"):
+        load_target("torch_flex_paged")

@@ -116,6 +116,27 @@ def test_jax_row_that_sees_no_key_gives_the_mean_of_all_values():
     assert target().masked_rows == "uniform"
 
 
+def test_jax_backward_a_row_whose_bias_is_all_minus_inf_turns_its_heads_key_gradients_nan():
+    """The finding behind the jax target's comments: a row that an all −inf bias empties is NaN in
+    JAX's forward (no finite fill: the mask fill replaces only masked scores), and ``jax.vjp``
+    spreads the NaN to dk and dv of *every* key of that head (dbias: that row's), not to that
+    row's share alone. The
+    gradient laws draw no such row (they keep to rows whose declared output is zeros)."""
+    pytest.importorskip("jax")
+    from spec.frameworks import jax_attention, jax_attention_grad
+
+    q, k, v = _qkv((1, 2, 3, 4), (1, 2, 5, 4), 4, dtype="float32")
+    d_out = np.random.default_rng(4).standard_normal((1, 2, 3, 4)).astype(np.float32)
+    bias = np.zeros((1, 2, 3, 5), dtype=np.float32)
+    bias[0, 0, 1] = -np.inf  # head 0, query 1 sees no key
+    assert np.isnan(jax_attention(q, k, v, bias=bias)[0, 0, 1]).all()
+    dq, dk, dv, extras = jax_attention_grad(q, k, v, d_out, bias=bias)
+    assert np.isnan(dq[0, 0, 1]).all() and np.isfinite(dq[0, 0, [0, 2]]).all()
+    assert np.isnan(dk[0, 0]).all() and np.isnan(dv[0, 0]).all()
+    assert np.isnan(extras["dbias"][0, 0, 1]).all() and np.isfinite(extras["dbias"][0, 0, [0, 2]]).all()
+    assert np.isfinite(dk[0, 1]).all() and np.isfinite(dv[0, 1]).all()  # the other head is untouched
+
+
 def test_jax_float64_is_only_float32_accurate():
     """The recorded deviation: JAX's logits and softmax run in float32 even for float64 inputs."""
     fn, target = _peer("jax")

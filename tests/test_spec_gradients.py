@@ -403,7 +403,8 @@ def test_residuals_are_passed_in_the_targets_layout_and_a_grad_fn_without_them_i
 
 def _against_reference(target: Target, inputs: Inputs, d_out: Array, *, rtol: float) -> None:
     got = call_grad(target, inputs, d_out, deadline=120.0)
-    kwargs = {n: x for n, x in inputs.keywords.items()} | ({"causal": True} if inputs.causal else {})
+    kwargs = {n: x for n, x in inputs.keywords.items()} | ({"causal": True} if inputs.causal else {}) | (
+        {} if inputs.mask is None else {"mask": inputs.mask})
     *want, extras = attention_backward(inputs.q, inputs.k, inputs.v, d_out, scale=inputs.scale,
                                        return_extras=True, **kwargs)
     for a, b in zip(got[:3], want, strict=True):
@@ -417,12 +418,12 @@ def test_from_torch_with_grad_differentiates_the_function_and_its_bias():
     torch = pytest.importorskip("torch")
     import torch.nn.functional as F
 
-    def sdpa(q, k, v, *, causal=False, scale=None, bias=None):
-        if bias is not None and causal:
+    def sdpa(q, k, v, *, causal=False, scale=None, attn_mask=None):  # bias= arrives as torch spells it
+        if attn_mask is not None and causal:
             future = ~torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
-            bias = bias.masked_fill(future, float("-inf"))
+            attn_mask = attn_mask.masked_fill(future, float("-inf"))
             causal = False
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=causal, scale=scale)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal, scale=scale)
 
     target = spec.from_torch(sdpa, grad=True, supports_scale=True, supports_bias=True, grad_extras=("dbias",))
     q, k, v, d_out = _arrays((2, 3), 4, 5)
@@ -455,6 +456,26 @@ def test_from_jax_with_grad_uses_vjp():
     rng = np.random.default_rng(10)
     keywords = {"bias": rng.standard_normal((1, 3, 4, 5)), "sinks": rng.standard_normal(3)}
     _against_reference(target, Inputs(q, k, v, causal=True, scale=0.6, keywords=keywords), d_out, rtol=1e-10)
+
+
+def test_the_jax_target_differentiates_every_keyword_it_declares_and_its_bias():
+    pytest.importorskip("jax")
+    jax_target = spec.load_target("jax")
+    assert jax_target.grad_extras == ("dbias",)
+    # grouped K/V heads, d_v ≠ d_k (JAX is called per slice of V), a bias broadcast over the
+    # heads (dbias summed back), key lengths, a window, mask= and causal at once
+    q, k, v, d_out = (x.astype(np.float32) for x in _arrays((2, 4), 5, 7, kv_lead=(2, 2)))
+    rng = np.random.default_rng(11)
+    # every query keeps its diagonal key and the one before: no row is empty
+    mask = (rng.random((2, 4, 5, 7)) < 0.8) | np.eye(5, 7, dtype=bool) | np.eye(5, 7, -1, dtype=bool)
+    keywords = {"bias": rng.standard_normal((2, 1, 5, 7)).astype(np.float32), "kv_lengths": np.array([7, 4]),
+                "window": (2, 1)}
+    inputs = Inputs(q, k, v, causal=True, mask=mask, scale=0.6, keywords=keywords)
+    _against_reference(jax_target, inputs, d_out, rtol=1e-5)
+    laws = ["grad_keywords_match_golden", "grad_bias_broadcast_summed", "grad_hidden_keys_get_nothing"]
+    report = spec.check(jax_target, profile="quick", max_examples=4, only=laws)
+    assert report.ok, [(r.name, r.message, r.counterexample) for r in report.failures]
+    assert all(r.status == "pass" for r in report.results)
 
 
 def test_the_torch_target_differentiates_its_bias_and_drops_the_forwards_weights():

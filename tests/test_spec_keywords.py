@@ -247,6 +247,34 @@ def test_without_the_computes_declaration_the_same_target_fails():
     assert result.status == "fail"
 
 
+def _finite_fill(q, k, v, *, causal=False, mask=None, return_lse=False):
+    """An additive mask of −1e30 (JAX's choice): a row that sees nothing averages every value,
+    and its lse is the fill's, −1e30 + log n_k, not −∞."""
+    s = (q @ np.swapaxes(k, -1, -2)) / np.sqrt(q.shape[-1])
+    keep = np.ones(s.shape, dtype=bool) if mask is None else np.broadcast_to(mask, s.shape)
+    if causal:
+        keep = keep & np.tri(*s.shape[-2:], dtype=bool)
+    s = np.where(keep, s, s.dtype.type(-1e30))
+    top = s.max(axis=-1, keepdims=True)
+    e = np.exp(s - top)
+    out = (e / e.sum(axis=-1, keepdims=True)) @ v
+    lse = (top + np.log(e.sum(axis=-1, keepdims=True)))[..., 0]
+    return (out, lse) if return_lse else out
+
+
+def test_a_finite_fill_target_is_not_held_to_an_empty_rows_lse_of_minus_inf():
+    """Before: lse_matches_golden required −∞ for a row the mask and the causal mask empty
+    together, whatever the masked-row policy: a false alarm on JAX (masked_rows="uniform")."""
+    law = registry.PROPERTIES["lse_matches_golden"]
+    target = Target(_finite_fill, supports_mask=True, returns_lse=True, masked_rows="uniform")
+    case = next(c for seed in range(100) if not (c := Case(  # query 0 sees key 0 alone, masked out
+        dtype="float64", ndim=2, batch=1, heads=1, n_q=2, n_k=3, d_k=2, d_v=2, seed=seed, causal=True,
+        mask="random")).mask_array()[0, 0])
+    law.check(target, case)
+    with pytest.raises(AssertionError, match=r"row \[0\] sees no key, so its lse must be -inf"):
+        law.check(target.replace(masked_rows="zeros"), case)  # declared zeros, that lse is wrong
+
+
 def test_the_cli_runs_the_same_check_as_python(monkeypatch, capsys):
     import spec.cli
 

@@ -77,7 +77,7 @@ def target_fields() -> list[tuple[str, str, str, str]]:
     from spec.keywords import registered
 
     for kw in registered().values():  # a keyword's field is documented by its declaration
-        takes = ", ".join(f"`{a}=`" for a in kw.passes)
+        takes = ", ".join([f"`{a}=`" for a in kw.passes] + [f"`{a}=`" for a in kw.carries])
         docs[kw.field] = f"`fn` takes {takes}: {kw.meaning}"
     rows = []
     for f in dataclasses.fields(Target):
@@ -111,6 +111,10 @@ def _term_text(term: object) -> str:
         return f"joins each row's denominator{grad}"
     if isinstance(term, kw.Realigns):
         return "moves each query's diagonal"
+    if isinstance(term, kw.Reads):
+        rounding = (f"; the tolerance allows weights rounded to `{term.weights_in}` for P·V"
+                    if term.weights_in else "")
+        return f"changes how k and v are stored (the golden reads them: `{term.read.__name__}`){rounding}"
     assert isinstance(term, kw.Leaves)
     return f"leaves the golden as it is: {term.reason}"
 
@@ -124,7 +128,7 @@ def keyword_reference() -> str:
     rows = ["| keyword | arguments | Target field | what it does | other libraries | declared in |",
             "|---|---|---|---|---|---|"]
     for kw in registered().values():
-        args = ", ".join(f"`{a}=`" for a in kw.passes)
+        args = ", ".join([f"`{a}=`" for a in kw.passes] + [f"`{a}=` (always with it)" for a in kw.carries])
         terms = "; ".join(_term_text(t) for t in kw.terms)
         names = ", ".join(f"{lib}: `{name}`" for lib, name in kw.names.items()) or "—"
         rows.append(f"| {kw.name} | {args} | `{kw.field}` | {terms} | {names} | `{kw.received.__module__}` |")

@@ -249,7 +249,9 @@ def _policy_expectation(target: Target, inputs: Inputs, policy: str) -> tuple[Ar
     # -> expected rows [..., n_q | 1, d_v], what, tolerance
     """What a fully masked row must equal under the ``uniform`` or ``unmasked`` policy, and how
     closely: the mean of all values, or the golden with every key visible, where each score may
-    be off by eps·FINITE_FILL (a finite fill that the whole row shares)."""
+    be off by eps·FINITE_FILL (a finite fill that the whole row shares). The keys and values are
+    those the inputs mean (`spec.oracle.meaning`: a paged cache gathered, float8 dequantized)."""
+    inputs = oracle.meaning(inputs)
     work = dtypes.as_dtype(target.precision(np.dtype(inputs.q.dtype).name))
     q, k, v = inputs.q, golden.with_kv_heads(inputs.q, inputs.k), golden.with_kv_heads(inputs.q, inputs.v)
     qw, kw, vw = (x.astype(work) for x in (q, k, v))

@@ -5,6 +5,7 @@ lacks it is skipped, naming the declaration it would take, and its text is the d
 
 from __future__ import annotations
 
+from spec import dtypes
 from spec.keywords import Keyword
 from spec.registry import Need
 from spec.target import Target
@@ -57,6 +58,11 @@ def grad_extra(name: str) -> Need:
     return Need(missing, f"{name} among the gradients (grad_extras)")
 
 
+ml_dtypes = Need(
+    lambda t: None if dtypes.has_ml_dtypes() else
+    "needs ml_dtypes for float8_e4m3fn, which is not installed: pip install ml-dtypes",
+    "ml_dtypes (float8_e4m3fn)")
+
 deterministic = Need(
     lambda t: None if t.deterministic else "needs deterministic=True (target declares deterministic=False)",
     "deterministic=True")
@@ -73,6 +79,14 @@ policy_declared = Need(
 
 
 def either(first: Need, second: Need) -> Need:
-    """One of two capabilities (the first one's reason is given when neither is there)."""
+    """One of two capabilities; when neither is there the reason names both, and adds the second's
+    own reason where it is not a plain "needs ..." (a declaration that rules it out)."""
     text = f"{first.text} or {second.text}"
-    return Need(lambda t: None if first(t) is None or second(t) is None else f"needs {text}", text)
+
+    def missing(t: Target) -> str | None:
+        why = second(t)
+        if first(t) is None or why is None:
+            return None
+        return f"needs {text}" + ("" if why.startswith("needs ") else f" ({why})")
+
+    return Need(missing, text)

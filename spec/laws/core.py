@@ -363,9 +363,17 @@ def _masked_rows_grid(t: Target) -> list[Case]:
     return boundary_cases(t, causal=(True,), n_q_min=2, keep=lambda c: c.n_q > c.n_k)
 
 
+def _queries_before_keys(t: Target) -> str | None:
+    if t.causal_alignment not in ("bottom_right", "kv_lengths"):
+        return "needs bottom-right causal alignment"
+    if t.queries_within_keys:
+        return ("target declares queries_within_keys=True: no causal case with a query before the first "
+                "key (n_q > n_k) is drawn")
+    return None
+
+
 empties_rows = _needs.either(_needs.mask, Need(
-    lambda t: None if t.causal_alignment == "bottom_right" else "needs bottom-right causal alignment",
-    "bottom-right causal alignment (to produce rows that see no key)"))
+    _queries_before_keys, "bottom-right causal alignment (to produce rows that see no key)"))
 
 
 @law(strategy=_masked_rows_cases, needs=_needs.policy_declared & empties_rows, grid=_masked_rows_grid)

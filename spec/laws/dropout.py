@@ -102,7 +102,7 @@ def _fraction_cases(draw: st.DrawFn, t: Target) -> Case:
     """Pattern cases (d_v = n_k, no mask, not causal) with at least PATTERN_ENTRIES weights."""
     case = draw(dropout_cases(t, n_max=24).filter(lambda c: c.n_k >= 2))
     case = case.replace(d_v=case.n_k, batch=1, causal=False, mask="none")
-    return _many_rows(case, PATTERN_ENTRIES, case.n_k)
+    return _many_rows(case, PATTERN_ENTRIES, case.n_k, within_keys=t.queries_within_keys)
 
 
 @law(strategy=_fraction_cases, needs=needs_dropout, reads_pattern=True)
@@ -154,11 +154,12 @@ def bernstein_threshold(variance: float, bound: float, delta: float = FALSE_ALAR
     return ln * bound / 3 + math.sqrt((ln * bound / 3) ** 2 + 2 * ln * variance)
 
 
-def _many_rows(case: Case, entries: int, width: int) -> Case:
+def _many_rows(case: Case, entries: int, width: int, *, within_keys: bool = False) -> Case:
     """The case with more heads (3-D, 4-D) or more queries (2-D), so that its output has at least
     ``entries`` rows × ``width``."""
     if case.ndim == 2:
-        return case.replace(n_q=max(case.n_q, -(-entries // width)))
+        n_q = max(case.n_q, -(-entries // width))  # past n_k: causal only where defined there
+        return case.replace(n_q=n_q, causal=case.causal and (n_q <= case.n_k or not within_keys))
     heads = max(case.heads, -(-entries // (case.n_q * width)))
     return case.replace(heads=heads, kv_heads=None)
 
@@ -166,7 +167,7 @@ def _many_rows(case: Case, entries: int, width: int) -> Case:
 @st.composite
 def _unbiased_cases(draw: st.DrawFn, t: Target) -> Case:
     case = draw(dropout_cases(t, n_max=16))
-    return _many_rows(case, OUTPUT_ENTRIES, case.d_v)
+    return _many_rows(case, OUTPUT_ENTRIES, case.d_v, within_keys=t.queries_within_keys)
 
 
 @law(strategy=_unbiased_cases, needs=needs_dropout)

@@ -28,8 +28,10 @@ EMPTY_ROW = {"zeros": "zeros", "uniform": "zeros", "unmasked": "zeros", "nan": "
 
 
 def _empty_key_cases(t: Target) -> st.SearchStrategy[Case]:
-    """Cases as drawn for every law (shapes, dtypes, causal), then with the keys removed."""
-    return cases(t, n_max=64).map(lambda c: dataclasses.replace(c, n_k=0))
+    """Cases as drawn for every law (shapes, dtypes, causal), then with the keys removed (and the
+    causal mode, for a target that defines it only for n_q ≤ n_k: `Target.queries_within_keys`)."""
+    return cases(t, n_max=64).map(lambda c: dataclasses.replace(
+        c, n_k=0, causal=c.causal and not t.queries_within_keys))
 
 
 @law(strategy=_empty_key_cases)

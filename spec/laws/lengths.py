@@ -8,10 +8,12 @@ judged against itself, and against the float64 golden of the whole call.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from hypothesis import strategies as st
 
-from spec.cases import Case, cases
+from spec.cases import Case, between, cases
 from spec.keywords import Geometry, Keyword, Realigns, Restricts
 from spec.laws import _needs
 from spec.laws._helpers import (
@@ -36,19 +38,46 @@ def lengths_visible(geo: Geometry, kv_lengths: Array) -> Array:  # [batch] -> [b
     return (np.arange(geo.n_k) < lengths[:, None])[:, None, None, :]
 
 
+def lengths_diagonal(geo: Geometry, kv_lengths: Array) -> Array:  # [batch] -> [batch, 1, n_q, 1]
+    """With ``causal_alignment="kv_lengths"`` batch row b's diagonal is at i + kv_lengths[b] − n_q
+    (bottom-right on each row's own keys: FlashAttention's ``cache_seqlens``); in any other
+    alignment the key lengths leave the diagonal where it is."""
+    if geo.align != "kv_lengths":
+        return geo.diagonal
+    return per_row_diagonal(geo.n_q, kv_lengths)
+
+
+def per_row_diagonal(n_q: int, kv_lengths: Array) -> Array:  # [batch] -> [batch, 1, n_q, 1]
+    """i + kv_lengths[b] − n_q: the last query of batch row b is aligned with its last key."""
+    lengths = np.asarray(kv_lengths).astype(np.int64)
+    return np.arange(n_q)[None, None, :, None] + (lengths - n_q)[:, None, None, None]
+
+
 def _causal_choices(t: Target) -> tuple[bool, ...]:
-    # Truncating a row moves a bottom-right diagonal (it sits at i + n_k − n_q): only top-left
-    # causal masks are the same before and after truncation.
-    return (False, True) if t.causal_alignment == "top_left" else (False,)
+    # Truncating a row moves a bottom-right diagonal (it sits at i + n_k − n_q) unless the target
+    # aligns each row on its own keys: then, as top-left, the mask is the same before and after.
+    return (False, True) if t.causal_alignment in ("top_left", "kv_lengths") else (False,)
+
+
+def length_range(target: Target, case: Case) -> tuple[int, int]:
+    """The key lengths a case may draw: [0, n_k], or [n_q, n_k] for a target whose causal mode
+    and windows need every row to hold at least n_q keys (`Target.queries_within_keys`)."""
+    low = case.n_q if target.queries_within_keys and case.n_q <= case.n_k else 0
+    return low, case.n_k
 
 
 def draw_lengths(draw: st.DrawFn, target: Target, case: Case) -> Case:
-    """Two or three batch rows, each with a key length in [0, n_k] (some short, sometimes 0)."""
-    batch = draw(st.integers(2, 3))
-    n_k = case.n_k
-    lengths = draw(st.lists(st.one_of(st.integers(0, n_k), st.sampled_from((0, 1, n_k))),
-                            min_size=batch, max_size=batch))
+    """Two or three batch rows, each with a key length in [0, n_k] (some short, sometimes 0; at
+    least n_q for a target that declares ``queries_within_keys``)."""
+    batch = draw(between(2, 3))
+    lengths = draw(_length_lists(*length_range(target, case), batch))
     return case.replace(batch=batch).with_keyword("kv_lengths", tuple(lengths))
+
+
+@functools.cache
+def _length_lists(low: int, n_k: int, batch: int) -> st.SearchStrategy[list[int]]:
+    one = st.one_of(st.integers(low, n_k), st.sampled_from((low, min(low + 1, n_k), n_k)))
+    return st.lists(one, min_size=batch, max_size=batch)
 
 
 KV_LENGTHS = Keyword(
@@ -56,8 +85,9 @@ KV_LENGTHS = Keyword(
     field="supports_kv_lengths",
     passes=("kv_lengths",),
     meaning="An int array [batch] (4-D inputs): keys at positions >= kv_lengths[b] are hidden for "
-            "batch row b.",
-    terms=(Restricts(lengths_visible, cause="kv_lengths"),),
+            "batch row b; for a target with causal_alignment='kv_lengths' it also puts row b's diagonal "
+            "at i + kv_lengths[b] - n_q.",
+    terms=(Restricts(lengths_visible, cause="kv_lengths"), Realigns(lengths_diagonal)),
     received=lambda case, lengths: (np.asarray(lengths, dtype=np.int64),),
     draw=draw_lengths,
     names={"jax": "key_value_seq_lengths", "flash_attn": "seqused_k", "onnx": "nonpad_kv_seqlen"},
@@ -108,6 +138,8 @@ def _zero_length_cases(draw: st.DrawFn, t: Target) -> Case:
     case = draw(kv_length_cases(t))
     lengths = list(case.param("kv_lengths"))
     lengths[draw(st.integers(0, len(lengths) - 1))] = 0
+    if t.queries_within_keys:  # a row of no keys has its queries before its first key
+        case = case.replace(causal=False)
     return case.with_keyword("kv_lengths", tuple(lengths))
 
 
@@ -149,15 +181,18 @@ def packed_diagonal(geo: Geometry, cu_q: Array, cu_k: Array) -> Array:  # -> [n_
     cu_q, cu_k = np.asarray(cu_q), np.asarray(cu_k)
     seq = _sequence_ids(cu_q, geo.n_q)
     within = np.arange(geo.n_q) - cu_q[seq]
-    shift = (cu_k[seq + 1] - cu_k[seq]) - (cu_q[seq + 1] - cu_q[seq]) if geo.align == "bottom_right" else 0
+    shift = (cu_k[seq + 1] - cu_k[seq]) - (cu_q[seq + 1] - cu_q[seq]) if geo.align != "top_left" else 0
     return (cu_k[seq] + within + shift)[:, None]
 
 
 def draw_packing(draw: st.DrawFn, target: Target, case: Case) -> Case:
-    """1–4 packed sequences, each with its own query and key count (0 allowed, not all 0)."""
+    """1–4 packed sequences, each with its own query and key count (0 allowed, not all 0; with
+    ``queries_within_keys`` and causal, no sequence has more queries than keys)."""
     count = draw(st.integers(1, 4))
     n_qs = draw(st.lists(st.integers(0, 12), min_size=count, max_size=count))
     n_ks = draw(st.lists(st.integers(0, 12), min_size=count, max_size=count))
+    if target.queries_within_keys and case.causal:
+        n_ks = [max(n, m) for n, m in zip(n_ks, n_qs, strict=True)]
     n_qs[0], n_ks[0] = max(n_qs[0], 1 if sum(n_qs) == 0 else 0), max(n_ks[0], 1 if sum(n_ks) == 0 else 0)
     return case.replace(n_q=sum(n_qs), n_k=sum(n_ks)).with_keyword("varlen", (_offsets(n_qs), _offsets(n_ks)))
 

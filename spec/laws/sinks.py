@@ -61,7 +61,7 @@ SINKS = Keyword(
     terms=(Sinks(per_row, grad="dsinks"),),
     received=lambda case, sinks: (np.asarray(sinks, dtype=logit_dtype(case)),),
     draw=draw,
-    names={"torch": "s_aux"},
+    names={"vllm": "s_aux", "transformers": "s_aux"},
 )
 
 needs_sinks = _needs.keyword(SINKS)

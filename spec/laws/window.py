@@ -1,6 +1,7 @@
 """Laws of ``window=(left, right)``: query i sees keys ``diag − left .. diag + right``, where
 ``diag`` is i (top-left) or i + n_k − n_q (bottom-right), per the target's ``causal_alignment``
-(FlashAttention's ``window_size``, Mistral's sliding window); ANDed with ``causal`` and ``mask``.
+(per batch row, i + kv_lengths[b] − n_q, for ``kv_lengths`` and over a paged cache;
+FlashAttention's ``window_size``, Mistral's sliding window); ANDed with ``causal`` and ``mask``.
 
 Public off-by-one reports: transformers#39408 and vllm#3385.
 """
@@ -39,8 +40,11 @@ def sides(n: int) -> st.SearchStrategy[int]:
 
 def draw(draw: st.DrawFn, target: Target, case: Case) -> Case:
     """A window of each side 0..4 or up to n_k + 2, on shapes the target's alignment defines
-    (square_or_decoding: n_q = n_k or n_q = 1)."""
+    (square_or_decoding: n_q = n_k or n_q = 1; queries_within_keys: n_q ≤ n_k and n_q ≤ each
+    row's key length)."""
     assume(target.causal_shape_ok(case.n_q, case.n_k))
+    lengths = case.param("kv_lengths")
+    assume(lengths is None or all(target.causal_shape_ok(case.n_q, n) for n in lengths))
     return case.with_keyword("window", (draw(sides(case.n_k)), draw(sides(case.n_k))))
 
 
@@ -49,8 +53,9 @@ WINDOW = Keyword(
     field="supports_window",
     passes=("window",),
     meaning="window=(left, right), integers >= 0: query i sees keys from diag - left to diag + right, "
-            "where diag is i (top-left) or i + n_k - n_q (bottom-right), per causal_alignment; ANDed "
-            "with causal and mask.",
+            "where diag is i (top-left) or i + n_k - n_q (bottom-right), per causal_alignment (per batch "
+            "row, i + kv_lengths[b] - n_q, for causal_alignment='kv_lengths' and over a paged cache); "
+            "ANDed with causal and mask.",
     terms=(Restricts(window_visible, cause="window"),),
     received=lambda case, window: (tuple(window),),
     draw=draw,
@@ -123,7 +128,7 @@ def _unequal_cases(draw: st.DrawFn, target: Target) -> Case:
 @law(strategy=_unequal_cases, needs=needs_window)
 def window_alignment(target: Target, case: Case) -> None:
     """With n_q ≠ n_k the window is centred on the target's declared diagonal: i (top_left) or
-    i + n_k − n_q (bottom_right, square_or_decoding); the output matches that golden.
+    i + n_k − n_q (bottom_right, square_or_decoding, kv_lengths); the output matches that golden.
 
     Catches: a window aligned top-left while the causal mask is aligned bottom-right (or the
     reverse), so decoding with a KV cache slides every window by the cache length.

@@ -10,6 +10,7 @@ from __future__ import annotations
 from gallery import (
     alibi,
     bias,
+    cache,
     calls,
     core,
     dropout,
@@ -25,9 +26,8 @@ from gallery import (
 )
 from gallery.base import Broken
 
-FAMILIES = (core, masks, gradients, range_edges, bias, alibi, window, softcap, sinks, lengths, dropout, lse,
-            calls,
-            edges)
+FAMILIES = (core, masks, gradients, range_edges, bias, alibi, window, softcap, sinks, lengths, cache, dropout,
+            lse, calls, edges)
 
 BROKEN: list[Broken] = [b for family in FAMILIES for b in family.BROKEN]
 CORRECT = [t for family in FAMILIES for t in family.CORRECT]

@@ -1,0 +1,536 @@
+"""Laws of KV caches as inference kernels read them: paged caches (``block_table=``), float8
+caches (``k_descale=``, ``v_descale=``), and causal attention aligned to each sequence's cache
+(decoding, chunked prefill).
+
+A **paged cache** (vLLM's PagedAttention; FlashAttention's ``block_table``; FlashInfer's page
+table) keeps every sequence's keys in fixed-size blocks of one shared pool:
+
+    k [num_blocks, block_size, heads_kv, d_k], v [num_blocks, block_size, heads_kv, d_v]  (any layout)
+    key j of sequence b = k[block_table[b, j // block_size], j % block_size],   j < kv_lengths[b]
+
+``kv_lengths`` always comes with the table (`PAGED` carries it). Nothing else in the pool may be
+read: other sequences' blocks, blocks nobody owns, the tail of a sequence's last block, and
+table entries past its last block — the cases fill them with NaN or huge values, and redraw them.
+Causal attention and windows over a paged cache are bottom-right aligned per sequence, diag =
+i + kv_lengths[b] − n_q (the last query sees every key of its sequence); so is ALiBi's distance.
+
+A **float8 cache** (FlashAttention 3's ``k_descale``/``v_descale``; vLLM's ``fp8`` KV cache) holds
+k and v as ``float8_e4m3fn`` codes (ml_dtypes), with one float32 scale per batch row and K/V head:
+the keys mean ``k.astype(float32) · k_descale[b, g]``, the values likewise. The cases draw the
+scales log-uniform over a factor of 64, per row and head, apart for K and V.
+
+The declarations (`PAGED`, `FP8`) say how a case writes its keys into a cache (``writes``) and
+how the oracle reads them back (their `spec.keywords.Reads` terms): the golden owes nothing to
+any kernel's gather. ``causal_alignment="kv_lengths"`` (`spec.Target`) is the same per-sequence
+alignment for contiguous keys with ``kv_lengths=`` (`spec.laws.lengths`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from hypothesis import assume
+from hypothesis import strategies as st
+
+from spec import dtypes, oracle
+from spec.cases import BOOLEANS, Case, between, cases, choice
+from spec.inputs import Inputs
+from spec.keywords import Geometry, Keyword, Reads, Realigns
+from spec.laws import _needs
+from spec.laws._helpers import (
+    assert_empty_rows_follow_policy,
+    assert_matches,
+    assert_same,
+    differs_at,
+    run,
+    same_bits,
+)
+from spec.laws.lengths import draw_lengths, per_row_diagonal
+from spec.laws.window import draw as draw_window
+from spec.registry import Need, law
+from spec.target import Target
+
+Array = np.ndarray
+
+# --- paged caches: the declaration ---------------------------------------------------------------
+
+BLOCK_SIZES = (1, 2, 3, 4, 5, 8, 16)
+"""Block sizes drawn besides any up to n_k + 1: 1 (a block per key), and sizes that divide few
+lengths (3, 5) next to the powers of two kernels use (16 is vLLM's default)."""
+FILLS = ("nan", "huge")
+"""What the cases put where nothing may be read: NaN, or the dtype's largest value over four."""
+PAGES = 60  # the random stream of a case's block placement (Case.rng)
+
+
+def fill_value(fill: str, dtype: np.dtype) -> float:
+    """The poison of an unowned pool position: NaN, or a quarter of the dtype's largest value (a
+    key that dominates every score, a value that dominates every output, if either is read)."""
+    return math.nan if fill == "nan" else float(dtypes.finfo(dtype).max) / 4
+
+
+def placement(case: Case, block_size: int, lengths: tuple[int, ...],
+              stream: int = PAGES) -> tuple[Array, int]:  # -> block_table [batch, max_blocks], num_blocks
+    """Where each sequence's blocks sit: its ceil(L_b / block_size) blocks at shuffled physical
+    places of a pool with one or two blocks nobody owns, ``max_blocks`` = ceil(n_k / block_size);
+    the entries past a sequence's last block name random blocks (another's, or nobody's)."""
+    rng = case.rng(stream)
+    counts = [-(-n // block_size) for n in lengths]
+    max_blocks = max(1, -(-case.n_k // block_size))
+    num_blocks = sum(counts) + int(rng.integers(1, 3))
+    physical = iter(rng.permutation(num_blocks).tolist())
+    table = rng.integers(0, num_blocks, size=(len(lengths), max_blocks))
+    for b, count in enumerate(counts):
+        table[b, :count] = [next(physical) for _ in range(count)]
+    return table.astype(np.int32), num_blocks
+
+
+def owned(table: Array, lengths: Array, num_blocks: int, block_size: int) -> Array:
+    # -> [num_blocks, block_size] bool: the pool positions some sequence's keys are at
+    """The positions of the pool that hold a sequence's key: key j < kv_lengths[b] of each b."""
+    found = np.zeros((num_blocks, block_size), dtype=bool)
+    for b, n in enumerate(np.asarray(lengths).tolist()):
+        j = np.arange(n)
+        found[table[b, j // block_size], j % block_size] = True
+    return found
+
+
+def scatter(contiguous: Array, table: Array, lengths: Array, num_blocks: int, block_size: int,
+            fill: float) -> Array:  # [batch, g, n_k, d] -> [num_blocks, block_size, g, d]
+    """A pool holding each sequence's first kv_lengths[b] keys where the table says, ``fill``
+    everywhere else."""
+    g, d = contiguous.shape[1], contiguous.shape[3]
+    pool = np.full((num_blocks, block_size, g, d), fill, dtype=np.float64).astype(contiguous.dtype)
+    for b, n in enumerate(np.asarray(lengths).tolist()):
+        j = np.arange(n)
+        pool[table[b, j // block_size], j % block_size] = np.swapaxes(contiguous[b, :, :n], 0, 1)
+    return pool
+
+
+def gather(pool: Array, table: Array, lengths: Array) -> Array:
+    # [num_blocks, block_size, g, d], [batch, max_blocks], [batch] -> [batch, g, max_blocks·block_size, d]
+    """Each sequence's keys in order, read position by position from the definition: key j of
+    sequence b is pool[table[b, j // block_size], j % block_size] for j < kv_lengths[b]; zeros
+    after (hidden by kv_lengths, never read from the pool)."""
+    block_size = pool.shape[1]
+    table, lengths = np.asarray(table), np.asarray(lengths)
+    capacity = table.shape[1] * block_size
+    out = np.zeros((len(lengths), pool.shape[2], capacity, pool.shape[3]), dtype=pool.dtype)
+    for b, n in enumerate(lengths.tolist()):
+        j = np.arange(n)  # every key position of sequence b, each read where the table says
+        out[b, :, :n] = np.swapaxes(pool[table[b, j // block_size], j % block_size], 0, 1)
+    return out
+
+
+def read_pages(k: Array, v: Array, block_table: Array, kv_lengths: Array) -> tuple[Array, Array]:
+    """The paged cache's keys and values as contiguous ``[batch, heads_kv, n_k, d]`` (`gather`)."""
+    if k.ndim != 4 or v.ndim != 4:
+        raise ValueError(f"a paged cache is [num_blocks, block_size, heads_kv, d], got k {k.shape}, "
+                         f"v {v.shape}")
+    return gather(k, block_table, kv_lengths), gather(v, block_table, kv_lengths)
+
+
+def pages_diagonal(geo: Geometry, block_table: Array, kv_lengths: Array) -> Array:  # -> [batch, 1, n_q, 1]
+    """Over a paged cache every alignment is per sequence: row b's diagonal is i + kv_lengths[b] − n_q."""
+    return per_row_diagonal(geo.n_q, kv_lengths)
+
+
+def _lengths(case: Case) -> tuple[int, ...]:
+    return tuple(case.param("kv_lengths"))
+
+
+def write_pages(case: Case, paged: tuple[int, str], k: Array, v: Array) -> tuple[Array, Array]:
+    """The case's contiguous keys and values scattered into a pool (`placement`), poisoned
+    (``paged = (block_size, fill)``) wherever no sequence's key is."""
+    block_size, fill = paged
+    table, num_blocks = placement(case, block_size, _lengths(case))
+    lengths = np.asarray(_lengths(case))
+    return tuple(scatter(x, table, lengths, num_blocks, block_size, fill_value(fill, x.dtype))  # type: ignore[return-value]
+                 for x in (k, v))
+
+
+def draw_paged(draw: st.DrawFn, target: Target, case: Case) -> Case:
+    """Two or three sequences with their own lengths (`spec.laws.lengths.draw_lengths`), a
+    block size (1, one that does not divide the lengths, or any up to n_k + 1) and a poison."""
+    case = draw_lengths(draw, target, case)
+    block_size = draw(_block_sizes(case.n_k))
+    return case.with_keyword("paged", (block_size, draw(choice(FILLS))))
+
+
+@functools.cache
+def _block_sizes(n_k: int) -> st.SearchStrategy[int]:
+    return st.one_of(st.sampled_from(BLOCK_SIZES), st.integers(1, n_k + 1))
+
+
+PAGED = Keyword(
+    name="paged",
+    field="supports_paged_kv",
+    passes=("block_table",),
+    carries=("kv_lengths",),
+    meaning="int32 [batch, max_blocks], 4-D q: k and v are paged caches "
+            "[num_blocks, block_size, heads_kv, d] "
+            "whatever the layout, and key j of sequence b is k[block_table[b, j // block_size], "
+            "j % block_size] for j < kv_lengths[b] (kv_lengths always comes with it); nothing else in "
+            "the pool is read (other sequences' blocks, unowned blocks, the tail of the last block, table "
+            "entries past it). Causal, windows and ALiBi are aligned per sequence: "
+            "diag = i + kv_lengths[b] - n_q.",
+    terms=(Reads(read_pages), Realigns(pages_diagonal)),
+    received=lambda case, paged: (placement(case, paged[0], _lengths(case))[0],),
+    draw=draw_paged,
+    writes=write_pages,
+    names={"flash_attn": "block_table", "vllm": "block_tables"},
+    arrangement="paged",
+    ndims=(4,),
+)
+
+# --- float8 caches: the declaration --------------------------------------------------------------
+
+FLOAT8 = dtypes.FLOAT8
+SCALE_RANGE = (-4.0, 2.0)
+"""log₂ of the descales drawn: from 1/16 to 4, a factor of 64, per row and K/V head."""
+EXPONENTS = st.floats(*SCALE_RANGE)
+
+
+def descales(case: Case, scales: tuple) -> tuple[Array, Array]:  # -> k_descale, v_descale [batch, g] float32
+    k_scales, v_scales = scales
+    return np.asarray(k_scales, dtype=np.float32), np.asarray(v_scales, dtype=np.float32)
+
+
+def quantize(case: Case, scales: tuple, k: Array, v: Array) -> tuple[Array, Array]:
+    """The case's keys and values as float8 codes, ``x / descale`` rounded to e4m3 (clipped to its
+    ±448: e4m3 has no infinity), so that the keys they mean are the case's, to 3 bits."""
+    f8 = dtypes.as_dtype(FLOAT8)
+    top = float(dtypes.finfo(f8).max)
+    out = []
+    for x, scale in zip((k, v), descales(case, scales), strict=True):
+        codes = np.asarray(x, dtype=np.float64) / scale.astype(np.float64)[:, :, None, None]
+        out.append(np.clip(codes, -top, top).astype(f8))
+    return out[0], out[1]
+
+
+def dequantize(k: Array, v: Array, k_descale: Array, v_descale: Array) -> tuple[Array, Array]:
+    # [batch, g, n_k, d] float8, [batch, g] -> float64, exactly (a 4-bit code times a float32 scale)
+    """What float8 codes mean: ``codes.astype(float32) · descale[b, g]``, in float64 (exact)."""
+    def mean(codes: Array, scale: Array) -> Array:
+        if codes.dtype.name != FLOAT8:
+            raise ValueError(f"k_descale/v_descale come with {FLOAT8} k and v, got {codes.dtype}")
+        return codes.astype(np.float64) * np.asarray(scale, dtype=np.float64)[:, :, None, None]
+
+    return mean(k, k_descale), mean(v, v_descale)
+
+
+def draw_scales(draw: st.DrawFn, target: Target, case: Case) -> Case:
+    """A K and a V descale per batch row and K/V head, log-uniform over `SCALE_RANGE`."""
+    g = case.kv_heads or case.heads
+    rows = [[tuple(float(np.float32(2.0 ** draw(EXPONENTS))) for _ in range(g)) for _ in range(case.batch)]
+            for _ in range(2)]
+    return case.with_keyword("fp8", (tuple(rows[0]), tuple(rows[1])))
+
+
+FP8 = Keyword(
+    name="fp8",
+    field="supports_fp8_kv",
+    passes=("k_descale", "v_descale"),
+    meaning="float32 [batch, heads_kv] each, 4-D inputs: k and v arrive as float8_e4m3fn codes (ml_dtypes), "
+            "contiguous or paged, and mean k.astype(float32) · k_descale[b, g] (v likewise); the tolerance "
+            "allows a kernel that rounds its weights to e4m3 for the P·V product (FlashAttention 3).",
+    terms=(Reads(dequantize, weights_in=FLOAT8),),
+    received=descales,
+    draw=draw_scales,
+    writes=quantize,
+    names={"flash_attn": "k_descale"},
+    ndims=(4,),
+)
+
+needs_paged = _needs.keyword(PAGED) & _needs.ndim(4)
+needs_fp8 = _needs.ml_dtypes & _needs.keyword(FP8) & _needs.ndim(4)
+
+
+# --- cases -------------------------------------------------------------------------------------
+
+
+def _gqa_choices(t: Target) -> tuple[bool, ...]:
+    return (False, True) if t.supports_gqa else (False,)
+
+
+@st.composite
+def paged_cases(draw: st.DrawFn, t: Target, *, n_max: int = 40, block_sizes: bool = False,
+                gqa: bool | None = None) -> Case:
+    """4-D paged cases: 2–3 sequences of their own lengths, a block size, a poison; grouped K/V
+    heads where the target has them (``gqa``: always or never); causal or not. ``block_sizes``:
+    the block size at least 2 and below the longest length (so that another block size is
+    another blocking)."""
+    gqa = draw(choice(_gqa_choices(t))) if gqa is None else gqa
+    case = draw(cases(t, ndims=(4,), n_max=n_max, values=("normal",), gqa=gqa, keywords=(PAGED,)))
+    if block_sizes:
+        longest = max(_lengths(case))
+        assume(longest >= 3)
+        case = case.with_keyword("paged", (draw(between(2, longest - 1)), case.param("paged")[1]))
+    return case
+
+
+def _paged_parts(inputs: Inputs) -> tuple[Array, Array, int]:  # -> block_table, kv_lengths, num_blocks
+    return np.asarray(inputs.get("block_table")), np.asarray(inputs.get("kv_lengths")), inputs.k.shape[0]
+
+
+# --- paged laws --------------------------------------------------------------------------------
+
+
+@law(strategy=paged_cases, needs=needs_paged)
+def paged_matches_golden(target: Target, case: Case) -> None:
+    """Over a paged cache (``block_table=``, ``kv_lengths=``; block sizes from 1 up, tables in
+    shuffled physical order) the output matches the float64 golden of the contiguous keys and
+    values the table gathers, key j of sequence b at k[block_table[b, j // block_size],
+    j % block_size] (causal per sequence); rows that see no key (a sequence of length 0) hold
+    the declared masked-row policy.
+
+    Catches: a block index off by one (block_table[b, j // block_size + 1]); the offset inside a
+    block swapped with the block index (k[block_table[b, j % block_size], j // block_size]);
+    every sequence reading row 0 of the table.
+    """
+    inputs = case.inputs()
+    out = run(target, inputs)
+    assert_empty_rows_follow_policy(target, inputs, out)
+    assert_matches(target, inputs, out, what=f"over a paged cache (block size {case.param('paged')[0]}), "
+                                             "the output")
+
+
+@law(strategy=paged_cases, needs=needs_paged)
+def paged_reads_only_its_keys(target: Target, case: Case) -> None:
+    """Nothing a sequence does not own is read: with every pool position that holds no
+    sequence's key (the tail of each last block, blocks nobody owns) changed from NaN to huge
+    values or back, and the table's entries past each sequence's last block redrawn, the output
+    is bit-identical (within tolerance if exact_masking=False) and finite wherever a row sees a
+    key.
+
+    Catches: a stale tail read — a kernel that attends to the whole last block, keys past
+    kv_lengths[b] included (the NaNs vLLM zeroes its value tails against); a prefetch of the
+    table entry after a sequence's last block used as data.
+    """
+    inputs = case.inputs()
+    block_size, fill = case.param("paged")
+    table, lengths, num_blocks = _paged_parts(inputs)
+    keep = owned(table, lengths, num_blocks, block_size)[:, :, None, None]
+    other = FILLS[1 - FILLS.index(fill)]
+    counts = -(-lengths // block_size)
+    tails = np.arange(table.shape[1]) >= counts[:, None]
+    redrawn = np.where(tails, case.rng(61).integers(0, num_blocks, size=table.shape), table)
+
+    def poisoned(pool: Array) -> Array:
+        return np.where(keep, pool, fill_value(other, pool.dtype)).astype(pool.dtype)
+
+    changed = inputs.replace(k=poisoned(inputs.k), v=poisoned(inputs.v),
+                             block_table=redrawn.astype(table.dtype))
+    before, after = run(target, inputs), run(target, changed)
+    want = oracle.expected(target, inputs)
+    for out, poison in ((before, fill), (after, other)):
+        bad = want.seen[..., None] & ~np.isfinite(out)
+        if bad.any():
+            at = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise AssertionError(f"with {poison} where no sequence's key is, output {list(at)} is "
+                                 f"{float(out[at])!r}: something a sequence does not own was read")
+    if not target.exact_masking:
+        assert_matches(target, inputs, after, what=f"with the unowned pool positions {other}, the output")
+        return
+    if not same_bits(before, after).all():
+        at = differs_at(before, after)
+        raise AssertionError(f"changing the pool positions no sequence owns ({fill} -> {other}) and the "
+                             f"table entries past each last block changed output {list(at)} from "
+                             f"{float(before[at])!r} to {float(after[at])!r}")
+
+
+@law(strategy=paged_cases, needs=needs_paged)
+def paged_block_order_invariant(target: Target, case: Case) -> None:
+    """Moving the physical blocks of the pool (a permutation, the table rewritten to match) leaves
+    the output bit-identical (within tolerance if deterministic=False): a correct kernel reads
+    each sequence's keys in their logical order, so where a block sits changes no operation.
+
+    Catches: a kernel that visits a sequence's blocks in physical order (a sorted table, or a
+    pool-order scan with the positions carried along): right up to rounding, but its sums
+    depend on where the allocator put the blocks, so the same request gives other bits on
+    another server.
+    """
+    inputs = case.inputs()
+    table, _, num_blocks = _paged_parts(inputs)
+    moved = case.rng(62).permutation(num_blocks)  # block i goes to place moved[i]
+    k, v = np.empty_like(inputs.k), np.empty_like(inputs.v)
+    k[moved], v[moved] = inputs.k, inputs.v
+    shuffled = inputs.replace(k=k, v=v, block_table=moved[table].astype(table.dtype))
+    before, after = run(target, inputs), run(target, shuffled)
+    if not target.deterministic:
+        assert_same(target, inputs, before, after, what="with the pool's blocks moved")
+        return
+    if not same_bits(before, after).all():
+        at = differs_at(before, after)
+        raise AssertionError(f"moving the pool's physical blocks (the table rewritten to match) changed "
+                             f"output {list(at)} from {float(before[at])!r} to {float(after[at])!r}")
+
+
+@law(strategy=lambda t: paged_cases(t, block_sizes=True), needs=needs_paged)
+def paged_block_size_invariant(target: Target, case: Case) -> None:
+    """The same keys paged in blocks of another size (1, or one that does not divide the lengths)
+    give the same output within twice the tolerance, both matching the golden. Not
+    bit-identical: a correct kernel may tile its sums by block (vLLM's per-block dot products,
+    FlashInfer's per-page partial softmax), so another block size is another summation order.
+
+    Catches: a last partial block dropped (⌊L / block_size⌋ blocks read instead of ⌈L /
+    block_size⌉), right only when the block size divides every length; a block size taken from a
+    compile-time constant instead of the pool's shape.
+    """
+    inputs = case.inputs()
+    block_size, fill = case.param("paged")
+    other = 1 if block_size > 2 and case.rng(63).random() < 0.3 else block_size + 1
+    reblocked = case.with_keyword("paged", (other, fill)).inputs()
+    out, again = run(target, inputs), run(target, reblocked)
+    assert_matches(target, inputs, out, what=f"in blocks of {block_size}, the output")
+    assert_matches(target, reblocked, again, what=f"in blocks of {other}, the output")
+    assert_same(target, inputs, out, again, what=f"blocks of {other} against blocks of {block_size}")
+
+
+# --- causal attention aligned per sequence: decoding and chunked prefill -----------------------
+
+LONG_CACHES = (255, 256, 257, 1024, 2049, 3000)
+"""Cache lengths past the short tiles, for decoding (one query): a few thousand keys, kept cheap
+(two sequences, one or two heads, widths ≤ 8)."""
+
+
+def _per_sequence_contiguous(t: Target) -> bool:
+    """Contiguous keys with kv_lengths= aligned per sequence (`Target.causal_alignment`)."""
+    return t.causal_alignment == "kv_lengths" and t.supports_kv_lengths
+
+
+aligned_per_sequence = Need(
+    lambda t: None if t.supports_paged_kv or _per_sequence_contiguous(t) else
+    "needs block_table= (target declares supports_paged_kv=False) or kv_lengths= with "
+    "causal_alignment='kv_lengths'",
+    "block_table= (supports_paged_kv) or kv_lengths= with causal_alignment='kv_lengths'")
+
+
+@st.composite
+def cache_cases(draw: st.DrawFn, t: Target) -> Case:
+    """Decoding (one query over up to `LONG_CACHES` keys) and chunked prefill (2–8 queries, each
+    sequence's cache of its own length), causal, sometimes with a window; paged where the target
+    takes a paged cache, contiguous with kv_lengths where it aligns them per sequence."""
+    paged = t.supports_paged_kv and (not _per_sequence_contiguous(t) or draw(BOOLEANS))
+    base = draw(cases(t, ndims=(4,), causal=(True,), n_max=8, values=("normal",),
+                      gqa=draw(choice(_gqa_choices(t)))))
+    decoding = draw(BOOLEANS)
+    n_q = 1 if decoding else draw(between(2, 8))
+    long = decoding and draw(BOOLEANS)
+    n_k = draw(choice(LONG_CACHES)) if long else draw(between(n_q, 48))
+    case = base.replace(n_q=n_q, n_k=n_k, d_k=min(base.d_k, 8), d_v=min(base.d_v, 8), causal=True,
+                        mask="none")
+    case = draw_lengths(draw, t, case)  # each sequence's own cache length, some shorter than the chunk
+    if t.supports_window and draw(BOOLEANS):
+        case = draw_window(draw, t, case)
+    if paged:
+        case = case.with_keyword("paged", (draw(choice(BLOCK_SIZES)), draw(choice(FILLS))))
+    return case
+
+
+@law(strategy=cache_cases, needs=aligned_per_sequence & _needs.causal_mode)
+def causal_aligned_per_sequence(target: Target, case: Case) -> None:
+    """Decoding and chunked prefill: with causal=True over a paged cache, or over contiguous keys
+    with kv_lengths= for a target declaring causal_alignment='kv_lengths', query i of sequence b
+    sees keys j ≤ i + kv_lengths[b] − n_q — its last query sees the whole cache — with a window
+    measured from that diagonal; one query over up to 3,000 keys, or 2–8 over caches of their
+    own lengths. The output matches that golden.
+
+    Catches: a chunked prefill aligned top-left (query i sees keys j ≤ i, the cache ignored); a
+    diagonal at i + n_k − n_q from the longest sequence (or the table's capacity) instead of each
+    sequence's own length.
+    """
+    inputs = case.inputs()
+    out = run(target, inputs)
+    assert_empty_rows_follow_policy(target, inputs, out)
+    assert_matches(target, inputs, out, what=f"causal over caches of lengths {list(_lengths(case))} with "
+                                             f"{case.n_q} queries, the output")
+
+
+# --- float8 laws -------------------------------------------------------------------------------
+
+
+@st.composite
+def fp8_cases(draw: st.DrawFn, t: Target, *, gqa: bool | None = None, n_max: int = 32) -> Case:
+    """4-D float8 cases, paged where the target takes float8 caches only paged (and half the time
+    where it takes paged caches at all), contiguous otherwise."""
+    paged = t.supports_paged_kv and (t.fp8_kv_paged_only or draw(BOOLEANS))
+    with_gqa = draw(choice(_gqa_choices(t))) if gqa is None else gqa
+    if paged:
+        case = draw(paged_cases(t, n_max=n_max, gqa=with_gqa))
+    else:
+        case = draw(cases(t, ndims=(4,), n_max=n_max, values=("normal",), gqa=with_gqa))
+    return draw_scales(draw, t, case)
+
+
+@law(strategy=fp8_cases, needs=needs_fp8)
+def fp8_matches_golden(target: Target, case: Case) -> None:
+    """With k and v as float8_e4m3fn codes and their descales (``k_descale=``, ``v_descale=``
+    ``[batch, heads_kv]``, log-uniform from 1/16 to 4), the output matches the float64 golden of
+    the dequantized keys and values ``codes · descale``, within the tolerance plus what rounding
+    the weights to e4m3 for the P·V product may cost (`spec.tolerance.weights_floor`).
+
+    Catches: a descale applied to K only (the values read as raw codes); a descale applied by
+    division instead of multiplication; codes read as int8.
+    """
+    inputs = case.inputs()
+    assert_matches(target, inputs, run(target, inputs), what="with a float8 cache, the output")
+
+
+def _spread(count: int, rng: np.random.Generator) -> tuple[float, ...]:
+    """``count`` distinct descales, a factor of 2 apart or more, in shuffled order."""
+    exponents = np.linspace(SCALE_RANGE[0], SCALE_RANGE[1], count) if count > 1 else np.zeros(1)
+    return tuple(float(np.float32(2.0 ** e)) for e in rng.permutation(exponents))
+
+
+@st.composite
+def _per_head_cases(draw: st.DrawFn, t: Target) -> Case:
+    case = draw(fp8_cases(t, gqa=t.supports_gqa))
+    g = case.kv_heads or case.heads
+    assume(case.batch * g >= 2)
+    rng = case.rng(64)
+    k_scales, v_scales = (np.asarray(_spread(case.batch * g, rng)).reshape(case.batch, g) for _ in range(2))
+    return case.with_keyword("fp8", tuple(tuple(map(tuple, x.tolist())) for x in (k_scales, v_scales)))
+
+
+@law(strategy=_per_head_cases, needs=needs_fp8)
+def fp8_per_row_and_kv_head(target: Target, case: Case) -> None:
+    """Each descale reaches its own (batch row, K/V head): with every row's and head's descales
+    distinct (a factor of two or more apart, shuffled) and grouped K/V heads where the target has
+    them, the output matches the golden, in which query head i reads K/V head i // (h / g) and
+    its scale.
+
+    Catches: descales indexed by the query head (k_descale read as [batch, heads], so with
+    grouped heads each query head takes another K/V head's scale); batch row 0's descales used
+    for every row.
+    """
+    inputs = case.inputs()
+    assert_matches(target, inputs, run(target, inputs), what="with distinct descales per row and K/V head, "
+                                                             "the output")
+
+
+@st.composite
+def _apart_cases(draw: st.DrawFn, t: Target) -> Case:
+    case = draw(fp8_cases(t))
+    g = case.kv_heads or case.heads
+    ratio = 2.0 ** draw(choice((-4, -3, 3, 4)))
+    k_scale = draw(choice((0.25, 0.5, 1.0)))
+    k_scales = tuple((k_scale,) * g for _ in range(case.batch))
+    v_scales = tuple((float(np.float32(k_scale * ratio)),) * g for _ in range(case.batch))
+    return case.with_keyword("fp8", (k_scales, v_scales))
+
+
+@law(strategy=_apart_cases, needs=needs_fp8)
+def fp8_k_and_v_not_interchangeable(target: Target, case: Case) -> None:
+    """K's and V's descales are not interchangeable: with V's descale 8 or 16 times K's (or
+    K's that much larger), the output matches the golden, where K's scale multiplies the scores
+    and V's the output.
+
+    Catches: k_descale and v_descale swapped (a kernel that takes them positionally in the other
+    order, or one descale applied to both k and v).
+    """
+    inputs = case.inputs()
+    assert_matches(target, inputs, run(target, inputs),
+                   what="with K's and V's descales far apart, the output")
+
