@@ -673,21 +673,29 @@ def test_backward_forms_the_scores_as_its_forward_did_where_they_overflow():
 
 
 @pytest.mark.parametrize("block", [1, 2, (4, 1)])
-def test_a_row_whose_lse_is_minus_inf_gets_no_gradient_whatever_its_scores_are_here(block):
+@pytest.mark.parametrize("options", [{}, {"softcap": 50.0}])  # S − lse in one matmul, or after the cap
+@pytest.mark.parametrize("overflow", [False, True])
+def test_a_row_whose_lse_is_minus_inf_gets_no_gradient_whatever_its_scores_are_here(block, options,
+                                                                                    overflow):
     # A forward that saw nothing in row 0 returns lse = −∞ there, but a backward tiled otherwise may
     # sum that row's dot products in another order (BLAS's order depends on the tile's shape) and
     # find a finite score, or +∞, where the forward's overflowed to −∞. Here row 0's scores are
-    # finite outright and only its lse says "nothing": it must still give no gradient, and no NaN.
-    # (Before: e^(S − stand-in) weighed its keys, and dv took row 0's upstream gradient.)
+    # finite outright (or overflow to +∞) and only its lse says "nothing": it must still give no
+    # gradient, and no NaN. (Before: e^(S − stand-in) weighed its keys, and dv took row 0's
+    # upstream gradient; with +∞ scores, e^(∞ − stand-in) made every gradient NaN.)
     rng = np.random.default_rng(45)
     q, k, v = qkv(rng, 3, 4, 5, 2)
     q, k, v = (x.astype(np.float32) for x in (q, k, v))
-    out, lse = flash_attention(q, k, v, return_lse=True)
-    out[0], lse[0] = 0, -np.inf  # row 0 as a forward whose every score overflowed to −∞ leaves it
-    d_out = rng.standard_normal((3, 2)).astype(np.float32) * 5
-    dq, dk, dv = flash_attention_backward(q, k, v, out, lse, d_out, block=block)
+    if overflow:
+        k[0] = np.abs(k[0]) + 1
+        q[0] = 3e38  # q·k[0] overflows to +∞ (and the cap's tanh gives c, finite: no overflow there)
+    with np.errstate(over="ignore", invalid="ignore"):
+        out, lse = flash_attention(q, k, v, return_lse=True, **options)
+        out[0], lse[0] = 0, -np.inf  # row 0 as a forward whose every score overflowed to −∞ leaves it
+        d_out = rng.standard_normal((3, 2)).astype(np.float32) * 5
+        dq, dk, dv = flash_attention_backward(q, k, v, out, lse, d_out, block=block, **options)
     assert (dq[0] == 0).all()
-    want = attention_backward(q[1:], k, v, d_out[1:])  # the other rows alone
+    want = attention_backward(q[1:], k, v, d_out[1:], **options)  # the other rows alone
     np.testing.assert_allclose(dv, want[2], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(dk, want[1], rtol=1e-5, atol=1e-6)
 

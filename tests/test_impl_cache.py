@@ -367,6 +367,9 @@ BAD = [
     ("k_descale", ValueError, lambda kw: {**_float8(kw), "k_descale": np.ones((2, 4), np.float32)}),
     ("v_descale", ValueError, lambda kw: {**_float8(kw), "v_descale": np.ones(2, np.float32)}),
     ("k_descale", TypeError, lambda kw: {**_float8(kw), "k_descale": np.ones((2, 2), np.int32)}),
+    (r"q's heads \(h = 3.*\(g = 2\)", ValueError, lambda kw: {**kw, "q": kw["q"][:, :3]}),  # 3 % 2
+    (r"q's heads \(h = 4.*\(g = 0\)", ValueError,  # no K/V heads: not a division by zero
+     lambda kw: {**kw, "k": kw["k"][:, :, :0], "v": kw["v"][:, :, :0]}),
 ]
 
 
@@ -413,3 +416,11 @@ def test_the_backward_has_no_paged_or_float8_path():
     for name in ("block_table", "k_descale"):
         with pytest.raises(TypeError, match=name):
             attention_backward(kw["q"], kw["k"], kw["v"], np.zeros((2, 4, 2, 4)), **{name: kw["block_table"]})
+
+
+@pytest.mark.parametrize("fn", [attention, flash_attention])
+def test_no_queries_over_a_paged_cache_is_an_empty_result(fn):
+    kw = _good()
+    q, k, v = kw.pop("q")[:, :, :0], kw.pop("k"), kw.pop("v")
+    out = fn(q, k, v, causal=True, **kw)
+    assert out.shape == (2, 4, 0, 4) and out.dtype == q.dtype

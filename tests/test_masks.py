@@ -144,6 +144,23 @@ def test_per_sequence_counts_positions_from_each_sequences_start(cu_q, cu_k):
     np.testing.assert_array_equal(got, expected)
 
 
+def test_kv_lengths_outside_the_keys_are_refused_and_the_message_says_which_was_given():
+    for lengths in ([-1], [4], [-1, 4]):  # one bad length alone is enough
+        with pytest.raises(ValueError, match=r"kv_lengths must lie in \[0, n_k=3\]"):
+            causal_mask(2, 3, align="kv_lengths", kv_lengths=lengths)
+    with pytest.raises(ValueError, match="align='kv_lengths' with kv_lengths absent"):
+        causal_mask(2, 3, align="kv_lengths")
+    with pytest.raises(ValueError, match="align='top_left' with kv_lengths given"):
+        causal_mask(2, 3, kv_lengths=[1])
+
+
+def test_the_alignment_and_the_outside_value_are_keyword_only():
+    with pytest.raises(TypeError):
+        key_distance(2, 3, "top_left")  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        per_sequence(np.array([0, 2]), np.array([0, 3]), lambda n_q, n_k: np.zeros((n_q, n_k)), 0)  # type: ignore[misc]
+
+
 def test_mask_builders_reject_bad_arguments():
     with pytest.raises(ValueError, match="align"):
         causal_mask(3, align="diagonal")  # type: ignore[arg-type]
