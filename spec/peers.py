@@ -49,7 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     from tabulate import tabulate
 
     parser = argparse.ArgumentParser(prog="python -m spec.peers", description=main.__doc__)
-    peers = {"torch": torch_target, "jax": jax_target, "torch_flex_paged": torch_flex_paged_target}
+    every = ("float16", *bfloat16_if_installed(), "float32", "float64")
+    # each peer's factory and the dtypes it runs in (None: those it declares)
+    peers = {"torch": (torch_target, every), "jax": (jax_target, every),
+             "torch_flex_paged": (torch_flex_paged_target, None)}
     parser.add_argument("peers", nargs="*", choices=list(peers), default=["torch", "jax"])
     parser.add_argument("--profile", choices=["quick", "ci", "thorough"], default="ci")
     parser.add_argument("--max-examples", type=int, default=None)
@@ -57,14 +60,14 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     for name in args.peers:
+        factory, dtypes = peers[name]
         try:
-            target = peers[name]()
+            target = factory()
         except ModuleNotFoundError as e:
             print(f"{name}: not installed ({e.name})", file=sys.stderr)
             return 2
-        every = ("float16", *bfloat16_if_installed(), "float32", "float64")
-        rows += dtype_rows(target, target.dtypes if name == "torch_flex_paged" else every,
-                           profile=args.profile, max_examples=args.max_examples)
+        rows += dtype_rows(target, dtypes or target.dtypes, profile=args.profile,
+                           max_examples=args.max_examples)
     table = [{key: value for key, value in row.items() if key != "failures"} for row in rows]
     print(tabulate(table, headers="keys", tablefmt="github", floatfmt=".3g"))
     for row in rows:
