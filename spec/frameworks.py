@@ -152,7 +152,7 @@ def _sdpa(q: Any, k: Any, v: Any, *, causal: bool, mask: Array | None, scale: fl
 
     attn_mask: Any = None
     if mask is not None:
-        attn_mask = torch.from_numpy(np.ascontiguousarray(_check_mask(mask)))
+        attn_mask = _to_torch(_check_mask(mask))  # its own memory: a read-only mask stays untouched
     if causal and (mask is not None or bias is not None):
         causal_part = torch.from_numpy(golden.causal_visible(q.shape[-2], k.shape[-2]))
         attn_mask = causal_part if attn_mask is None else attn_mask & causal_part
