@@ -512,18 +512,63 @@ def _paged(
 DEFAULT_BACKWARD_BLOCK = (1024, 256)
 
 
-def _with_column(x: Array, column: Array | float) -> Array:  # [n, d], [n] or scalar -> [n, d + 1]
-    """``x`` with one more column: lets a matmul add a per-row (or per-key) term for free."""
-    wide = np.empty((*x.shape[:-1], x.shape[-1] + 1), dtype=x.dtype)
-    wide[..., :-1] = x
-    wide[..., -1] = column
-    return wide
+def _carve(memory: Array, *shapes: tuple[int, ...]) -> list[Array]:
+    """C-contiguous arrays of ``shapes``, one after another in the flat buffer ``memory``."""
+    arrays, start = [], 0
+    for shape in shapes:
+        size = int(np.prod(shape))
+        arrays.append(memory[start : start + size].reshape(shape))
+        start += size
+    return arrays
+
+
+def _carved_size(*shapes: tuple[int, ...]) -> int:
+    return sum(int(np.prod(shape)) for shape in shapes)
+
+
+def _zeroed(shape: tuple[int, ...], dtype: np.dtype) -> Array:
+    """Zeros whose pages are touched now (np.zeros may leave fresh pages for the first write)."""
+    x = np.empty(shape, dtype=dtype)
+    x.fill(0)
+    return x
+
+
+class _Workspace:
+    """One worker's tiles for `_key_block` (flat buffers, in the order of `shapes`).
+
+    ``take`` hands out a C-contiguous view of the first ``rows × cols`` entries of a tile, so
+    every matmul writes into a BLAS-ready array whatever the tile's shape.
+    """
+
+    def __init__(self, buffers: Sequence[Array]) -> None:
+        # p: P; dp: dP, then dS; tanh: tanh(s/c), then 1 − tanh² (empty without a softcap);
+        # k_grad: k·scale; k_one, v_one: [k, 1], [v, 1]; dk, dv, dq: one tile's products
+        (self.p, self.dp, self.tanh, self.k_grad, self.k_one, self.v_one, self.dk, self.dv,
+         self.dq) = buffers
+
+    @staticmethod
+    def shapes(rows: int, cols: int, d_k: int, d_v: int, *, softcap: bool) -> list[tuple[int, ...]]:
+        return [(rows * cols,), (rows * cols,), (rows * cols if softcap else 0,), (cols * d_k,),
+                (cols * (d_k + 1),), (cols * (d_v + 1),), (cols * d_k,), (cols * d_v,), (rows * d_k,)]
+
+    @staticmethod
+    def take(buffer: Array, rows: int, cols: int) -> Array:  # -> [rows, cols], C-contiguous
+        return buffer[: rows * cols].reshape(rows, cols)
+
+
+def _all_finite(x: Array) -> bool:
+    """Whether every entry of ``x`` is finite, without an array of flags: a sum is finite only if
+    every term is (an Inf or a NaN makes it Inf or NaN); a sum that overflowed falls back on the
+    entries themselves."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = np.sum(x)
+    return bool(np.isfinite(total)) or bool(np.isfinite(x).all())
 
 
 def _key_block(
     q_s: Array, q: Array, lse: Array, k: Array, v: Array, do_d: Array, dq: Array, dk: Array, dv: Array,
     k0: int, k1: int, *, head: tuple[int, ...], seen: Visibility, scale: float, softcap: float | None,
-    alibi: Alibi | None, block_q: int, skip_hidden: bool, dead: Array,
+    alibi: Alibi | None, block_q: int, skip_hidden: bool, dead: Array, space: _Workspace,
 ) -> None:  # one head: q_s, q, dq [n_q, d_k]; lse [n_q, 1]; k, dk [n_k, d_k]; v, dv [n_k, d_v];
     # do_d [n_q, d_v + 1]; dead [n_q]: the rows that saw nothing in the forward
     """Gradients from keys ``k0:k1`` of one head: writes ``dk[k0:k1]``, ``dv[k0:k1]``, adds into ``dq``.
@@ -537,26 +582,30 @@ def _key_block(
         dV += Pᵀ dO,   dP = dO Vᵀ,   dS = P ∘ (dP − D),   dQ += dS K·scale,   dK += dSᵀ Q·scale
 
     with ``D = rowsum(dO ∘ O)``; under a softcap ``dS`` also takes the factor ``1 − tanh²``.
-    ``do_d = [dO, −D]`` carries the subtraction of D into the matmul against ``[v, 1]``.
+    ``do_d = [dO, −D]`` carries the subtraction of D into the matmul against ``[v, 1]``. Every
+    tile lives in ``space`` (`_Workspace`), the worker's buffers.
     """
     work = dq.dtype
     n_q, d_k = dq.shape
+    d_v = dv.shape[-1]
     do = do_d[:, :-1]  # view: [n_q, d_v]
     q_lo, q_hi = seen.queries(k0, k1, n_q) if skip_hidden else (0, n_q)
-    k_grad = k[k0:k1] * work.type(scale)  # ∂S/∂q = scale·k: [cols, d_k]
-    k_one = _with_column(k[k0:k1], 1) if q_s.shape[-1] == d_k + 1 else None  # [cols, d_k + 1]
-    v_one = _with_column(v[k0:k1], 1)  # [cols, d_v + 1]
+    cols = k1 - k0
+    take = space.take
+    k_grad = np.multiply(k[k0:k1], work.type(scale), out=take(space.k_grad, cols, d_k))  # ∂S/∂q = scale·k
+    k_one = None
+    if q_s.shape[-1] == d_k + 1:  # [k, 1]: [cols, d_k + 1]
+        k_one = take(space.k_one, cols, d_k + 1)
+        k_one[:, :-1], k_one[:, -1] = k[k0:k1], 1
+    v_one = take(space.v_one, cols, d_v + 1)  # [v, 1]: [cols, d_v + 1]
+    v_one[:, :-1], v_one[:, -1] = v[k0:k1], 1
     dk_b, dv_b = dk[k0:k1], dv[k0:k1]  # [cols, d_k], [cols, d_v]: this job's rows, zero on entry
-    rows_max, cols = min(block_q, q_hi - q_lo), k1 - k0
-    p_buf, dp_buf = (np.empty((rows_max, cols), dtype=work) for _ in range(2))
-    t_buf = np.empty((rows_max, cols), dtype=work) if softcap is not None else None
-    dk_t, dv_t = np.empty_like(dk_b), np.empty_like(dv_b)
-    dq_t = np.empty((rows_max, d_k), dtype=work)
+    dk_t, dv_t = take(space.dk, cols, d_k), take(space.dv, cols, d_v)
     for q0 in range(q_lo, q_hi, block_q):
         q1 = min(q0 + block_q, q_hi)
         rows = q1 - q0
-        p, dp = p_buf[:rows], dp_buf[:rows]
-        t = None if t_buf is None else t_buf[:rows]
+        p, dp = take(space.p, rows, cols), take(space.dp, rows, cols)
+        t = take(space.tanh, rows, cols) if softcap is not None else None
         if k_one is not None:  # S − lse: [rows, d_k + 1] @ [d_k + 1, cols], then the masks
             np.matmul(q_s[q0:q1], k_one.T, out=p)
             if seen.crosses(q0, q1, k0, k1):
@@ -576,7 +625,7 @@ def _key_block(
             np.multiply(t, t, out=t)
             np.subtract(work.type(1), t, out=t)
             np.multiply(dp, t, out=dp)  # through c·tanh(u/c): the factor 1 − tanh²
-        dq[q0:q1] += np.matmul(dp, k_grad, out=dq_t[:rows])  # [rows, cols] @ [cols, d_k]
+        dq[q0:q1] += np.matmul(dp, k_grad, out=take(space.dq, rows, d_k))  # [rows, cols] @ [cols, d_k]
         dk_b += np.matmul(dp.T, q[q0:q1], out=dk_t)  # [cols, rows] @ [rows, d_k]
     dk_b *= work.type(scale)
 
@@ -663,13 +712,11 @@ def flash_attention_backward(
     # overflowing first (−∞ itself would give −∞ − −∞ = NaN).
     dead = np.isneginf(lse_)  # [..., n_q]
     lse_ = np.where(dead, work.type(np.inf), lse_)[..., None]  # [..., n_q, 1]
-    q_s = qs * _query_factor(scale, softcap, work)  # as the forward scales q: [..., n_q, d_k]
-    if softcap is None and alibi is None:  # [q·scale, −lse]: S − lse in one matmul (_key_block)
-        q_s = _with_column(q_s, -lse_[..., 0])  # [..., n_q, d_k + 1]
-    do_d = _with_column(do, -d_row)  # [..., n_q, d_v + 1]
+    factor = _query_factor(scale, softcap, work)  # as the forward scales q
+    fold = softcap is None and alibi is None  # [q·scale, −lse]: S − lse in one matmul (_key_block)
     # As in the forward: tiles outside the mask are skipped only when that is exact; with a NaN
     # or Inf among the inputs, the hidden pairs' 0 · Inf terms must reach the gradients too.
-    skip_hidden = all(bool(np.isfinite(x).all()) for x in (qs, ks, vs, do))
+    skip_hidden = all(_all_finite(x) for x in (qs, ks, vs, do))
 
     heads = list(np.ndindex(*batch))
     jobs = [(h, k0, min(k0 + block_k, n_k)) for h in range(len(heads)) for k0 in range(0, n_k, block_k)]
@@ -681,11 +728,29 @@ def flash_attention_backward(
     costs = [cost(k0, k1) for _, k0, k1 in jobs]
     threads = _threads(len(jobs), len(heads) * n_q * n_k)
     shares = _shares(costs, threads)
-    dk = np.zeros((*batch, n_k, d_k), dtype=work)
-    dv = np.zeros((*batch, n_k, d_v), dtype=work)
-    # Each worker adds into its own dq (the first into the result); key blocks never share rows
-    # of dk and dv, so those need no copies.
-    dqs = [np.zeros((*batch, n_q, d_k), dtype=work) for _ in shares]
+    # Every buffer the workers write is made and first touched (zeroed) here, before they start:
+    # a page that first faults in while another thread of the process runs costs far more than
+    # one faulted here. Measured on the 2-core CI machine, 2026-12-01 (getrusage around ten warm
+    # calls, n = 4096, d = 128, causal, two threads): with the workers touching fresh gradients
+    # and tiles, 4,489 faults and 51 ms of system time per call of 97 ms; with all of it touched
+    # here, 212 faults, 0.5 ms and 63 ms. After the gradients: q·scale and dO with their extra
+    # columns, a dq per extra worker (key blocks never share rows of dk and dv, so those need no
+    # copies), each worker's tiles.
+    tiles = _Workspace.shapes(min(block_q, n_q), min(block_k, n_k), d_k, d_v, softcap=softcap is not None)
+    shapes = [(*batch, n_q, d_k), (*batch, n_k, d_k), (*batch, n_k, d_v),
+              (*batch, n_q, d_k + 1 if fold else d_k), (*batch, n_q, d_v + 1),
+              *[(*batch, n_q, d_k)] * (len(shares) - 1), *tiles * len(shares)]
+    dq, dk, dv = (_zeroed(shape, work) for shape in shapes[:3])
+    q_s, do_d, *rest = _carve(np.empty(_carved_size(*shapes[3:]), dtype=work), *shapes[3:])
+    for x in rest:  # q_s and do_d are written whole below
+        x.fill(0)
+    dqs = [dq, *rest[: len(shares) - 1]]  # each worker adds into its own dq, the first into the result
+    tile_memory = rest[len(shares) - 1 :]
+    spaces = [_Workspace(tile_memory[w * len(tiles) : (w + 1) * len(tiles)]) for w in range(len(shares))]
+    np.multiply(qs, factor, out=q_s[..., :d_k])  # [..., n_q, d_k (+ 1)]
+    if fold:
+        q_s[..., -1] = -lse_[..., 0]
+    do_d[..., :-1], do_d[..., -1] = do, -d_row  # [dO, −D]: [..., n_q, d_v + 1]
 
     def run(worker: int) -> None:
         for i in shares[worker]:
@@ -693,10 +758,9 @@ def flash_attention_backward(
             idx = heads[h]
             _key_block(q_s[idx], qs[idx], lse_[idx], ks[idx], vs[idx], do_d[idx], dqs[worker][idx], dk[idx],
                        dv[idx], k0, k1, head=idx, seen=seen, scale=scale, softcap=softcap, alibi=alibi,
-                       block_q=block_q, skip_hidden=skip_hidden, dead=dead[idx])
+                       block_q=block_q, skip_hidden=skip_hidden, dead=dead[idx], space=spaces[worker])
 
     _in_parallel(run, range(len(shares)), threads)
-    dq = dqs[0]
     for extra in dqs[1:]:
         dq += extra
     return tuple(  # type: ignore[return-value]
