@@ -10,7 +10,6 @@ import faulthandler
 import inspect
 import multiprocessing
 import os
-import queue
 import re
 import resource
 import signal
@@ -51,28 +50,59 @@ def _interrupt(thread: threading.Thread) -> None:
 
 class _CallThread:
     """A daemon thread that runs the calls handed to it, one at a time: a call costs a hand-off
-    through a queue, not the start of a thread (a quarter of a millisecond, thousands of times a run)."""
+    through two locks, not the start of a thread (a quarter of a millisecond, thousands of times a
+    run). ``go`` is released by the caller when ``job`` is set, ``done`` by this thread when
+    ``box`` holds the job's value or error; a lock's acquire with a timeout waits in C, without
+    the Python-level condition variable an event or a queue takes per call."""
 
     def __init__(self) -> None:
-        self.jobs: queue.SimpleQueue[tuple[Callable[[], Any], dict[str, Any],
-                                           threading.Event]] = queue.SimpleQueue()
+        self.go, self.done = threading.Lock(), threading.Lock()
+        self.go.acquire()
+        self.done.acquire()
+        self.job: Callable[[], Any] | None = None
+        self.box: dict[str, Any] = {}
         self.thread = threading.Thread(target=self._serve, daemon=True, name="spec-target-call")
         self.thread.start()
 
     def _serve(self) -> None:
         try:
             while True:
-                fn, box, done = self.jobs.get()
+                self.go.acquire()
+                fn, box = self.job, {}
+                assert fn is not None
                 try:
                     box["value"] = fn()
                 except TargetHung:  # interrupted past its deadline: this thread is done
+                    self.done.release()  # for a caller still waiting for it to unwind (`watched`)
                     return
                 except BaseException as e:  # handed back to the caller's thread
                     box["error"] = e
-                finally:
-                    done.set()
+                self.box = box
+                self.done.release()
         except TargetHung:  # an interrupt that arrived between calls ends the thread too
             return
+
+    def idle(self) -> bool:
+        """Alive and not running a job (one left running by an interrupted caller is not idle)."""
+        return self.thread.is_alive() and self.job is None
+
+    def give(self, fn: Callable[[], Any]) -> None:
+        """Start ``fn`` in this thread (the last job must be done)."""
+        self.job = fn
+        self.go.release()
+
+    def wait(self, seconds: float) -> dict[str, Any] | None:
+        """The job's outcome (``{"value": ...}`` or ``{"error": ...}``), or None if it is still
+        running after ``seconds``."""
+        if not self.done.acquire(timeout=min(seconds, threading.TIMEOUT_MAX)):
+            return None
+        box, self.box, self.job = self.box, {}, None
+        return box
+
+    def run(self, fn: Callable[[], Any], seconds: float) -> dict[str, Any] | None:
+        """``fn``'s outcome, or None after ``seconds``."""
+        self.give(fn)
+        return self.wait(seconds)
 
 
 _CALLER: list[_CallThread] = []  # the live call thread, if any (a fork's child starts its own)
@@ -88,16 +118,92 @@ def with_deadline(fn: Callable[[], Any], seconds: float | None) -> Any:
     """
     if seconds is None:
         return fn()
-    if not _CALLER or not _CALLER[0].thread.is_alive():
+    if not _CALLER or not _CALLER[0].idle():
         _CALLER[:] = [_CallThread()]
     worker = _CALLER[0]
-    box: dict[str, Any] = {}
-    done = threading.Event()
-    worker.jobs.put((fn, box, done))
-    if not done.wait(seconds):
+    box = worker.run(fn, seconds)
+    if box is None:
         _CALLER.clear()  # abandoned: it may never come back
         _interrupt(worker.thread)
         raise TargetHung(f"did not return within the {seconds:g} s deadline")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+class Watch:
+    """The deadline of the call that the watched thread (`watched`) is making, for the thread
+    that watches it: set by `invoke` around each call, read by `watched`, under one lock, so that
+    an overrun is interrupted only while the call that overran is still running."""
+
+    def __init__(self, thread: threading.Thread) -> None:
+        self.lock = threading.Lock()
+        self.until: float | None = None  # time.monotonic() past which the running call is late
+        self.seconds = 0.0  # its deadline
+        self.thread = thread
+
+    @contextlib.contextmanager
+    def call(self, seconds: float) -> Iterator[None]:
+        with self.lock:
+            self.until, self.seconds = time.monotonic() + seconds, seconds
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.until = None
+
+    def interrupt_if_late(self) -> float | None:
+        """Interrupt the watched thread if its call is past its deadline; that deadline, or None."""
+        with self.lock:
+            if self.until is None or time.monotonic() < self.until:
+                return None
+            _interrupt(self.thread)
+            self.until = None
+            return self.seconds
+
+
+WATCH: contextvars.ContextVar[Watch | None] = contextvars.ContextVar("WATCH", default=None)
+"""The `Watch` of the watched thread, inside that thread."""
+
+_WATCHED: list[tuple[_CallThread, Watch]] = []  # the thread that runs watched work, kept between runs
+_GRACE_S = 1.0  # how long an interrupted thread is given to unwind before it is abandoned
+
+
+def watched(fn: Callable[[], Any], deadline: float) -> Any:
+    """``fn()`` in the watched thread (kept from one call to the next, with this thread's
+    context), each target call it makes under its deadline: the calls run in that thread, one
+    after another, and this thread looks at the one running every tenth of ``deadline`` (the
+    deadline the calls are under; at most once a second), so an overrun is caught within a
+    tenth of its deadline. Waking a thread on the other core costs more than a small call
+    itself: with a hand-off per call (`with_deadline`), ``spec check reference --profile ci``
+    took 5–8 % more CPU time and 10 % more wall time (measured on the 2-core CI machine,
+    2026-12-01, three runs each way). The thread is kept because a new one costs more still:
+    Hypothesis registers a random generator per thread, with a full garbage collection, and
+    validates each strategy again.
+
+    A call past its deadline is interrupted (`TargetHung` raised in the thread at its next
+    Python instruction, so ``fn`` unwinds as after any other failure) and `TargetHung` is
+    raised here; the thread is given a second to unwind, then abandoned (a daemon, it cannot
+    keep the process alive), and the next call starts a fresh one. ``fn``'s value is returned
+    and its exception re-raised here."""
+    if not _WATCHED or not _WATCHED[0][0].idle():
+        worker = _CallThread()
+        _WATCHED[:] = [(worker, Watch(worker.thread))]
+    worker, watch = _WATCHED[0]
+    context = contextvars.copy_context()
+
+    def body() -> Any:
+        WATCH.set(watch)
+        return fn()
+
+    worker.give(lambda: context.run(body))
+    look = min(1.0, deadline / 10)
+    while (box := worker.wait(look)) is None:
+        late = watch.interrupt_if_late()
+        if late is not None:
+            _WATCHED.clear()  # an interrupt may still be pending in it: never reused
+            worker.wait(_GRACE_S)
+            raise TargetHung(f"did not return within the {late:g} s deadline")
     if "error" in box:
         raise box["error"]
     return box["value"]
@@ -113,9 +219,10 @@ def invoke(target: Target, what: str, fn: Callable[[], Any], deadline: float | N
     keywords it was declared to take). ``what`` names the callable in messages ("the target",
     "grad_fn").
 
-    Modes: ``thread`` — a worker thread under the deadline (``target.deadline_s`` overrides the
-    profile's); ``caller`` — this thread, no deadline (for libraries that must be called from
-    one thread); ``process`` — a forked worker process (Linux/macOS fork): a crash (SIGSEGV,
+    Modes: ``thread`` — under the deadline (``target.deadline_s`` overrides the profile's): in
+    this thread when it is `watched` (the runner runs each property so), else handed to a worker
+    thread (`with_deadline`); ``caller`` — this thread, no deadline (for libraries that must be
+    called from one thread); ``process`` — a forked worker process (Linux/macOS fork): a crash (SIGSEGV,
     SIGABRT, ``os._exit``) is a failure naming the signal, an overrun SIGKILLs the worker, and
     the next call starts a fresh one. Within `workers` (each property run) a target keeps
     one worker that receives `Request` objects; any other ``fn`` runs in a one-off fork.
@@ -131,6 +238,10 @@ def invoke(target: Target, what: str, fn: Callable[[], Any], deadline: float | N
             return _in_process(target, what, fn, seconds)
         if target.isolation == "caller":
             return _guarded(target, fn)
+        watch = WATCH.get()
+        if watch is not None and seconds is not None and watch.thread is threading.current_thread():
+            with watch.call(seconds):
+                return _guarded(target, fn)
         return with_deadline(lambda: _guarded(target, fn), seconds)
     except (TargetHung, TargetStopped, TargetError, TargetFailed):
         raise

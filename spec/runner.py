@@ -19,7 +19,16 @@ import numpy as np
 from hypothesis import HealthCheck, Phase, Verbosity, example, given, settings
 
 from spec.builtin import NoSource, load_target, source_of
-from spec.calling import CALLS, DEADLINE, Call, SignatureMismatch, TargetHung, TargetStopped, workers
+from spec.calling import (
+    CALLS,
+    DEADLINE,
+    Call,
+    SignatureMismatch,
+    TargetHung,
+    TargetStopped,
+    watched,
+    workers,
+)
 from spec.cases import Case
 from spec.laws._helpers import OBSERVED
 from spec.profiles import PROFILES, Profile
@@ -114,9 +123,15 @@ def run_property(
     observed_token = OBSERVED.set(observed)
     calls_token = CALLS.set(made)
     start = time.perf_counter()
-    try:
+    def attempt() -> None:
         with one_thread_blas(), workers():  # a fresh count of crashes; workers shared within run_all
             runner()
+
+    try:
+        if target.isolation == "thread":  # the whole run in one watched thread, each call under its deadline
+            watched(attempt, target.deadline_s if target.deadline_s is not None else chosen.deadline_s)
+        else:
+            attempt()
     except TargetHung as e:
         return _failure(prop, target, last, made, calls, start, f"the target {e}", source, observed)
     except SignatureMismatch as e:
