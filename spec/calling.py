@@ -49,11 +49,12 @@ def _interrupt(thread: threading.Thread) -> None:
 
 
 class _CallThread:
-    """A daemon thread that runs the calls handed to it, one at a time: a call costs a hand-off
-    through two locks, not the start of a thread (a quarter of a millisecond, thousands of times a
-    run). ``go`` is released by the caller when ``job`` is set, ``done`` by this thread when
-    ``box`` holds the job's value or error; a lock's acquire with a timeout waits in C, without
-    the Python-level condition variable an event or a queue takes per call."""
+    """A daemon thread that runs the jobs handed to it, one at a time — single calls
+    (`with_deadline`) or whole property runs (`watched`) — kept for the next job: a job costs a
+    hand-off through two locks, not the start of a thread. ``go`` is released by the caller when
+    ``job`` is set, ``done`` by this thread when ``box`` holds the job's value or error; a lock's
+    acquire with a timeout waits in C, without the Python-level condition variable an event or
+    a queue takes per job."""
 
     def __init__(self) -> None:
         self.go, self.done = threading.Lock(), threading.Lock()
