@@ -440,7 +440,7 @@ def flash_attention(
     # Skipping the tiles outside the mask is exact for finite values. A NaN or Inf value behind
     # the mask still reaches every row in impl.attention (weight 0 · Inf = NaN); then compute those
     # tiles too, so the result never depends on the tiling.
-    skip_hidden = bool(np.isfinite(vs).all())
+    skip_hidden = _all_finite(vs)
 
     def run(job: tuple[int, int, int]) -> None:
         h, q0, q1 = job
@@ -491,7 +491,7 @@ def _paged(
         keys.append(cache.sequence(k, table[b], length, None if k_scale is None else k_scale[b], work))
         values.append(cache.sequence(v, table[b], length, None if v_scale is None else v_scale[b], work))
         seen.append(Visibility(causal=causal, window=window, offset=length - n_q))
-    finite = [bool(np.isfinite(x).all()) for x in values]  # as in flash_attention: skip only when exact
+    finite = [_all_finite(x) for x in values]  # as in flash_attention: skip only when exact
 
     def run(job: tuple[int, int, int, int]) -> None:
         b, h, q0, q1 = job

@@ -177,8 +177,8 @@ def watched(fn: Callable[[], Any], deadline: float) -> Any:
     deadline the calls are under; at most once a second), so an overrun is caught within a
     tenth of its deadline. Waking a thread on the other core costs more than a small call
     itself: with a hand-off per call (`with_deadline`), ``spec check reference --profile ci``
-    took 5–8 % more CPU time and 10 % more wall time (measured on the 2-core CI machine,
-    2026-12-01, three runs each way). The thread is kept because a new one costs more still:
+    took 6–13 % more CPU time and 10–16 % more wall time (measured on the 2-core CI machine,
+    2026-12-01, three alternated runs each way). The thread is kept because a new one costs more still:
     Hypothesis registers a random generator per thread, with a full garbage collection, and
     validates each strategy again.
 
