@@ -226,3 +226,42 @@ def test_a_one_off_worker_sends_mutations_back_too():
     call(Target(mutating, isolation="process"), Inputs(q, k, v), deadline=30.0,
          copy=False)  # outside workers()
     assert not q.any()
+
+
+def test_process_isolation_runs_each_law_in_its_worker_without_a_round_trip_per_call(monkeypatch, tmp_path):
+    """Before: every call was a round trip to the worker (pickling, a pipe, two wake-ups), ~20 %
+    of the run's CPU time; now the law's whole run happens in the worker, which calls directly."""
+    trips, pids = [], tmp_path / "pids"
+    per_call = calling._Worker.call
+    monkeypatch.setattr(calling._Worker, "call", lambda self, *a, **kw: trips.append(1) or per_call(self, *a, **kw))
+
+    def where(q, k, v, *, causal=False):
+        with open(pids, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        return attention(q, k, v, causal=causal)
+
+    report = spec.check(Target(where, isolation="process"), profile="quick",
+                        only=["matches_golden", "causal_no_leak"])
+    assert report.ok and all(r.examples >= 10 for r in report.results)
+    assert trips == []
+    seen = {int(line) for line in pids.read_text().split()}
+    assert len(seen) == 1 and os.getpid() not in seen and _gone(seen.pop())  # one worker, reaped
+
+
+def test_a_crash_that_the_rerun_call_by_call_does_not_repeat_is_still_a_failure(tmp_path):
+    """The law's run crashes its worker once; run again call by call it passes: a failure all
+    the same (intermittent), never a pass."""
+    crashed = tmp_path / "crashed"
+
+    def crashes_once(q, k, v, *, causal=False):
+        if causal and not crashed.exists():
+            crashed.touch()
+            ctypes.string_at(0)
+        return attention(q, k, v, causal=causal)
+
+    (result,) = spec.check(Target(crashes_once, isolation="process"), profile="quick",
+                           only=["causal_no_leak"]).results
+    assert crashed.exists()
+    assert result.status == "fail" and result.counterexample is None
+    assert result.message.startswith("the target crashed with SIGSEGV in a run of this law in its worker "
+                                     "process, but not when the law was run again")

@@ -54,10 +54,17 @@ def keyword_cases(target: Target, keyword: Keyword) -> st.SearchStrategy[Case]:
                       gqa=target.supports_gqa)
 
 
-@st.composite
-def _one_keyword(draw: st.DrawFn, target: Target) -> Case:
-    """One of the target's keywords that change the gradients, drawn on a gradient case."""
-    return draw(keyword_cases(target, draw(st.sampled_from(differentiable(target)))))
+def _one_keyword(target: Target) -> st.SearchStrategy[Case]:
+    """One of the target's keywords that change the gradients, drawn on a gradient case (each
+    keyword's strategy made once: one built afresh for each example is validated afresh)."""
+    keywords = st.sampled_from(list(range(len(differentiable(target)))))
+    strategies = [keyword_cases(target, kw) for kw in differentiable(target)]
+
+    @st.composite
+    def one(draw: st.DrawFn) -> Case:
+        return draw(strategies[draw(keywords)])
+
+    return one()
 
 
 def keyword_matters(target: Target, case: Case, keyword: Keyword) -> bool:

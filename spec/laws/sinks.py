@@ -5,6 +5,8 @@ weights sum to 1 − the sink's weight.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from hypothesis import strategies as st
 
@@ -41,9 +43,10 @@ def logit_dtype(case: Case) -> type:
     return np.float64 if case.dtype == "float64" else np.float32
 
 
+@functools.cache
 def sink_values(heads: int, low: float = -4.0, high: float = 4.0) -> st.SearchStrategy[tuple[float, ...]]:
     """One sink logit per head, in [low, high] (by default a sink that takes from 2% to 98% of a
-    short row)."""
+    short row; made once per arguments: see `spec.cases.choice`)."""
     return st.lists(st.floats(low, high, allow_nan=False), min_size=heads, max_size=heads).map(tuple)
 
 

@@ -8,6 +8,8 @@ Public off-by-one reports: transformers#39408 and vllm#3385.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from hypothesis import assume
 from hypothesis import strategies as st
@@ -33,8 +35,10 @@ def window_visible(geo: Geometry, window: tuple[int, int]) -> Array:  # -> broad
     return (j >= geo.diagonal - left) & (j <= geo.diagonal + right)
 
 
+@functools.cache
 def sides(n: int) -> st.SearchStrategy[int]:
-    """One side of a window: mostly small (0..4, where off-by-ones live), sometimes up to n + 2."""
+    """One side of a window: mostly small (0..4, where off-by-ones live), sometimes up to n + 2
+    (made once per n: see `spec.cases.choice`)."""
     return st.one_of(st.integers(0, 4), st.integers(0, n + 2))
 
 
