@@ -801,20 +801,24 @@ class _RunWorker(_Worker):
 
 
 def run_in_worker(target: Target, serve: Callable[[Target, Any], Any], job: Any,
-                  deadline: float | None) -> tuple[Any, str | None]:
+                  deadline: float | None) -> tuple[Any, str | None] | None:
     """``serve(target, job)`` in the run's `_RunWorker` for ``target`` (forked on first use, one
     for the run): ``(value, None)``, or ``(None, what happened)`` if it crashed or a call in it
     overran ``deadline`` — then the worker is gone and the caller runs the job here again, each
-    call in a `_Worker`, which reports and shrinks the failure. Needs `workers`."""
+    call in a `_Worker`, which reports and shrinks the failure. After that, None for the rest of
+    the run (within `workers`, which this needs): a target that crashed or hung once is called
+    call by call from then on, so each later failure is met once, not once here and again."""
     pool = WORKERS.get()
     assert pool is not None, "run_in_worker needs workers()"
     key = ("run", id(target))
-    worker = pool.get(key)
+    worker = pool.get(key, False)
+    if worker is None:
+        return None
     if not isinstance(worker, _RunWorker) or worker.target is not target:
         worker = pool[key] = _RunWorker(target, serve)
     value, failed = worker.run(job, min(1.0, deadline / 10) if deadline else 1.0)
     if failed is not None:
-        pool.pop(key, None)
+        pool[key] = None
     return value, failed
 
 
@@ -863,9 +867,11 @@ def _in_process(target: Target, what: str, fn: Callable[[], Any], seconds: float
     raise reply[1]
 
 
-WORKERS: contextvars.ContextVar[dict[Any, _Worker] | None] = contextvars.ContextVar("WORKERS", default=None)
+WORKERS: contextvars.ContextVar[dict[Any, _Worker | None] | None] = contextvars.ContextVar("WORKERS",
+                                                                                         default=None)
 """The worker processes of the current run (by target: ``id(target)`` for its `_Worker`,
-``("run", id(target))`` for its `_RunWorker`), or None outside `workers`."""
+``("run", id(target))`` for its `_RunWorker`, None there once it failed), or None outside
+`workers`."""
 CRASHES: contextvars.ContextVar[list[int]] = contextvars.ContextVar("CRASHES", default=[])  # noqa: B039
 
 
@@ -882,7 +888,7 @@ def workers() -> Iterator[None]:
         finally:
             CRASHES.reset(crash_token)
         return
-    pool: dict[Any, _Worker] = {}
+    pool: dict[Any, _Worker | None] = {}
     token, crash_token = WORKERS.set(pool), CRASHES.set([])
     interrupted = True  # until the block ends normally: then a worker may still be mid-call
     try:
@@ -892,4 +898,5 @@ def workers() -> Iterator[None]:
         WORKERS.reset(token)
         CRASHES.reset(crash_token)
         for worker in pool.values():
-            worker.close(kill=interrupted)
+            if worker is not None:
+                worker.close(kill=interrupted)

@@ -103,17 +103,19 @@ def run_property(
     reason = prop.needs(target)
     if reason:
         return Result(prop.name, "skip", 0, 0.0, reason, law=prop.law)
-    failed = None
+    crashed: str | None = None  # what the run's worker process met, if it did not come back
     if target.isolation == "process" and not in_run_worker() and PROPERTIES.get(prop.name) is prop:
         # The whole run in the run's worker process, each call made there; a crash or an overrun
         # there is rerun below with a worker per call, which reports it and shrinks it.
         with workers():
-            result, failed = run_in_worker(
+            outcome = run_in_worker(
                 target, _run_in_worker, (prop.name, {"profile": profile, "max_examples": max_examples,
                                                      "seed": seed, "source": source}),
                 target.deadline_s if target.deadline_s is not None else chosen.deadline_s)
-        if failed is None:
-            return result
+        if outcome is not None:
+            result, crashed = outcome
+            if crashed is None:
+                return result
     last: list[Case] = []  # the example being run; after a failure, the shrunk one
     made: list[Call] = []  # the calls into the target of that example
     calls: list[int] = []
@@ -162,9 +164,9 @@ def run_property(
         OBSERVED.reset(observed_token)
         CALLS.reset(calls_token)
     seconds = time.perf_counter() - start
-    if failed is not None:  # the worker's failure did not come back call by call: still a failure
+    if crashed is not None:  # the worker's failure did not come back call by call: still a failure
         return Result(prop.name, "fail", len(calls), seconds,
-                      f"the target {failed} in a run of this law in its worker process, but not when "
+                      f"the target {crashed} in a run of this law in its worker process, but not when "
                       "the law was run again with each call in a worker of its own (an intermittent "
                       "failure: no counterexample)", law=prop.law, observed=observed)
     message = ", ".join(f"worst {key} {value:.3g}" for key, value in observed.items()

@@ -233,7 +233,8 @@ def test_process_isolation_runs_each_law_in_its_worker_without_a_round_trip_per_
     of the run's CPU time; now the law's whole run happens in the worker, which calls directly."""
     trips, pids = [], tmp_path / "pids"
     per_call = calling._Worker.call
-    monkeypatch.setattr(calling._Worker, "call", lambda self, *a, **kw: trips.append(1) or per_call(self, *a, **kw))
+    monkeypatch.setattr(calling._Worker, "call",
+                        lambda self, *a, **kw: trips.append(1) or per_call(self, *a, **kw))
 
     def where(q, k, v, *, causal=False):
         with open(pids, "a") as f:
@@ -265,3 +266,18 @@ def test_a_crash_that_the_rerun_call_by_call_does_not_repeat_is_still_a_failure(
     assert result.status == "fail" and result.counterexample is None
     assert result.message.startswith("the target crashed with SIGSEGV in a run of this law in its worker "
                                      "process, but not when the law was run again")
+
+
+def test_after_its_worker_crashed_a_run_goes_call_by_call(monkeypatch):
+    """Each crash is met once: the law whose run crashed the worker is run again call by call,
+    and so are the laws after it, instead of a run in a fresh worker that crashes again first."""
+    forks = []
+    make = calling._RunWorker.__init__
+    monkeypatch.setattr(calling._RunWorker, "__init__", lambda self, *a: forks.append(1) or make(self, *a))
+    report = spec.check(Target(segfault_when_causal, isolation="process"), profile="quick",
+                        only=PLAIN[:1] + CAUSAL + ["matches_golden"])
+    by_name = {r.name: r for r in report.results}
+    assert by_name[PLAIN[0]].status == "pass"
+    for name in [*CAUSAL, "matches_golden"]:  # matches_golden draws causal cases too
+        assert by_name[name].message.startswith("the target crashed with SIGSEGV (signal 11)")
+    assert len(forks) == 1
