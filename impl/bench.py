@@ -51,6 +51,11 @@ JSON (``--json FILE``), for other tools; keys are kept, more may be added:
   library tells (PyTorch's chosen SDPA ``backend``, its autograd node; JAX's device and jit).
 * ``sgemm.{size, times_s, gflops}`` — the floor's reference product, all its timed samples (size
   by size, round by round), its median rate.
+* ``tile_products[].{name, shape, transposed, numpy_gflops, torch_gflops}`` — backward only (else
+  empty): the five matrix products of one tile of ``flash_attention_backward`` at its default tile
+  (``[m, k, n]``, which operands arrive as transposed views), each timed on one thread of NumPy's
+  BLAS and of PyTorch's (null without torch): at these shapes the kernels can be no faster than
+  their BLAS.
 * ``memory_method`` — how ``peak_bytes`` was measured, in words.
 * ``results[].{implementation, n_tokens, flops, times_s, calls_per_sample, time_s, gflops, ratio,
   peak_bytes, skipped}`` — one entry per implementation and size: the useful FLOPs (exact), the
@@ -75,6 +80,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import functools
 import importlib.util
 import inspect
 import itertools
@@ -94,7 +100,7 @@ import numpy as np
 import impl.flash
 from impl.attention import attention
 from impl.cli import Parser, UsageError, check_output_dir, int_at_least
-from impl.flash import flash_attention, flash_attention_backward
+from impl.flash import DEFAULT_BACKWARD_BLOCK, flash_attention, flash_attention_backward
 from impl.grad import attention_backward
 
 DEFAULT_SIZES = (512, 1024, 2048, 4096, 8192, 16384)
@@ -334,6 +340,9 @@ def run_benchmark(
         time.sleep(pause)
         return timed(lambda: [fn() for _ in range(count)]) / count
 
+    # The backward tile's products on one thread of each BLAS, untimed by the rounds.
+    products = tile_product_rates(backward_products(d_k, d_v), torch_too="torch" in names) if backward else []
+
     # Each round times, per size, the reference sgemm and then every implementation, back to back.
     times: dict[tuple[str, int], list[float]] = {key: [] for key in calls}
     sgemm: dict[int, list[float]] = {n: [] for n in sizes}
@@ -391,6 +400,7 @@ def run_benchmark(
             "times_s": all_sgemm,
             "gflops": sgemm_flops / statistics.median(all_sgemm) / 1e9,
         },
+        "tile_products": products,
         "memory_method": (
             "tracemalloc peak during one call, inputs made before tracing (NumPy paths only; "
             "PyTorch's and XLA's allocators are not traced)"
@@ -409,6 +419,60 @@ def run_benchmark(
             for n in sizes
         ],
     }
+
+
+def backward_products(d_k: int, d_v: int) -> list[dict[str, Any]]:
+    """The five matrix products of one tile of `flash_attention_backward` at its default tile
+    (``DEFAULT_BACKWARD_BLOCK`` = query rows × keys), as `impl.flash._key_block` makes them:
+    name, ``shape`` ``[m, k, n]`` and which operands arrive transposed (a view, as there)."""
+    rows, cols = DEFAULT_BACKWARD_BLOCK
+    return [
+        {"name": "S - lse", "shape": [rows, d_k + 1, cols], "transposed": [False, True]},
+        {"name": "dV", "shape": [cols, rows, d_v], "transposed": [True, False]},
+        {"name": "dP - D", "shape": [rows, d_v + 1, cols], "transposed": [False, True]},
+        {"name": "dQ", "shape": [rows, cols, d_k], "transposed": [False, False]},
+        {"name": "dK", "shape": [cols, rows, d_k], "transposed": [True, False]},
+    ]
+
+
+def _rate(fn: Call, flops: int, samples: int = 5) -> float:
+    """GFLOP/s of ``fn``: the median of ``samples`` samples of at least MIN_SAMPLE_S each."""
+    fn()
+    count = max(1, math.ceil(MIN_SAMPLE_S / max(timed(fn), 1e-9)))
+    seconds = statistics.median(timed(lambda: [fn() for _ in range(count)]) / count for _ in range(samples))
+    return flops / seconds / 1e9
+
+
+def tile_product_rates(products: list[dict[str, Any]], *, torch_too: bool) -> list[dict[str, Any]]:
+    """Each product's rate on one thread of NumPy's BLAS and, with ``torch_too``, of PyTorch's
+    (``numpy_gflops``, ``torch_gflops``; null when not measured), on the same operand layouts:
+    where the two libraries' BLAS differ in speed at these shapes, so do the two kernels."""
+    from threadpoolctl import threadpool_limits
+
+    rng = np.random.default_rng(0)
+    rates = []
+    for product in products:
+        m, k, n = product["shape"]
+        ta, tb = product["transposed"]
+        a = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
+        b = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
+        a, b, out = (a.T if ta else a), (b.T if tb else b), np.empty((m, n), dtype=np.float32)
+        flops = 2 * m * k * n
+        with threadpool_limits(1, user_api="blas"):
+            numpy_rate = _rate(functools.partial(np.matmul, a, b, out=out), flops)
+        torch_rate = None
+        if torch_too:
+            import torch
+
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                pair = torch.from_numpy(a), torch.from_numpy(b)  # the same strides: transposed views stay so
+                torch_rate = _rate(functools.partial(torch.mm, *pair, out=torch.from_numpy(out)), flops)
+            finally:
+                torch.set_num_threads(threads)
+        rates.append({**product, "numpy_gflops": numpy_rate, "torch_gflops": torch_rate})
+    return rates
 
 
 @contextlib.contextmanager
@@ -546,6 +610,7 @@ def _report_parts(record: dict[str, Any]) -> tuple[str, list[str], list[str], li
         f"floor: useful FLOPs at the rate of a {record['sgemm']['size']}³ float32 sgemm timed before "
         f"each size (median {record['sgemm']['gflops']:.1f} GFLOP/s, {machine['blas']}"
         + (f"; {kernels}" if kernels else "") + ")",
+        *_tile_note(record.get("tile_products") or []),
         "x/y columns: median over rounds of the ratio of back-to-back samples",
         f"memory: {record['memory_method']}; MiB = 2²⁰ bytes",
     ]
@@ -561,6 +626,19 @@ def _report_parts(record: dict[str, Any]) -> tuple[str, list[str], list[str], li
         + (f"; {', '.join(f'{k}={v}' for k, v in env.items())}" if env else "")
     )
     return heading, tables, notes, paths
+
+
+def _tile_note(products: list[dict[str, Any]]) -> list[str]:
+    """The note on the backward tile's products (none for a record without them)."""
+    if not products:
+        return []
+    shown = "; ".join(
+        f"{p['name']} {'×'.join(map(str, p['shape']))}: numpy {p['numpy_gflops']:.0f}"
+        + (f", torch {p['torch_gflops']:.0f} ({p['torch_gflops'] / p['numpy_gflops']:.2f}×)"
+           if p["torch_gflops"] else "")
+        for p in products)
+    return [f"one backward tile's five products (m×k×n, GFLOP/s on one thread of each library's BLAS): "
+            f"{shown}"]
 
 
 def markdown(record: dict[str, Any], page: str | None = None) -> str:

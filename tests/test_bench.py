@@ -1,6 +1,7 @@
 """python -m impl.bench: the FLOP count, the record it writes, and its command line (tiny sizes)."""
 
 import contextlib
+import importlib.util
 import io
 import json
 import statistics
@@ -12,6 +13,7 @@ import pytest
 
 import impl.bench
 from impl.bench import main, useful_flops, visible_pairs
+from impl.flash import DEFAULT_BACKWARD_BLOCK
 from impl.masks import causal_mask
 
 QUICK = ["--repeat", "1", "--pause", "0"]
@@ -48,7 +50,8 @@ def record(tmp_path_factory):
 def test_json_has_the_documented_keys(record):
     data, _ = record
     assert set(data) >= {"command", "date", "config", "machine", "paths", "sgemm", "memory_method", "results",
-                         "floor", "paired"}
+                         "floor", "paired", "tile_products"}
+    assert data["tile_products"] == []  # the backward's only
     assert data["command"].startswith("python -m impl.bench --sizes 16 32 64")
     assert data["date"].endswith("+00:00")  # UTC
     assert data["config"] == {
@@ -289,6 +292,27 @@ def test_backward_mode_times_the_gradient_pair(tmp_path, capsys):
     assert all(r["peak_bytes"] > 0 for r in flash)
     assert all(p["flash_over_torch"] > 0 for p in data["paired"])
     assert "backward (dq, dk, dv)" in capsys.readouterr().out
+
+
+def test_backward_times_its_tile_products_on_one_thread_of_numpy_and_of_torch(tmp_path, capsys):
+    """What bounds the backward's ratio to PyTorch's: the BLAS of each at the kernel's tile shapes."""
+    torch_too = importlib.util.find_spec("torch") is not None
+    path = tmp_path / "b.json"
+    assert main(["--backward", "--sizes", "8", *QUICK, "--impl", "flash", *(["--impl", "torch"] * torch_too),
+                 "--json", str(path)]) == 0
+    products = json.loads(path.read_text())["tile_products"]
+    rows, cols = DEFAULT_BACKWARD_BLOCK
+    assert [p["name"] for p in products] == ["S - lse", "dV", "dP - D", "dQ", "dK"]
+    assert [p["shape"] for p in products] == [[rows, 129, cols], [cols, rows, 128], [rows, 129, cols],
+                                              [rows, cols, 128], [cols, rows, 128]]
+    assert all(p["numpy_gflops"] > 0 for p in products)
+    assert all((p["torch_gflops"] > 0) if torch_too else p["torch_gflops"] is None for p in products)
+    assert "one backward tile's five products" in capsys.readouterr().out
+
+
+def test_the_tile_products_with_torch_too(tmp_path, capsys):
+    pytest.importorskip("torch")
+    test_backward_times_its_tile_products_on_one_thread_of_numpy_and_of_torch(tmp_path, capsys)
 
 
 def test_markdown_page_says_the_command_that_regenerates_it(tmp_path, capsys):
