@@ -770,9 +770,10 @@ class _RunWorker(_Worker):
     calls the target directly inside them, each call timed by a shared `_Clock`. The
     alternative, a round trip to a `_Worker` per call (pickling, a pipe and two wake-ups of a
     process on the other core), cost ~0.35 ms a call: ``spec check reference --profile ci``
-    took 17–22 % more CPU time in process isolation than in thread isolation that way
-    (measured on the 2-core CI machine, 2026-12-01). ``serve(target, job)`` is the job's
-    work (inherited through the fork; ``job`` and its value are pickled)."""
+    took 18–24 % more CPU time in process isolation than in thread isolation that way, and
+    takes −1 to +3 % this way (three alternated runs each, on the 2-core CI machine,
+    2026-12-02). ``serve(target, job)`` is the job's work (inherited through the fork; ``job``
+    and its value are pickled)."""
 
     def __init__(self, target: Target, serve: Callable[[Target, Any], Any]) -> None:
         clock = self.clock = _Clock()
