@@ -57,12 +57,12 @@ def keyword_cases(target: Target, keyword: Keyword) -> st.SearchStrategy[Case]:
 def _one_keyword(target: Target) -> st.SearchStrategy[Case]:
     """One of the target's keywords that change the gradients, drawn on a gradient case (each
     keyword's strategy made once: one built afresh for each example is validated afresh)."""
-    keywords = st.sampled_from(list(range(len(differentiable(target)))))
     strategies = [keyword_cases(target, kw) for kw in differentiable(target)]
+    which = st.sampled_from(list(range(len(strategies))))  # one choice, as sampling the keywords was
 
     @st.composite
     def one(draw: st.DrawFn) -> Case:
-        return draw(strategies[draw(keywords)])
+        return draw(strategies[draw(which)])
 
     return one()
 
