@@ -133,8 +133,12 @@ def main(argv: list[str] | None = None) -> int:
             status = result.status.upper() if result.status == "fail" else result.status
             print(f"  {result.name} … {status}", file=sys.stderr, flush=True)
 
-    report = check(target, profile=args.profile, max_examples=args.max_examples, seed=args.seed,
-                   only=args.only, each=progress, source=args.target)
+    try:
+        report = check(target, profile=args.profile, max_examples=args.max_examples, seed=args.seed,
+                       only=args.only, each=progress, source=args.target)
+    except KeyboardInterrupt:  # Ctrl-C: the laws done so far were listed; every worker is reaped
+        print("python -m spec: interrupted", file=sys.stderr)
+        return 130  # 128 + SIGINT, as a shell reports it
     if args.json:
         text = report.to_json()
         if to_stdout:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 from importlib.metadata import entry_points
@@ -175,3 +176,28 @@ def test_pytest_plugin_under_xdist(tmp_path):
     run = _pytest(tmp_path, "--attention-target=flash", "-n", "2", "-k", "own or shape or scale or mask")
     assert run.returncode == 0, run.stdout + run.stderr
     assert "3 passed, 4 skipped" in run.stdout  # the two mask laws of spec.laws.masks skip too
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_ctrl_c_stops_the_run_with_one_line_exit_130_and_no_worker_left(isolation):
+    """Before: a KeyboardInterrupt traceback. Ctrl-C signals the whole foreground group, the
+    run's worker process included."""
+    run = subprocess.Popen(
+        [sys.executable, "-m", "spec", "check", "reference", "--profile", "ci", "--isolation", isolation],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT, start_new_session=True)
+    try:
+        while "… pass" not in run.stderr.readline():  # a law has run: the run is under way
+            assert run.poll() is None
+        children = subprocess.run(["ps", "--ppid", str(run.pid), "-o", "pid="], capture_output=True,
+                                  text=True).stdout.split()
+        os.killpg(run.pid, signal.SIGINT)
+        _, err = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 130
+    assert err.strip().splitlines()[-1] == "python -m spec: interrupted" and "Traceback" not in err
+    assert bool(children) == (isolation == "process")  # the run's worker
+    for pid in children:
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(pid), 0)
