@@ -181,10 +181,12 @@ def test_pytest_plugin_under_xdist(tmp_path):
 @pytest.mark.parametrize("isolation", ["thread", "process"])
 def test_ctrl_c_stops_the_run_with_one_line_exit_130_and_no_worker_left(isolation):
     """Before: a KeyboardInterrupt traceback. Ctrl-C signals the whole foreground group, the
-    run's worker process included."""
+    run's worker process included. (SIGINT is set back to its default in the child: a test run
+    started in the background of a shell inherits it ignored, and Python keeps it so.)"""
     run = subprocess.Popen(
         [sys.executable, "-m", "spec", "check", "reference", "--profile", "ci", "--isolation", isolation],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT, start_new_session=True)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         while "… pass" not in run.stderr.readline():  # a law has run: the run is under way
             assert run.poll() is None
