@@ -100,6 +100,7 @@ def run_property(
     why no line can name it); defaults to its name.
     """
     chosen = PROFILES[profile]
+    deadline = target.deadline_s if target.deadline_s is not None else chosen.deadline_s  # per call
     reason = prop.needs(target)
     if reason:
         return Result(prop.name, "skip", 0, 0.0, reason, law=prop.law)
@@ -110,8 +111,7 @@ def run_property(
         with workers():
             outcome = run_in_worker(
                 target, _run_in_worker, (prop.name, {"profile": profile, "max_examples": max_examples,
-                                                     "seed": seed, "source": source}),
-                target.deadline_s if target.deadline_s is not None else chosen.deadline_s)
+                                                     "seed": seed, "source": source}), deadline)
         if outcome is not None:
             result, crashed = outcome
             if crashed is None:
@@ -144,7 +144,7 @@ def run_property(
 
     try:
         if target.isolation == "thread":  # the whole run in one watched thread, each call under its deadline
-            watched(attempt, target.deadline_s if target.deadline_s is not None else chosen.deadline_s)
+            watched(attempt, deadline)
         else:
             attempt()
     except TargetHung as e:
