@@ -241,6 +241,17 @@ def timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
+def calls_per_sample(fn: Callable[[], Any]) -> int:
+    """How many back-to-back calls of ``fn`` last at least MIN_SAMPLE_S (as timeit's autorange),
+    from one timed call."""
+    return max(1, math.ceil(MIN_SAMPLE_S / max(timed(fn), 1e-9)))
+
+
+def seconds_per_call(fn: Callable[[], Any], count: int) -> float:
+    """Wall seconds per call over one sample of ``count`` back-to-back calls."""
+    return timed(lambda: [fn() for _ in range(count)]) / count
+
+
 def peak_traced_bytes(fn: Callable[[], Any]) -> int:
     """Peak bytes traced by tracemalloc during one call (what the call allocates)."""
     tracemalloc.start()
@@ -332,13 +343,12 @@ def run_benchmark(
                 calls[name, n] = fn
                 peak[name, n] = None if name in PEERS else peak_traced_bytes(fn)
                 fn()
-                per_sample[name, n] = max(1, math.ceil(MIN_SAMPLE_S / max(timed(fn), 1e-9)))
+                per_sample[name, n] = calls_per_sample(fn)
 
     def timed_sample(name: str, n: int) -> float:
         """Seconds per call, over a sample of ``per_sample[name, n]`` calls."""
-        fn, count = calls[name, n], per_sample[name, n]
         time.sleep(pause)
-        return timed(lambda: [fn() for _ in range(count)]) / count
+        return seconds_per_call(calls[name, n], per_sample[name, n])
 
     # The backward tile's products on one thread of each BLAS, untimed by the rounds.
     products = tile_product_rates(backward_products(d_k, d_v), torch_too="torch" in names) if backward else []
@@ -438,9 +448,8 @@ def backward_products(d_k: int, d_v: int) -> list[dict[str, Any]]:
 def _rate(fn: Call, flops: int, samples: int = 5) -> float:
     """GFLOP/s of ``fn``: the median of ``samples`` samples of at least MIN_SAMPLE_S each."""
     fn()
-    count = max(1, math.ceil(MIN_SAMPLE_S / max(timed(fn), 1e-9)))
-    seconds = statistics.median(timed(lambda: [fn() for _ in range(count)]) / count for _ in range(samples))
-    return flops / seconds / 1e9
+    count = calls_per_sample(fn)
+    return flops / statistics.median(seconds_per_call(fn, count) for _ in range(samples)) / 1e9
 
 
 def tile_product_rates(products: list[dict[str, Any]], *, torch_too: bool) -> list[dict[str, Any]]:
