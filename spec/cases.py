@@ -116,18 +116,20 @@ class Case:
         (integers in [-3, 3] are exact in every float dtype, bfloat16 included)."""
         if self.values == "ints":
             return rng.integers(-3, 4, size=shape).astype(self.np_dtype)
-        return rng.standard_normal(shape).astype(self.np_dtype)
+        return rng.standard_normal(shape).astype(self.np_dtype, copy=False)
 
     @functools.cached_property
     def _arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         rng = self.rng()
-        root = np.sqrt(self.amplitude)
-        q = (self.values_like(rng, (*self.lead(), self.n_q, self.d_k)) * root).astype(self.np_dtype)
-        k = (self.values_like(rng, (*self.kv_lead, self.n_k, self.d_k)) * root).astype(self.np_dtype)
+        q = self._scaled(self.values_like(rng, (*self.lead(), self.n_q, self.d_k)))
+        k = self._scaled(self.values_like(rng, (*self.kv_lead, self.n_k, self.d_k)))
         v = self.values_like(rng, (*self.kv_lead, self.n_k, self.d_v))
         if self.v_amplitude != 1.0:
             v = (v.astype(np.float64) * self.v_amplitude).astype(self.np_dtype)
         return _frozen(q), _frozen(k), _frozen(v)
+
+    def _scaled(self, x: np.ndarray) -> np.ndarray:  # q or k times √amplitude, rounded to the dtype
+        return x if self.amplitude == 1.0 else (x * np.sqrt(self.amplitude)).astype(self.np_dtype)
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """q, k, v in ``dtype``, always the same for the same case (made once, read-only)."""
@@ -215,6 +217,19 @@ def choice(options: tuple[Any, ...]) -> st.SearchStrategy[Any]:
     return st.sampled_from(options)
 
 
+def pick(draw: st.DrawFn, options: tuple[Any, ...]) -> Any:
+    """``draw(choice(options))``, without a draw when there is one option: a one-element
+    ``sampled_from`` is ``just``, and drawing even that costs Hypothesis as much as a real choice
+    (tens of microseconds, for a value known in advance)."""
+    return options[0] if len(options) == 1 else draw(choice(options))
+
+
+def one_of(draw: st.DrawFn, branches: tuple[st.SearchStrategy[Any], ...]) -> Any:
+    """``draw(st.one_of(*branches))`` with the same choices, one draw fewer: the branch is sampled
+    as ``one_of`` samples it (``sampled_from`` over the branches), then drawn."""
+    return draw(draw(choice(branches)))
+
+
 @functools.cache
 def between(low: int, high: int) -> st.SearchStrategy[int]:
     """``st.integers(low, high)``, made once per bounds (see `choice`)."""
@@ -225,14 +240,16 @@ BOOLEANS = st.booleans()
 
 
 @functools.cache
-def lengths(n_max: int, n_min: int = 1) -> st.SearchStrategy[int]:
-    """Mostly short (fast, easy to read when shrunk), sometimes long enough to cross tile edges."""
-    return st.one_of(st.integers(n_min, max(n_min, 12)), st.integers(n_min, n_max))
+def lengths(n_max: int, n_min: int = 1) -> tuple[st.SearchStrategy[int], ...]:
+    """Mostly short (fast, easy to read when shrunk), sometimes long enough to cross tile edges
+    (branches for `one_of`)."""
+    return (st.integers(n_min, max(n_min, 12)), st.integers(n_min, n_max))
 
 
 @functools.cache
-def widths(d_max: int = 128) -> st.SearchStrategy[int]:
-    return st.one_of(st.sampled_from([w for w in WIDTHS if w <= d_max]), st.integers(1, d_max))
+def widths(d_max: int = 128) -> tuple[st.SearchStrategy[int], ...]:
+    """The widths worth hitting (`WIDTHS`), or any (branches for `one_of`)."""
+    return (st.sampled_from([w for w in WIDTHS if w <= d_max]), st.integers(1, d_max))
 
 
 @st.composite
@@ -275,7 +292,7 @@ def cases(
     return case
 
 
-SCALES = st.one_of(st.none(), st.floats(0.05, 2.0))
+SCALES = (st.none(), st.floats(0.05, 2.0))  # branches for `one_of`
 SEEDS = st.integers(0, 2**32 - 1)
 
 
@@ -285,8 +302,8 @@ def _draw_plain(
     amplitudes: tuple[float, ...], gqa: bool, scale: bool,
 ) -> Case:
     ranks = [r for r in target.ndims if r in ndims]
-    ndim = draw(choice(tuple(ranks)))
-    dtype = draw(choice(target.dtypes))
+    ndim = pick(draw, tuple(ranks))
+    dtype = pick(draw, target.dtypes)
     batch = draw(between(1, 3)) if ndim == 4 else 1
     kv_heads = None
     if gqa:
@@ -294,14 +311,14 @@ def _draw_plain(
         heads, kv_heads = g * group, g
     else:
         heads = draw(between(1, 4)) if ndim >= 3 else 1
-    n_q = draw(lengths(n_max, n_q_min))
-    n_k = n_q if n_q >= n_k_min and draw(BOOLEANS) else draw(lengths(n_max, n_k_min))
-    is_causal = draw(choice(tuple(causal))) if target.causal_alignment else False
+    n_q = one_of(draw, lengths(n_max, n_q_min))
+    n_k = n_q if n_q >= n_k_min and draw(BOOLEANS) else one_of(draw, lengths(n_max, n_k_min))
+    is_causal = pick(draw, tuple(causal)) if target.causal_alignment else False
     if is_causal and not target.causal_shape_ok(n_q, n_k):  # square_or_decoding: n_q = n_k or 1
         n_q, n_k = (1, n_k) if n_q_min <= 1 and draw(BOOLEANS) else (n_q, n_q)
         assume(n_k >= n_k_min)
-    d_k = draw(widths())
-    d_v = n_k if pattern else (d_k if draw(BOOLEANS) else draw(widths()))
+    d_k = one_of(draw, widths())
+    d_v = n_k if pattern else (d_k if draw(BOOLEANS) else one_of(draw, widths()))
     return Case(
         dtype=dtype,
         ndim=ndim,
@@ -314,10 +331,10 @@ def _draw_plain(
         seed=draw(SEEDS),
         causal=is_causal,
         kv_heads=kv_heads,
-        values=draw(choice(tuple(values))),
-        amplitude=draw(choice(tuple(amplitudes))),
-        mask=draw(choice(tuple(masks))) if target.supports_mask else "none",
-        scale=draw(SCALES) if scale and target.supports_scale else None,
+        values=pick(draw, tuple(values)),
+        amplitude=pick(draw, tuple(amplitudes)),
+        mask=pick(draw, tuple(masks)) if target.supports_mask else "none",
+        scale=one_of(draw, SCALES) if scale and target.supports_scale else None,
     )
 
 
@@ -336,17 +353,17 @@ def tile_cases(
     """n_q and n_k at the edges of the short tiles (independently: partial last tiles on either
     side), one head, narrow widths."""
     short = [n for n in tile_edges() if n < LONG_TILE - 1]
-    is_causal = draw(choice(tuple(causal))) if target.causal_alignment else False
-    n_q = draw(choice(tuple(n for n in short if n >= n_q_min)))
-    n_k = draw(choice(tuple(n for n in short if n >= n_k_min)))
+    is_causal = pick(draw, tuple(causal)) if target.causal_alignment else False
+    n_q = pick(draw, tuple(n for n in short if n >= n_q_min))
+    n_k = pick(draw, tuple(n for n in short if n >= n_k_min))
     if is_causal and not target.causal_shape_ok(n_q, n_k):  # square_or_decoding: a square at the edge
         n_q = n_k = max(n_q, n_k)
     d_k = draw(between(1, TILE_WIDTH))
     return Case(
-        dtype=draw(choice(target.dtypes)), ndim=min(target.ndims), batch=1, heads=1,
+        dtype=pick(draw, target.dtypes), ndim=min(target.ndims), batch=1, heads=1,
         n_q=n_q, n_k=n_k, d_k=d_k, d_v=n_k if pattern else draw(between(1, TILE_WIDTH)),
-        seed=draw(between(0, 2**32 - 1)), causal=is_causal, values=draw(choice(tuple(values))),
-        mask=draw(choice(tuple(masks))) if target.supports_mask else "none",
+        seed=draw(SEEDS), causal=is_causal, values=pick(draw, tuple(values)),
+        mask=pick(draw, tuple(masks)) if target.supports_mask else "none",
     )
 
 
@@ -360,20 +377,25 @@ def boundary_cases(
     alignment), the smallest rank, d_k = d_v = 3 (d_v = n_k with ``pattern``); the dtypes rotate
     through the declared ones so each is met. ``tiles`` adds n_q, n_k = t ± 1 across the largest
     short tile t (partial last tiles on both sides), ``long`` a causal square one partial query
-    tile past `LONG_TILE`. ``keep`` drops the cases a law's strategy would not draw."""
+    tile past `LONG_TILE`, in float32 where the target declares it (its four million scores
+    cost the oracle and the target about half what they cost in float64 or float16, which
+    is converted). ``keep`` drops the cases a law's strategy would not draw."""
     flags = causal if target.causal_alignment else (False,)
     sizes = [(n_q, n_k) for n_q in range(n_q_min, BOUNDARY + 1) for n_k in range(n_k_min, BOUNDARY + 1)]
     top = max(t for t in TILE_SIZES if t < LONG_TILE)
     sizes += [(top + 1, top - 1), (top - 1, top + 1)] if tiles else []
     squares = [LONG_TILE + TILE_SIZES[0] + 1] if long and True in flags and not pattern else []
     grid = [_grid_case(target, n_q, n_k, flag, pattern, mask) for flag in flags for n_q, n_k in sizes]
-    grid += [_grid_case(target, n, n, True, pattern, mask) for n in squares]
+    long_dtype = "float32" if "float32" in target.dtypes else None
+    grid += [_grid_case(target, n, n, True, pattern, mask, long_dtype) for n in squares]
     # a causal mode defined only on some shapes (square_or_decoding) is not asked for on others
     return [c for c in grid if keep(c) and (not c.causal or target.causal_shape_ok(c.n_q, c.n_k))]
 
 
-def _grid_case(target: Target, n_q: int, n_k: int, causal: bool, pattern: bool, mask: str) -> Case:
-    """One grid case: the smallest rank, one head, d_k = 3 (d_v = 3, or n_k with ``pattern``)."""
-    return Case(dtype=target.dtypes[(n_q + n_k) % len(target.dtypes)], ndim=min(target.ndims), batch=1,
-                heads=1, n_q=n_q, n_k=n_k, d_k=3, d_v=n_k if pattern else 3, seed=10 * n_q + n_k,
+def _grid_case(target: Target, n_q: int, n_k: int, causal: bool, pattern: bool, mask: str,
+               dtype: str | None = None) -> Case:
+    """One grid case: the smallest rank, one head, d_k = 3 (d_v = 3, or n_k with ``pattern``),
+    the dtype ``dtype`` or the next in the rotation."""
+    return Case(dtype=dtype or target.dtypes[(n_q + n_k) % len(target.dtypes)], ndim=min(target.ndims),
+                batch=1, heads=1, n_q=n_q, n_k=n_k, d_k=3, d_v=n_k if pattern else 3, seed=10 * n_q + n_k,
                 causal=causal, mask=mask if target.supports_mask else "none")

@@ -47,7 +47,12 @@ class Inputs:
 
     def replace(self, **changes: Any) -> Inputs:
         """A copy with some arguments changed: core ones by name, any other name a keyword
-        argument (None removes it): ``inputs.replace(k=k2, window=None)``."""
+        argument (None removes it): ``inputs.replace(k=k2, window=None)``. A change that
+        changes nothing (removing a keyword not passed) gives ``inputs`` itself, what it has
+        worked out included."""
+        if all(name not in CORE and value is None and self.keywords.get(name) is None
+               for name, value in changes.items()):
+            return self
         core = {name: value for name, value in changes.items() if name in CORE}
         keywords = dict(self.keywords)
         for name, value in changes.items():
@@ -66,6 +71,8 @@ class Inputs:
     @property
     def lead(self) -> tuple[int, ...]:
         """The leading dims of the output: (), (heads,) or (batch, heads)."""
+        if self.q.shape[:-2] == self.v.shape[:-2]:
+            return tuple(self.q.shape[:-2])
         try:
             return tuple(np.broadcast_shapes(self.q.shape[:-2], self.v.shape[:-2]))
         except ValueError:  # grouped K/V heads: the output has the query heads

@@ -245,7 +245,7 @@ def _expected(target: Target, inputs: Inputs, visible: Array | None) -> Expected
     q = inputs.q
     k, v = golden.with_kv_heads(q, inputs.k), golden.with_kv_heads(q, inputs.v)
     work = as_dtype(target.precision(np.dtype(q.dtype).name))
-    qw, kw, vw = (np.asarray(x).astype(work) for x in (q, k, v))
+    qw, kw, vw = (np.asarray(x).astype(work, copy=False) for x in (q, k, v))
     scale = inputs.scale_value
     base = tolerance.baseline(qw, kw, vw, visible=vis, scale=scale, terms=terms(inputs, geo, work))
     floor = tolerance.floor(qw, kw, vw, scale=scale, added=terms(inputs, geo).added)

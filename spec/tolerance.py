@@ -150,9 +150,9 @@ def floor(q: Array, k: Array, v: Array, *, scale: float, added: tuple[Array, ...
     if v.size == 0 or q.size == 0 or k.size == 0:
         return 0.0
     d_k, n_k = q.shape[-1], k.shape[-2]
-    q64, k64 = np.abs(q.astype(np.float64)), np.abs(k.astype(np.float64))
+    q64, k64 = np.abs(q.astype(np.float64, copy=False)), np.abs(k.astype(np.float64, copy=False))
     s_abs = abs(scale) * float(np.max(q64 @ np.swapaxes(k64, -1, -2)))
-    vmax = float(np.max(np.abs(v.astype(np.float64))))
+    vmax = float(np.max(np.abs(v.astype(np.float64, copy=False))))
     b_abs = 0.0
     for a in added:
         b = np.abs(np.asarray(a, dtype=np.float64))
@@ -305,7 +305,8 @@ def weight_sum_slack(dtype: Any, n_k: int, max_score: float) -> float:
 
 def max_score(q: Array, k: Array, *, visible: Array, scale: float) -> float:
     """max |q·k·scale| over the visible pairs (0 when none is visible)."""
-    s = np.abs((q.astype(np.float64) @ np.swapaxes(k.astype(np.float64), -1, -2)) * scale)
+    q64, k64 = (x.astype(np.float64, copy=False) for x in (q, k))
+    s = np.abs((q64 @ np.swapaxes(k64, -1, -2)) * scale)
     return float(np.max(np.where(visible, s, 0.0), initial=0.0))
 
 
@@ -344,7 +345,7 @@ def compare(
     out64 = np.asarray(out, dtype=np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
         diff = np.where(sel, np.abs(out64 - gold), 0.0)
-        base_diff = np.where(sel, np.abs(base.astype(np.float64) - gold), 0.0)
+        base_diff = np.where(sel, np.abs(base.astype(np.float64, copy=False) - gold), 0.0)
     diff = np.where(sel & ~np.isfinite(diff), np.inf, diff)
     if diff.size == 0:
         return Comparison(0.0, 0.0, floor_, ())

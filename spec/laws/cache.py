@@ -35,7 +35,7 @@ from hypothesis import assume
 from hypothesis import strategies as st
 
 from spec import dtypes, oracle
-from spec.cases import BOOLEANS, Case, between, cases, choice
+from spec.cases import BOOLEANS, Case, between, cases, one_of, pick
 from spec.inputs import Inputs
 from spec.keywords import Geometry, Keyword, Reads, Realigns
 from spec.laws import _needs
@@ -154,13 +154,13 @@ def draw_paged(draw: st.DrawFn, target: Target, case: Case) -> Case:
     """Two or three sequences with their own lengths (`spec.laws.lengths.draw_lengths`), a
     block size (1, one that does not divide the lengths, or any up to n_k + 1) and a poison."""
     case = draw_lengths(draw, target, case)
-    block_size = draw(_block_sizes(case.n_k))
-    return case.with_keyword("paged", (block_size, draw(choice(FILLS))))
+    block_size = one_of(draw, _block_sizes(case.n_k))
+    return case.with_keyword("paged", (block_size, pick(draw, FILLS)))
 
 
 @functools.cache
-def _block_sizes(n_k: int) -> st.SearchStrategy[int]:
-    return st.one_of(st.sampled_from(BLOCK_SIZES), st.integers(1, n_k + 1))
+def _block_sizes(n_k: int) -> tuple[st.SearchStrategy[int], ...]:
+    return (st.sampled_from(BLOCK_SIZES), st.integers(1, n_k + 1))
 
 
 PAGED = Keyword(
@@ -261,7 +261,7 @@ def paged_cases(draw: st.DrawFn, t: Target, *, n_max: int = 40, block_sizes: boo
     heads where the target has them (``gqa``: always or never); causal or not. ``block_sizes``:
     the block size at least 2 and below the longest length (so that another block size is
     another blocking)."""
-    gqa = draw(choice(_gqa_choices(t))) if gqa is None else gqa
+    gqa = pick(draw, _gqa_choices(t)) if gqa is None else gqa
     case = draw(cases(t, ndims=(4,), n_max=n_max, values=("normal",), gqa=gqa, keywords=(PAGED,)))
     if block_sizes:
         longest = max(_lengths(case))
@@ -414,18 +414,18 @@ def cache_cases(draw: st.DrawFn, t: Target) -> Case:
     takes a paged cache, contiguous with kv_lengths where it aligns them per sequence."""
     paged = t.supports_paged_kv and (not _per_sequence_contiguous(t) or draw(BOOLEANS))
     base = draw(cases(t, ndims=(4,), causal=(True,), n_max=8, values=("normal",),
-                      gqa=draw(choice(_gqa_choices(t)))))
+                      gqa=pick(draw, _gqa_choices(t))))
     decoding = draw(BOOLEANS)
     n_q = 1 if decoding else draw(between(2, 8))
     long = decoding and draw(BOOLEANS)
-    n_k = draw(choice(LONG_CACHES)) if long else draw(between(n_q, 48))
+    n_k = pick(draw, LONG_CACHES) if long else draw(between(n_q, 48))
     case = base.replace(n_q=n_q, n_k=n_k, d_k=min(base.d_k, 8), d_v=min(base.d_v, 8), causal=True,
                         mask="none")
     case = draw_lengths(draw, t, case)  # each sequence's own cache length, some shorter than the chunk
     if t.supports_window and draw(BOOLEANS):
         case = draw_window(draw, t, case)
     if paged:
-        case = case.with_keyword("paged", (draw(choice(BLOCK_SIZES)), draw(choice(FILLS))))
+        case = case.with_keyword("paged", (pick(draw, BLOCK_SIZES), pick(draw, FILLS)))
     return case
 
 
@@ -456,7 +456,7 @@ def fp8_cases(draw: st.DrawFn, t: Target, *, gqa: bool | None = None, n_max: int
     """4-D float8 cases, paged where the target takes float8 caches only paged (and half the time
     where it takes paged caches at all), contiguous otherwise."""
     paged = t.supports_paged_kv and (t.fp8_kv_paged_only or draw(BOOLEANS))
-    with_gqa = draw(choice(_gqa_choices(t))) if gqa is None else gqa
+    with_gqa = pick(draw, _gqa_choices(t)) if gqa is None else gqa
     if paged:
         case = draw(paged_cases(t, n_max=n_max, gqa=with_gqa))
     else:
@@ -514,8 +514,8 @@ def fp8_per_row_and_kv_head(target: Target, case: Case) -> None:
 def _apart_cases(draw: st.DrawFn, t: Target) -> Case:
     case = draw(fp8_cases(t))
     g = case.kv_heads or case.heads
-    ratio = 2.0 ** draw(choice((-4, -3, 3, 4)))
-    k_scale = draw(choice((0.25, 0.5, 1.0)))
+    ratio = 2.0 ** pick(draw, (-4, -3, 3, 4))
+    k_scale = pick(draw, (0.25, 0.5, 1.0))
     k_scales = tuple((k_scale,) * g for _ in range(case.batch))
     v_scales = tuple((float(np.float32(k_scale * ratio)),) * g for _ in range(case.batch))
     return case.with_keyword("fp8", (k_scales, v_scales))

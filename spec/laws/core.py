@@ -12,12 +12,14 @@ row i *is* the pattern row softmax(q_i Kᵀ·scale), so no target needs to retur
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from hypothesis import strategies as st
 
 from spec import dtypes, golden
 from spec.calling import call
-from spec.cases import Case, boundary_cases, cases
+from spec.cases import SEEDS, Case, boundary_cases, cases, one_of, pick
 from spec.inputs import Inputs
 from spec.laws import _needs
 from spec.laws._helpers import (
@@ -188,28 +190,44 @@ def scale_is_inv_sqrt_dk(target: Target, case: Case) -> None:
     )
 
 
-SCORE_SAMPLES = 4096
 SCORE_VARIANCE_BAND = 0.25
+SCORE_BAND_SIGMAS = 5.65
+"""The band's half-width in standard deviations of the estimate, at every d_k (`score_samples`)."""
 
 
-def _score_variance_cases(t: Target) -> st.SearchStrategy[Case]:
+def score_samples(d_k: int) -> int:
+    """The heads `score_variance` measures at width d_k: the fewest, in whole batches of 64, for
+    which the standard deviation of its estimate, √((8 + 24/d_k)/N)/2, is at most
+    `SCORE_VARIANCE_BAND` / `SCORE_BAND_SIGMAS`: 4,096 at d_k = 1, 1,088 at d_k = 128 (the
+    estimate's spread shrinks as d_k grows, so fewer heads keep the same false-alarm rate)."""
+    need = (8 + 24 / d_k) / (2 * SCORE_VARIANCE_BAND / SCORE_BAND_SIGMAS) ** 2
+    return 64 * math.ceil(need / 64)
+
+
+SCORE_WIDTHS = (st.sampled_from((1, 2, 8, 64, 128)), st.integers(1, 128))  # branches for `one_of`
+
+
+@st.composite
+def _score_variance_cases(draw: st.DrawFn, t: Target) -> Case:
     rank = 4 if 4 in t.ndims else 3
-    return st.builds(
-        Case, dtype=st.sampled_from(t.dtypes), ndim=st.just(rank), batch=st.just(64),
-        heads=st.just(SCORE_SAMPLES // 64 if rank == 4 else SCORE_SAMPLES), n_q=st.just(1),
-        n_k=st.just(2), d_k=st.one_of(st.sampled_from((1, 2, 8, 64, 128)), st.integers(1, 128)),
-        d_v=st.just(2), seed=st.integers(0, 2**32 - 1),
-    )
+    d_k = one_of(draw, SCORE_WIDTHS)
+    samples = score_samples(d_k)
+    return Case(dtype=pick(draw, t.dtypes), ndim=rank, batch=64 if rank == 4 else 1,
+                heads=samples // 64 if rank == 4 else samples, n_q=1, n_k=2, d_k=d_k, d_v=2,
+                seed=draw(SEEDS))
 
 
 @law(strategy=_score_variance_cases, needs=_needs.ndim(3, 4), reads_pattern=True)
 def score_variance(target: Target, case: Case) -> None:
     """For q, k with independent unit-variance entries the scaled scores have variance 1,
-    whatever d_k. Measured on 4,096 independent heads, each one query against two keys:
+    whatever d_k. Measured on N independent heads, each one query against two keys:
     x = log(P_1/P_0) = s_1 − s_0 has E[x²] = 2, so v̂ = mean(x²)/2 must lie within 1 ± 0.25.
-    The standard deviation of v̂ is √((8 + 24/d_k)/4096)/2 ≤ 0.044, so the band is ≥ 5.6σ wide:
-    a correct target fails with probability below 1e-7 per example (normal approximation; the
-    worst case is d_k = 1), i.e. about once in 10⁵ CI runs of 40 examples.
+    The standard deviation of v̂ is √((8 + 24/d_k)/N)/2, and N is chosen per d_k
+    (`score_samples`: 4,096 heads at d_k = 1, down to 1,088 at d_k = 128) so that it is at most
+    0.044: the band is ≥ 5.65σ wide at every d_k, and a correct target fails with probability
+    below 1e-7 per example (normal approximation; for wide heads x is nearly normal and v̂ a
+    χ²_N/N, whose two-sided tail beyond 0.25 is 3.0e-8 at N = 1,088, by the regularised gamma
+    function), i.e. about once in 10⁵ CI runs of 40 examples.
 
     Catches: scaling by 1/d_k (variance 1/d_k) or not at all (variance d_k) for d_k ≥ 2; a scale
     taken from the model width h·d_k instead of the head width.
