@@ -406,6 +406,8 @@ def _dropout(weights: Array, p: float, seed: int | None) -> Array:  # [..., n_q,
 
 def _full_rows(q: Array, k: Array, v: Array) -> Array:  # [..., n_q, d_k] -> [lead, n_q, d_k]
     """q broadcast to the leading dims of all three: a score row per output row, even if only v has a dim."""
+    if q.shape[:-2] == k.shape[:-2] == v.shape[:-2]:
+        return q  # already one row per output row
     lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     return np.broadcast_to(q, (*lead, *q.shape[-2:]))
 

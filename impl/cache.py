@@ -35,7 +35,7 @@ FLOAT8 = "float8_e4m3fn"
 
 def is_float8(x: Any) -> bool:
     """Whether ``x`` is an array of ``float8_e4m3fn`` (ml_dtypes names it so in NumPy)."""
-    return isinstance(x, np.ndarray) and x.dtype.name == FLOAT8
+    return isinstance(x, np.ndarray) and x.dtype.type.__name__ == FLOAT8
 
 
 def _check_table(block_table: Any, batch: int) -> Array:  # -> [batch, max_blocks] int

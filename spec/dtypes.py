@@ -37,25 +37,35 @@ def has_ml_dtypes() -> bool:
 def as_dtype(dtype: Any) -> np.dtype:
     """``np.dtype(dtype)``, with the names "bfloat16" and "float8_e4m3fn" resolved through
     ``ml_dtypes`` (NumPy knows them only once ml_dtypes is imported)."""
-    if isinstance(dtype, str) and dtype in ML_DTYPES:
-        if not has_ml_dtypes():
-            raise TypeError(f"dtype {dtype} needs ml_dtypes, which is not installed: "
-                            "pip install ml-dtypes")
+    if not isinstance(dtype, str):
+        return np.dtype(dtype)
+    if dtype in ML_DTYPES and not has_ml_dtypes():
+        raise TypeError(f"dtype {dtype} needs ml_dtypes, which is not installed: pip install ml-dtypes")
+    return _named(dtype)
+
+
+@functools.cache
+def _named(name: str) -> np.dtype:  # as_dtype of a name, worked out once per name
+    if name in ML_DTYPES:
         import ml_dtypes
 
-        return np.dtype(getattr(ml_dtypes, dtype))
-    return np.dtype(dtype)
+        return np.dtype(getattr(ml_dtypes, name))
+    return np.dtype(name)
 
 
 def finfo(dtype: Any) -> Any:
     """Machine limits of a float dtype: ``ml_dtypes.finfo`` for bfloat16 and float8_e4m3fn,
-    ``np.finfo`` otherwise."""
-    dt = as_dtype(dtype)
-    if dt.name in ML_DTYPES:
+    ``np.finfo`` otherwise (worked out once per dtype)."""
+    return _finfo(as_dtype(dtype).name)
+
+
+@functools.cache
+def _finfo(name: str) -> Any:
+    if name in ML_DTYPES:
         import ml_dtypes
 
-        return ml_dtypes.finfo(dt)
-    return np.finfo(dt)
+        return ml_dtypes.finfo(as_dtype(name))
+    return np.finfo(np.dtype(name))
 
 
 def eps(dtype: Any) -> float:

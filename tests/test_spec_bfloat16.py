@@ -159,3 +159,17 @@ def test_torch_declares_and_passes_bfloat16():
     report = spec.check(target.replace(dtypes=("bfloat16",)), profile="quick", max_examples=3,
                         only=["output_shape_dtype", "matches_golden", "long_rows_every_dtype"])
     assert report.ok, [(r.name, r.message) for r in report.failures]
+
+
+def test_a_dtype_name_worked_out_before_ml_dtypes_went_is_still_refused(monkeypatch):
+    """`spec.dtypes.as_dtype` works a name out once; the check that ml_dtypes is there is made
+    on every call, so a cached bfloat16 does not outlive the detection."""
+    dtypes.as_dtype("bfloat16")  # worked out while ml_dtypes is importable
+    monkeypatch.setitem(sys.modules, "ml_dtypes", None)
+    dtypes.has_bfloat16.cache_clear()
+    try:
+        with pytest.raises(TypeError, match="bfloat16 needs ml_dtypes"):
+            dtypes.as_dtype("bfloat16")
+        assert dtypes.as_dtype("float32") == np.dtype(np.float32)
+    finally:
+        dtypes.has_bfloat16.cache_clear()
