@@ -84,3 +84,50 @@ def test_baseline_in_float16_is_worse_than_in_float32():
         gold, _ = tolerance.golden(q, k, v, visible=vis, scale=0.5)
         errors.append(np.max(np.abs(tolerance.baseline(q, k, v, visible=vis, scale=0.5) - gold)))
     assert errors[0] > 100 * errors[1] > 0
+
+
+def _float16_throughout(q, k, *, visible, scale, bias=None, sinks=None):
+    """The baseline's softmax with every step a NumPy float16 ufunc (as `baseline_pattern` was
+    written before it did its float16 steps in float32)."""
+    h = np.float16
+    s = (q.astype(np.float32) @ np.swapaxes(k, -1, -2).astype(np.float32)).astype(h) * h(scale)
+    if bias is not None:
+        s = s + bias.astype(h)
+    s = np.where(visible, s, h(-np.inf))
+    top = np.max(s, axis=-1, keepdims=True)
+    sink = None if sinks is None else sinks.astype(h)[..., None]
+    top = top if sink is None else np.maximum(top, sink)
+    shift = np.where(np.isfinite(top), top, h(0))
+    e = np.exp(s - shift)
+    total = np.sum(e, axis=-1, keepdims=True)
+    if sink is not None:
+        e_sink = np.exp(sink - shift)
+        total = total + e_sink
+    denominator = np.where(total > 0, total, h(1))
+    return e / denominator, None if sink is None else e_sink / denominator
+
+
+def test_the_float16_baseline_done_in_float32_is_float16_throughout_bit_for_bit():
+    """`tolerance.baseline_pattern` does float16's adds, subtracts, products, quotients, maxima and
+    sums in float32, rounding each to float16 (5–10 times faster): it must give exactly the
+    float16 weights, with masks, a bias, sinks, rows that see nothing and scores that overflow."""
+    from spec import golden
+
+    rng = np.random.default_rng(20261202)
+    for trial in range(200):
+        lead, n_q, n_k, d = (int(rng.integers(1, 4)),), int(rng.integers(1, 20)), int(rng.integers(1, 70)), 8
+        amplitude = float(rng.choice([1e-2, 1.0, 8.0, 60.0]))  # 60: products past float16's 65504
+        q, k = ((rng.standard_normal((*lead, n, d)) * amplitude).astype(np.float16) for n in (n_q, n_k))
+        visible = rng.random((*lead, n_q, n_k)) < 0.8
+        visible[..., 0, :] = trial % 3 != 0  # every third trial: a row that sees nothing
+        bias = rng.standard_normal((*lead, n_q, n_k)) * 4 if trial % 2 else None
+        sinks = rng.standard_normal((*lead, n_q)) if trial % 5 == 0 else None
+        scale = float(rng.choice([0.125, 1 / np.sqrt(8), 0.7]))
+        terms = golden.Terms(added=() if bias is None else (bias,), sinks=sinks)
+        with np.errstate(all="ignore"):
+            got = tolerance.baseline_pattern(q, k, visible=visible, scale=scale, terms=terms)
+            want, want_sink = _float16_throughout(q, k, visible=visible, scale=scale, bias=bias, sinks=sinks)
+        assert got.weights.dtype == np.float16
+        np.testing.assert_array_equal(got.weights, want, err_msg=f"trial {trial}")
+        if sinks is not None:
+            np.testing.assert_array_equal(got.sink, want_sink, err_msg=f"trial {trial}")
