@@ -89,14 +89,15 @@ def _rounded(x: Array, dtype: np.dtype) -> Array:  # a no-op for NumPy's floats,
 
 
 def _exact_in(dtype: np.dtype) -> np.dtype:
-    """Where the baseline does an add, subtract, multiply, divide, max or sum whose result it
-    rounds to ``dtype``: float32 for float16, ``dtype`` itself otherwise. NumPy's float16 ufuncs
-    convert element by element (a float16 subtract or row maximum costs 10–20 times its float32
-    twin), while float32 holds every float16 exactly and gives each of those steps the same
-    float16 once rounded: its 24 bits are at least 2·11 + 2, so rounding twice is rounding once,
-    and NumPy sums float16 in float32 already (`_sum_last`). ``exp`` stays NumPy's float16 one:
-    float32's, rounded, differs from it for some float16 inputs."""
-    return np.dtype(np.float32) if dtype == np.float16 else dtype
+    """Where the baseline does an add, subtract, multiply, divide, max, mask or sum whose result
+    it rounds to ``dtype``: float32 for float16 and bfloat16, ``dtype`` itself otherwise. Their
+    ufuncs (NumPy's float16, ml_dtypes' bfloat16) convert element by element — a float16
+    subtract or row maximum costs 10–20 times its float32 twin, a bfloat16 one 2–7 times — while
+    float32 holds every value of either exactly and gives each of those steps the same value once
+    rounded: its 24 bits are at least 2·11 + 2, so rounding twice is rounding once, and the sums
+    are float32 sums already (`_sum_last`). ``exp`` stays the dtype's own: float32's, rounded,
+    differs from NumPy's float16 one for some inputs."""
+    return np.dtype(np.float32) if dtype == np.float16 or dtype.name == BFLOAT16 else dtype
 
 
 def baseline_pattern(
@@ -121,15 +122,15 @@ def baseline_pattern(
     for added in terms.added:
         with np.errstate(invalid="ignore", over="ignore"):
             scores = rounded(up(scores) + np.asarray(added).astype(dtype))
-    scores = np.where(visible, scores, dtype.type(-np.inf))
-    top = np.max(up(scores), axis=-1, keepdims=True)
+    scores = np.where(visible, up(scores), exact.type(-np.inf))
+    top = np.max(scores, axis=-1, keepdims=True)
     sink = None
     if terms.sinks is not None:  # a logit per row [..., n_q] -> [..., n_q, 1]
         sink = np.asarray(terms.sinks).astype(dtype)[..., None]
         top = np.maximum(top, sink)
     with np.errstate(invalid="ignore", over="ignore"):
         shift = np.where(np.isfinite(top), top, exact.type(0))
-        e = rounded(np.exp(rounded(up(scores) - shift)))
+        e = rounded(np.exp(rounded(scores - shift)))
         total = _sum_last(e)
         if sink is not None:
             e_sink = rounded(np.exp(rounded(sink - shift)))

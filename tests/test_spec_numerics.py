@@ -86,11 +86,16 @@ def test_baseline_in_float16_is_worse_than_in_float32():
     assert errors[0] > 100 * errors[1] > 0
 
 
-def _float16_throughout(q, k, *, visible, scale, bias=None, sinks=None):
-    """The baseline's softmax with every step a NumPy float16 ufunc (as `baseline_pattern` was
-    written before it did its float16 steps in float32)."""
-    h = np.float16
-    s = (q.astype(np.float32) @ np.swapaxes(k, -1, -2).astype(np.float32)).astype(h) * h(scale)
+def _in_the_dtype_throughout(q, k, *, visible, scale, bias=None, sinks=None):
+    """The baseline's softmax with every step a ufunc of q's dtype (NumPy's float16, ml_dtypes'
+    bfloat16), as `baseline_pattern` was written before it did their steps in float32; the
+    sums as `tolerance._sum_last` defines them."""
+    h = q.dtype.type
+    if q.dtype == np.float16:
+        s = (q.astype(np.float32) @ np.swapaxes(k, -1, -2).astype(np.float32)).astype(h)
+    else:
+        s = np.asarray(q @ np.swapaxes(k, -1, -2)).astype(h)
+    s = s * h(scale)
     if bias is not None:
         s = s + bias.astype(h)
     s = np.where(visible, s, h(-np.inf))
@@ -99,7 +104,8 @@ def _float16_throughout(q, k, *, visible, scale, bias=None, sinks=None):
     top = top if sink is None else np.maximum(top, sink)
     shift = np.where(np.isfinite(top), top, h(0))
     e = np.exp(s - shift)
-    total = np.sum(e, axis=-1, keepdims=True)
+    total = np.sum(e, axis=-1, keepdims=True) if q.dtype == np.float16 else \
+        np.sum(e.astype(np.float32), axis=-1, keepdims=True).astype(h)
     if sink is not None:
         e_sink = np.exp(sink - shift)
         total = total + e_sink
@@ -107,17 +113,22 @@ def _float16_throughout(q, k, *, visible, scale, bias=None, sinks=None):
     return e / denominator, None if sink is None else e_sink / denominator
 
 
-def test_the_float16_baseline_done_in_float32_is_float16_throughout_bit_for_bit():
-    """`tolerance.baseline_pattern` does float16's adds, subtracts, products, quotients, maxima and
-    sums in float32, rounding each to float16 (5–10 times faster): it must give exactly the
-    float16 weights, with masks, a bias, sinks, rows that see nothing and scores that overflow."""
-    from spec import golden
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_the_16_bit_baselines_done_in_float32_are_the_dtype_throughout_bit_for_bit(dtype):
+    """`tolerance.baseline_pattern` does float16's and bfloat16's adds, subtracts, products,
+    quotients, maxima, masks and sums in float32, rounding each to the dtype: it must give
+    exactly the dtype's weights, with masks, a bias, sinks, rows that see nothing and scores that
+    overflow."""
+    from spec import dtypes, golden
 
+    if dtype == "bfloat16" and not dtypes.has_bfloat16():
+        pytest.skip("bfloat16 needs ml_dtypes")
+    dt = dtypes.as_dtype(dtype)
     rng = np.random.default_rng(20261202)
     for trial in range(200):
         lead, n_q, n_k, d = (int(rng.integers(1, 4)),), int(rng.integers(1, 20)), int(rng.integers(1, 70)), 8
-        amplitude = float(rng.choice([1e-2, 1.0, 8.0, 60.0]))  # 60: products past float16's 65504
-        q, k = ((rng.standard_normal((*lead, n, d)) * amplitude).astype(np.float16) for n in (n_q, n_k))
+        amplitude = float(rng.choice([1e-2, 1.0, 8.0, 60.0]))  # 60: float16 products past 65504
+        q, k = ((rng.standard_normal((*lead, n, d)) * amplitude).astype(dt) for n in (n_q, n_k))
         visible = rng.random((*lead, n_q, n_k)) < 0.8
         visible[..., 0, :] = trial % 3 != 0  # every third trial: a row that sees nothing
         bias = rng.standard_normal((*lead, n_q, n_k)) * 4 if trial % 2 else None
@@ -126,8 +137,11 @@ def test_the_float16_baseline_done_in_float32_is_float16_throughout_bit_for_bit(
         terms = golden.Terms(added=() if bias is None else (bias,), sinks=sinks)
         with np.errstate(all="ignore"):
             got = tolerance.baseline_pattern(q, k, visible=visible, scale=scale, terms=terms)
-            want, want_sink = _float16_throughout(q, k, visible=visible, scale=scale, bias=bias, sinks=sinks)
-        assert got.weights.dtype == np.float16
-        np.testing.assert_array_equal(got.weights, want, err_msg=f"trial {trial}")
+            want, want_sink = _in_the_dtype_throughout(q, k, visible=visible, scale=scale, bias=bias,
+                                                       sinks=sinks)
+        assert got.weights.dtype == dt
+        np.testing.assert_array_equal(got.weights.astype(np.float64), want.astype(np.float64),
+                                      err_msg=f"trial {trial}")
         if sinks is not None:
-            np.testing.assert_array_equal(got.sink, want_sink, err_msg=f"trial {trial}")
+            np.testing.assert_array_equal(got.sink.astype(np.float64), want_sink.astype(np.float64),
+                                          err_msg=f"trial {trial}")
