@@ -116,7 +116,7 @@ def _in_the_dtype_throughout(q, k, *, visible, scale, bias=None, sinks=None):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_the_16_bit_baselines_done_in_float32_are_the_dtype_throughout_bit_for_bit(dtype):
     """`tolerance.baseline_pattern` does float16's and bfloat16's adds, subtracts, products,
-    quotients, maxima, masks and sums in float32, rounding each to the dtype: it must give
+    quotients, maxima and masks in float32, rounding each to the dtype: it must give
     exactly the dtype's weights, with masks, a bias, sinks, rows that see nothing and scores that
     overflow."""
     from spec import dtypes, golden
