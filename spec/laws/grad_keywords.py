@@ -19,7 +19,7 @@ from hypothesis.errors import NoSuchExample
 
 from spec import oracle
 from spec.calling import call_grad
-from spec.cases import Case, cases
+from spec.cases import Case, cases, one_of
 from spec.inputs import Inputs
 from spec.keywords import Keyword, Restricts
 from spec.laws import _needs
@@ -57,12 +57,11 @@ def keyword_cases(target: Target, keyword: Keyword) -> st.SearchStrategy[Case]:
 def _one_keyword(target: Target) -> st.SearchStrategy[Case]:
     """One of the target's keywords that change the gradients, drawn on a gradient case (each
     keyword's strategy made once: one built afresh for each example is validated afresh)."""
-    strategies = [keyword_cases(target, kw) for kw in differentiable(target)]
-    which = st.sampled_from(list(range(len(strategies))))  # one choice, as sampling the keywords was
+    branches = tuple(keyword_cases(target, kw) for kw in differentiable(target))
 
     @st.composite
     def one(draw: st.DrawFn) -> Case:
-        return draw(strategies[draw(which)])
+        return one_of(draw, branches)  # one choice of branch, as sampling the keywords was
 
     return one()
 
