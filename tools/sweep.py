@@ -1,0 +1,142 @@
+"""The false-alarm sweep: correct targets under many seeds, where a failure is a bug in a law.
+
+Each cell is one ``python -m spec check TARGET --profile P --seed S`` in a process of its own, run
+from an empty folder outside the checkout, so the ``spec`` imported is the one installed (a
+wheel, as a user installs it: Hypothesis draws constants from the source of the modules it
+counts as local, so an editable checkout and an installed package draw other examples). The
+``default`` column is the run without a seed, the derandomized one a user gets first.
+
+    python tools/sweep.py                                  # reference, flash, torch; seeds 0-19
+    python tools/sweep.py --targets reference flash --seeds 0-4
+    python tools/sweep.py --seeds 3 7 --only large_values  # any spec check option after --only
+
+Prints a table (target × seed: ``conforms`` or the laws that failed) and exits 1 if any cell does
+not conform, 2 if a target cannot be checked at all. ``tox -e sweep`` runs the whole sweep on a
+wheel; CI runs ``tox -e sweep-ci``, a subset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGETS = ("reference", "flash", "torch")
+DEFAULT = "default"  # the column of the run without --seed
+
+
+@dataclass(frozen=True)
+class Cell:
+    target: str
+    seed: str  # a seed, or DEFAULT
+    verdict: str  # "conforms", the failing laws, or "error: ..." (the run could not check)
+    seconds: float
+    failed: bool
+    error: bool
+
+
+def seeds(words: list[str]) -> list[str]:
+    """``["0-19"]`` -> ``["0", ..., "19"]``; ``default`` stands for the run without a seed."""
+    out: list[str] = []
+    for word in words:
+        low, dash, high = word.partition("-")
+        if word == DEFAULT:
+            out.append(word)
+        elif dash and low.isdigit() and high.isdigit() and int(low) <= int(high):
+            out += [str(s) for s in range(int(low), int(high) + 1)]
+        elif word.isdigit():
+            out.append(word)
+        else:
+            raise argparse.ArgumentTypeError(f"--seeds: {word!r} is not a seed, a range A-B or {DEFAULT!r}")
+    return out
+
+
+def run_cell(target: str, seed: str, profile: str, extra: list[str], workdir: str) -> Cell:
+    """One ``spec check`` in its own process, from ``workdir``; its JSON report decides the cell."""
+    report = Path(workdir) / f"{target.replace(':', '_').replace('/', '_')}-{seed}.json"
+    command = [sys.executable, "-m", "spec", "check", target, "--profile", profile, "--json", str(report),
+               *([] if seed == DEFAULT else ["--seed", seed]), *extra]
+    start = time.perf_counter()
+    done = subprocess.run(command, cwd=workdir, capture_output=True, text=True, check=False)
+    seconds = time.perf_counter() - start
+    if done.returncode not in (0, 1) or not report.exists():
+        said = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        return Cell(target, seed, f"error: {said}", seconds, failed=True, error=True)
+    results = json.loads(report.read_text(encoding="utf-8"))["results"]
+    failing = [r["name"] for r in results if r["status"] == "fail"]
+    return Cell(target, seed, ", ".join(failing) or "conforms", seconds, failed=bool(failing), error=False)
+
+
+def where_spec_is() -> str:
+    """Where the ``spec`` the cells import comes from, seen from an empty folder (as they see it)."""
+    with tempfile.TemporaryDirectory() as empty:
+        found = subprocess.run([sys.executable, "-c", "import spec; print(spec.__file__)"], cwd=empty,
+                               capture_output=True, text=True, check=False)
+    if found.returncode != 0:
+        return "not importable: " + (found.stderr.strip().splitlines() or ["?"])[-1]
+    path = Path(found.stdout.strip()).parent
+    kind = "a checkout" if path.parent.resolve() == ROOT else "installed"
+    return f"{path} ({kind})"
+
+
+def table(cells: list[Cell], targets: list[str], columns: list[str]) -> str:
+    """Markdown: a row per target, a column per seed; each cell ``conforms`` or what failed."""
+    by = {(c.target, c.seed): c.verdict for c in cells}
+    head = ["target", *columns]
+    rows = [[t, *(by[t, s] for s in columns)] for t in targets]
+    return "\n".join("| " + " | ".join(row) + " |" for row in [head, ["---"] * len(head), *rows])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python tools/sweep.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--targets", nargs="+", default=list(TARGETS), metavar="TARGET")
+    parser.add_argument("--seeds", nargs="+", default=["0-19"], metavar="SEED",
+                        help=f"seeds, ranges A-B, and {DEFAULT!r} for the run without a seed (default 0-19)")
+    parser.add_argument("--profile", default="ci")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="cells run at once")
+    parser.add_argument("--json", metavar="FILE", help="also write every cell as JSON")
+    parser.add_argument("--allow-checkout", action="store_true",
+                        help="run even when spec is imported from a checkout, not an installed package")
+    args, extra = parser.parse_known_args(argv)
+    try:
+        columns = seeds(args.seeds)
+    except argparse.ArgumentTypeError as e:
+        print(f"python tools/sweep.py: error: {e}", file=sys.stderr)
+        return 2
+    source = where_spec_is()
+    if not source.endswith("(installed)") and not args.allow_checkout:
+        print(f"python tools/sweep.py: error: spec is {source}; the sweep checks the package as a user "
+              "installs it (pip install a wheel; tox -e sweep), or pass --allow-checkout", file=sys.stderr)
+        return 2
+    print(f"spec: {source}; profile {args.profile}; {len(args.targets)} targets x {len(columns)} seeds",
+          file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as workdir, \
+            concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        jobs = [pool.submit(run_cell, t, s, args.profile, extra, workdir)
+                for t in args.targets for s in columns]
+        cells = []
+        for job in concurrent.futures.as_completed(jobs):
+            cell = job.result()
+            cells.append(cell)
+            print(f"  {cell.target} seed {cell.seed}: {cell.verdict} ({cell.seconds:.1f} s)", file=sys.stderr,
+                  flush=True)
+    print(table(cells, args.targets, columns))
+    bad = [c for c in cells if c.failed]
+    print(f"\n{len(cells) - len(bad)} of {len(cells)} runs conform ({time.perf_counter() - start:.0f} s, "
+          f"{args.jobs} at once)")
+    if args.json:
+        Path(args.json).write_text(json.dumps([c.__dict__ for c in cells], indent=2) + "\n", encoding="utf-8")
+    return 2 if any(c.error for c in cells) else 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
