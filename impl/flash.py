@@ -409,19 +409,16 @@ def flash_attention(
         FlashAttention's ``flash_attn_with_kvcache``); query head i reads K/V head ``i // (h // g)``.
         ``kv_lengths`` is taken only with a block table: contiguous keys have top-left masks here.
       k_descale, v_descale: float ``[batch, g]``: a paged cache in ``float8_e4m3fn`` meaning
-        ``k.astype(float32) · k_descale[b, g]`` (only with ``block_table``). ``alibi_slopes`` is not
-        taken with a paged cache here (``impl.attention`` takes both).
+        ``k.astype(float32) · k_descale[b, g]`` (only with ``block_table``). With a paged cache,
+        ALiBi's distances are measured from each sequence's diagonal, i + kv_lengths[b] − n_q.
 
     Numerics follow `impl.attention`: float64 stays float64, narrower floats compute in
     float32 and are cast back; NaN and Inf propagate. No keys (n_k = 0) gives zeros.
     """
     if block_table is not None:
-        if alibi_slopes is not None:  # the paged path tiles without ALiBi; impl.attention has both
-            raise ValueError("flash_attention takes alibi_slopes only with contiguous keys, not with a "
-                             "paged cache (block_table); impl.attention takes both")
         return _paged(q, k, v, block_table=block_table, kv_lengths=kv_lengths, k_descale=k_descale,
                       v_descale=v_descale, causal=bool(causal), scale=scale, block=block, window=window,
-                      softcap=softcap, return_lse=return_lse)
+                      softcap=softcap, alibi_slopes=alibi_slopes, return_lse=return_lse)
     for name, given in (("kv_lengths", kv_lengths), ("k_descale", k_descale), ("v_descale", v_descale)):
         if given is not None:
             raise ValueError(f"flash_attention takes {name} only with a paged cache (block_table); "
@@ -457,14 +454,15 @@ def flash_attention(
 
 def _paged(
     q: Any, k: Any, v: Any, *, block_table: Any, kv_lengths: Any, k_descale: Any, v_descale: Any,
-    causal: bool, scale: Any, block: Any, window: Any, softcap: Any, return_lse: bool,
+    causal: bool, scale: Any, block: Any, window: Any, softcap: Any, alibi_slopes: Any, return_lse: bool,
 ) -> Array | tuple[Array, Array]:  # [b, h, n_q, d_k], pools [blocks, size, g, d] -> [b, h, n_q, d_v]
     """`flash_attention` over a paged (and perhaps float8) cache.
 
     Each sequence's keys and values are gathered once into contiguous ``[g, kv_lengths[b], d]``
     (dequantized for float8) by the same reader as `impl.attention`'s — a copy of the keys
     in use, O(n_k · d) per sequence, never the pattern — and then tiled as any other head, with
-    the diagonal moved to ``i + kv_lengths[b] − n_q``. Only the blocks a sequence owns are read.
+    the diagonal moved to ``i + kv_lengths[b] − n_q`` (ALiBi's distances too). Only the blocks a
+    sequence owns are read.
     """
     q = _as_float_array("q", q)
     work = compute_dtype(q.dtype)
@@ -486,18 +484,19 @@ def _paged(
     qs = q.astype(work, copy=False)
     out = np.empty((batch, heads, n_q, d_v), dtype=work)
     lse = np.empty((batch, heads, n_q), dtype=work) if return_lse else None
-    keys, values, seen = [], [], []
+    keys, values, seen, alibi = [], [], [], []
     for b, length in enumerate(lengths.tolist()):  # [g, length, d_k], [g, length, d_v] in work
         keys.append(cache.sequence(k, table[b], length, None if k_scale is None else k_scale[b], work))
         values.append(cache.sequence(v, table[b], length, None if v_scale is None else v_scale[b], work))
         seen.append(Visibility(causal=causal, window=window, offset=length - n_q))
+        alibi.append(_alibi(alibi_slopes, (batch, heads), n_q, length, work))  # its diagonal: length − n_q
     finite = [_all_finite(x) for x in values]  # as in flash_attention: skip only when exact
 
     def run(job: tuple[int, int, int, int]) -> None:
         b, h, q0, q1 = job
         kv = h // (heads // g)  # grouped-query attention: query head h reads K/V head h // (h/g)
         _row_block(qs[b, h], keys[b][kv], values[b][kv], out[b, h], None if lse is None else lse[b, h],
-                   q0, q1, head=(b, h), seen=seen[b], scale=scale, softcap=softcap, alibi=None,
+                   q0, q1, head=(b, h), seen=seen[b], scale=scale, softcap=softcap, alibi=alibi[b],
                    block_k=block_k, skip_hidden=finite[b], shift_free=finite[b])
 
     jobs = [(b, h, q0, q1) for b in range(batch) for h, q0, q1 in _jobs(heads, n_q, block_q, causal)]

@@ -60,7 +60,9 @@ class Case:
     kv_heads: int | None = None  # fewer K/V heads than query heads: grouped-query attention
     values: str = "normal"  # "normal": N(0, 1); "ints": integers in [-3, 3] (ties, exact sums)
     amplitude: float = 1.0  # q and k are multiplied by √amplitude, so scores scale by amplitude
-    v_amplitude: float = 1.0  # v is multiplied by v_amplitude (values near the dtype's edge)
+    score_max: float | None = None  # q and k scaled so that the largest Σ_l |q_il|·|k_jl| is this
+    k_max: float | None = None  # k scaled so that its largest magnitude is this (after score_max)
+    v_max: float | None = None  # v scaled so that its largest magnitude is this
     mask: str = "none"  # "none"; "random": every row keeps a key; "rows": some rows see nothing
     scale: float | None = None  # passed as scale= (targets that declare supports_scale)
     keywords: Mapping[str, Any] = dataclasses.field(default_factory=dict, hash=False)
@@ -121,15 +123,24 @@ class Case:
     @functools.cached_property
     def _arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         rng = self.rng()
-        q = self._scaled(self.values_like(rng, (*self.lead(), self.n_q, self.d_k)))
-        k = self._scaled(self.values_like(rng, (*self.kv_lead, self.n_k, self.d_k)))
+        q = self.values_like(rng, (*self.lead(), self.n_q, self.d_k))
+        k = self.values_like(rng, (*self.kv_lead, self.n_k, self.d_k))
         v = self.values_like(rng, (*self.kv_lead, self.n_k, self.d_v))
-        if self.v_amplitude != 1.0:
-            v = (v.astype(np.float64) * self.v_amplitude).astype(self.np_dtype)
+        root = np.sqrt(self.amplitude)
+        if self.score_max is not None and (products := largest_products(q, k, self.heads, self.kv_heads)) > 0:
+            root = np.sqrt(self.score_max) / np.sqrt(products)  # two roots: their ratio never overflows
+        if root != 1.0:
+            q, k = ((x * root).astype(self.np_dtype) for x in (q, k))
+        k, v = self._to_max(k, self.k_max), self._to_max(v, self.v_max)
         return _frozen(q), _frozen(k), _frozen(v)
 
-    def _scaled(self, x: np.ndarray) -> np.ndarray:  # q or k times √amplitude, rounded to the dtype
-        return x if self.amplitude == 1.0 else (x * np.sqrt(self.amplitude)).astype(self.np_dtype)
+    def _to_max(self, x: np.ndarray, largest: float | None) -> np.ndarray:
+        """``x`` scaled so its largest magnitude is ``largest`` (as given when None or all zeros),
+        as x / max|x| · largest: a ratio ≤ 1 times the magnitude, which never overflows."""
+        if largest is None:
+            return x
+        top = float(np.max(np.abs(x.astype(np.float64)), initial=0.0))
+        return x if top == 0 else (x.astype(np.float64) / top * largest).astype(self.np_dtype)
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """q, k, v in ``dtype``, always the same for the same case (made once, read-only)."""
@@ -202,6 +213,18 @@ class Case:
             "k": (*self.kv_lead, self.n_k, self.d_k),
             "v": (*self.kv_lead, self.n_k, self.d_v),
         }
+
+
+def largest_products(q: np.ndarray, k: np.ndarray, heads: int, kv_heads: int | None) -> float:
+    # [..., n_q, d_k], [..., n_k, d_k] -> max_ij Σ_l |q_il|·|k_jl| over every (batch, head), in float64
+    """The largest magnitude any score q_i·k_j can have before the scale (0 for no queries or keys);
+    with grouped K/V heads each query head meets its own K/V head."""
+    if q.size == 0 or k.size == 0:
+        return 0.0
+    qa, ka = np.abs(q.astype(np.float64)), np.abs(k.astype(np.float64))
+    if kv_heads is not None:
+        ka = np.repeat(ka, heads // kv_heads, axis=-3)
+    return float(np.max(qa @ np.swapaxes(ka, -1, -2)))
 
 
 def _frozen(x: np.ndarray) -> np.ndarray:
@@ -278,6 +301,8 @@ def cases(
     `LONG_TILE` cost seconds each: only the boundary grid has them (``boundary_cases(long=True)``).
     Only the ranks every keyword applies to are drawn (`spec.keywords.Keyword.ndims`)."""
     ndims = tuple(r for r in ndims if all(r in kw.ndims for kw in keywords))
+    if any("mask" in kw.excludes for kw in keywords):
+        masks = ("none",)
     if tiles and draw(between(0, TILE_ODDS - 1)) == 0:
         case = draw(tile_cases(target, causal=causal, n_k_min=n_k_min, n_q_min=n_q_min, pattern=pattern,
                                masks=masks, values=values))
@@ -285,7 +310,7 @@ def cases(
         case = _draw_plain(draw, target, ndims=ndims, causal=causal, n_max=n_max, n_k_min=n_k_min,
                            n_q_min=n_q_min, pattern=pattern, masks=masks, values=values,
                            amplitudes=amplitudes, gqa=gqa, scale=scale)
-    for kw in keywords:
+    for kw in sorted(keywords, key=lambda kw: not kw.reshapes):  # those that resize the case first
         if kw.draw is None:
             raise ValueError(f"keyword {kw.name!r} declares no draw: its laws build their cases")
         case = kw.draw(draw, target, case)

@@ -194,6 +194,14 @@ class Keyword:
     ndims: tuple[int, ...] = (2, 3, 4)
     """Ranks of q, k, v it applies to (per-row key lengths: 4; packed sequences: 3); `spec.cases.cases`
     draws only those ranks for a case that draws it."""
+    reshapes: bool = False
+    """Its ``draw`` changes the case's batch or sizes (key lengths draw batch rows; packed sequences
+    their totals): `spec.cases.cases` draws it before the keywords whose parameters are sized by
+    the case (ALiBi's slopes per batch row, float8 scales per row and K/V head)."""
+    excludes: tuple[str, ...] = ()
+    """Arguments that have no meaning beside it, never passed with it: a paged cache's keys are its
+    table's, not the ``n_k`` a ``mask=`` or ``bias=`` is shaped by. A case that draws it draws no
+    ``mask=``, and no keyword that passes one of these is drawn with it."""
 
     def __post_init__(self) -> None:
         if not self.terms or not all(isinstance(t, TERMS) for t in self.terms):
@@ -214,6 +222,16 @@ class Keyword:
         if self.draw is not None and self.writes is None and any(isinstance(t, Reads) for t in self.terms):
             raise ValueError(f"keyword {self.name!r} reads k and v in another representation (a Reads "
                              f"term) and draws cases: it needs writes=, which puts a case's keys into it")
+
+    def combines_with(self, other: Keyword, ranks: tuple[int, ...] = (2, 3, 4)) -> bool:
+        """Whether a case can draw this keyword and ``other`` together, at one of ``ranks``: a rank
+        both apply to, at most one arrangement that is not dense, neither carrying nor excluding
+        what the other passes."""
+        if not set(self.ndims) & set(other.ndims) & set(ranks) or self is other:
+            return False
+        if self.arrangement != "dense" and other.arrangement != "dense":
+            return False
+        return not any(set(a.carries + a.excludes) & set(b.passes) for a, b in ((self, other), (other, self)))
 
     def values(self, case: Any) -> dict[str, Any]:
         """The arguments this keyword passes for ``case`` (none if it drew no parameter)."""

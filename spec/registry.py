@@ -39,6 +39,7 @@ LAW_MODULES: tuple[str, ...] = (
     "spec.laws.dropout",
     "spec.laws.lse",
     "spec.laws.grad_keywords",
+    "spec.laws.pairs",
     "spec.laws.calls",
     "spec.laws.edges",
 )

@@ -201,7 +201,7 @@ def counterexample(prop: Property, case: Case, received: Call | None, source: st
         reproduce = (f"no command can load this target ({source.why}): define it at the top level of "
                      "a file and check path/to/file.py:NAME (or module:NAME) for a line that replays")
     else:
-        fields = ", ".join(f"{key}={value!r}" for key, value in case.describe().items())
+        fields = ", ".join(f"{key}={_literal(value)}" for key, value in case.describe().items())
         reproduce = f"python -c {_quote(f'import spec; spec.replay({source!r}, {prop.name!r}, {fields})')}"
     found: dict[str, Any] = {"case": case.describe(), "reproduce": reproduce}
     if received is not None:
@@ -213,6 +213,18 @@ def counterexample(prop: Property, case: Case, received: Call | None, source: st
                            if np.size(x) <= SMALL_ARRAY}
         found["keywords"] = {name: _plain(x) for name, x in received.inputs.values().items()}
     return found
+
+
+def _literal(value: Any) -> str:
+    """``repr(value)``, except that a non-finite float is written ``float('inf')`` (its repr, ``inf``,
+    is no Python literal: a line with it would not run), in tuples and lists too."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"float({str(value)!r})"
+    if isinstance(value, (tuple, list)):
+        one = isinstance(value, tuple) and len(value) == 1
+        inner = ", ".join(map(_literal, value)) + ("," if one else "")
+        return f"({inner})" if isinstance(value, tuple) else f"[{inner}]"
+    return repr(value)
 
 
 def _plain(x: Any) -> Any:

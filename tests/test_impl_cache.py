@@ -26,8 +26,11 @@ FLOAT8 = ml_dtypes.float8_e4m3fn
 # --- the golden ----------------------------------------------------------------------------------------
 
 
-def golden(q, k_seqs, v_seqs, *, causal=False, window=None, align="kv_lengths", scale=None):
-    """(out, lse) float64 for q [B, H, n_q, d_k] and per-sequence keys/values [L_b, g, d]."""
+def golden(q, k_seqs, v_seqs, *, causal=False, window=None, align="kv_lengths", scale=None, slopes=None,
+           softcap=None):
+    """(out, lse) float64 for q [B, H, n_q, d_k] and per-sequence keys/values [L_b, g, d];
+    ``softcap`` c: each score s becomes c·tanh(s/c); then ``slopes [B, H]``: ALiBi's
+    −slope·|i + L_b − n_q − j| added to it."""
     b_, h_, n_q, d_k = q.shape
     g_ = k_seqs[0].shape[1]
     scale = 1 / math.sqrt(d_k) if scale is None else scale
@@ -47,6 +50,10 @@ def golden(q, k_seqs, v_seqs, *, causal=False, window=None, align="kv_lengths", 
                         continue
                     logits[j] = scale * sum(float(q[b, h, i, t]) * float(k_seqs[b][j, kv, t])
                                             for t in range(d_k))
+                    if softcap is not None:
+                        logits[j] = softcap * math.tanh(logits[j] / softcap)
+                    if slopes is not None:
+                        logits[j] -= float(slopes[b, h]) * abs(i + n_k - n_q - j)
                 if not logits:
                     continue
                 m = max(logits.values())
@@ -223,6 +230,20 @@ def test_a_window_is_aligned_per_sequence_too():
     for kw in ({"window": (2, 0)}, {"window": (1, 1), "causal": True}):
         out = attention(q, k_pool, v_pool, block_table=table, kv_lengths=lengths, **kw)
         np.testing.assert_allclose(out, golden(q, k_seqs, v_seqs, **kw)[0], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("fn", [attention, flash_attention])
+def test_alibi_over_a_paged_cache_is_measured_from_each_sequences_diagonal(fn):
+    rng = np.random.default_rng(12)
+    lengths = [7, 2, 0]
+    k_seqs, v_seqs = draw_seqs(rng, lengths, 2, 4), draw_seqs(rng, lengths, 2, 3)
+    k_pool, v_pool, table = paged(k_seqs, v_seqs, 3, rng)
+    q = rng.standard_normal((3, 4, 3, 4))
+    slopes = rng.random((3, 4))
+    for kw in ({}, {"causal": True}, {"window": (1, 0), "softcap": 2.0}):
+        out = fn(q, k_pool, v_pool, block_table=table, kv_lengths=lengths, alibi_slopes=slopes, **kw)
+        wanted = golden(q, k_seqs, v_seqs, slopes=slopes, **kw)[0]
+        np.testing.assert_allclose(out, wanted, rtol=1e-12, atol=1e-12)
 
 
 # --- align="kv_lengths" for contiguous keys ---------------------------------------------------------------

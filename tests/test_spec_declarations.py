@@ -15,7 +15,7 @@ from impl import attention, causal_mask
 from spec import Target, TargetError
 from spec.cases import Case, cases
 from spec.dtypes import finfo
-from spec.laws._range import edge_amplitude
+from spec.laws._range import score_edge
 from spec.runner import check
 
 CAUSAL_LAWS = ["matches_golden", "causal_no_leak", "uniform_scores_average"]
@@ -115,10 +115,10 @@ def test_long_rows_run_on_a_four_d_only_target():
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
-def test_edge_amplitude_reaches_the_edge_of_the_dtype(dtype):
+def test_score_edge_reaches_the_edge_of_the_dtype(dtype):
     case = Case(dtype=dtype, ndim=2, batch=1, heads=1, n_q=16, n_k=16, d_k=64, d_v=4, seed=5)
     scale = 1 / 8
-    edge = dataclasses.replace(case, amplitude=edge_amplitude(Target(attention), case, scale))
+    edge = dataclasses.replace(case, score_max=score_edge(Target(attention), case, scale))
     q, k, _ = edge.arrays()
     q64, k64 = q.astype(np.float64), k.astype(np.float64)
     scaled = np.abs(q64 @ k64.T) * scale

@@ -11,6 +11,7 @@ from gallery import BROKEN, CORRECT, FAMILIES
 
 import spec
 from spec.dtypes import has_ml_dtypes
+from spec.report import failure
 
 
 @pytest.mark.parametrize("broken", BROKEN, ids=[b.target.name for b in BROKEN])
@@ -20,6 +21,7 @@ def test_broken_implementation_is_rejected_by_its_property(broken):
     assert not report.ok
     assert result.status == "fail", f"{broken.catches} did not catch: {broken.bug}"
     assert result.counterexample is not None and result.message
+    assert failure(result).count("reproduce:") == 1, failure(result)  # one line that replays, once
 
 
 @pytest.mark.parametrize("target", CORRECT, ids=[t.name for t in CORRECT])

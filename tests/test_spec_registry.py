@@ -11,10 +11,10 @@ from spec import registry
 def test_properties_come_from_the_explicit_module_list_in_order():
     families = [p.family for p in spec.PROPERTIES.values()]
     order = ["core", "masks", "gradients", "bias", "alibi", "window", "softcap", "sinks",
-             "lengths", "cache", "dropout", "lse", "grad_keywords", "calls", "edges"]
+             "lengths", "cache", "dropout", "lse", "grad_keywords", "pairs", "calls", "edges"]
     assert [f for i, f in enumerate(families) if f not in families[:i]] == order
     assert registry.LAW_MODULES == tuple(f"spec.laws.{f}" for f in order)
-    assert len(spec.PROPERTIES) == sum(len(registry.collect((m,))) for m in registry.LAW_MODULES) == 77
+    assert len(spec.PROPERTIES) == sum(len(registry.collect((m,))) for m in registry.LAW_MODULES) == 79
 
 
 def test_collecting_one_module_gives_only_its_laws():

@@ -5,6 +5,7 @@ a closure, a function typed interactively) the report says so and what to do."""
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -86,3 +87,22 @@ def test_an_imported_module_is_named_by_module_and_attribute(tmp_path):
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
                          env={**ENV, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}, timeout=300)
     assert "spec.replay('kernels:declared', 'matches_golden'" in _reproduce(run)
+
+
+def test_a_non_finite_field_is_written_as_a_literal_that_replays():
+    """``repr(inf)`` is ``inf``, no Python literal: a line holding it raised NameError when run."""
+    import ast
+
+    from spec.cases import Case
+    from spec.registry import PROPERTIES
+    from spec.runner import counterexample
+
+    case = Case(dtype="float64", ndim=2, batch=1, heads=1, n_q=1, n_k=2, d_k=1, d_v=1, seed=3,
+                amplitude=float("inf"), keywords={"sinks": (float("-inf"),)})
+    line = counterexample(PROPERTIES["matches_golden"], case, None, "reference")["reproduce"]
+    code = shlex.split(line)[2]
+    (call,) = [n for n in ast.walk(ast.parse(code))
+               if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "replay"]
+    given = {kw.arg: eval(compile(ast.Expression(kw.value), "<line>", "eval")) for kw in call.keywords}
+    assert given["amplitude"] == float("inf") and given["sinks"] == (float("-inf"),)
+    assert Case.from_fields(**given) == case

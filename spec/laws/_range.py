@@ -1,8 +1,12 @@
 """Amplitudes at the edge of a dtype's range, derived from ``finfo``.
 
 A law that wants "scores as large as the dtype allows" draws a *fraction* of the edge; the
-amplitude that realises it depends on the case's own q and k, so it is computed here from the
-arrays the case makes (at amplitude 1) and stored in the case, which then replays exactly.
+edge depends on the case's own q and k, so it is computed here from the arrays the case makes
+(at amplitude 1) and stored in the case as the magnitude its largest products reach
+(``Case.score_max``; values: ``Case.v_max``), which then replays exactly. The case stores
+magnitudes, never the factor that realises them: that factor, edge / P, overflows to inf in
+float64 whenever P < 1/4 (a single small q·k), and a case of infinite values would blame a
+correct target for the suite's overflow.
 
 The edge, for a case in dtype D computed in C (float32 for float16/bfloat16/float32, float64 for
 float64 — what a correct kernel accumulates in); a target that declares it computes a dtype in a
@@ -29,7 +33,7 @@ import dataclasses
 import numpy as np
 from hypothesis import strategies as st
 
-from spec.cases import Case
+from spec.cases import Case, largest_products
 from spec.dtypes import finfo
 from spec.target import Target
 
@@ -42,35 +46,30 @@ def accumulator(dtype: str) -> str:
     return "float64" if dtype == "float64" else "float32"
 
 
-def edge_amplitude(target: Target, case: Case, scale: float) -> float:
-    """The amplitude at which this case's largest scores reach the edge (module docstring), in
-    the dtype the target computes the case's dtype in."""
-    unit = dataclasses.replace(case, amplitude=1.0)
-    q, k, _ = unit.arrays()
-    if q.size == 0 or k.size == 0:
-        return 1.0
-    qa = np.abs(q.astype(np.float64))
-    ka = np.abs(k.astype(np.float64))
-    if case.kv_heads is not None:
-        ka = np.repeat(ka, case.heads // case.kv_heads, axis=-3)
-    products = float(np.max(qa @ np.swapaxes(ka, -1, -2)))
+def score_edge(target: Target, case: Case, scale: float) -> float:
+    """The largest products ``P`` (module docstring) this case may reach: the edge in the dtype the
+    target computes the case's dtype in, lowered where reaching it would take a q or k entry past
+    half the largest value of the case's dtype (when one of q, k is much smaller than the other
+    everywhere). A finite number; 0 when the case has no queries or no keys."""
+    q, k, _ = dataclasses.replace(case, amplitude=1.0, score_max=None).arrays()
+    products = largest_products(q, k, case.heads, case.kv_heads)
     if products == 0:
-        return 1.0
+        return 0.0
     work = target.precision(case.dtype)
     limit = min(float(finfo(work).max) / (2 * abs(float(scale))), float(finfo(accumulator(work)).max) / 4)
-    return limit / products
+    # q and k are each scaled by √(edge / products): keep their largest entry within half the range
+    entries = max(float(np.max(np.abs(q.astype(np.float64)))), float(np.max(np.abs(k.astype(np.float64)))))
+    with np.errstate(over="ignore"):  # an overflow to inf only means no lower bound
+        representable = float(products * (np.float64(finfo(case.dtype).max) / (2 * entries)) ** 2)
+    return min(limit, representable)
 
 
 def values_at_edge(target: Target, case: Case) -> Case:
-    """The case with ``v_amplitude`` set so that max|v| = max(D) / (4·n_k), D the dtype the target
-    computes in: the largest values for which every sum of n_k weights ≤ 1 times values stays
-    within a quarter of D's range."""
-    _, _, v = dataclasses.replace(case, v_amplitude=1.0).arrays()
-    top = float(np.max(np.abs(v.astype(np.float64)), initial=0.0))
-    if top == 0:
-        return case
+    """The case with ``v_max`` = max(D) / (4·n_k), D the dtype the target computes in: the largest
+    values for which every sum of n_k weights ≤ 1 times values stays within a quarter of D's range
+    (stored as the magnitude, not as a factor, which overflows for small drawn values)."""
     edge = float(finfo(target.precision(case.dtype)).max)
-    return dataclasses.replace(case, v_amplitude=edge / (4 * max(case.n_k, 1) * top))
+    return dataclasses.replace(case, v_max=edge / (4 * max(case.n_k, 1)))
 
 
 @st.composite
@@ -83,7 +82,11 @@ def at_edge(
     beyond the edge."""
     case = draw(base)
     scale = 1.0 / np.sqrt(case.d_k) if case.scale is None else case.scale
-    edge = edge_amplitude(target, case, scale)
+    edge = score_edge(target, case, scale)
+    if edge == 0:  # no query or no key: no score to scale
+        return case
     if keep and draw(st.floats(0, 1)) < keep:
-        return case if case.amplitude <= edge else dataclasses.replace(case, amplitude=edge)
-    return dataclasses.replace(case, amplitude=draw(st.sampled_from(fractions)) * edge)
+        q, k, _ = case.arrays()
+        within = largest_products(q, k, case.heads, case.kv_heads) <= edge
+        return case if within else dataclasses.replace(case, amplitude=1.0, score_max=edge)
+    return dataclasses.replace(case, amplitude=1.0, score_max=draw(st.sampled_from(fractions)) * edge)

@@ -17,7 +17,8 @@ i + kv_lengths[b] − n_q (the last query sees every key of its sequence); so is
 A **float8 cache** (FlashAttention 3's ``k_descale``/``v_descale``; vLLM's ``fp8`` KV cache) holds
 k and v as ``float8_e4m3fn`` codes (ml_dtypes), with one float32 scale per batch row and K/V head:
 the keys mean ``k.astype(float32) · k_descale[b, g]``, the values likewise. The cases draw the
-scales log-uniform over a factor of 64, per row and head, apart for K and V.
+scales log-uniform over a factor of 64, per row and head, apart for K and V — and, where the
+case's dtype can hold them, caches whose keys and values leave float16's range (`WIDE_RANGE`).
 
 The declarations (`PAGED`, `FP8`) say how a case writes its keys into a cache (``writes``) and
 how the oracle reads them back (their `spec.keywords.Reads` terms): the golden owes nothing to
@@ -178,6 +179,8 @@ PAGED = Keyword(
     terms=(Reads(read_pages), Realigns(pages_diagonal)),
     received=lambda case, paged: (placement(case, paged[0], _lengths(case))[0],),
     draw=draw_paged,
+    reshapes=True,
+    excludes=("mask", "bias"),
     writes=write_pages,
     names={"flash_attn": "block_table", "vllm": "block_tables"},
     arrangement="paged",
@@ -190,6 +193,14 @@ FLOAT8 = dtypes.FLOAT8
 SCALE_RANGE = (-4.0, 2.0)
 """log₂ of the descales drawn: from 1/16 to 4, a factor of 64, per row and K/V head."""
 EXPONENTS = st.floats(*SCALE_RANGE)
+WIDE_RANGE = (8.0, 9.0)
+"""log₂ of the descales of a cache past float16's range (`beyond_float16`): 256 to 512, with the
+largest codes at `FILLED` of e4m3's 448, so the dequantized keys and values reach 86,016 to
+229,376 — past float16's 65,504, where a kernel that dequantizes in float16 saturates or
+overflows while the float32 it computes in holds them."""
+WIDE_EXPONENTS = st.floats(*WIDE_RANGE)
+FILLED = (0.75, 1.0)
+"""The fractions of e4m3's largest code that the largest key and value codes reach, past float16."""
 
 
 def descales(case: Case, scales: tuple) -> tuple[Array, Array]:  # -> k_descale, v_descale [batch, g] float32
@@ -220,12 +231,28 @@ def dequantize(k: Array, v: Array, k_descale: Array, v_descale: Array) -> tuple[
     return mean(k, k_descale), mean(v, v_descale)
 
 
-def draw_scales(draw: st.DrawFn, target: Target, case: Case) -> Case:
-    """A K and a V descale per batch row and K/V head, log-uniform over `SCALE_RANGE`."""
+def beyond_float16(target: Target, case: Case) -> bool:
+    """Whether the case may hold dequantized keys and values past float16's range: its dtype, which
+    the output has, and the dtype the target computes it in both reach further."""
+    edge = float(dtypes.finfo("float16").max)
+    return all(float(dtypes.finfo(d).max) > edge for d in (case.dtype, target.precision(case.dtype)))
+
+
+def draw_scales(draw: st.DrawFn, target: Target, case: Case, *, wide: bool = True) -> Case:
+    """A K and a V descale per batch row and K/V head, log-uniform over `SCALE_RANGE`; with
+    ``wide``, half the cases that may (`beyond_float16`) take them from `WIDE_RANGE` instead, with
+    keys and values scaled so the largest codes fill e4m3's range (`FILLED`)."""
     g = case.kv_heads or case.heads
-    rows = [[tuple(float(np.float32(2.0 ** draw(EXPONENTS))) for _ in range(g)) for _ in range(case.batch)]
+    past = wide and beyond_float16(target, case) and draw(BOOLEANS)
+    exponents = WIDE_EXPONENTS if past else EXPONENTS
+    rows = [[tuple(float(np.float32(2.0 ** draw(exponents))) for _ in range(g)) for _ in range(case.batch)]
             for _ in range(2)]
-    return case.with_keyword("fp8", (tuple(rows[0]), tuple(rows[1])))
+    case = case.with_keyword("fp8", (tuple(rows[0]), tuple(rows[1])))
+    if not past:
+        return case
+    top, fill = float(dtypes.finfo(FLOAT8).max), pick(draw, FILLED)
+    k_least, v_least = (min(min(row) for row in scales) for scales in rows)
+    return case.replace(k_max=fill * top * k_least, v_max=fill * top * v_least)  # no code past ±448
 
 
 FP8 = Keyword(
@@ -452,27 +479,32 @@ def causal_aligned_per_sequence(target: Target, case: Case) -> None:
 
 
 @st.composite
-def fp8_cases(draw: st.DrawFn, t: Target, *, gqa: bool | None = None, n_max: int = 32) -> Case:
+def fp8_cases(draw: st.DrawFn, t: Target, *, gqa: bool | None = None, n_max: int = 32,
+              wide: bool = True) -> Case:
     """4-D float8 cases, paged where the target takes float8 caches only paged (and half the time
-    where it takes paged caches at all), contiguous otherwise."""
+    where it takes paged caches at all), contiguous otherwise; ``wide``: caches past float16's
+    range among them (`draw_scales`)."""
     paged = t.supports_paged_kv and (t.fp8_kv_paged_only or draw(BOOLEANS))
     with_gqa = pick(draw, _gqa_choices(t)) if gqa is None else gqa
     if paged:
         case = draw(paged_cases(t, n_max=n_max, gqa=with_gqa))
     else:
         case = draw(cases(t, ndims=(4,), n_max=n_max, values=("normal",), gqa=with_gqa))
-    return draw_scales(draw, t, case)
+    return draw_scales(draw, t, case, wide=wide)
 
 
 @law(strategy=fp8_cases, needs=needs_fp8)
 def fp8_matches_golden(target: Target, case: Case) -> None:
     """With k and v as float8_e4m3fn codes and their descales (``k_descale=``, ``v_descale=``
-    ``[batch, heads_kv]``, log-uniform from 1/16 to 4), the output matches the float64 golden of
-    the dequantized keys and values ``codes · descale``, within the tolerance plus what rounding
-    the weights to e4m3 for the P·V product may cost (`spec.tolerance.weights_floor`).
+    ``[batch, heads_kv]``, log-uniform from 1/16 to 4 — and, in half the cases whose dtype and
+    compute dtype reach past float16, from 256 to 512 with codes filling e4m3's range, so the
+    dequantized keys and values reach 86,016 to 229,376), the output matches the float64 golden
+    of the dequantized keys and values ``codes · descale``, within the tolerance plus what
+    rounding the weights to e4m3 for the P·V product may cost (`spec.tolerance.weights_floor`).
 
     Catches: a descale applied to K only (the values read as raw codes); a descale applied by
-    division instead of multiplication; codes read as int8.
+    division instead of multiplication; codes read as int8; a cache dequantized in float16
+    (saturating at 65,504) by a kernel that computes in float32.
     """
     inputs = case.inputs()
     assert_matches(target, inputs, run(target, inputs), what="with a float8 cache, the output")
@@ -486,7 +518,7 @@ def _spread(count: int, rng: np.random.Generator) -> tuple[float, ...]:
 
 @st.composite
 def _per_head_cases(draw: st.DrawFn, t: Target) -> Case:
-    case = draw(fp8_cases(t, gqa=t.supports_gqa))
+    case = draw(fp8_cases(t, gqa=t.supports_gqa, wide=False))
     g = case.kv_heads or case.heads
     assume(case.batch * g >= 2)
     rng = case.rng(64)
@@ -512,7 +544,7 @@ def fp8_per_row_and_kv_head(target: Target, case: Case) -> None:
 
 @st.composite
 def _apart_cases(draw: st.DrawFn, t: Target) -> Case:
-    case = draw(fp8_cases(t))
+    case = draw(fp8_cases(t, wide=False))
     g = case.kv_heads or case.heads
     ratio = 2.0 ** pick(draw, (-4, -3, 3, 4))
     k_scale = pick(draw, (0.25, 0.5, 1.0))

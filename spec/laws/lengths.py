@@ -90,6 +90,7 @@ KV_LENGTHS = Keyword(
     terms=(Restricts(lengths_visible, cause="kv_lengths"), Realigns(lengths_diagonal)),
     received=lambda case, lengths: (np.asarray(lengths, dtype=np.int64),),
     draw=draw_lengths,
+    reshapes=True,
     names={"jax": "key_value_seq_lengths", "flash_attn": "seqused_k", "onnx": "nonpad_kv_seqlen"},
     ndims=(4,),
 )
@@ -207,6 +208,7 @@ VARLEN = Keyword(
     terms=(Restricts(packed_visible, cause="varlen"), Realigns(packed_diagonal)),
     received=lambda case, packing: tuple(np.asarray(offsets, dtype=np.int64) for offsets in packing),
     draw=draw_packing,
+    reshapes=True,
     names={"flash_attn": "cu_seqlens_q"},
     arrangement="packed",
     ndims=(3,),

@@ -19,6 +19,7 @@ from gallery import (
     lengths,
     lse,
     masks,
+    pairs,
     range_edges,
     sinks,
     softcap,
@@ -27,7 +28,7 @@ from gallery import (
 from gallery.base import Broken
 
 FAMILIES = (core, masks, gradients, range_edges, bias, alibi, window, softcap, sinks, lengths, cache, dropout,
-            lse, calls, edges)
+            lse, pairs, calls, edges)
 
 BROKEN: list[Broken] = [b for family in FAMILIES for b in family.BROKEN]
 CORRECT = [t for family in FAMILIES for t in family.CORRECT]

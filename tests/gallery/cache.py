@@ -58,7 +58,8 @@ def dequantize(k: Array, v: Array, k_descale: Array, v_descale: Array, work: np.
     # [batch, g, n, d] float8, [batch, g] -> [batch, heads, n, d] in work (K/V heads repeated)
     """What float8 codes mean, ``codes · descale[b, g]``, with one named bug (or none): ``k_only``
     (the values' descale forgotten), ``query_head`` (descales read as [batch, heads], by query
-    head), ``swapped`` (K's descale on V and V's on K)."""
+    head), ``swapped`` (K's descale on V and V's on K), ``float16`` (dequantized in float16,
+    saturating at ±65,504, then computed in ``work``)."""
     batch, g = k.shape[:2]
     group = heads // g
     kv_head = np.arange(heads) // group
@@ -73,7 +74,11 @@ def dequantize(k: Array, v: Array, k_descale: Array, v_descale: Array, work: np.
     if bug == "k_only":
         v_scale = np.ones_like(v_scale)
     k_all, v_all = k.astype(work)[:, kv_head], v.astype(work)[:, kv_head]
-    return k_all * k_scale[:, :, None, None], v_all * v_scale[:, :, None, None]
+    keys, values = k_all * k_scale[:, :, None, None], v_all * v_scale[:, :, None, None]
+    if bug == "float16":  # a saturating conversion to float16 (65,504 the largest finite)
+        edge = float(np.finfo(np.float16).max)
+        keys, values = (np.clip(x, -edge, edge).astype(np.float16).astype(work) for x in (keys, values))
+    return keys, values
 
 
 def with_cache(*, pages_bug: str = "", fp8_bug: str = "", align: str = "kv_lengths",
@@ -163,6 +168,9 @@ BROKEN += [] if not FLOAT8 else [
            supports_gqa=True, **FP8),
     broken(with_cache(fp8_bug="swapped"), "fp8_k_and_v_not_interchangeable",
            "k_descale and v_descale swapped", **FP8),
+    broken(with_cache(fp8_bug="float16"), "fp8_matches_golden",
+           "float8 cache dequantized in float16 (saturating at 65,504) by a kernel that computes in float32",
+           **FP8),
 ]
 
 
