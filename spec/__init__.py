@@ -1,33 +1,10 @@
 """spec — the laws of scaled dot-product attention as Hypothesis properties, runnable against any
 implementation.
 
-The package, one owner per thing (arrows: "imports"; none point back):
-
-- ``golden``     float64 engine from terms (forward: out, weights, lse; backward), causal builders
-- ``dtypes``     bfloat16 detected once, as_dtype, finfo, eps, tiny
-- ``tolerance``  baseline in the target's dtype, floors, compare → Comparison      (→ golden, dtypes)
-- ``target``     Target: declarations, one field per keyword, layout translation     (→ dtypes)
-- ``keywords``   Keyword: a keyword declared once, and its terms                (→ golden, target)
-- ``inputs``     Inputs: one call's arguments as the target receives them
-- ``oracle``     golden, baseline, floor, visibility of an Inputs, and its gradients, from the terms
-                                                    (→ golden, tolerance, keywords, inputs, target)
-- ``cases``      Case: a small replayable record → its Inputs                 (→ keywords, inputs)
-- ``calling``    THE call path into a target (forward, lse, gradients), isolation
-                                                            (→ golden, keywords, inputs)
-- ``registry``   Property, @law (marks only), Need, LAW_MODULES, PROPERTIES     (→ cases, keywords)
-- ``laws/``      _helpers (run, the one tolerance assertion, the one no-leak assertion), _needs,
-                 _range (amplitudes at the edge of a dtype's range, from finfo); core, masks,
-                 gradients, and one module per keyword, holding its declaration: bias, alibi,
-                 window, softcap, sinks, lengths, dropout, lse; grad_keywords (the backward under
-                 the keywords)                              (→ calling, cases, oracle, registry)
-- ``profiles``   every Hypothesis profile                                         (→ hypothesis)
-- ``report``     Result/Report as data and the one renderer                        (→ tabulate)
-- ``runner``     check, run_property, replay                  (→ registry, profiles, report, builtin)
-- ``builtin``    names, files → targets, and back; the only module importing impl (→ target, impl, frameworks)
-- ``frameworks`` torch/jax adapters, their declared Targets, from_torch/from_jax (grad=True: autograd,
-                 jax.vjp)                                        (→ target, calling, keywords)
-- ``peers``      ``python -m spec.peers``: the per-dtype table            (→ frameworks, runner)
-- ``cli``, ``pytest_plugin``: the two other doors                        (→ runner, report, builtin)
+Importing ``spec`` (or any of its modules below the laws: ``spec.golden``, ``spec.target``, ...)
+loads nothing else: the names below are loaded when first used, and the laws and keyword
+declarations are collected from `spec.registry.LAW_MODULES` when first asked for. The modules,
+each with one job (its docstring's first line), are mapped in docs/architecture.md.
 
 >>> import spec
 >>> report = spec.check("reference", profile="quick", only=["rows_sum_to_one"])
@@ -35,30 +12,46 @@ The package, one owner per thing (arrows: "imports"; none point back):
 (True, [('rows_sum_to_one', 'pass')])
 """
 
-from spec import golden
-from spec.builtin import BUILTIN, as_target, load_target
-from spec.frameworks import from_jax, from_torch
-from spec.profiles import PROFILES
-from spec.registry import LAW_MODULES, PROPERTIES, Property
-from spec.report import Report, Result
-from spec.runner import check, replay
-from spec.target import Target, TargetError
+from __future__ import annotations
 
-__all__ = [
-    "BUILTIN",
-    "LAW_MODULES",
-    "PROFILES",
-    "PROPERTIES",
-    "Property",
-    "Report",
-    "Result",
-    "Target",
-    "TargetError",
-    "as_target",
-    "check",
-    "from_jax",
-    "from_torch",
-    "golden",
-    "load_target",
-    "replay",
-]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_WHERE = {
+    "golden": "spec.golden",
+    "BUILTIN": "spec.builtin", "as_target": "spec.builtin", "load_target": "spec.builtin",
+    "from_torch": "spec.adapters.torch", "from_jax": "spec.adapters.jax",
+    "PROFILES": "spec.profiles",
+    "LAW_MODULES": "spec.registry", "PROPERTIES": "spec.registry", "Property": "spec.registry",
+    "Report": "spec.report", "Result": "spec.report", "Counterexample": "spec.report",
+    "check": "spec.runner", "replay": "spec.runner",
+    "Target": "spec.target", "TargetError": "spec.target",
+}
+"""Where each public name lives: loaded on first use (PEP 562), so that ``import spec.golden`` —
+which imports this package first — needs NumPy alone."""
+
+__all__ = sorted(_WHERE)
+
+if TYPE_CHECKING:  # the names, for type checkers and editors
+    from spec import golden  # noqa: F401
+    from spec.adapters.jax import from_jax  # noqa: F401
+    from spec.adapters.torch import from_torch  # noqa: F401
+    from spec.builtin import BUILTIN, as_target, load_target  # noqa: F401
+    from spec.profiles import PROFILES  # noqa: F401
+    from spec.registry import LAW_MODULES, PROPERTIES, Property  # noqa: F401
+    from spec.report import Counterexample, Report, Result  # noqa: F401
+    from spec.runner import check, replay  # noqa: F401
+    from spec.target import Target, TargetError  # noqa: F401
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'spec' has no attribute {name!r}")
+    module = importlib.import_module(_WHERE[name])
+    value = module if name == "golden" else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WHERE})

@@ -1,3 +1,5 @@
+"""``python -m spec``: the conformance suite's command line (`spec.cli`)."""
+
 import sys
 
 from spec.cli import main

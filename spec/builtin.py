@@ -1,9 +1,8 @@
 """Targets by name — the one module of `spec` that imports `impl`.
 
 - ``reference`` — `impl.attention`; ``flash`` — `impl.flash_attention`;
-- ``torch``, ``jax``, ``torch_flex_paged`` — built by the zero-argument factories ``torch_target``,
-  ``jax_target`` and ``torch_flex_paged_target`` of `spec.frameworks`, imported only when asked
-  for, so the suite needs neither framework;
+- ``torch``, ``jax``, ``torch_flex_paged`` — each framework adapter's targets (`spec.adapters`),
+  its module imported only when one is asked for, so the suite needs no framework;
 - ``package.module:attr`` — any importable callable or `spec.Target` (an attribute path
   such as ``pkg.mod:Class.method`` works too);
 - ``path/to/script.py:attr`` — the same from a file, imported under a module name of its own (not
@@ -18,6 +17,7 @@ The oracle (`spec.golden`) never imports `impl`: only this map does.
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from spec import dtypes as dt
+from spec.adapters import ADAPTERS, builtin
 from spec.target import Target, TargetError, _callable_name
 
 
@@ -77,40 +78,12 @@ def _flash() -> Target:
                   fp8_kv_paged_only=dt.has_ml_dtypes())
 
 
-def _framework(name: str, extra: str | None = None) -> Callable[[], Target]:
-    """The factory ``spec.frameworks:<name>_target``, looked up only when the target is asked for;
-    ``extra``: the package extra that installs what it needs (``name`` by default)."""
-    extra = extra or name
-
-    def build() -> Target:
-        try:
-            frameworks = importlib.import_module("spec.frameworks")
-        except ModuleNotFoundError as e:
-            if e.name != "spec.frameworks":
-                raise TargetError(f"built-in target {name!r} needs {e.name}: "
-                                  f"pip install 'attention-spec[{extra}]'") from None
-            raise TargetError(f"built-in target {name!r} is not available in this installation "
-                              "(no module spec.frameworks)") from None
-        factory = getattr(frameworks, f"{name}_target", None)
-        if factory is None:
-            raise TargetError(f"built-in target {name!r} is not available: "
-                              f"spec.frameworks has no {name}_target")
-        try:
-            target = factory()
-        except ModuleNotFoundError as e:
-            raise TargetError(f"built-in target {name!r} needs {e.name or name}, which is not installed: "
-                              f"pip install 'attention-spec[{extra}]'") from None
-        return as_target(target)
-
-    return build
-
-
 BUILTIN: dict[str, Callable[[], Target]] = {
     "reference": _reference,
     "flash": _flash,
-    "torch": _framework("torch"),
-    "jax": _framework("jax"),
-    "torch_flex_paged": _framework("torch_flex_paged", extra="torch"),
+    # each framework adapter's targets (spec.adapters.ADAPTERS), its module imported when asked for
+    **{name: functools.partial(builtin, library, name) for library, adapter in ADAPTERS.items()
+       for name in adapter.targets},
 }
 """Built-in targets by name; each entry builds its Target on demand."""
 

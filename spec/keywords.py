@@ -5,8 +5,8 @@ to its laws, and everything else reads the declaration (as PyTorch's ``OpInfo`` 
 operator once):
 
 - **capability** — the `Target` field that says ``fn`` takes it (``supports_window``);
-- **arguments** — the keyword arguments ``fn`` receives (``passes``) and how other libraries
-  spell them (``names``, for messages and adapters);
+- **arguments** — the keyword arguments ``fn`` receives (``passes``; how each framework spells
+  them is its adapter's, `spec.adapters`);
 - **drawing** — how a `Case` draws it (``draw``) and turns the drawn parameter into the values
   passed (``received``);
 - **terms** — what it does to the maths, for the golden (float64) *and* the baseline (the
@@ -25,12 +25,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
 from spec import golden
-from spec.target import CAUSES, GRAD_EXTRAS, Target, keyword_fields
+from spec.target import CAUSES, Target, keyword_fields
 
 Array = np.ndarray
 
@@ -176,8 +176,6 @@ class Keyword:
     draw: Callable[[Any, Target, Any], Any] | None = None
     """``draw(draw_fn, target, case)``: the case with a parameter for this keyword (and whatever it
     needs: a batch, a rank); None when its laws build the case themselves."""
-    names: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    """How libraries spell the first argument: ``{"jax": "local_window_size"}``."""
     arrangement: Arrangement = "dense"
     """``packed``: 3-D inputs are packed sequences, ``(heads, total, d)`` (``(total, heads, d)``
     in ``bnhd``); ``paged``: k and v are paged caches ``[num_blocks, block_size, heads_kv, d]`` in
@@ -206,7 +204,7 @@ class Keyword:
     def __post_init__(self) -> None:
         if not self.terms or not all(isinstance(t, TERMS) for t in self.terms):
             raise ValueError(f"keyword {self.name!r} needs its terms (Restricts, Transforms, Adds, Sinks, "
-                             f"Realigns or Leaves): the golden and the baseline read them, "
+                             f"Realigns, Reads or Leaves): the golden and the baseline read them, "
                              f"got {self.terms!r}")
         if self.field not in keyword_fields(Target):
             raise ValueError(f"keyword {self.name!r}: Target has no keyword field {self.field!r} "
@@ -252,37 +250,30 @@ class Keyword:
         return dataclasses.replace(self, **changes)
 
 
-_DECLARED: dict[str, Keyword] = {}
-_BY_ARGUMENT: dict[str, Keyword] = {}
+class _Tables:
+    """The declared keywords, by name and by argument, read once from `spec.registry` (which
+    collects them from the law modules) the first time any is asked for: nothing is registered
+    by importing a module, and asking twice reads the same tables."""
 
-
-def install(found: Mapping[str, Keyword]) -> None:
-    """Make ``found`` the declared keywords: `spec.registry` collects them from its law modules
-    (as it collects the laws) and installs them here, where the layers below the laws read them."""
-    sinks = [kw.name for kw in found.values() for term in kw.terms if isinstance(term, Sinks)]
-    if len(sinks) > 1:  # the golden and the backward hold one sink logit per row
-        raise ValueError(f"keywords {', '.join(map(repr, sinks))} each declare a Sinks term; one may")
-    passed = {arg for kw in found.values() for arg in kw.passes}
-    for kw in found.values():
-        if set(kw.carries) - passed:
-            raise ValueError(f"keyword {kw.name!r} carries {sorted(set(kw.carries) - passed)}, which no "
-                             "declared keyword passes")
-    _DECLARED.clear()
-    _DECLARED.update(found)
-    _BY_ARGUMENT.clear()
-    _BY_ARGUMENT.update({arg: kw for kw in found.values() for arg in kw.passes})
-    GRAD_EXTRAS.clear()  # what Target's grad_extras may name
-    GRAD_EXTRAS.update({name: (kw.passes[0], kw.field) for name, kw in gradient_extras().items()})
+    by_name: ClassVar[dict[str, Keyword] | None] = None
+    by_argument: ClassVar[dict[str, Keyword]] = {}
 
 
 def registered() -> dict[str, Keyword]:
-    """Every declared keyword, by name (installed by `spec.registry` when ``spec`` is imported)."""
-    return _DECLARED
+    """Every declared keyword, by name, in declaration order (`spec.registry.keywords`)."""
+    if _Tables.by_name is None:
+        from spec import registry  # the law modules that declare them import this one
+
+        found = registry.keywords()
+        _Tables.by_argument = {arg: kw for kw in found.values() for arg in kw.passes}
+        _Tables.by_name = found
+    return _Tables.by_name
 
 
 def by_argument() -> dict[str, Keyword]:
     """Every keyword by each argument it passes (``cu_seqlens_k`` -> the varlen keyword)."""
-    return _BY_ARGUMENT
+    registered()
+    return _Tables.by_argument
 
 
 def declares(target: Target, keyword: str) -> bool:

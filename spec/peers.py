@@ -1,4 +1,4 @@
-"""``python -m spec.peers``: the framework targets (`spec.frameworks`) run once per dtype,
+"""``python -m spec.peers``: the framework targets (`spec.adapters`) run once per dtype,
 as a table: how many laws passed, which failed, and the worst error ratio.
 
 The ratios are read from each result's ``observed`` figures (data), never from message text.
@@ -10,8 +10,8 @@ import math
 import sys
 from typing import Any
 
+from spec import adapters
 from spec.dtypes import bfloat16_if_installed
-from spec.frameworks import jax_target, torch_flex_paged_target, torch_target
 from spec.runner import check
 from spec.target import Target
 
@@ -50,9 +50,8 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m spec.peers", description=main.__doc__)
     every = ("float16", *bfloat16_if_installed(), "float32", "float64")
-    # each peer's factory and the dtypes it runs in (None: those it declares)
-    peers = {"torch": (torch_target, every), "jax": (jax_target, every),
-             "torch_flex_paged": (torch_flex_paged_target, None)}
+    # each peer and the dtypes it runs in (None: those it declares)
+    peers = {"torch": every, "jax": every, "torch_flex_paged": None}
     parser.add_argument("peers", nargs="*", choices=list(peers), default=["torch", "jax"])
     parser.add_argument("--profile", choices=["quick", "ci", "thorough"], default="ci")
     parser.add_argument("--max-examples", type=int, default=None)
@@ -60,9 +59,9 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     for name in args.peers:
-        factory, dtypes = peers[name]
+        dtypes = peers[name]
         try:
-            target = factory()
+            target = adapters.factory(name)()
         except ModuleNotFoundError as e:
             print(f"{name}: not installed ({e.name})", file=sys.stderr)
             return 2

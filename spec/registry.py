@@ -18,9 +18,8 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from spec import keywords as declared
 from spec.cases import Case, cases
-from spec.keywords import Keyword
+from spec.keywords import Keyword, Sinks
 from spec.target import Target
 
 Check = Callable[[Target, Case], None]
@@ -144,8 +143,9 @@ def collect(modules: tuple[str, ...] = LAW_MODULES) -> dict[str, Property]:
 
 
 def collect_keywords(modules: tuple[str, ...] = LAW_MODULES) -> dict[str, Keyword]:
-    """The keywords ``modules`` declare (module attributes that are `Keyword` records), by name.
-    Two declarations of one name, or of one argument, are refused."""
+    """The keywords ``modules`` declare (module attributes that are `Keyword` records), by name,
+    checked together (`check_keywords`). Two declarations of one name, or of one argument, are
+    refused."""
     found: dict[str, Keyword] = {}
     arguments: dict[str, str] = {}
     for name in modules:
@@ -160,20 +160,50 @@ def collect_keywords(modules: tuple[str, ...] = LAW_MODULES) -> dict[str, Keywor
                                      f"and {value.name!r}")
                 arguments[arg] = value.name
             found[value.name] = value
+    return check_keywords(found)
+
+
+def check_keywords(found: dict[str, Keyword]) -> dict[str, Keyword]:
+    """``found``, if its keywords can be declared together: one `Sinks` term at most (the golden
+    and the backward hold one sink logit per row), and every argument a keyword carries passed by
+    another. Raises ValueError naming what is wrong."""
+    sinks = [kw.name for kw in found.values() for term in kw.terms if isinstance(term, Sinks)]
+    if len(sinks) > 1:
+        raise ValueError(f"keywords {', '.join(map(repr, sinks))} each declare a Sinks term; one may")
+    passed = {arg for kw in found.values() for arg in kw.passes}
+    for kw in found.values():
+        if set(kw.carries) - passed:
+            raise ValueError(f"keyword {kw.name!r} carries {sorted(set(kw.carries) - passed)}, which no "
+                             "declared keyword passes")
     return found
 
 
-_PROPERTIES: dict[str, Property] = {}
+_LAWS: dict[str, Property] = {}
+_KEYWORDS: dict[str, Keyword] = {}
+
+
+def laws() -> dict[str, Property]:
+    """Every law, by name, in report order: collected from `LAW_MODULES` the first time it is
+    asked for (after the law modules, which import this one for ``@law``, have loaded), the same
+    dict after that."""
+    if not _LAWS:
+        _LAWS.update(collect())
+    return _LAWS
+
+
+def keywords() -> dict[str, Keyword]:
+    """Every keyword the law modules declare, by name, in declaration order (collected once, as
+    `laws`); `spec.keywords.registered` reads it."""
+    if not _KEYWORDS:
+        _KEYWORDS.update(collect_keywords())
+    return _KEYWORDS
+
+
 PROPERTIES: dict[str, Property]  # annotation only: the value comes from __getattr__ below
 
 
 def __getattr__(name: str) -> Any:
-    """``PROPERTIES``: every law, built from `LAW_MODULES` on first use (after the law
-    modules, which import this one for ``@law``, have finished loading); the keywords they
-    declare are installed in `spec.keywords` at the same time (``import spec`` does both)."""
+    """``PROPERTIES``: every law (`laws`)."""
     if name == "PROPERTIES":
-        if not _PROPERTIES:
-            _PROPERTIES.update(collect())
-            declared.install(collect_keywords())
-        return _PROPERTIES
+        return laws()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

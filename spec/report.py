@@ -1,5 +1,5 @@
-"""The report: per-law results as data (`Result`, `Report`) and the ONE renderer
-(`render`) that the CLI, the pytest plugin (`failure`) and ``str(report)`` share.
+"""The report: per-law results as data (`Result`, `Report`, `Counterexample`) and the ONE
+renderer (`render`) that the CLI, the pytest plugin (`failure`) and ``str(report)`` share.
 """
 
 from __future__ import annotations
@@ -14,6 +14,35 @@ import numpy as np
 from tabulate import tabulate
 
 
+@dataclass(frozen=True)
+class Counterexample:
+    """What a failure shows: the shrunk case and the call of the law's last example that broke."""
+
+    case: dict[str, Any]
+    """The case as plain values, defaults left out (`spec.cases.Case.describe`): ``spec.replay``
+    takes them as keywords."""
+    reproduce: str
+    """A command line that replays the case, or why none can name this target."""
+    call: str | None = None
+    """Which callable the law's last call reached (``fn`` or ``grad_fn``), or None if none was made."""
+    shapes: dict[str, list[int]] = field(default_factory=dict)
+    """Each array the callable received, by argument name: its shape (in the target's layout)..."""
+    dtypes: dict[str, str] = field(default_factory=dict)
+    """... its dtype's name ..."""
+    arrays: dict[str, Any] = field(default_factory=dict)
+    """... and, for small arrays, its values as nested lists."""
+    keywords: dict[str, Any] = field(default_factory=dict)
+    """The keyword values passed (plain Python), by argument name."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """As the JSON report writes it: the call's fields only when a call was made."""
+        found: dict[str, Any] = {"case": self.case, "reproduce": self.reproduce}
+        if self.call is not None:
+            found |= {"call": self.call, "shapes": self.shapes, "dtypes": self.dtypes, "arrays": self.arrays,
+                      "keywords": self.keywords}
+        return found
+
+
 @dataclass
 class Result:
     name: str
@@ -21,7 +50,7 @@ class Result:
     examples: int
     seconds: float
     message: str = ""
-    counterexample: dict[str, Any] | None = None
+    counterexample: Counterexample | None = None
     law: str = ""
     observed: dict[str, float] = field(default_factory=dict)
     """Figures the law measured, worst over the examples run (e.g. ``"error ratio float32"``:
@@ -34,7 +63,8 @@ class Result:
         return {
             "name": self.name, "status": self.status, "examples": self.examples,
             "seconds": round(self.seconds, 3), "message": self.message,
-            "counterexample": self.counterexample, "law": self.law,
+            "counterexample": None if self.counterexample is None else self.counterexample.to_dict(),
+            "law": self.law,
             "observed": dict(self.observed),
         }
 
@@ -114,18 +144,18 @@ def failure(result: Result, *, headline: bool = False) -> str:
     lines = [head, wrap.fill("law: " + result.law), wrap.fill("broken: " + result.message)]
     example = result.counterexample
     if example:
-        case = " ".join(f"{key}={value}" for key, value in example["case"].items())
+        case = " ".join(f"{key}={value}" for key, value in example.case.items())
         lines.append(wrap.fill("case: " + case))
-        if "shapes" in example:
-            shapes = ", ".join(f"{name} {tuple(shape)} {example['dtypes'][name]}"
-                               for name, shape in example["shapes"].items())
-            given = ", ".join(f"{name}={value!r}" for name, value in example["keywords"].items())
-            who = "grad_fn" if example.get("call") == "grad_fn" else "the target"
+        if example.call is not None:
+            shapes = ", ".join(f"{name} {tuple(shape)} {example.dtypes[name]}"
+                               for name, shape in example.shapes.items())
+            given = ", ".join(f"{name}={value!r}" for name, value in example.keywords.items())
+            who = "grad_fn" if example.call == "grad_fn" else "the target"
             lines.append(wrap.fill(f"{who} received (the law's last call): {shapes}"
                                    + (f"; {given}" if given else "")))
-            for name, values in example["arrays"].items():
+            for name, values in example.arrays.items():
                 lines.append(f"  {name} = {values}")
-        lines.append(f"  reproduce: {example['reproduce']}")
+        lines.append(f"  reproduce: {example.reproduce}")
     return "\n".join(lines)
 
 

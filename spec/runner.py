@@ -19,23 +19,14 @@ import numpy as np
 from hypothesis import HealthCheck, Phase, Verbosity, example, given, settings
 
 from spec.builtin import NoSource, load_target, source_of
-from spec.calling import (
-    CALLS,
-    DEADLINE,
-    Call,
-    SignatureMismatch,
-    TargetHung,
-    TargetStopped,
-    in_run_worker,
-    run_in_worker,
-    watched,
-    workers,
-)
+from spec.call import Call
 from spec.cases import Case
-from spec.laws._helpers import OBSERVED
+from spec.context import RunContext, running
+from spec.isolation import TargetHung, TargetStopped, run_law, workers
 from spec.profiles import PROFILES, Profile
 from spec.registry import PROPERTIES, Property
-from spec.report import Report, Result
+from spec.report import Counterexample, Report, Result
+from spec.signature import SignatureMismatch
 from spec.target import Target, TargetError
 
 SMALL_ARRAY = 48  # counterexample arrays with at most this many entries are printed in full
@@ -81,7 +72,7 @@ def _settings(profile: Profile, max_examples: int | None, seed: int | None) -> s
         max_examples=max_examples or profile.max_examples,
         derandomize=profile.derandomize and seed is None,
         database=None,  # a report must be a function of target, profile and seed alone
-        deadline=None,  # the per-call deadline is ours (spec.calling), not per example
+        deadline=None,  # the per-call deadline is ours (spec.isolation), not per example
         suppress_health_check=list(HealthCheck),  # slow targets are not the target's failure
         phases=[Phase.explicit, Phase.generate, Phase.shrink],
         report_multiple_bugs=False,
@@ -97,34 +88,21 @@ def run_property(
     """Run one property with Hypothesis; every outcome, however the target misbehaves, is a Result.
 
     ``source`` is how the target was named (for the reproduction line; a `NoSource` says
-    why no line can name it); defaults to its name.
+    why no line can name it); defaults to its name. The run goes where the target's isolation
+    says (`spec.isolation.run_law`: in process isolation, first in the check's worker process).
     """
     chosen = PROFILES[profile]
-    deadline = target.deadline_s if target.deadline_s is not None else chosen.deadline_s  # per call
     reason = prop.needs(target)
     if reason:
         return Result(prop.name, "skip", 0, 0.0, reason, law=prop.law)
-    crashed: str | None = None  # what the run's worker process met, if it did not come back
-    if target.isolation == "process" and not in_run_worker() and PROPERTIES.get(prop.name) is prop:
-        # The whole run in the run's worker process, each call made there; a crash or an overrun
-        # there is rerun below with a worker per call, which reports it and shrinks it.
-        with workers():
-            outcome = run_in_worker(
-                target, _run_in_worker, (prop.name, {"profile": profile, "max_examples": max_examples,
-                                                     "seed": seed, "source": source}), deadline)
-        if outcome is not None:
-            result, crashed = outcome
-            if crashed is None:
-                return result
+    run = RunContext(deadline=chosen.deadline_s)
     last: list[Case] = []  # the example being run; after a failure, the shrunk one
-    made: list[Call] = []  # the calls into the target of that example
-    calls: list[int] = []
-    observed: dict[str, float] = {}
+    examples: list[int] = []
 
     def test(case: Case) -> None:
         last[:] = [case]
-        made.clear()
-        calls.append(1)
+        run.calls.clear()
+        examples.append(1)
         prop.check(target, case)
 
     test.__name__ = test.__qualname__ = prop.name  # derandomized streams differ per property
@@ -134,66 +112,61 @@ def run_property(
     runner = _settings(chosen, max_examples, seed)(runner)
     if seed is not None:
         runner = hypothesis.seed(seed)(runner)
-    deadline_token = DEADLINE.set(chosen.deadline_s)
-    observed_token = OBSERVED.set(observed)
-    calls_token = CALLS.set(made)
     start = time.perf_counter()
+
     def attempt() -> None:
-        with one_thread_blas(), workers():  # a fresh count of crashes; workers shared within run_all
+        with running(run), one_thread_blas():
             runner()
 
-    try:
-        if target.isolation == "thread":  # the whole run in one watched thread, each call under its deadline
-            watched(attempt, deadline)
-        else:
-            attempt()
-    except TargetHung as e:
-        return _failure(prop, target, last, made, calls, start, f"the target {e}", source, observed)
-    except SignatureMismatch as e:
-        failed = _failure(prop, target, last, made, calls, start, str(e), source, observed)
-        failed.fatal = True
+    def conclude(error: BaseException | None, crashed: str | None) -> Result:
+        if error is None:
+            return _passed(prop, len(examples), time.perf_counter() - start, crashed, run.observed)
+        message = f"the target {error}" if isinstance(error, TargetHung) else \
+            str(error) if isinstance(error, (SignatureMismatch, TargetStopped, AssertionError)) else \
+            f"{type(error).__name__}: {error}"
+        failed = _failure(prop, target, last, run.calls, len(examples), start, message, source, run.observed)
+        failed.fatal = isinstance(error, SignatureMismatch)
         return failed
-    except TargetStopped as e:
-        return _failure(prop, target, last, made, calls, start, str(e), source, observed)
-    except AssertionError as e:
-        return _failure(prop, target, last, made, calls, start, str(e), source, observed)
-    except Exception as e:  # a misbehaving target must never crash the suite
-        return _failure(prop, target, last, made, calls, start, f"{type(e).__name__}: {e}", source, observed)
-    finally:
-        DEADLINE.reset(deadline_token)
-        OBSERVED.reset(observed_token)
-        CALLS.reset(calls_token)
-    seconds = time.perf_counter() - start
+
+    # the law's run in the check's worker process when the target's calls must run in one (the
+    # property found again there by name: only a registered law can go)
+    remote = (_run_in_worker, (prop.name, {"profile": profile, "max_examples": max_examples, "seed": seed,
+                                           "source": source})) if PROPERTIES.get(prop.name) is prop else None
+    return run_law(target, attempt, conclude, remote=remote, deadline=target.call_deadline(chosen.deadline_s))
+
+
+def _passed(prop: Property, examples: int, seconds: float, crashed: str | None,
+            observed: dict[str, float]) -> Result:
     if crashed is not None:  # the worker's failure did not come back call by call: still a failure
-        return Result(prop.name, "fail", len(calls), seconds,
+        return Result(prop.name, "fail", examples, seconds,
                       f"the target {crashed} in a run of this law in its worker process, but not when "
                       "the law was run again with each call in a worker of its own (an intermittent "
                       "failure: no counterexample)", law=prop.law, observed=observed)
     message = ", ".join(f"worst {key} {value:.3g}" for key, value in observed.items()
                         if math.isfinite(value))
-    return Result(prop.name, "pass", len(calls), seconds, message, law=prop.law, observed=observed)
+    return Result(prop.name, "pass", examples, seconds, message, law=prop.law, observed=observed)
 
 
 def _run_in_worker(target: Target, job: tuple[str, dict[str, Any]]) -> Result:
-    """`run_property` inside the run's worker process (`spec.calling.run_in_worker`)."""
+    """`run_property` inside the check's worker process (`spec.isolation.run_law`)."""
     name, options = job
     return run_property(PROPERTIES[name], target, **options)
 
 
 def _failure(
-    prop: Property, target: Target, last: list[Case], made: list[Call], calls: list[int], start: float,
+    prop: Property, target: Target, last: list[Case], made: list[Call], examples: int, start: float,
     message: str, source: str | NoSource | None, observed: dict[str, float],
 ) -> Result:
     case = last[0] if last else None
     example = None if case is None else counterexample(prop, case, made[-1] if made else None,
                                                        source or target.name)
     first_line = message.strip().splitlines()[0] if message.strip() else "failed"
-    return Result(prop.name, "fail", len(calls), time.perf_counter() - start, first_line, example,
+    return Result(prop.name, "fail", examples, time.perf_counter() - start, first_line, example,
                   law=prop.law, observed=observed)
 
 
-def counterexample(prop: Property, case: Case, received: Call | None, source: str | NoSource) -> dict[str,
-                                                                                                      Any]:
+def counterexample(prop: Property, case: Case, received: Call | None,
+                   source: str | NoSource) -> Counterexample:
     """The shrunk case as plain values; what the target received in the law's last call (every
     argument: shapes and dtypes, small arrays in full); and a reproduction line (or, for a target
     no ``module:attr`` names, why there is none and what gives one)."""
@@ -203,16 +176,16 @@ def counterexample(prop: Property, case: Case, received: Call | None, source: st
     else:
         fields = ", ".join(f"{key}={_literal(value)}" for key, value in case.describe().items())
         reproduce = f"python -c {_quote(f'import spec; spec.replay({source!r}, {prop.name!r}, {fields})')}"
-    found: dict[str, Any] = {"case": case.describe(), "reproduce": reproduce}
-    if received is not None:
-        arrays = received.arrays()
-        found["call"] = received.which
-        found["shapes"] = {name: list(np.shape(x)) for name, x in arrays.items()}
-        found["dtypes"] = {name: np.asarray(x).dtype.name for name, x in arrays.items()}
-        found["arrays"] = {name: np.asarray(x).tolist() for name, x in arrays.items()
-                           if np.size(x) <= SMALL_ARRAY}
-        found["keywords"] = {name: _plain(x) for name, x in received.inputs.values().items()}
-    return found
+    if received is None:
+        return Counterexample(case=case.describe(), reproduce=reproduce)
+    arrays = received.arrays()
+    return Counterexample(
+        case=case.describe(), reproduce=reproduce, call=received.which,
+        shapes={name: list(np.shape(x)) for name, x in arrays.items()},
+        dtypes={name: np.asarray(x).dtype.name for name, x in arrays.items()},
+        arrays={name: np.asarray(x).tolist() for name, x in arrays.items() if np.size(x) <= SMALL_ARRAY},
+        keywords={name: _plain(x) for name, x in received.inputs.values().items()},
+    )
 
 
 def _literal(value: Any) -> str:
@@ -242,12 +215,8 @@ def replay(target: str | Target | Any, name: str, **case: Any) -> None:
     if the law is broken, returns None if it holds."""
     (prop,) = select([name])
     loaded = load(target)
-    token = DEADLINE.set(PROFILES["ci"].deadline_s)
-    try:
-        with one_thread_blas(), workers():
-            prop.check(loaded, Case.from_fields(**case))
-    finally:
-        DEADLINE.reset(token)
+    with running(RunContext(deadline=PROFILES["ci"].deadline_s)), one_thread_blas(), workers():
+        prop.check(loaded, Case.from_fields(**case))
 
 
 def configure(target: Target, *, isolation: str | None = None, deadline: float | None = None) -> Target:

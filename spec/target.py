@@ -51,6 +51,10 @@ class TargetError(ValueError):
     """A target that cannot be loaded or is declared inconsistently (the CLI's exit 2)."""
 
 
+class TargetFailed(AssertionError):
+    """The target raised, returned something that is not an array, or returned the wrong shape."""
+
+
 def keyword_field() -> Any:
     """A keyword's capability field: False by default, marked as a keyword's (`keyword_fields`)."""
     return dataclasses.field(default=False, metadata={"keyword": True})
@@ -251,6 +255,11 @@ class Target:
         narrow = self.precision(dtype)
         return dtype if narrow == dtype else f"{dtype} (computed in {narrow})"
 
+    def call_deadline(self, default: float | None) -> float | None:
+        """The deadline of one call, in seconds: the target's own (``deadline_s``), else ``default``
+        (the profile's, or one given for the call); None: no deadline."""
+        return self.deadline_s if self.deadline_s is not None else default
+
     @property
     def has_gradients(self) -> bool:
         return self.grad_fn is not None
@@ -277,7 +286,7 @@ class Target:
         **kwargs: Any,
     ) -> Any:  # [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v] -> [..., n_q, d_v] (, lse [..., n_q])
         """Call ``fn`` on ``(..., n, d)`` arrays with ``kwargs`` as given, translating the layout
-        both ways. The calling layer (`spec.calling.call`) decides what is passed: ``causal`` only
+        both ways. The calling layer (`spec.call.call`) decides what is passed: ``causal`` only
         when true, ``mask``, ``scale`` and each keyword only when given and declared. With
         ``return_lse=True`` the result is ``(out, lse)`` (lse as ``fn`` returned it; its shape is
         checked by the caller). ``arrangement="packed"``: 3-D inputs are packed sequences
@@ -368,12 +377,6 @@ def _check_masked_rows(given: Any) -> Any:
     return dict(given)
 
 
-GRAD_EXTRAS: dict[str, tuple[str, str]] = {}
-"""Each gradient a backward may return beside dq, dk, dv, with the argument it is the gradient of
-and the field that declares its keyword: ``{"dbias": ("bias", "supports_bias"), ...}``. Read from
-the keywords' terms and installed here by `spec.keywords.install`, with the keywords."""
-
-
 def _check_grad_extras(target: Target) -> tuple[str, ...]:
     """``grad_extras``: names of gradients the keywords' terms define, each with its keyword
     declared, and a ``grad_fn`` to return them."""
@@ -384,11 +387,16 @@ def _check_grad_extras(target: Target) -> tuple[str, ...]:
                           f"got {given!r}")
     if given and target.grad_fn is None:
         raise TargetError(f"Target grad_extras={tuple(given)!r} needs a grad_fn to return them")
+    if not given:
+        return ()
+    from spec.keywords import gradient_extras  # the keywords' records, which import this module
+
+    known = gradient_extras()
     for name in given:
-        if name not in GRAD_EXTRAS:
+        if name not in known:
             raise TargetError(f"Target grad_extras names {name!r}; the gradients the keywords define are "
-                              f"{', '.join(GRAD_EXTRAS) or 'none'}")
-        argument, field = GRAD_EXTRAS[name]
+                              f"{', '.join(known) or 'none'}")
+        argument, field = known[name].passes[0], known[name].field
         if not getattr(target, field):
             raise TargetError(f"Target grad_extras names {name!r}, the gradient of {argument}=, "
                               f"which needs {field}=True")

@@ -96,7 +96,7 @@ def test_rename_is_checked():
 
 
 def test_torch_target_takes_a_float_bias_and_seeded_dropout(torch):
-    from spec.frameworks import torch_attention
+    from spec.adapters.torch import torch_attention
 
     rng = np.random.default_rng(1)
     q, k, v = (rng.standard_normal((2, 3, n, 4)) for n in (5, 6, 6))
@@ -130,7 +130,7 @@ def test_from_jax_passes_every_bit_and_enables_float64():
 
 def test_jax_target_keywords_are_jaxs_own():
     pytest.importorskip("jax")
-    from spec.frameworks import jax_attention
+    from spec.adapters.jax import jax_attention
 
     rng = np.random.default_rng(2)
     q, k, v = (rng.standard_normal((2, 3, n, 4)).astype(np.float32) for n in (5, 7, 7))
@@ -146,7 +146,8 @@ def test_jax_row_with_no_key_has_a_finite_lse_and_torch_all_minus_inf_bias_row_g
     # The measurements behind two declarations: jax's lse_empty_row_is_neg_inf is skipped (its
     # masked_rows is "uniform", the empty row's lse is the finite fill's), torch takes bias.
     pytest.importorskip("jax")
-    from spec.frameworks import jax_attention, torch_attention
+    from spec.adapters.jax import jax_attention
+    from spec.adapters.torch import torch_attention
 
     rng = np.random.default_rng(3)
     q, k, v = (rng.standard_normal((2, 1, n, 4)).astype(np.float32) for n in (3, 5, 5))
@@ -166,12 +167,11 @@ def _recorder(seen: dict):
     return fn
 
 
-def test_the_adapters_spell_keywords_as_each_keyword_declares_and_rename_overrides(torch):
-    from spec.frameworks import library_names
-    from spec.keywords import registered
+def test_the_adapters_spell_keywords_as_each_adapter_declares_and_rename_overrides(torch):
+    from spec.adapters import spellings
 
-    assert library_names("jax")["window"] == registered()["window"].names["jax"] == "local_window_size"
-    assert library_names("torch")["bias"] == "attn_mask"
+    assert spellings("jax")["window"] == "local_window_size"
+    assert spellings("torch")["bias"] == "attn_mask"
     seen: dict = {}
     q = np.zeros((2, 1, 3, 4), dtype=np.float32)
     bias = np.zeros((2, 1, 3, 3), dtype=np.float32)
@@ -202,14 +202,14 @@ def test_from_jax_spells_keywords_as_jax_does():
     assert set(seen) == {"window_size"}
 
 
-def test_a_libraries_spelling_is_read_from_the_keyword_declaration(monkeypatch):
+def test_a_libraries_spelling_is_read_from_its_adapters_declaration(monkeypatch):
     pytest.importorskip("jax")
-    from spec.frameworks import jax_attention, library_names
-    from spec.keywords import registered
+    from spec.adapters import jax as adapter
+    from spec.adapters import spellings
+    from spec.adapters.jax import jax_attention
 
-    window = registered()["window"]
-    monkeypatch.setitem(registered(), "window", window.replace(names={**window.names, "jax": "my_window"}))
-    assert library_names("jax")["window"] == "my_window"
+    monkeypatch.setitem(adapter.SPELLINGS, "window", "my_window")
+    assert spellings("jax")["window"] == "my_window"
     seen: dict = {}
     spec.from_jax(_recorder(seen), supports_window=True)(np.zeros((3, 4)), np.zeros((3, 4)), np.zeros((3, 4)),
                                                          window=(1, 0))

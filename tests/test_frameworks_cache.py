@@ -1,4 +1,4 @@
-"""PyTorch's FlexAttention over a paged cache (spec.frameworks.torch_flex_paged_attention) against
+"""PyTorch's FlexAttention over a paged cache (spec.adapters.torch_flex.torch_flex_paged_attention) against
 impl's paged path, and what it reads that it should not.
 
 The eager path runs on a handful of shapes (decode, chunked prefill, grouped heads, block sizes 1 and
@@ -18,7 +18,7 @@ from impl import attention
 torch = pytest.importorskip("torch")
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
-from spec.frameworks import torch_flex_paged_attention  # noqa: E402  (needs torch)
+from spec.adapters.torch_flex import torch_flex_paged_attention  # noqa: E402  (needs torch)
 
 # (lengths, h, g, n_q, block_size, keywords)
 SHAPES = [

@@ -17,9 +17,10 @@ FRAMEWORKS = ["torch", "jax"]
 
 def _peer(name: str):  # -> (adapter, target factory), or skip when the framework is absent
     pytest.importorskip(name)
-    from spec import frameworks as peers
+    from spec import adapters
 
-    return getattr(peers, f"{name}_attention"), getattr(peers, f"{name}_target")
+    module = adapters.module(name)
+    return getattr(module, f"{name}_attention"), module.TARGETS[name]
 
 
 def _qkv(shape_q, shape_k, d_v, dtype="float64", seed=0):
@@ -123,7 +124,7 @@ def test_jax_backward_a_row_whose_bias_is_all_minus_inf_turns_its_heads_key_grad
     row's share alone. The
     gradient laws draw no such row (they keep to rows whose declared output is zeros)."""
     pytest.importorskip("jax")
-    from spec.frameworks import jax_attention, jax_attention_grad
+    from spec.adapters.jax import jax_attention, jax_attention_grad
 
     q, k, v = _qkv((1, 2, 3, 4), (1, 2, 5, 4), 4, dtype="float32")
     d_out = np.random.default_rng(4).standard_normal((1, 2, 3, 4)).astype(np.float32)
@@ -165,7 +166,7 @@ def _dtype(name: str) -> np.dtype:
 
 def test_torch_bfloat16_crosses_bit_for_bit():
     pytest.importorskip("torch")
-    from spec.frameworks import _from_torch, _to_torch
+    from spec.adapters.torch import _from_torch, _to_torch
 
     bf16 = _dtype("bfloat16")
     x = np.random.default_rng(0).standard_normal((3, 5)).astype(bf16)
@@ -197,7 +198,7 @@ def test_low_precision_within_the_tolerance_policy(name, dtype):
 def test_torch_adapter_works_without_ml_dtypes(monkeypatch):
     """Without ml_dtypes (torch alone installs no bfloat16 for NumPy) float64 must stay float64."""
     fn, _ = _peer("torch")
-    from spec import frameworks as peers
+    from spec.adapters import torch as peers
 
     monkeypatch.setattr(peers, "_bfloat16", lambda: None)
     q, k, v = _qkv((3, 4), (5, 4), 2, dtype="float64")

@@ -18,11 +18,11 @@ import spec
 from impl import attention
 from impl.grad import attention_backward, gradcheck
 from spec import oracle, tolerance
-from spec.calling import TargetFailed, call_grad
+from spec.call import call_grad
 from spec.cases import Case
 from spec.laws.gradients import baseline_backward, golden_backward, grad_cases
 from spec.runner import check
-from spec.target import Target
+from spec.target import Target, TargetFailed
 
 LAW = "grad_matches_golden"
 Array = np.ndarray
@@ -102,7 +102,7 @@ def test_broken_backward_is_rejected(bug: str, dtypes: tuple[str, ...]) -> None:
     assert result.status == "fail", f"{LAW} missed: {BROKEN[bug]}"
     assert "differs from the float64 golden backward" in result.message
     # A Target built in the test is bound to no module-level name: the report says no line loads it.
-    assert result.counterexample and "no command can load this target" in result.counterexample["reproduce"]
+    assert result.counterexample and "no command can load this target" in result.counterexample.reproduce
 
 
 def test_max_before_mask_is_caught_by_grad_causal_no_leak_only() -> None:

@@ -152,7 +152,7 @@ def test_unknown_dtypes_are_still_refused():
 
 def test_torch_declares_and_passes_bfloat16():
     pytest.importorskip("torch")
-    from spec.frameworks import torch_target
+    from spec.adapters.torch import sdpa_target as torch_target
 
     target = torch_target()
     assert "bfloat16" in target.dtypes

@@ -183,7 +183,7 @@ def test_a_failure_shows_the_paged_cache_as_the_target_received_it():
     target = Target(ignores_the_table, layout="bnhd", ndims=(4,), supports_paged_kv=True)
     (result,) = spec.check(target, profile="ci", only=["paged_matches_golden"]).results
     assert result.status == "fail"
-    example = result.counterexample
+    example = result.counterexample.to_dict()  # as the JSON report has it
     case = Case.from_fields(**example["case"])
     inputs = case.inputs()
     batch, heads, n_q, d_k = case.shapes()["q"]
@@ -196,9 +196,9 @@ def test_a_failure_shows_the_paged_cache_as_the_target_received_it():
 def test_kv_lengths_reaches_a_target_only_with_a_block_table_when_it_declares_no_kv_lengths():
     target = Target(attention, ndims=(4,), supports_paged_kv=True)
     case = _paged_case()
-    assert set(spec.calling.arguments(target, case.inputs())) == {"block_table", "kv_lengths"}
+    assert set(spec.call.arguments(target, case.inputs())) == {"block_table", "kv_lengths"}
     with pytest.raises(TargetError, match="kv_lengths= needs supports_kv_lengths=True"):
-        spec.calling.arguments(target, case.inputs().replace(block_table=None))
+        spec.call.arguments(target, case.inputs().replace(block_table=None))
 
 
 # --- declarations ----------------------------------------------------------------------------------
@@ -310,12 +310,12 @@ def test_a_keyword_that_reads_k_and_v_and_draws_cases_must_write_them():
 
 
 def test_a_carried_argument_must_be_passed_by_a_keyword():
-    from spec import keywords
+    from spec import registry
 
     before = dict(registered())
     odd = before["paged"].replace(name="odd", passes=("odd_table",), carries=("nothing_passes_this",))
     with pytest.raises(ValueError, match=r"carries \['nothing_passes_this'\], which no declared keyword"):
-        keywords.install(before | {"odd": odd})
+        registry.check_keywords(before | {"odd": odd})
     assert registered() == before
 
 

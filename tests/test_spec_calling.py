@@ -12,9 +12,9 @@ import pytest
 
 import spec
 from impl import attention
-from spec.calling import TargetFailed, call, call_grad, invoke
+from spec.call import call, call_grad, invoke
 from spec.inputs import Inputs
-from spec.target import Target, TargetError
+from spec.target import Target, TargetError, TargetFailed
 
 
 def _q_k_v(lead=(), n_q=3, n_k=4, d=2):

@@ -47,10 +47,10 @@ def test_blas_runs_on_one_thread_during_a_check():
 
 def test_process_isolation_forks_one_worker_per_check(monkeypatch):
     """Before: a fresh worker process per law (68 forks for the reference)."""
-    import spec.calling
+    import spec.isolation
 
     forks, fork = [], os.fork
-    monkeypatch.setattr(spec.calling.os, "fork", lambda: forks.append(1) or fork())
+    monkeypatch.setattr(spec.isolation.os, "fork", lambda: forks.append(1) or fork())
     target = spec.Target(attention, isolation="process")
     laws = ["output_shape_dtype", "rows_sum_to_one", "matches_golden"]
     report = spec.check(target, profile="quick", only=laws)
@@ -64,10 +64,11 @@ def test_thread_isolation_runs_a_checks_calls_in_one_thread_without_a_hand_off_e
     Hypothesis's per-thread set-up (a full garbage collection) cost as much again."""
     import threading
 
-    import spec.calling
+    import spec.isolation
 
-    handed, with_deadline = [], spec.calling.with_deadline
-    monkeypatch.setattr(spec.calling, "with_deadline", lambda fn, s: handed.append(1) or with_deadline(fn, s))
+    handed, with_deadline = [], spec.isolation.with_deadline
+    monkeypatch.setattr(spec.isolation, "with_deadline",
+                        lambda fn, s: handed.append(1) or with_deadline(fn, s))
     threads = set()
 
     def recording(q, k, v, *, causal=False):

@@ -58,7 +58,7 @@ def test_boundary_grid_runs_first_in_every_profile():
     report = spec.check(target, profile="quick", max_examples=1, only=["matches_golden"])
     (result,) = report.results
     assert result.status == "fail"
-    assert (result.counterexample["case"]["n_q"], result.counterexample["case"]["n_k"]) == (2, 3)
+    assert (result.counterexample.case["n_q"], result.counterexample.case["n_k"]) == (2, 3)
 
 
 def test_empty_keys_declaration_is_validated_and_defaults_to_compute():

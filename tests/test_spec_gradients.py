@@ -15,13 +15,14 @@ import spec
 from impl import attention
 from impl.grad import attention_backward
 from spec import golden, oracle, tolerance
-from spec.calling import SignatureMismatch, TargetFailed, call, call_grad
+from spec.call import call, call_grad
 from spec.cases import Case, cases
 from spec.inputs import Inputs
 from spec.keywords import Keyword, Leaves, gradient_extras
 from spec.laws.grad_keywords import keyword_grid, keyword_matters
 from spec.laws.gradients import differentiable
-from spec.target import Target, TargetError
+from spec.signature import SignatureMismatch
+from spec.target import Target, TargetError, TargetFailed
 
 Array = np.ndarray
 STEP = 1e-6

@@ -21,11 +21,12 @@ import pytest
 
 import spec
 from impl import attention
-from spec import calling
-from spec.calling import TargetFailed, TargetHung, call, workers
+from spec import isolation
+from spec.call import call
 from spec.cli import main
 from spec.inputs import Inputs
-from spec.target import Target
+from spec.isolation import TargetHung, workers
+from spec.target import Target, TargetFailed
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
@@ -69,7 +70,7 @@ def test_a_segfault_fails_that_law_naming_the_signal_and_the_run_goes_on():
     broken = by_name["causal_no_leak"]
     assert broken.status == "fail"
     assert broken.message.startswith("the target crashed with SIGSEGV (signal 11)")
-    assert broken.counterexample is not None and broken.counterexample["case"]["causal"] is True
+    assert broken.counterexample is not None and broken.counterexample.case["causal"] is True
 
 
 def test_the_cli_overrides_isolation_and_exits_1_after_a_segfault():
@@ -112,7 +113,7 @@ def test_os_exit_in_the_target_is_a_failure_naming_the_status():
 
 
 def test_shrinking_a_crash_restarts_the_worker_a_bounded_number_of_times(monkeypatch):
-    monkeypatch.setattr(calling, "MAX_CRASHES", 2)  # Hypothesis calls a failing case at least twice
+    monkeypatch.setattr(isolation, "MAX_CRASHES", 2)  # Hypothesis calls a failing case at least twice
 
     def long_rows_crash(q, k, v, *, causal=False):
         if k.shape[-2] > 1 and q.shape[-1] != 3:  # the boundary grid (d_k = 3) passes: a drawn case crashes
@@ -232,8 +233,8 @@ def test_process_isolation_runs_each_law_in_its_worker_without_a_round_trip_per_
     """Before: every call was a round trip to the worker (pickling, a pipe, two wake-ups), ~20 %
     of the run's CPU time; now the law's whole run happens in the worker, which calls directly."""
     trips, pids = [], tmp_path / "pids"
-    per_call = calling._Worker.call
-    monkeypatch.setattr(calling._Worker, "call",
+    per_call = isolation._Worker.call
+    monkeypatch.setattr(isolation._Worker, "call",
                         lambda self, *a, **kw: trips.append(1) or per_call(self, *a, **kw))
 
     def where(q, k, v, *, causal=False):
@@ -272,8 +273,8 @@ def test_after_its_worker_crashed_a_run_goes_call_by_call(monkeypatch):
     """Each crash is met once: the law whose run crashed the worker is run again call by call,
     and so are the laws after it, instead of a run in a fresh worker that crashes again first."""
     forks = []
-    make = calling._RunWorker.__init__
-    monkeypatch.setattr(calling._RunWorker, "__init__", lambda self, *a: forks.append(1) or make(self, *a))
+    make = isolation._RunWorker.__init__
+    monkeypatch.setattr(isolation._RunWorker, "__init__", lambda self, *a: forks.append(1) or make(self, *a))
     report = spec.check(Target(segfault_when_causal, isolation="process"), profile="quick",
                         only=PLAIN[:1] + CAUSAL + ["matches_golden"])
     by_name = {r.name: r for r in report.results}

@@ -3,6 +3,7 @@ met in every profile."""
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 
 import numpy as np
@@ -45,12 +46,13 @@ def test_every_pair_has_a_grid_case_that_draws_both(name, which):
 
 def test_the_counts_of_pairs_drawn_in_every_profile():
     """What the closing note states: the pairs each built-in target is checked under."""
+    names = ("reference", "flash", *(["torch"] if importlib.util.find_spec("torch") else []))
     counts = {name: (len(forward_pairs(load_target(name))), len(gradient_pairs(load_target(name))))
-              for name in ("reference", "flash", "torch")}
+              for name in names}
     reference_forward = [kw for kw in KEYWORDS.values() if kw.draw is not None and kw.name != "dropout"]
     combined = sum(a.combines_with(b) for a, b in itertools.combinations(reference_forward, 2))
     assert counts["reference"][0] == combined
-    assert counts["torch"] == (0, 0)  # torch's SDPA takes one keyword that pairs: none
+    assert counts.get("torch", (0, 0)) == (0, 0)  # torch's SDPA takes one keyword that pairs: none
     report = spec.check("flash", profile="quick", only=["keyword_pairs_match_golden"])
     assert report.results[0].examples >= counts["flash"][0]
 

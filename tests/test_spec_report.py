@@ -13,7 +13,7 @@ import numpy as np
 import spec
 from impl import attention
 from spec.cli import main
-from spec.report import Report, Result, render
+from spec.report import Counterexample, Report, Result, render
 
 
 def _half_scaled(q, k, v, *, causal=False):
@@ -55,8 +55,8 @@ def _strict_json(text):
 def test_json_spells_non_finite_numbers_as_strings():
     arrays = {"q": [[1.0, float("inf")]], "k": [[np.float32("-inf"), float("nan")]]}
     failed = Result("matches_golden", "fail", 1, 0.1, "NaN where the golden is finite",
-                    {"case": {"dtype": "float32"}, "shapes": {"q": [1, 2]}, "arrays": arrays,
-                     "reproduce": ""},
+                    Counterexample(case={"dtype": "float32"}, reproduce="", call="fn", shapes={"q": [1, 2]},
+                                   arrays=arrays),
                     observed={"error ratio float32": float("inf"), "error ratio float64": float("nan")})
     data = _strict_json(Report("t", "quick", None, [failed]).to_json())
     (result,) = data["results"]

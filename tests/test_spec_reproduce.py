@@ -40,7 +40,7 @@ if __name__ == "__main__":
     chosen = {"function": half_scaled, "target": declared, "lambda": lambda q, k, v, *, causal=False:
               half_scaled(q, k, v, causal=causal), "closure": closure()}[sys.argv[1]]
     report = spec.check(chosen, profile="quick", only=["matches_golden"])
-    print("reproduce:", report.failures[0].counterexample["reproduce"])
+    print("reproduce:", report.failures[0].counterexample.reproduce)
 '''
 
 
@@ -83,7 +83,7 @@ def test_an_imported_module_is_named_by_module_and_attribute(tmp_path):
     (tmp_path / "kernels.py").write_text(SCRIPT)
     code = ("import spec, kernels\n"
             "report = spec.check(kernels.declared, profile='quick', only=['matches_golden'])\n"
-            "print('reproduce:', report.failures[0].counterexample['reproduce'])")
+            "print('reproduce:', report.failures[0].counterexample.reproduce)")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
                          env={**ENV, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}, timeout=300)
     assert "spec.replay('kernels:declared', 'matches_golden'" in _reproduce(run)
@@ -99,7 +99,7 @@ def test_a_non_finite_field_is_written_as_a_literal_that_replays():
 
     case = Case(dtype="float64", ndim=2, batch=1, heads=1, n_q=1, n_k=2, d_k=1, d_v=1, seed=3,
                 amplitude=float("inf"), keywords={"sinks": (float("-inf"),)})
-    line = counterexample(PROPERTIES["matches_golden"], case, None, "reference")["reproduce"]
+    line = counterexample(PROPERTIES["matches_golden"], case, None, "reference").reproduce
     code = shlex.split(line)[2]
     (call,) = [n for n in ast.walk(ast.parse(code))
                if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "replay"]

@@ -11,7 +11,7 @@ import pytest
 import spec
 from impl import attention
 from spec import Target
-from spec.calling import TargetHung, with_deadline
+from spec.isolation import TargetHung, with_deadline
 
 
 def _only(target, name="matches_golden", **kw):
@@ -137,7 +137,7 @@ def test_a_failure_carries_a_counterexample_that_replays():
         return attention(q, k, v, causal=causal, scale=1 / q.shape[-1])
 
     result = _only(scaled_by_dk, "scale_is_inv_sqrt_dk")
-    example = result.counterexample
+    example = result.counterexample.to_dict()  # as the JSON report has it
     assert example["shapes"]["q"][-1] == example["case"]["d_k"] >= 2
     # A closure cannot be loaded by name: the report says so instead of a line that cannot run.
     assert "spec.replay(" not in example["reproduce"] and "defined inside a function" in example["reproduce"]
@@ -165,7 +165,7 @@ def test_missing_capability_is_a_skip_with_the_reason():
 def test_ci_profile_is_repeatable_and_seed_changes_the_stream():
     def counterexample(**kw):
         return _only(lambda q, k, v, causal=False: attention(q, k, v, scale=1.0), "scale_is_inv_sqrt_dk",
-                     **kw).counterexample["case"]
+                     **kw).counterexample.case
 
     assert counterexample() == counterexample()
     assert counterexample(seed=1)["seed"] is not None

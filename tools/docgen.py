@@ -121,16 +121,20 @@ def _term_text(term: object) -> str:
 
 def keyword_reference() -> str:
     """Markdown: every declared keyword (`spec.keywords.registered`), read from its declaration:
-    the arguments, the Target field, what it does to the maths, how libraries spell it, and the
+    the arguments, the Target field, what it does to the maths, how libraries spell it (their
+    adapters' spellings, `spec.adapters`), and the
     law module that declares it (the module its ``received`` is written in)."""
+    from spec.adapters import every_spelling
     from spec.keywords import registered
 
+    spelt = every_spelling()
     rows = ["| keyword | arguments | Target field | what it does | other libraries | declared in |",
             "|---|---|---|---|---|---|"]
     for kw in registered().values():
         args = ", ".join([f"`{a}=`" for a in kw.passes] + [f"`{a}=` (always with it)" for a in kw.carries])
         terms = "; ".join(_term_text(t) for t in kw.terms)
-        names = ", ".join(f"{lib}: `{name}`" for lib, name in kw.names.items()) or "—"
+        names = ", ".join(f"{lib}: `{table[kw.passes[0]]}`" for lib, table in spelt.items()
+                          if kw.passes[0] in table) or "—"
         rows.append(f"| {kw.name} | {args} | `{kw.field}` | {terms} | {names} | `{kw.received.__module__}` |")
     return "\n".join(rows) + "\n"
 
@@ -181,11 +185,13 @@ def _is_module(name: str) -> bool:
     return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
-def imports(path: Path) -> set[str]:
-    """The project modules ``path`` imports anywhere (lazy imports inside functions included);
-    ``from spec import golden`` counts as ``spec.golden`` when that is a module."""
+def imports(path: Path, *, lazy: bool = True) -> set[str]:
+    """The project modules ``path`` imports anywhere (with ``lazy``, imports inside functions
+    included; without, only those run when the module itself is imported); ``from spec import
+    golden`` counts as ``spec.golden`` when that is a module."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree) if lazy else _module_level(tree):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -194,9 +200,27 @@ def imports(path: Path) -> set[str]:
     return {m for m in found if m.split(".")[0] in PACKAGES}
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Every module of the three packages -> the project modules it imports."""
-    return {module_name(p): imports(p) for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+def _module_level(tree: ast.Module) -> list[ast.stmt]:
+    """The statements run when a module is imported (its body and the blocks of its ``if`` and
+    ``try`` statements, not its functions' bodies; ``if TYPE_CHECKING:`` blocks left out)."""
+    found: list[ast.stmt] = []
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop()
+        found.append(node)
+        if isinstance(node, ast.If) and not (isinstance(node.test, ast.Name)
+                                             and node.test.id == "TYPE_CHECKING"):
+            todo += [*node.body, *node.orelse]
+        elif isinstance(node, ast.Try):
+            todo += [*node.body, *node.orelse, *node.finalbody, *(s for h in node.handlers for s in h.body)]
+    return found
+
+
+def import_graph(*, lazy: bool = True) -> dict[str, set[str]]:
+    """Every module of the three packages -> the project modules it imports (``lazy``: inside
+    functions too)."""
+    return {module_name(p): imports(p, lazy=lazy) for pkg in PACKAGES
+            for p in sorted((ROOT / pkg).rglob("*.py"))}
 
 
 def import_table(package: str) -> str:

@@ -8,22 +8,16 @@ hidden from pytest tracebacks (``__tracebackhide__``) so a failure points at the
 
 from __future__ import annotations
 
-import contextvars
-
 import numpy as np
 
-from spec import dtypes, golden, oracle, tolerance
-from spec.calling import call
+from spec import context, dtypes, golden, oracle, tolerance
+from spec.call import call
 from spec.cases import Case
 from spec.inputs import Inputs
 from spec.oracle import Expected
 from spec.target import FINITE_FILL, Target
 
 Array = np.ndarray
-
-OBSERVED: contextvars.ContextVar[dict[str, float] | None] = contextvars.ContextVar("OBSERVED", default=None)
-"""Worst values a property saw (e.g. the error ratio), collected by the runner for the report."""
-
 
 def run(target: Target, inputs: Inputs) -> Array:  # -> [..., n_q, d_v], float64
     """The target's output for ``inputs``, as float64."""
@@ -38,9 +32,10 @@ def run_lse(target: Target, inputs: Inputs) -> tuple[Array, Array]:  # -> [..., 
 
 
 def observe(key: str, value: float) -> None:
-    seen = OBSERVED.get()
-    if seen is not None and (key not in seen or value > seen[key]):
-        seen[key] = value
+    """Report ``value`` of the figure ``key`` (the worst of a run is kept: `spec.context`)."""
+    run = context.current()
+    if run is not None:
+        run.observe(key, value)
 
 
 def expected(target: Target, inputs: Inputs, *, visible: Array | None = None) -> Expected:

@@ -79,7 +79,6 @@ ALIBI = Keyword(
     terms=(Adds(alibi_bias),),
     received=received,
     draw=draw,
-    names={"flash_attn": "alibi_slopes"},
 )
 
 needs_alibi = _needs.keyword(ALIBI)

@@ -68,7 +68,6 @@ BIAS = Keyword(
     terms=(Adds(lambda geo, bias: np.asarray(bias, dtype=np.float64), grad="dbias", cause="bias"),),
     received=received,
     draw=draw,
-    names={"torch": "attn_mask", "jax": "bias", "xformers": "attn_bias"},
 )
 
 needs_bias = _needs.keyword(BIAS)

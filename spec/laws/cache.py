@@ -182,7 +182,6 @@ PAGED = Keyword(
     reshapes=True,
     excludes=("mask", "bias"),
     writes=write_pages,
-    names={"flash_attn": "block_table", "vllm": "block_tables"},
     arrangement="paged",
     ndims=(4,),
 )
@@ -266,7 +265,6 @@ FP8 = Keyword(
     received=descales,
     draw=draw_scales,
     writes=quantize,
-    names={"flash_attn": "k_descale"},
     ndims=(4,),
 )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from spec.calling import call
+from spec.call import call
 from spec.cases import Case, cases
 from spec.laws import _needs
 from spec.laws._helpers import assert_same, differs_at, run

@@ -18,7 +18,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from spec import dtypes, golden
-from spec.calling import call
+from spec.call import call
 from spec.cases import SEEDS, Case, boundary_cases, cases, largest_products, one_of, pick
 from spec.inputs import Inputs
 from spec.laws import _needs

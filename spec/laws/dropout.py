@@ -52,7 +52,6 @@ DROPOUT = Keyword(
                   "the dropout laws read the kept set through V = I"),),
     received=lambda case, drawn: (float(drawn[0]), int(drawn[1])),
     draw=draw,
-    names={"torch": "dropout_p", "flash_attn": "dropout_p"},
 )
 
 needs_dropout = _needs.keyword(DROPOUT)

@@ -14,10 +14,10 @@ import dataclasses
 import numpy as np
 from hypothesis import strategies as st
 
-from spec.calling import TargetFailed, call
+from spec.call import call
 from spec.cases import Case, cases
 from spec.registry import law
-from spec.target import Target
+from spec.target import Target, TargetFailed
 
 Array = np.ndarray
 

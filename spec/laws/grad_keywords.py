@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
 
 from spec import oracle
-from spec.calling import call_grad
+from spec.call import call_grad
 from spec.cases import Case, cases, one_of
 from spec.inputs import Inputs
 from spec.keywords import Keyword, Restricts

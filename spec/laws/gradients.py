@@ -24,7 +24,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from spec import golden, oracle, tolerance
-from spec.calling import call, call_grad
+from spec.call import call, call_grad
 from spec.cases import Case, cases
 from spec.inputs import Inputs
 from spec.keywords import Keyword, Leaves, registered

@@ -91,7 +91,6 @@ KV_LENGTHS = Keyword(
     received=lambda case, lengths: (np.asarray(lengths, dtype=np.int64),),
     draw=draw_lengths,
     reshapes=True,
-    names={"jax": "key_value_seq_lengths", "flash_attn": "seqused_k", "onnx": "nonpad_kv_seqlen"},
     ndims=(4,),
 )
 
@@ -209,7 +208,6 @@ VARLEN = Keyword(
     received=lambda case, packing: tuple(np.asarray(offsets, dtype=np.int64) for offsets in packing),
     draw=draw_packing,
     reshapes=True,
-    names={"flash_attn": "cu_seqlens_q"},
     arrangement="packed",
     ndims=(3,),
 )

@@ -28,7 +28,6 @@ LSE = Keyword(
             "float16/bfloat16/float32 inputs, float64 for float64.",
     terms=(Leaves("it asks for an output beside the attention, and changes no number of it"),),
     received=lambda case, asked: (bool(asked),),
-    names={"jax": "return_residual", "flash_attn": "return_attn_probs"},
 )
 
 needs_lse = _needs.keyword(LSE)

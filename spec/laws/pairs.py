@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, Phase, find, settings
 from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
 
-from spec.calling import call_grad
+from spec.call import call_grad
 from spec.cases import Case, cases, one_of
 from spec.keywords import Keyword, Leaves, Reads, registered
 from spec.laws import _needs

@@ -64,7 +64,6 @@ SINKS = Keyword(
     terms=(Sinks(per_row, grad="dsinks"),),
     received=lambda case, sinks: (np.asarray(sinks, dtype=logit_dtype(case)),),
     draw=draw,
-    names={"vllm": "s_aux", "transformers": "s_aux"},
 )
 
 needs_sinks = _needs.keyword(SINKS)

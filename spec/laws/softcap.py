@@ -67,7 +67,6 @@ SOFTCAP = Keyword(
     terms=(Transforms(golden=capped, baseline=capped_in, derivative=capped_derivative),),
     received=lambda case, c: (float(c),),
     draw=draw,
-    names={"flash_attn": "softcap"},
 )
 
 needs_softcap = _needs.keyword(SOFTCAP)

@@ -63,7 +63,6 @@ WINDOW = Keyword(
     terms=(Restricts(window_visible, cause="window"),),
     received=lambda case, window: (tuple(window),),
     draw=draw,
-    names={"flash_attn": "window_size", "jax": "local_window_size"},
 )
 
 needs_window = _needs.keyword(WINDOW)

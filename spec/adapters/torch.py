@@ -1,0 +1,233 @@
+"""PyTorch: ``torch.nn.functional.scaled_dot_product_attention`` as the ``torch`` built-in target,
+``spec.from_torch`` for any PyTorch function, and a ``grad_fn`` by autograd. (FlexAttention over a
+paged cache is beside it, in `spec.adapters.torch_flex`.)
+
+Each adapter takes NumPy arrays in the suite's layout — q ``[..., n_q, d_k]``, k ``[..., n_k, d_k]``,
+v ``[..., n_k, d_v]`` with leading dims ``(batch, heads)``, ``(heads,)`` or none — converts them to
+tensors (bit for bit, float16 and bfloat16 included), calls PyTorch's own attention and converts the
+result back. Nothing is computed here that PyTorch would compute itself, so a failure of the suite
+is PyTorch's.
+
+The declarations of `sdpa_target` are measured, not assumed (torch 2.13.0+cpu; ``tests/test_peers.py``
+re-measures the ones a new version could change): a query row that sees no key gets zeros (a
+boolean or a −inf float mask); ``causal`` with n_q ≠ n_k is top-left (query i sees j ≤ i);
+``causal`` and ``mask`` are refused together, so the adapter ANDs them into one mask; grouped K/V
+heads through ``enable_gqa=True`` (query head i reads K/V head i // (h/g)); d_v ≠ d_k runs (the math
+kernel); float64 and bfloat16 (via ml_dtypes) run. Gradients: autograd through SDPA with every
+keyword the target declares, and ``dbias``.
+
+PyTorch's SDPA gave NaN for fully-masked rows in 2023 (pytorch/pytorch#103963); its math kernel
+now zeroes them (``_safe_softmax``). A target can record such a known deviation with
+``masked_rows="nan"`` — the suite then checks that the declared behaviour holds, never less.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+
+from spec import dtypes, golden
+from spec.adapters import Framework, check_mask, differentiated, spelled, wrap
+from spec.target import Target
+
+Array = np.ndarray
+
+SPELLINGS = {"bias": "attn_mask", "dropout_p": "dropout_p"}
+"""How PyTorch spells the suite's keyword arguments (SDPA's float ``attn_mask`` is the suite's
+``bias=``)."""
+
+
+def _bfloat16() -> np.dtype | None:
+    """NumPy's bfloat16 (from ml_dtypes), or None where it is not installed."""
+    return dtypes.as_dtype(dtypes.BFLOAT16) if dtypes.has_bfloat16() else None
+
+
+def _to_torch(x: Array) -> Any:  # NumPy -> torch, same bits, its own memory
+    import torch
+
+    x = np.ascontiguousarray(x)
+    bf16 = _bfloat16()
+    # (Not ``x.dtype == _bfloat16()``: np.dtype(None) is float64, so float64 == None is True.)
+    if bf16 is not None and x.dtype == bf16:
+        # torch.from_numpy knows no bfloat16: move the 16-bit patterns and relabel them.
+        return torch.from_numpy(x.view(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(x.copy())
+
+
+def _from_torch(t: Any) -> Array:  # torch -> NumPy, same bits
+    import torch
+
+    t = t.detach().contiguous()
+    if t.dtype == torch.bfloat16:
+        bf16 = _bfloat16()
+        if bf16 is None:
+            raise TypeError("a bfloat16 result needs ml_dtypes to become a NumPy array")
+        return t.view(torch.int16).numpy().view(bf16)
+    return t.numpy()
+
+
+def torch_attention(
+    q: Array, k: Array, v: Array, *, causal: bool = False, mask: Array | None = None,
+    scale: float | None = None, bias: Array | None = None, dropout_p: float | None = None,
+    seed: int | None = None,
+) -> Array:  # [..., h, n_q, d_k], [..., g, n_k, d_k], [..., g, n_k, d_v] -> [..., h, n_q, d_v]
+    """``torch.nn.functional.scaled_dot_product_attention`` on NumPy arrays (`_sdpa`)."""
+    bias_t = None if bias is None else _to_torch(np.asarray(bias).astype(np.asarray(q).dtype))
+    out = _sdpa(*(_to_torch(np.asarray(x)) for x in (q, k, v)), causal=causal, mask=mask, scale=scale,
+                bias=bias_t, dropout_p=dropout_p, seed=seed)
+    return _from_torch(out)
+
+
+def _sdpa(q: Any, k: Any, v: Any, *, causal: bool, mask: Array | None, scale: float | None, bias: Any,
+          dropout_p: float | None, seed: int | None) -> Any:  # torch tensors in, a torch tensor out
+    """SDPA as the suite calls it. SDPA refuses ``attn_mask`` together with ``is_causal``; both mean
+    the same visibility as the suite's (top-left causal ANDed with a boolean mask), so they are
+    ANDed into one mask first. A float ``bias`` (a tensor in q's dtype, as SDPA requires) is SDPA's
+    float ``attn_mask`` (added to the scaled scores); with a mask or ``causal`` too, hidden keys
+    are folded into it as ``-inf`` by ``torch.where`` (so a bias that requires grad gets 0 there).
+    ``dropout_p`` with ``seed``: SDPA draws its mask from torch's global generator, so the call
+    seeds it (``torch.manual_seed``) inside ``torch.random.fork_rng``, leaving the caller's random
+    state as it was; the forward and the backward's forward then drop the same weights. Grouped
+    K/V heads (``g < h``) turn on ``enable_gqa``."""
+    import torch
+    import torch.nn.functional as F
+
+    attn_mask: Any = None
+    if mask is not None:
+        attn_mask = _to_torch(check_mask(mask))  # its own memory: a read-only mask stays untouched
+    if causal and (mask is not None or bias is not None):
+        causal_part = torch.from_numpy(golden.causal_visible(q.shape[-2], k.shape[-2]))
+        attn_mask = causal_part if attn_mask is None else attn_mask & causal_part
+        causal = False
+    if bias is not None:
+        attn_mask = bias if attn_mask is None else torch.where(attn_mask, bias, torch.tensor(-np.inf,
+                                                                                            dtype=bias.dtype))
+    gqa = q.ndim >= 3 and k.ndim >= 3 and k.shape[-3] != q.shape[-3]
+    with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
+        # SDPA explains on each call why its flash kernel was not used (e.g. d_v ≠ d_k); noise here.
+        warnings.filterwarnings("ignore", message=r".*(kernel not used|Flash attention requires)")
+        if seed is not None:
+            torch.manual_seed(seed)
+        # bias is not renamed to attn_mask by `spelled`: it is folded with mask= and causal into
+        # SDPA's one attn_mask above, which is more than a rename.
+        dropout = spelled("torch", dropout_p=float(dropout_p or 0.0))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal, scale=scale,
+                                              enable_gqa=gqa, **dropout)
+
+
+def torch_attention_grad(
+    q: Array, k: Array, v: Array, d_out: Array, *, causal: bool = False, mask: Array | None = None,
+    scale: float | None = None, bias: Array | None = None, dropout_p: float | None = None,
+    seed: int | None = None,
+) -> tuple[Array, Array, Array, dict[str, Array]]:  # [..., n_q, d_k], ..., d_out [..., n_q, d_v]
+    """``(dq, dk, dv, {"dbias": ...})`` of `torch_attention` for the upstream gradient ``d_out``,
+    by PyTorch's autograd through SDPA's own backward (``dbias`` when a bias is given: SDPA
+    differentiates a float ``attn_mask``, summed over the axes it was broadcast along)."""
+    dtype = np.asarray(q).dtype
+    q_, k_, v_ = (_to_torch(np.asarray(x)).requires_grad_() for x in (q, k, v))
+    bias_ = None if bias is None else _to_torch(np.asarray(bias).astype(dtype)).requires_grad_()
+    out = _sdpa(q_, k_, v_, causal=causal, mask=mask, scale=scale, bias=bias_, dropout_p=dropout_p, seed=seed)
+    out.backward(_to_torch(np.asarray(d_out)))
+    extras = {} if bias_ is None else {"dbias": _grad_of(bias_).astype(np.asarray(bias).dtype)}
+    return _grad_of(q_), _grad_of(k_), _grad_of(v_), extras
+
+
+def _grad_of(t: Any) -> Array:
+    """A leaf tensor's gradient as NumPy (zeros where the output did not depend on it)."""
+    import torch
+
+    return _from_torch(t.grad if t.grad is not None else torch.zeros_like(t))
+
+
+
+
+def sdpa_target() -> Target:
+    """The ``torch`` built-in target: SDPA on CPU, with the capabilities measured above."""
+    import torch
+
+    return Target(
+        torch_attention,
+        name=f"torch {torch.__version__} scaled_dot_product_attention",
+        # bfloat16 where ml_dtypes gives NumPy the dtype (measured: passes every law, as float16).
+        dtypes=("float16", "float32", "float64", *dtypes.bfloat16_if_installed()),
+        ndims=(2, 3, 4),
+        supports_mask=True,
+        supports_scale=True,
+        causal_alignment="top_left",
+        masked_rows="zeros",
+        exact_masking=True,
+        supports_gqa=True,
+        # Measured: a float attn_mask is added to the scaled scores (float64: 7e-16 from the
+        # golden), an all -inf row gives zeros; dropout after the softmax, kept weights ×1/(1 − p),
+        # reproducible under torch.manual_seed (float16, bfloat16, float32, float64), and p = 0 is
+        # bit-identical to no dropout. No lse: the public SDPA does not return it (only the private
+        # aten._scaled_dot_product_flash_attention_for_cpu does).
+        supports_bias=True,
+        supports_dropout=True,
+        # Generous, as for jax: on a loaded machine a slow first call is not a hang.
+        deadline_s=60.0,
+        # Autograd through SDPA: every keyword above reaches the backward, and a float attn_mask
+        # gets its gradient (measured on torch 2.13: attn_mask.grad in every dtype, summed over its
+        # broadcast axes); a seeded forward drops the same weights with or without requires_grad.
+        grad_fn=torch_attention_grad,
+        grad_extras=("dbias",),
+    )
+
+
+
+def from_torch(
+    fn: Any, *, rename: dict[str, str] | None = None, name: str = "", grad: bool = False, **declarations: Any
+) -> Target:
+    """A target from a PyTorch attention function, in one line:
+    ``spec.from_torch(F.scaled_dot_product_attention, rename={"causal": "is_causal", "mask": "attn_mask"})``.
+
+    ``fn(q, k, v, **keywords)`` gets torch tensors made from the suite's NumPy arrays bit for bit
+    (bfloat16 and float16 included; masks, biases and lengths too) and returns a tensor (or, with
+    ``return_lse=True``, a tuple), converted back bit for bit. ``rename`` maps the suite's keyword
+    names (``causal``, ``mask``, ``scale``, ``bias``, ...) to ``fn``'s; by default each keyword
+    is spelled as PyTorch spells it (`SPELLINGS`:
+    ``bias`` → ``attn_mask``), and ``rename`` overrides that (``{"bias": "bias"}`` keeps the
+    suite's name; a spelling ``rename`` gives to another keyword drops its default). ``declarations`` are
+    `spec.Target`'s (``layout``, ``dtypes``, ``supports_mask``, ...); a keyword is passed
+    only when declared, as for any target.
+
+    ``grad=True`` also builds the target's ``grad_fn`` by autograd: q, k, v (and the input of each
+    declared ``grad_extras``: ``bias`` for ``dbias``, ``sinks`` for ``dsinks``) require grad, ``fn``
+    runs with the same keywords, and ``out.backward(d_out)`` gives the gradients.
+    """
+    return wrap(FRAMEWORK, fn, rename=rename, name=name, grad=grad, **declarations)
+
+
+def _torch_grad(fn: Any, names: dict[str, str], extras: Any) -> Any:
+    """``grad_fn`` for a torch ``fn``: the gradients of ``Σ fn(q, k, v, **keywords) ∘ d_out`` by
+    autograd, as NumPy arrays, with the declared extras' in a dict."""
+    wanted = differentiated(extras)
+
+    def grad_fn(q: Array, k: Array, v: Array, d_out: Array, **kwargs: Any) -> Any:
+        leaves = [_to_torch(np.asarray(x)).requires_grad_() for x in (q, k, v)]
+        inputs: dict[str, Any] = {}
+        for key, x in kwargs.items():
+            if isinstance(x, np.ndarray):
+                x = _to_torch(x)
+                if key in wanted.values() and x.is_floating_point():
+                    x.requires_grad_()
+            inputs[key] = x
+        out = fn(*leaves, **{names.get(key, key): x for key, x in inputs.items()})
+        out.backward(_to_torch(np.asarray(d_out)))
+        grads = tuple(_grad_of(t) for t in leaves)
+        if not wanted:
+            return grads
+        return (*grads, {extra: _grad_of(inputs[arg]) for extra, arg in wanted.items() if arg in inputs})
+
+    grad_fn.__name__ = grad_fn.__qualname__ = f"{getattr(fn, '__name__', type(fn).__name__)}_grad"
+    return grad_fn
+
+
+
+FRAMEWORK = Framework(name="torch", to_native=_to_torch, to_numpy=_from_torch, spellings=SPELLINGS,
+                      grad=_torch_grad)
+
+TARGETS = {"torch": sdpa_target}
+"""The built-in targets of this adapter (`spec.adapters.ADAPTERS` names them)."""

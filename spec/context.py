@@ -1,0 +1,56 @@
+"""The run's state: one `RunContext` per run of a law, made by the runner and read below it.
+
+What one run of a law carries down to the calls it makes — the per-call deadline its profile
+gives, the calls into the target that the example being run made (a failure shows the last one,
+exactly as the target received it), the worst figures the law measured (the report's note) — is
+one record, set for the run by `spec.runner` (`running`) and read where it is needed (`current`).
+A context variable holds it, so two checks running at once in two threads each see their own, and
+the watched thread that runs a law (`spec.isolation.watched`) sees its caller's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class RunContext:
+    """One run of one law against one target."""
+
+    deadline: float | None = None
+    """Seconds per call of the target, from the profile (a target's ``deadline_s`` wins:
+    `spec.target.Target.call_deadline`); None: no deadline."""
+    calls: list[Any] = field(default_factory=list)
+    """The calls into the target made by the example being run (`spec.call.Call`), in order."""
+    observed: dict[str, float] = field(default_factory=dict)
+    """The worst value of each figure the law measured (``"error ratio float32"``), over its run."""
+
+    def record(self, call: Any) -> None:
+        self.calls.append(call)
+
+    def observe(self, key: str, value: float) -> None:
+        """Keep ``value`` if it is the worst (largest) seen for ``key``."""
+        if key not in self.observed or value > self.observed[key]:
+            self.observed[key] = value
+
+
+_CURRENT: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar("RUN", default=None)
+
+
+def current() -> RunContext | None:
+    """The run in progress in this context, or None outside one."""
+    return _CURRENT.get()
+
+
+@contextlib.contextmanager
+def running(run: RunContext) -> Iterator[RunContext]:
+    """Within: ``run`` is the run in progress (`current`)."""
+    token = _CURRENT.set(run)
+    try:
+        yield run
+    finally:
+        _CURRENT.reset(token)
