@@ -98,8 +98,8 @@ from typing import Any
 import numpy as np
 
 import impl.flash
+from cmdline import Parser, UsageError, check_output_dir, int_at_least
 from impl.attention import attention
-from impl.cli import Parser, UsageError, check_output_dir, int_at_least
 from impl.flash import DEFAULT_BACKWARD_BLOCK, flash_attention, flash_attention_backward
 from impl.grad import attention_backward
 

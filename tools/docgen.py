@@ -167,7 +167,7 @@ def gallery_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-PACKAGES = ("impl", "spec", "calc")
+PACKAGES = ("impl", "spec", "calc", "cmdline")
 
 
 def module_name(path: Path) -> str:
@@ -195,7 +195,7 @@ def imports(path: Path) -> set[str]:
 
 
 def import_graph() -> dict[str, set[str]]:
-    """Every module of the three packages -> the project modules it imports."""
+    """Every module of the packages -> the project modules it imports."""
     return {module_name(p): imports(p) for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
 
 
