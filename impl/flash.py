@@ -754,12 +754,10 @@ def flash_attention_backward(
     shares = _shares(costs, threads)
     # Every buffer the workers write is made and first touched (zeroed) here, before they start:
     # a page that first faults in while another thread of the process runs costs far more than
-    # one faulted here. Measured on the 2-core CI machine, 2026-12-01 (getrusage around ten warm
-    # calls, n = 4096, d = 128, causal, two threads): with the workers touching fresh gradients
-    # and tiles, 4,489 faults and 51 ms of system time per call of 97 ms; with all of it touched
-    # here, 65 faults, 1.6 ms and 63 ms. After the gradients: q·scale and dO with their extra
-    # columns, a dq per extra worker (key blocks never share rows of dk and dv, so those need no
-    # copies), each worker's tiles.
+    # one faulted here (the measurement, with its command: docs/performance.md, "Measurements
+    # behind the code"). After the gradients: q·scale and dO with their extra columns, a dq per
+    # extra worker (key blocks never share rows of dk and dv, so those need no copies), each
+    # worker's tiles.
     tiles = _Workspace.shapes(min(block_q, n_q), min(block_k, n_k), d_k, d_v, softcap=softcap is not None)
     shapes = [(*batch, n_q, d_k), (*batch, n_k, d_k), (*batch, n_k, d_v),
               (*batch, n_q, d_k + 1 if fold else d_k), (*batch, n_q, d_v + 1),
