@@ -23,7 +23,6 @@ import argparse
 import csv
 import io
 import json
-import math
 import os
 import shutil
 import sys
@@ -39,38 +38,13 @@ from calc.presets import ARCHS, PRESETS, ConfigError, UnknownModel, custom, pres
 from calc.report import DEFAULT_WIDTH, FORMATS, build, fit, render, wrap
 from calc.serving import GPUS, parse_size
 from calc.training import PRECISIONS, ZERO_STAGES
+from cmdline import Parser, UsageError, int_at_least, positive_number
 
 FLAGS = {"vocab_size": "--vocab", "tied_embeddings": "--tied/--untied"}
 
 
-class UsageError(Exception):
-    """Bad command-line input; the message is the one line printed."""
-
-
-class _Parser(argparse.ArgumentParser):
-    # argparse prints the usage and exits; one line and an exit status from main() instead.
-    def error(self, message: str) -> Any:
-        raise UsageError(message)
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text!r}")
-    return value
+positive_int = int_at_least(1, lead="must be")
+positive_float = positive_number("must be a positive finite number", unparsed="must be a positive number")
 
 
 def size(text: str) -> int:
@@ -164,8 +138,8 @@ def terminal_width(args: argparse.Namespace) -> int:
 
 
 def model_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m calc", description="Parameter ledgers and n² attention costs of a "
-                     "model. Also: 'python -m calc custom --help', 'python -m calc formulas'.")
+    parser = Parser(prog="python -m calc", description="Parameter ledgers and n² attention costs of a "
+                    "model. Also: 'python -m calc custom --help', 'python -m calc formulas'.")
     parser.add_argument("model", nargs="?", help="a preset name (see --list) or a config.json path")
     parser.add_argument("--list", action="store_true", help="list the presets and their sources")
     _table_options(parser)
@@ -173,7 +147,7 @@ def model_parser() -> argparse.ArgumentParser:
 
 
 def custom_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m calc custom", description="A config given by flags.")
+    parser = Parser(prog="python -m calc custom", description="A config given by flags.")
     parser.add_argument("--d-model", type=positive_int, required=True, help="model width d")
     parser.add_argument("--n-heads", type=positive_int, required=True, help="query heads h")
     parser.add_argument("--n-layers", type=positive_int, required=True, help="layers L")
@@ -191,8 +165,8 @@ def custom_parser() -> argparse.ArgumentParser:
 
 
 def compare_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m calc compare", description="Models side by side: parameters, active "
-                     "parameters, attention share, KV cache and FLOPs per token.")
+    parser = Parser(prog="python -m calc compare", description="Models side by side: parameters, active "
+                    "parameters, attention share, KV cache and FLOPs per token.")
     parser.add_argument("models", nargs="+", metavar="MODEL", help="preset names or config.json paths")
     parser.add_argument("--seq", type=positive_int, metavar="N",
                         help="context length for every model (default: each model's n_ctx)")
@@ -291,7 +265,7 @@ def run(argv: Sequence[str]) -> tuple[str, list[str]]:
     """The text ``python -m calc *argv`` prints and the warnings it gives; raises UsageError,
     ConfigError or UnknownModel."""
     if argv[:1] == ["formulas"]:
-        parser = _Parser(prog="python -m calc formulas", description="Every formula and the two derivations.")
+        parser = Parser(prog="python -m calc formulas", description="Every formula and the two derivations.")
         parser.add_argument("--width", type=width, metavar="COLUMNS",
                             help=f"widest line (default: the terminal's, {DEFAULT_WIDTH} when stdout is not "
                             "a terminal; 0: no wrapping)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from impl.cli import Parser, UsageError
+from cmdline import Parser, UsageError, fail
 from impl.leak import leak_experiment
 
 DESCRIPTION = (
@@ -23,8 +23,7 @@ def main(argv: list[str] | None = None) -> int:
         except SystemExit as done:  # --help
             return int(done.code or 0)
     except UsageError as error:
-        print(f"python -m impl: error: {error}", file=sys.stderr)
-        return 2
+        return fail("python -m impl", error)
     masked = leak_experiment(causal=True)
     unmasked = leak_experiment(causal=False)
     print("max |change| of each output after changing token 10 of 16 (one random head, float64)")

@@ -26,7 +26,8 @@ Speed in NumPy comes from doing as little per score as possible outside BLAS:
   matrix-vector product;
 * row blocks are independent, so each core takes its own, in a thread running a single-threaded
   BLAS (through threadpoolctl when installed): NumPy's ufuncs and BLAS release the GIL, so one
-  thread's exp overlaps another's matmul, and no core is shared by two busy threads.
+  thread's exp overlaps another's matmul, and no core is shared by two busy threads (``threads=``
+  caps the count, and ``threads=1`` keeps the whole call in the caller's thread).
 
 What remains is BLAS time plus about one exp per visible score: ``python -m impl.bench``
 measures it against PyTorch, JAX and the sgemm floor, and ``--profile`` shows it line by line
@@ -305,9 +306,19 @@ def _one_thread_blas() -> AbstractContextManager[Any]:
     return _blas_controller().limit(limits=1, user_api="blas")
 
 
-def _threads(n_jobs: int, n_scores: int) -> int:
-    """Threads to run ``n_jobs`` on: one per core for big calls when BLAS can be made single-threaded."""
-    threads = min(_cores(), n_jobs)
+def _check_threads(threads: Any) -> int | None:
+    """``threads`` as the flash functions take it: None (one per core) or an integer ≥ 1."""
+    if threads is None:
+        return None
+    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
+        raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
+    return int(threads)
+
+
+def _threads(n_jobs: int, n_scores: int, most: int | None) -> int:
+    """Threads to run ``n_jobs`` on: for big calls when BLAS can be made single-threaded, one per
+    core (``most`` None) or at most ``most``."""
+    threads = min(_cores() if most is None else most, n_jobs)
     if threads > 1 and n_scores >= _THREADED_MIN_SCORES and _blas_controller() is not None:
         return threads
     return 1
@@ -357,7 +368,7 @@ def flash_attention(
     block: int | tuple[int, int] = ..., window: tuple[int, int] | None = ...,
     softcap: float | None = ..., return_lse: Literal[False] = ...,
     alibi_slopes: Any = ..., block_table: Any = ..., kv_lengths: Any = ..., k_descale: Any = ...,
-    v_descale: Any = ...,
+    v_descale: Any = ..., threads: int | None = ...,
 ) -> Array: ...
 @overload
 def flash_attention(
@@ -365,7 +376,7 @@ def flash_attention(
     block: int | tuple[int, int] = ..., window: tuple[int, int] | None = ...,
     softcap: float | None = ..., return_lse: Literal[True],
     alibi_slopes: Any = ..., block_table: Any = ..., kv_lengths: Any = ..., k_descale: Any = ...,
-    v_descale: Any = ...,
+    v_descale: Any = ..., threads: int | None = ...,
 ) -> tuple[Array, Array]: ...
 def flash_attention(
     q: Any,
@@ -383,6 +394,7 @@ def flash_attention(
     kv_lengths: Any = None,
     k_descale: Any = None,
     v_descale: Any = None,
+    threads: int | None = None,
 ) -> Array | tuple[Array, Array]:  # [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v] -> [..., n_q, d_v]
     """Attention computed tile by tile; equal to `impl.attention` up to float rounding.
 
@@ -411,6 +423,10 @@ def flash_attention(
       k_descale, v_descale: float ``[batch, g]``: a paged cache in ``float8_e4m3fn`` meaning
         ``k.astype(float32) · k_descale[b, g]`` (only with ``block_table``). With a paged cache,
         ALiBi's distances are measured from each sequence's diagonal, i + kv_lengths[b] − n_q.
+      threads: the most threads the row blocks run on; default (None) one per CPU this process may
+        run on. ``1`` runs every block in the calling thread and leaves BLAS's own thread count
+        as it is (``python -m impl.bench --profile`` runs so, under a one-thread BLAS, since a line
+        profiler traces only the thread it runs in).
 
     Numerics follow `impl.attention`: float64 stays float64, narrower floats compute in
     float32 and are cast back; NaN and Inf propagate. No keys (n_k = 0) gives zeros.
@@ -418,7 +434,7 @@ def flash_attention(
     if block_table is not None:
         return _paged(q, k, v, block_table=block_table, kv_lengths=kv_lengths, k_descale=k_descale,
                       v_descale=v_descale, causal=bool(causal), scale=scale, block=block, window=window,
-                      softcap=softcap, alibi_slopes=alibi_slopes, return_lse=return_lse)
+                      softcap=softcap, alibi_slopes=alibi_slopes, return_lse=return_lse, threads=threads)
     for name, given in (("kv_lengths", kv_lengths), ("k_descale", k_descale), ("v_descale", v_descale)):
         if given is not None:
             raise ValueError(f"flash_attention takes {name} only with a paged cache (block_table); "
@@ -427,6 +443,7 @@ def flash_attention(
     block_q, block_k = _tile_shape(block)
     seen = Visibility(causal=bool(causal), window=None if window is None else check_window(window))
     softcap = check_softcap(softcap)
+    most = _check_threads(threads)
     n_q, n_k, d_v = qs.shape[-2], ks.shape[-2], vs.shape[-1]
     work = qs.dtype
     alibi = _alibi(alibi_slopes, batch, n_q, n_k, work)
@@ -447,7 +464,7 @@ def flash_attention(
                    skip_hidden=skip_hidden, shift_free=skip_hidden)
 
     jobs = list(_jobs(len(heads), n_q, block_q, bool(causal)))
-    _in_parallel(run, jobs, _threads(len(jobs), len(heads) * n_q * n_k))
+    _in_parallel(run, jobs, _threads(len(jobs), len(heads) * n_q * n_k, most))
     result = out.astype(np.asarray(q).dtype, copy=False)
     return (result, lse) if lse is not None else result
 
@@ -455,6 +472,7 @@ def flash_attention(
 def _paged(
     q: Any, k: Any, v: Any, *, block_table: Any, kv_lengths: Any, k_descale: Any, v_descale: Any,
     causal: bool, scale: Any, block: Any, window: Any, softcap: Any, alibi_slopes: Any, return_lse: bool,
+    threads: Any,
 ) -> Array | tuple[Array, Array]:  # [b, h, n_q, d_k], pools [blocks, size, g, d] -> [b, h, n_q, d_v]
     """`flash_attention` over a paged (and perhaps float8) cache.
 
@@ -481,6 +499,7 @@ def _paged(
     block_q, block_k = _tile_shape(block)
     window = None if window is None else check_window(window)
     softcap = check_softcap(softcap)
+    most = _check_threads(threads)
     qs = q.astype(work, copy=False)
     out = np.empty((batch, heads, n_q, d_v), dtype=work)
     lse = np.empty((batch, heads, n_q), dtype=work) if return_lse else None
@@ -500,7 +519,7 @@ def _paged(
                    block_k=block_k, skip_hidden=finite[b], shift_free=finite[b])
 
     jobs = [(b, h, q0, q1) for b in range(batch) for h, q0, q1 in _jobs(heads, n_q, block_q, causal)]
-    _in_parallel(run, jobs, _threads(len(jobs), heads * n_q * int(lengths.sum())))
+    _in_parallel(run, jobs, _threads(len(jobs), heads * n_q * int(lengths.sum()), most))
     result = out.astype(q.dtype, copy=False)
     return (result, lse) if lse is not None else result
 
@@ -672,6 +691,7 @@ def flash_attention_backward(
     softcap: float | None = None,
     block: int | tuple[int, int] = DEFAULT_BACKWARD_BLOCK,
     alibi_slopes: Any = None,
+    threads: int | None = None,
 ) -> tuple[Array, Array, Array]:  # q, k, v, out [..., n_q, d_v], lse [..., n_q], d_out [..., n_q, d_v]
     """Gradients ``(dq, dk, dv)`` of `flash_attention`, tile by tile (FlashAttention-2).
 
@@ -682,6 +702,10 @@ def flash_attention_backward(
       block: tile shape (query rows, keys). Key blocks are shared between cores; each tile's
         weights are recomputed from ``lse``, so memory is the gradients plus a few tiles per core
         (and one more dq per extra core), never the n_q × n_k pattern.
+      threads: the most threads the key blocks are shared between; default (None) one per CPU
+        this process may run on; ``1`` runs them all in the calling thread, as in `flash_attention`.
+        Each thread adds into its own dq, so a different count sums dq in another order (within
+        rounding, not bit for bit).
 
     Returns:
       ``dq``, ``dk``, ``dv``, each in the shape and dtype of its input (summed over the leading
@@ -696,6 +720,7 @@ def flash_attention_backward(
     block_q, block_k = _tile_shape(block)
     seen = Visibility(causal=bool(causal), window=None if window is None else check_window(window))
     softcap = check_softcap(softcap)
+    most = _check_threads(threads)
     n_q, n_k = qs.shape[-2], ks.shape[-2]
     d_k, d_v = qs.shape[-1], vs.shape[-1]
     dtype, work = np.asarray(q).dtype, qs.dtype
@@ -725,16 +750,14 @@ def flash_attention_backward(
         return (q1 - q0) * (k1 - k0)
 
     costs = [cost(k0, k1) for _, k0, k1 in jobs]
-    threads = _threads(len(jobs), len(heads) * n_q * n_k)
+    threads = _threads(len(jobs), len(heads) * n_q * n_k, most)
     shares = _shares(costs, threads)
     # Every buffer the workers write is made and first touched (zeroed) here, before they start:
     # a page that first faults in while another thread of the process runs costs far more than
-    # one faulted here. Measured on the 2-core CI machine, 2026-12-01 (getrusage around ten warm
-    # calls, n = 4096, d = 128, causal, two threads): with the workers touching fresh gradients
-    # and tiles, 4,489 faults and 51 ms of system time per call of 97 ms; with all of it touched
-    # here, 65 faults, 1.6 ms and 63 ms. After the gradients: q·scale and dO with their extra
-    # columns, a dq per extra worker (key blocks never share rows of dk and dv, so those need no
-    # copies), each worker's tiles.
+    # one faulted here (the measurement, with its command: docs/performance.md, "Measurements
+    # behind the code"). After the gradients: q·scale and dO with their extra columns, a dq per
+    # extra worker (key blocks never share rows of dk and dv, so those need no copies), each
+    # worker's tiles.
     tiles = _Workspace.shapes(min(block_q, n_q), min(block_k, n_k), d_k, d_v, softcap=softcap is not None)
     shapes = [(*batch, n_q, d_k), (*batch, n_k, d_k), (*batch, n_k, d_v),
               (*batch, n_q, d_k + 1 if fold else d_k), (*batch, n_q, d_v + 1),

@@ -44,8 +44,8 @@ from typing import Any, NamedTuple
 import numpy as np
 from tabulate import tabulate
 
+from cmdline import Parser, UsageError, check_output_dir, fail, int_at_least
 from impl.attention import Array, attention, softmax
-from impl.cli import Parser, UsageError, check_output_dir, int_at_least
 from impl.grad import attention_backward, gradcheck
 
 MATRICES = ("E_key", "E_val", "W_Q", "W_K", "W_V", "W_out")
@@ -485,8 +485,7 @@ def main(argv: list[str] | None = None) -> int:
             except ImportError:
                 raise UsageError("--plot needs matplotlib: pip install 'attention-spec[plot]'") from None
     except UsageError as error:
-        print(f"python -m impl.recall: error: {error}", file=sys.stderr)
-        return 2
+        return fail("python -m impl.recall", error)
 
     result = run_experiment(replace(Config(), steps=args.steps), seed=args.seed)
     print(report(result))

@@ -9,43 +9,16 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
-from collections.abc import Callable
-from typing import NoReturn
 
 from tabulate import tabulate
 
+from cmdline import Parser, UsageError, int_at_least
 from spec.builtin import BUILTIN
 from spec.profiles import PROFILES
 from spec.registry import PROPERTIES
 from spec.report import Result, render
 from spec.runner import check, configure, load, select
 from spec.target import TargetError
-
-
-class UsageError(Exception):
-    """A command line that cannot run; the message is the one line the user sees."""
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line instead of usage + error + exit
-        raise UsageError(message)
-
-
-def int_at_least(low: int) -> Callable[[str], int]:
-    """An argparse type: an integer ≥ ``low``, refused with a message naming what was expected."""
-    expected = {0: "a non-negative integer", 1: "a positive integer"}.get(low, f"an integer ≥ {low}")
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = low - 1
-        if value < low:
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
-        return value
-
-    return parse
-
 
 _positive = int_at_least(1)
 _seed = int_at_least(0)

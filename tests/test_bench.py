@@ -7,11 +7,14 @@ import json
 import statistics
 import subprocess
 import sys
+import threading
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-import impl.bench
+import impl.bench.measure
+import impl.flash
 from impl.bench import main, useful_flops, visible_pairs
 from impl.flash import DEFAULT_BACKWARD_BLOCK
 from impl.masks import causal_mask
@@ -33,7 +36,7 @@ def test_useful_flops_are_two_per_multiply_add_over_visible_pairs():
 
 @pytest.fixture(autouse=True)
 def small_sgemm(monkeypatch):
-    monkeypatch.setattr(impl.bench, "SGEMM_SIZE", 256)  # the floor's reference product, kept quick
+    monkeypatch.setattr(impl.bench.measure, "SGEMM_SIZE", 256)  # the floor's reference product, kept quick
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +45,7 @@ def record(tmp_path_factory):
     path = tmp_path_factory.mktemp("bench") / "bench.json"
     out = io.StringIO()
     with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out):
-        mp.setattr(impl.bench, "SGEMM_SIZE", 256)
+        mp.setattr(impl.bench.measure, "SGEMM_SIZE", 256)
         assert main(["--sizes", "16", "32", "64", *FAST, "--naive-max", "32", "--json", str(path)]) == 0
     return json.loads(path.read_text()), out.getvalue()
 
@@ -84,7 +87,7 @@ def test_each_result_is_the_median_of_its_runs_and_ratios_divide_neighbours(reco
 @pytest.mark.parametrize(("min_sample_s", "more_than_one"), [(0.0, False), (0.5, True)])
 def test_a_sample_repeats_quick_calls_until_it_lasts_long_enough(monkeypatch, tmp_path, min_sample_s,
                                                                  more_than_one):
-    monkeypatch.setattr(impl.bench, "MIN_SAMPLE_S", min_sample_s)
+    monkeypatch.setattr(impl.bench.measure, "MIN_SAMPLE_S", min_sample_s)
     path = tmp_path / "b.json"
     with contextlib.redirect_stdout(io.StringIO()):
         assert main(["--sizes", "8", *QUICK, "--impl", "flash", "--json", str(path)]) == 0
@@ -376,6 +379,54 @@ def test_profile_shares_add_up_to_the_whole():
     profile = profile_lines(96, 16, 16, causal=True)
     assert sum(row["share"] for row in profile["lines"]) == pytest.approx(1.0)
     assert profile["visible_pairs"] == visible_pairs(96, 96, causal=True)
+
+
+class Watching:
+    """line_profiler's LineProfiler, as `impl.bench.profile_lines` uses it, watching instead of timing:
+    for each call of the added function, the thread it ran in and the module globals it saw."""
+
+    def __init__(self):
+        self.code, self.calls = None, []
+
+    def add_function(self, fn):
+        self.code = fn.__code__
+
+    def _hook(self, frame, event, arg):
+        if event == "call" and frame.f_code is self.code:
+            self.calls.append((threading.get_ident(), dict(frame.f_globals)))
+
+    def enable_by_count(self):
+        threading.setprofile(self._hook)  # the threads started from now on, a pool's workers included
+        sys.setprofile(self._hook)
+
+    def disable_by_count(self):
+        sys.setprofile(None)
+        threading.setprofile(None)
+
+    def get_stats(self):
+        first = self.code.co_firstlineno
+        one_line = [(first + 1, 1, 1000)]  # (line, hits, time in units)
+        return SimpleNamespace(unit=1e-9, timings={("flash.py", first, self.code.co_name): one_line})
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_the_one_thread_profile_leaves_impl_flash_as_it_is(monkeypatch, backward):
+    """Before: ``--profile`` set ``impl.flash._cores`` to ``lambda: 1`` for its run (and back after),
+    changing flash's module state from outside for every other caller meanwhile. Now the profiled
+    call asks flash for one thread (``threads=1``): every tile job runs in the calling thread, and
+    every global of impl.flash is, during the run and after it, the object it was before."""
+    watching = Watching()
+    monkeypatch.setitem(sys.modules, "line_profiler", SimpleNamespace(LineProfiler=lambda: watching))
+    before = dict(vars(impl.flash))
+    # 1024 tokens: four row (or key) blocks, enough for flash's threaded path on more than one core.
+    profile = impl.bench.profile_lines(1024, 16, 16, causal=True, backward=backward)
+    assert profile["function"] == f"impl.flash.{'_key_block' if backward else '_row_block'}"
+    assert len(watching.calls) >= 4
+    assert {thread for thread, _ in watching.calls} == {threading.get_ident()}
+    for _, seen in [*watching.calls, (None, dict(vars(impl.flash)))]:
+        changed = sorted(name for name in before.keys() | seen.keys()
+                         if seen.get(name) is not before.get(name))
+        assert changed == [], f"impl.flash.{', '.join(changed)} changed"
 
 
 def test_profile_refuses_json_and_plot(capsys):

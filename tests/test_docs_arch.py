@@ -14,7 +14,14 @@ def test_impl_and_calc_import_no_other_package():
     for module, deps in import_graph().items():
         own = module.split(".")[0]
         if own in ("impl", "calc"):
-            assert {d.split(".")[0] for d in deps} <= {own}, f"{module} imports {deps}"
+            assert {d.split(".")[0] for d in deps} <= {own, "cmdline"}, f"{module} imports {deps}"
+
+
+def test_cmdline_imports_nothing_of_the_project():
+    """The command lines' shared pieces: every package may import them, so they import none."""
+    assert import_graph()["cmdline"] == set()
+    assert {"impl.bench.cli", "spec.cli", "calc.cli"} <= {m for m, deps in import_graph().items()
+                                                          if "cmdline" in deps}
 
 
 def test_only_spec_builtin_imports_impl():

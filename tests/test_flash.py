@@ -260,6 +260,76 @@ def test_costliest_row_blocks_are_handed_out_first_under_the_causal_mask():
     assert jobs[0] == (0, 8, 10)
 
 
+# --- threads= -------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def pools(threaded, monkeypatch):
+    """The size of every thread pool flash starts, on the threaded path (two cores)."""
+    if impl.flash._blas_controller() is None:
+        pytest.skip("the threaded path needs threadpoolctl")
+    sizes = []
+    real = impl.flash.ThreadPoolExecutor
+
+    def counted(threads):
+        sizes.append(threads)
+        return real(threads)
+
+    monkeypatch.setattr(impl.flash, "ThreadPoolExecutor", counted)
+    return sizes
+
+
+def test_threads_caps_the_pool_and_1_keeps_the_call_in_the_callers_thread(pools):
+    import threadpoolctl
+
+    q, k, v = qkv(np.random.default_rng(70), 64, 64, lead_q=(2,), lead_kv=(2,))
+    default = flash_attention(q, k, v, causal=True, block=16)
+    three = flash_attention(q, k, v, causal=True, block=16, threads=3)
+    with threadpoolctl.threadpool_limits(1, user_api="blas"):  # BLAS as the pool's threads have it
+        one = flash_attention(q, k, v, causal=True, block=16, threads=1)
+    assert pools == [2, 3]  # one per core by default; none at all for threads=1
+    np.testing.assert_array_equal(one, default)
+    np.testing.assert_array_equal(three, default)
+
+
+def test_backward_on_one_thread_is_the_one_core_path_bit_for_bit(pools, monkeypatch):
+    rng = np.random.default_rng(71)
+    q, k, v = qkv(rng, 64, 64, lead_q=(2,), lead_kv=(2,))
+    out, lse = flash_attention(q, k, v, causal=True, return_lse=True)
+    d_out = rng.standard_normal(out.shape)
+    pools.clear()  # the forward's
+    one = flash_attention_backward(q, k, v, out, lse, d_out, causal=True, block=16, threads=1)
+    assert pools == []
+    monkeypatch.setattr(impl.flash, "_cores", lambda: 1)
+    alone = flash_attention_backward(q, k, v, out, lse, d_out, causal=True, block=16)
+    for got, want in zip(one, alone, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_paged_calls_take_threads_too(pools):
+    from paged_caches import draw_seqs, lengths_of, paged
+
+    rng = np.random.default_rng(72)
+    k_seqs, v_seqs = draw_seqs(rng, [40, 64], 1, 8), draw_seqs(rng, [40, 64], 1, 8)
+    k_pool, v_pool, table = paged(k_seqs, v_seqs, 16, rng)
+    q = rng.standard_normal((2, 2, 64, 8))
+    options = dict(block_table=table, kv_lengths=lengths_of(k_seqs), causal=True, block=16)
+    default = flash_attention(q, k_pool, v_pool, **options)
+    one = flash_attention(q, k_pool, v_pool, **options, threads=1)
+    assert pools == [2]
+    np.testing.assert_allclose(one, default, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("threads", [0, -1, 1.5, True, "2"])
+def test_bad_threads_is_refused_and_named(threads):
+    q, k, v = qkv(np.random.default_rng(73), 3, 3)
+    out, lse = flash_attention(q, k, v, return_lse=True)
+    with pytest.raises(ValueError, match="threads must be a positive integer or None"):
+        flash_attention(q, k, v, threads=threads)
+    with pytest.raises(ValueError, match="threads must be a positive integer or None"):
+        flash_attention_backward(q, k, v, out, lse, np.ones_like(out), threads=threads)
+
+
 # --- memory ---------------------------------------------------------------------------------------
 
 

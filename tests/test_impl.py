@@ -365,17 +365,3 @@ def test_bad_layer_arguments_are_refused():
     with pytest.raises(ValueError, match="x must have shape"):
         self_attention(x[0], w, w, w)
 
-
-# --- the shared command-line pieces ---------------------------------------------------------------
-
-
-def test_int_at_least_names_what_it_expected():
-    import argparse
-
-    from impl.cli import int_at_least
-
-    assert int_at_least(0)("0") == 0 and int_at_least(1)("7") == 7
-    for low, text, says in [(1, "0", "a positive integer"), (0, "-1", "a non-negative integer"),
-                            (3, "2", "an integer ≥ 3"), (1, "1.5", "a positive integer")]:
-        with pytest.raises(argparse.ArgumentTypeError, match=f"expected {says}, got '{text}'"):
-            int_at_least(low)(text)

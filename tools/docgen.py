@@ -171,7 +171,7 @@ def gallery_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-PACKAGES = ("impl", "spec", "calc")
+PACKAGES = ("impl", "spec", "calc", "cmdline")
 
 
 def module_name(path: Path) -> str:
@@ -217,7 +217,7 @@ def _module_level(tree: ast.Module) -> list[ast.stmt]:
 
 
 def import_graph(*, lazy: bool = True) -> dict[str, set[str]]:
-    """Every module of the three packages -> the project modules it imports (``lazy``: inside
+    """Every module of the packages -> the project modules it imports (``lazy``: inside
     functions too)."""
     return {module_name(p): imports(p, lazy=lazy) for pkg in PACKAGES
             for p in sorted((ROOT / pkg).rglob("*.py"))}
