@@ -12,7 +12,7 @@ import sys
 
 from tabulate import tabulate
 
-from cmdline import Parser, UsageError, int_at_least
+from cmdline import Parser, UsageError, fail, int_at_least, positive_number
 from spec.builtin import BUILTIN
 from spec.profiles import PROFILES
 from spec.registry import PROPERTIES
@@ -22,17 +22,7 @@ from spec.target import TargetError
 
 _positive = int_at_least(1)
 _seed = int_at_least(0)
-
-
-def _seconds(text: str) -> float:
-    """An argparse type: a positive number of seconds."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
-    return value
+_seconds = positive_number("expected a positive number of seconds")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -98,8 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         select(args.only)  # unknown property names: exit 2 before anything runs
         target = configure(load(args.target), isolation=args.isolation, deadline=args.deadline)
     except (UsageError, TargetError, ValueError) as e:
-        print(f"python -m spec: error: {e}", file=sys.stderr)
-        return 2
+        return fail("python -m spec", e)
     to_stdout = args.json == "-"
 
     def progress(result: Result) -> None:
@@ -126,9 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                 with open(args.json, "w", encoding="utf-8") as f:  # UTF-8: laws use √, ≤, −
                     f.write(text + "\n")
             except OSError as e:
-                print(f"python -m spec: error: cannot write --json {args.json}: {e.strerror}",
-                      file=sys.stderr)
-                return 2
+                return fail("python -m spec", f"cannot write --json {args.json}: {e.strerror}")
     if not to_stdout:
         print(render(report))
     return 0 if report.ok else 1
