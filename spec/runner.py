@@ -97,12 +97,15 @@ def run_property(
         return Result(prop.name, "skip", 0, 0.0, reason, law=prop.law)
     run = RunContext(deadline=chosen.deadline_s)
     last: list[Case] = []  # the example being run; after a failure, the shrunk one
-    examples: list[int] = []
+    made = run.calls  # the calls into the target of that example
+    calls: list[int] = []  # one entry per example run
 
+    # Its source is part of the seed of a derandomized run (Hypothesis hashes a test's source):
+    # edited, every profile's examples change.
     def test(case: Case) -> None:
         last[:] = [case]
-        run.calls.clear()
-        examples.append(1)
+        made.clear()
+        calls.append(1)
         prop.check(target, case)
 
     test.__name__ = test.__qualname__ = prop.name  # derandomized streams differ per property
@@ -120,11 +123,11 @@ def run_property(
 
     def conclude(error: BaseException | None, crashed: str | None) -> Result:
         if error is None:
-            return _passed(prop, len(examples), time.perf_counter() - start, crashed, run.observed)
+            return _passed(prop, len(calls), time.perf_counter() - start, crashed, run.observed)
         message = f"the target {error}" if isinstance(error, TargetHung) else \
             str(error) if isinstance(error, (SignatureMismatch, TargetStopped, AssertionError)) else \
             f"{type(error).__name__}: {error}"
-        failed = _failure(prop, target, last, run.calls, len(examples), start, message, source, run.observed)
+        failed = _failure(prop, target, last, made, len(calls), start, message, source, run.observed)
         failed.fatal = isinstance(error, SignatureMismatch)
         return failed
 
