@@ -97,11 +97,22 @@ def as_target(obj: Any) -> Target:
     raise TargetError(f"a target must be callable or a spec.Target, got {type(obj).__name__}")
 
 
-def load_target(spec: str | Callable[..., Any] | Target) -> Target:
-    """Resolve a built-in name, a ``module:attr`` string, a callable or a `Target`.
+def load_target(spec: str | Callable[..., Any] | Target, *, device: str | None = None) -> Target:
+    """Resolve a built-in name, a ``module:attr`` string, a callable or a `Target`; ``device``:
+    where a framework built-in's arrays go (``cuda``), for those alone.
 
     Raises `TargetError` (one line, naming what was wrong) when nothing loads.
     """
+    if device is not None:
+        framework = {name for adapter in ADAPTERS.values() for name in adapter.targets}
+        if spec not in framework:
+            raise TargetError(f"--device applies to the framework targets ({', '.join(sorted(framework))}), "
+                              f"not {spec if isinstance(spec, str) else type(spec).__name__!r}: a target of "
+                              "your own places its arrays itself (spec.from_torch(fn, device=...))")
+        try:
+            return BUILTIN[spec](device=device)  # type: ignore[call-arg]
+        except (RuntimeError, ValueError, AssertionError) as e:  # the framework refuses the device
+            raise TargetError(f"built-in target {spec!r} cannot run on {device!r}: {e}") from None
     if not isinstance(spec, str):
         return as_target(spec)
     if spec in BUILTIN:

@@ -42,6 +42,22 @@ def tile_edges(tiles: tuple[int, ...] = TILE_SIZES) -> tuple[int, ...]:
     return tuple(sorted({n for t in tiles for n in (t - 1, t, t + 1, t + tiles[0] + 1)}))
 
 
+def edges_for(target: Target) -> tuple[int, ...]:
+    """The tile edges a target is drawn at, within its limits: `tile_edges`; for a target whose
+    lengths are multiples of m, one tile of m below, at and above each tile size that m divides
+    (and m, 2m, 3m); for one that compiles per shape, `SHAPE_GRID`; at most ``max_seq``."""
+    m = target.seq_multiple
+    if target.compiles_per_shape:
+        found: tuple[int, ...] = admissible_lengths(target, 1, SHAPE_GRID[-1]) or ()
+    elif m:
+        around = {n for t in TILE_SIZES if t % m == 0 for n in (t - m, t, t + m)}
+        found = tuple(sorted(around | {m, 2 * m, 3 * m}))
+    else:
+        found = tile_edges()
+    kept = tuple(n for n in found if n > 0 and (target.max_seq is None or n <= target.max_seq))
+    return kept or (m or 1,)
+
+
 @dataclass(frozen=True)
 class Case:
     """One example: ``q [*lead, n_q, d_k]``, ``k [*kv_lead, n_k, d_k]``, ``v [*kv_lead, n_k, d_v]``,
@@ -275,6 +291,107 @@ def widths(d_max: int = 128) -> tuple[st.SearchStrategy[int], ...]:
     return (st.sampled_from([w for w in WIDTHS if w <= d_max]), st.integers(1, d_max))
 
 
+SHAPE_GRID = (1, 3, 17, 64, 129)
+"""The lengths a target that compiles per shape (`Target.compiles_per_shape`) is drawn at: one
+query or key, a few, a partial tile past the smallest tile, a whole tile of 64 and one past 128."""
+SHAPE_WIDTHS = (1, 8, 64)
+"""The head widths such a target is drawn at."""
+
+
+def admissible_lengths(target: Target, n_min: int, n_max: int) -> tuple[int, ...] | None:
+    """The lengths in [n_min, n_max] the target's limits admit, where they restrict the draw to a
+    few (None: any): multiples of ``seq_multiple`` (n_max raised to one multiple, so a law's small
+    sizes still reach one tile), the `SHAPE_GRID` of a target that compiles per shape; at most
+    ``max_seq``."""
+    return _admissible(target.seq_multiple, target.max_seq, target.compiles_per_shape, n_min, n_max)
+
+
+@functools.cache
+def _admissible(multiple: int | None, cap: int | None, compiles: bool, n_min: int,
+                n_max: int) -> tuple[int, ...] | None:
+    m = multiple or 1
+    high = min(max(n_max, m), cap) if cap is not None else max(n_max, m)
+    if compiles:
+        grid = [n for n in SHAPE_GRID if n % m == 0] or [m]
+        return tuple(n for n in grid if n_min <= n <= high) or tuple(n for n in grid[:1] if n >= n_min)
+    if m == 1:
+        return None
+    return tuple(range(-(-max(n_min, 0) // m) * m, high + 1, m))
+
+
+@functools.cache
+def _sizes(multiple: int | None, cap: int | None, compiles: bool, n_min: int,
+           n_max: int) -> tuple[st.SearchStrategy[int], ...]:
+    allowed = _admissible(multiple, cap, compiles, n_min, n_max)
+    if allowed is None:
+        top = n_max if cap is None else max(n_min, min(n_max, cap))
+        return lengths(top, n_min)
+    if not allowed:
+        return (st.nothing(),)
+    return (st.sampled_from(allowed[:3]), st.sampled_from(allowed))
+
+
+def sizes(target: Target, n_max: int, n_min: int = 1) -> tuple[st.SearchStrategy[int], ...]:
+    """`lengths` within the target's shape limits (branches for `one_of`)."""
+    return _sizes(target.seq_multiple, target.max_seq, target.compiles_per_shape, n_min, n_max)
+
+
+@functools.cache
+def _widths_within(dims: tuple[int, ...] | None, compiles: bool,
+                   d_max: int) -> tuple[st.SearchStrategy[int], ...]:
+    if dims is not None:
+        return (st.sampled_from(dims),)
+    if compiles:
+        return (st.sampled_from([w for w in SHAPE_WIDTHS if w <= d_max] or [1]),)
+    return widths(d_max)
+
+
+def widths_for(target: Target, d_max: int = 128) -> tuple[st.SearchStrategy[int], ...]:
+    """`widths` within the target's head sizes (branches for `one_of`)."""
+    return _widths_within(target.head_dims, target.compiles_per_shape, d_max)
+
+
+def outside_limits(target: Target, case: Case, *, reads_pattern: bool = False) -> str | None:
+    """Which declared limit ``case`` breaks (its widths, or the length of one of its sequences:
+    the call's n_q and n_k, each packed sequence's, each row's key length), or None.
+    ``reads_pattern``: the values are V = I, read in blocks the target takes (`spec.laws._helpers
+    .pattern`), so d_v is not the case's."""
+    widths_used = (case.d_k,) if reads_pattern else (case.d_k, case.d_v)
+    if target.head_dims is not None and any(w not in target.head_dims for w in widths_used):
+        return f"head_dims={target.head_dims}"
+    if target.equal_head_dims and not reads_pattern and case.d_v != case.d_k:
+        return "equal_head_dims=True"
+    queries, keys = sequence_lengths(case)
+    every = [*queries, *keys]
+    if target.seq_multiple and any(n % target.seq_multiple for n in every):
+        return f"seq_multiple={target.seq_multiple}"
+    if target.max_seq is not None and any(n > target.max_seq for n in (case.n_q, case.n_k, *every)):
+        return f"max_seq={target.max_seq}"
+    return None
+
+
+def sequence_lengths(case: Case) -> tuple[list[int], list[int]]:
+    """The query and key counts of each sequence the case's call holds: each keyword's
+    (`spec.keywords.Keyword.lengths`: packed sequences, per-row key lengths), else the call's."""
+    queries, keys = [case.n_q], [case.n_k]
+    for kw in registered().values():
+        parameter = case.keywords.get(kw.name)
+        if parameter is not None and kw.lengths is not None:
+            q, k = kw.lengths(case, parameter)
+            queries, keys = list(q), list(k)
+    return queries, keys
+
+
+def limits_text(target: Target) -> str:
+    """The declared shape limits as the report's header says them ("" if none)."""
+    said = [f"head_dims={target.head_dims}" if target.head_dims else "",
+            "equal_head_dims" if target.equal_head_dims else "",
+            f"seq_multiple={target.seq_multiple}" if target.seq_multiple else "",
+            f"max_seq={target.max_seq}" if target.max_seq else "",
+            "compiles_per_shape" if target.compiles_per_shape else ""]
+    return ", ".join(x for x in said if x)
+
+
 @st.composite
 def cases(
     draw: st.DrawFn,
@@ -329,21 +446,25 @@ def _draw_plain(
     ranks = [r for r in target.ndims if r in ndims]
     ndim = pick(draw, tuple(ranks))
     dtype = pick(draw, target.dtypes)
-    batch = draw(between(1, 3)) if ndim == 4 else 1
+    few = target.compiles_per_shape  # batch and heads from two sizes each: fewer shapes to compile
+    batch = (pick(draw, (1, 2)) if few else draw(between(1, 3))) if ndim == 4 else 1
     kv_heads = None
     if gqa:
-        g, group = draw(between(1, 3)), draw(between(2, 3))
+        g, group = (1, 2) if few else (draw(between(1, 3)), draw(between(2, 3)))
         heads, kv_heads = g * group, g
     else:
-        heads = draw(between(1, 4)) if ndim >= 3 else 1
-    n_q = one_of(draw, lengths(n_max, n_q_min))
-    n_k = n_q if n_q >= n_k_min and draw(BOOLEANS) else one_of(draw, lengths(n_max, n_k_min))
+        heads = (pick(draw, (1, 2)) if few else draw(between(1, 4))) if ndim >= 3 else 1
+    n_q = one_of(draw, sizes(target, n_max, n_q_min))
+    n_k = n_q if n_q >= n_k_min and draw(BOOLEANS) else one_of(draw, sizes(target, n_max, n_k_min))
     is_causal = pick(draw, tuple(causal)) if target.causal_alignment else False
     if is_causal and not target.causal_shape_ok(n_q, n_k):  # square_or_decoding: n_q = n_k or 1
         n_q, n_k = (1, n_k) if n_q_min <= 1 and draw(BOOLEANS) else (n_q, n_q)
         assume(n_k >= n_k_min)
-    d_k = one_of(draw, widths())
-    d_v = n_k if pattern else (d_k if draw(BOOLEANS) else one_of(draw, widths()))
+    d_k = one_of(draw, widths_for(target))
+    if pattern:
+        d_v = n_k
+    else:
+        d_v = d_k if target.equal_head_dims or draw(BOOLEANS) else one_of(draw, widths_for(target))
     return Case(
         dtype=dtype,
         ndim=ndim,
@@ -377,19 +498,27 @@ def tile_cases(
 ) -> Case:
     """n_q and n_k at the edges of the short tiles (independently: partial last tiles on either
     side), one head, narrow widths."""
-    short = [n for n in tile_edges() if n < LONG_TILE - 1]
+    short = [n for n in edges_for(target) if n < LONG_TILE - 1]
     is_causal = pick(draw, tuple(causal)) if target.causal_alignment else False
-    n_q = pick(draw, tuple(n for n in short if n >= n_q_min))
-    n_k = pick(draw, tuple(n for n in short if n >= n_k_min))
+    n_q = pick(draw, tuple(n for n in short if n >= n_q_min) or (short[-1],))
+    n_k = pick(draw, tuple(n for n in short if n >= n_k_min) or (short[-1],))
     if is_causal and not target.causal_shape_ok(n_q, n_k):  # square_or_decoding: a square at the edge
         n_q = n_k = max(n_q, n_k)
-    d_k = draw(between(1, TILE_WIDTH))
+    d_k = _tile_width(draw, target)
+    d_v = n_k if pattern else d_k if target.equal_head_dims else _tile_width(draw, target)
     return Case(
         dtype=pick(draw, target.dtypes), ndim=min(target.ndims), batch=1, heads=1,
-        n_q=n_q, n_k=n_k, d_k=d_k, d_v=n_k if pattern else draw(between(1, TILE_WIDTH)),
+        n_q=n_q, n_k=n_k, d_k=d_k, d_v=d_v,
         seed=draw(SEEDS), causal=is_causal, values=pick(draw, tuple(values)),
         mask=pick(draw, tuple(masks)) if target.supports_mask else "none",
     )
+
+
+def _tile_width(draw: st.DrawFn, target: Target) -> int:
+    """A width ≤ `TILE_WIDTH` for a tile-edge case (one of the target's head sizes, if declared)."""
+    if target.head_dims is None and not target.compiles_per_shape:
+        return draw(between(1, TILE_WIDTH))
+    return one_of(draw, widths_for(target, TILE_WIDTH))
 
 
 def boundary_cases(
@@ -406,21 +535,51 @@ def boundary_cases(
     cost the oracle and the target about half what they cost in float64 or float16, which
     is converted). ``keep`` drops the cases a law's strategy would not draw."""
     flags = causal if target.causal_alignment else (False,)
-    sizes = [(n_q, n_k) for n_q in range(n_q_min, BOUNDARY + 1) for n_k in range(n_k_min, BOUNDARY + 1)]
-    top = max(t for t in TILE_SIZES if t < LONG_TILE)
-    sizes += [(top + 1, top - 1), (top - 1, top + 1)] if tiles else []
-    squares = [LONG_TILE + TILE_SIZES[0] + 1] if long and True in flags and not pattern else []
-    grid = [_grid_case(target, n_q, n_k, flag, pattern, mask) for flag in flags for n_q, n_k in sizes]
+    near = _boundary_lengths(target)
+    shapes = [(n_q, n_k) for n_q in near if n_q >= n_q_min for n_k in near if n_k >= n_k_min]
+    if tiles and target.seq_multiple is None and not target.compiles_per_shape:
+        top = max(t for t in TILE_SIZES if t < LONG_TILE)
+        shapes += [(top + 1, top - 1), (top - 1, top + 1)]
+    elif tiles:  # the largest tile edge the limits admit, against the one below it
+        short = [n for n in edges_for(target) if n < LONG_TILE]
+        shapes += [(short[-1], short[-2]), (short[-2], short[-1])] if len(short) > 1 else []
+    squares = [_long_square(target)] if long and True in flags and not pattern else []
+    grid = [_grid_case(target, n_q, n_k, flag, pattern, mask) for flag in flags for n_q, n_k in shapes]
     long_dtype = "float32" if "float32" in target.dtypes else None
-    grid += [_grid_case(target, n, n, True, pattern, mask, long_dtype) for n in squares]
+    grid += [_grid_case(target, n, n, True, pattern, mask, long_dtype) for n in squares if n]
     # a causal mode defined only on some shapes (square_or_decoding) is not asked for on others
     return [c for c in grid if keep(c) and (not c.causal or target.causal_shape_ok(c.n_q, c.n_k))]
 
 
+def _boundary_lengths(target: Target) -> tuple[int, ...]:
+    """The boundary grid's sizes: 1..`BOUNDARY`; for a target with lengths in multiples of m, m
+    and 2m; for one that compiles per shape, the two smallest of its grid; within ``max_seq``."""
+    if target.compiles_per_shape:
+        found = (admissible_lengths(target, 1, SHAPE_GRID[-1]) or ())[:2]
+    elif target.seq_multiple:
+        found = (target.seq_multiple, 2 * target.seq_multiple)
+    else:
+        found = tuple(range(1, BOUNDARY + 1))
+    return tuple(n for n in found if target.max_seq is None or n <= target.max_seq)
+
+
+def _long_square(target: Target) -> int:
+    """The long causal square: one partial query tile past `LONG_TILE` (rounded up to a multiple
+    of ``seq_multiple``), 0 where ``max_seq`` or compiling per shape rules it out."""
+    n = LONG_TILE + TILE_SIZES[0] + 1
+    if target.seq_multiple:
+        n = -(-n // target.seq_multiple) * target.seq_multiple
+    if target.compiles_per_shape or (target.max_seq is not None and n > target.max_seq):
+        return 0
+    return n
+
+
 def _grid_case(target: Target, n_q: int, n_k: int, causal: bool, pattern: bool, mask: str,
                dtype: str | None = None) -> Case:
-    """One grid case: the smallest rank, one head, d_k = 3 (d_v = 3, or n_k with ``pattern``),
-    the dtype ``dtype`` or the next in the rotation."""
+    """One grid case: the smallest rank, one head, d_k = 3 (d_v = 3, or n_k with ``pattern``;
+    the smallest of ``head_dims`` where the target declares them), the dtype ``dtype`` or the next
+    in the rotation."""
+    width = 3 if target.head_dims is None else target.head_dims[0]
     return Case(dtype=dtype or target.dtypes[(n_q + n_k) % len(target.dtypes)], ndim=min(target.ndims),
-                batch=1, heads=1, n_q=n_q, n_k=n_k, d_k=3, d_v=n_k if pattern else 3, seed=10 * n_q + n_k,
-                causal=causal, mask=mask if target.supports_mask else "none")
+                batch=1, heads=1, n_q=n_q, n_k=n_k, d_k=width, d_v=n_k if pattern else width,
+                seed=10 * n_q + n_k, causal=causal, mask=mask if target.supports_mask else "none")

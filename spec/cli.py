@@ -16,7 +16,7 @@ from cmdline import Parser, UsageError, fail, int_at_least, positive_number
 from spec.builtin import BUILTIN
 from spec.profiles import PROFILES
 from spec.registry import PROPERTIES
-from spec.report import Result, render
+from spec.report import LOUD, Result, render
 from spec.runner import check, configure, load, select
 from spec.target import TargetError
 
@@ -49,6 +49,13 @@ def parser() -> argparse.ArgumentParser:
                        "before the fork may hang there, which the deadline then fails)")
     check.add_argument("--deadline", type=_seconds, metavar="SECONDS",
                        help="time limit per call (overrides the profile's and the target's)")
+    check.add_argument("--expected-failures", metavar="FILE",
+                       help="known deviations, one 'law[dtype]  # reason' (or 'law  # reason') a line: "
+                       "such a law still runs; a failure is XFAIL (the run conforms), a pass XPASS (the "
+                       "run fails)")
+    check.add_argument("--device", metavar="DEVICE",
+                       help="for the framework targets (torch, jax, ...): the device their arrays go to "
+                       "(torch: cpu, cuda, cuda:1; jax: cpu, gpu); default cpu")
     check.add_argument("--json", metavar="FILE", help="also write the report as JSON ('-' for stdout only); "
                        "a non-finite number is the string \"Infinity\", \"-Infinity\" or \"NaN\"")
     check.add_argument("--list", action="store_true", help="list the properties (and, with TARGET, "
@@ -86,14 +93,15 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError("check needs a TARGET (a built-in name, package.module:attr or "
                              "path/to/file.py:attr)")
         select(args.only)  # unknown property names: exit 2 before anything runs
-        target = configure(load(args.target), isolation=args.isolation, deadline=args.deadline)
+        target = configure(load(args.target, device=args.device), isolation=args.isolation,
+                           deadline=args.deadline, expected_failures=args.expected_failures)
     except (UsageError, TargetError, ValueError) as e:
         return fail("python -m spec", e)
     to_stdout = args.json == "-"
 
     def progress(result: Result) -> None:
         if not to_stdout:
-            status = result.status.upper() if result.status == "fail" else result.status
+            status = result.status.upper() if result.status in LOUD else result.status
             print(f"  {result.name} … {status}", file=sys.stderr, flush=True)
 
     # What is loaded by now (NumPy, Hypothesis, the laws, the target) lives as long as the process:

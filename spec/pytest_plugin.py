@@ -9,8 +9,12 @@ through the ``pytest11`` entry point, so installing the package is enough; witho
 plugin adds nothing. Options: ``--attention-profile quick|ci|thorough`` (default ci), ``--attention-seed N``,
 ``--attention-max-examples N``, ``--attention-isolation thread|caller|process`` (overrides the
 target's declaration; ``process`` turns a crash or a call stuck in C into that law's failure),
-``--attention-deadline SECONDS`` (per call; overrides the profile's and the target's).
-A failing property's short summary line (``-ra``) carries what broke.
+``--attention-deadline SECONDS`` (per call; overrides the profile's and the target's),
+``--attention-expected-failures FILE`` (one ``law[dtype]  # reason`` a line, added to the target's
+``expected_failures``: each such law is marked ``xfail(strict=True)``, so its failure is XFAIL and
+a pass fails the run, as a stale declaration). A law whose expected failures name some dtypes is
+one test per such dtype (``law[float16]``) and one of the rest. A failing property's short summary
+line (``-ra``) carries what broke.
 """
 
 from __future__ import annotations
@@ -21,9 +25,9 @@ from typing import Any
 import pytest
 
 from spec.profiles import PROFILES
-from spec.registry import PROPERTIES, Property
+from spec.registry import PROPERTIES
 from spec.report import Result, failure
-from spec.runner import configure, load, run_property
+from spec.runner import LawRun, configure, law_runs, load, run_property
 from spec.target import Target, TargetError
 
 ENV = "ATTENTION_TARGET"
@@ -48,6 +52,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     "may hang the child, which the deadline fails)")
     group.addoption("--attention-deadline", type=float, default=None, metavar="SECONDS",
                     help="time limit per call (overrides the profile's and the target's)")
+    group.addoption("--attention-expected-failures", metavar="FILE", default=None,
+                    help="known deviations, one 'law[dtype]  # reason' a line: each is marked "
+                    "xfail(strict=True)")
 
 
 class PropertyFailed(Exception):
@@ -59,9 +66,11 @@ class PropertyFailed(Exception):
 class PropertyItem(pytest.Item):
     """One property run against the target."""
 
-    def __init__(self, *, prop: Property, target: Target, source: str, **kwargs: Any) -> None:
+    def __init__(self, *, law_run: LawRun, source: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.prop, self.target, self.source = prop, target, source
+        self.prop, self.target, self.source = law_run.prop, law_run.target, source
+        if law_run.expected is not None:  # the law still runs; a pass fails (a stale declaration)
+            self.add_marker(pytest.mark.xfail(reason=law_run.expected, strict=True, raises=PropertyFailed))
 
     def runtest(self) -> None:
         opt = self.config.getoption
@@ -101,8 +110,8 @@ class PropertySuite(pytest.Collector):
         self.fatal: Result | None = None  # a property whose failure says the signature differs
 
     def collect(self) -> list[pytest.Item | pytest.Collector]:
-        return [PropertyItem.from_parent(self, name=name, prop=prop, target=self.target, source=self.source)
-                for name, prop in PROPERTIES.items()]
+        return [PropertyItem.from_parent(self, name=one.name, law_run=one, source=self.source)
+                for prop in PROPERTIES.values() for one in law_runs(prop, self.target)]
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -123,7 +132,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         return
     try:
         target = configure(load(source), isolation=config.getoption("attention_isolation"),
-                           deadline=config.getoption("attention_deadline"))
+                           deadline=config.getoption("attention_deadline"),
+                           expected_failures=config.getoption("attention_expected_failures"))
     except TargetError as e:
         raise pytest.UsageError(f"--attention-target: {e}") from None
     suite = PropertySuite.from_parent(session, name="attention-spec", nodeid="attention-spec",

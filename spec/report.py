@@ -46,7 +46,7 @@ class Counterexample:
 @dataclass
 class Result:
     name: str
-    status: str  # "pass" | "fail" | "skip"
+    status: str  # "pass" | "fail" | "skip" | "xfail" (failed, as declared) | "xpass" (declared, but held)
     examples: int
     seconds: float
     message: str = ""
@@ -58,6 +58,8 @@ class Result:
     fatal: bool = False
     """The target cannot be called as declared (its signature differs): every further law would
     fail the same way, so a run stops after this result."""
+    expected: str = ""
+    """Why the target declares this law (in these dtypes) an expected failure, or ""."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -66,6 +68,7 @@ class Result:
             "counterexample": None if self.counterexample is None else self.counterexample.to_dict(),
             "law": self.law,
             "observed": dict(self.observed),
+            **({"expected": self.expected} if self.expected else {}),
         }
 
 
@@ -76,19 +79,27 @@ class Report:
     seed: int | None
     results: list[Result] = field(default_factory=list)
     seconds: float = 0.0  # wall time of the whole run (for the summary line)
+    limits: str = ""  # the shape limits the target declares, as the header says them
 
     @property
     def ok(self) -> bool:
-        """True when no property failed (skips do not count against conformance)."""
-        return all(r.status != "fail" for r in self.results)
+        """True when no property failed and no expected failure passed (skips and expected
+        failures do not count against conformance; a stale declaration does)."""
+        return all(r.status not in ("fail", "xpass") for r in self.results)
 
     @property
     def failures(self) -> list[Result]:
-        return [r for r in self.results if r.status == "fail"]
+        """The results that make the run not conform: failures, and expected failures that passed."""
+        return [r for r in self.results if r.status in ("fail", "xpass")]
+
+    @property
+    def expected_failures(self) -> list[Result]:
+        return [r for r in self.results if r.status == "xfail"]
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "target": self.target, "ok": self.ok, "profile": self.profile, "seed": self.seed,
+            **({"limits": self.limits} if self.limits else {}),
             "results": [r.to_dict() for r in self.results],
         }
 
@@ -124,8 +135,11 @@ def _strict(x: Any) -> Any:
     raise TypeError(f"cannot write {type(x).__name__} to JSON")
 
 
+LOUD = ("fail", "xfail", "xpass")  # statuses the table shows in capitals
+
+
 def table(report: Report) -> str:
-    rows = [[r.name, r.status.upper() if r.status == "fail" else r.status, r.examples, f"{r.seconds:.2f}",
+    rows = [[r.name, r.status.upper() if r.status in LOUD else r.status, r.examples, f"{r.seconds:.2f}",
              _note(r)] for r in report.results]
     return tabulate(rows, headers=["property", "status", "examples", "seconds", "note"],
                     tablefmt="simple", colalign=("left", "left", "right", "right", "left"),
@@ -133,7 +147,9 @@ def table(report: Report) -> str:
 
 
 def _note(result: Result) -> str:
-    return "" if result.status == "fail" else result.message
+    if result.status == "xfail":
+        return f"expected: {result.expected}"
+    return "" if result.status in ("fail", "xpass") else result.message
 
 
 def failure(result: Result, *, headline: bool = False) -> str:
@@ -159,17 +175,38 @@ def failure(result: Result, *, headline: bool = False) -> str:
     return "\n".join(lines)
 
 
+def expected_failure(result: Result) -> str:
+    """An expected failure, compactly: the law, the reason declared, what broke, the line that
+    replays it."""
+    wrap = textwrap.TextWrapper(width=100, initial_indent="  ", subsequent_indent="    ")
+    lines = [f"XFAIL {result.name}: {result.expected}", wrap.fill("broken: " + result.message)]
+    if result.counterexample is not None:
+        lines.append(f"  reproduce: {result.counterexample.reproduce}")
+    return "\n".join(lines)
+
+
+def stale(result: Result) -> str:
+    """An expected failure that passed: the declaration to remove."""
+    return (f"XPASS {result.name}: declared an expected failure ({result.expected}), but the law holds "
+            f"({result.examples} examples): remove the declaration")
+
+
 def summary(report: Report, seconds: float) -> str:
-    counts = {s: sum(r.status == s for r in report.results) for s in ("pass", "fail", "skip")}
+    counts = {s: sum(r.status == s for r in report.results)
+              for s in ("pass", "fail", "skip", "xfail", "xpass")}
     verdict = "conforms" if report.ok else "DOES NOT CONFORM"
     seed = "" if report.seed is None else f", seed {report.seed}"
+    expected = "".join(f", {counts[s]} {s}" for s in ("xfail", "xpass") if counts[s])
     return (f"{report.target}: {verdict} — {counts['pass']} passed, {counts['fail']} failed, "
-            f"{counts['skip']} skipped in {seconds:.1f} s (profile {report.profile}{seed})")
+            f"{counts['skip']} skipped{expected} in {seconds:.1f} s (profile {report.profile}{seed})")
 
 
 def render(report: Report, seconds: float | None = None) -> str:
-    """The table, each failure in full, and the summary line."""
-    parts = [table(report)]
-    parts += ["\n" + failure(result) for result in report.failures]
+    """The declared limits (if any), the table, each failure in full (a stale expected failure in a
+    line), each expected failure compactly, and the summary line."""
+    parts = [f"declared limits: {report.limits}\n"] if report.limits else []
+    parts += [table(report)]
+    parts += ["\n" + (stale(r) if r.status == "xpass" else failure(r)) for r in report.failures]
+    parts += ["\n" + expected_failure(r) for r in report.expected_failures]
     parts += ["", summary(report, report.seconds if seconds is None else seconds)]
     return "\n".join(parts)

@@ -12,22 +12,24 @@ import math
 import shlex
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import hypothesis
 import numpy as np
 from hypothesis import HealthCheck, Phase, Verbosity, example, given, settings
+from hypothesis.errors import Unsatisfiable
 
 from spec.builtin import NoSource, load_target, source_of
 from spec.call import Call
-from spec.cases import Case
+from spec.cases import Case, limits_text, outside_limits
 from spec.context import RunContext, running
 from spec.isolation import TargetHung, TargetStopped, run_law, workers
 from spec.profiles import PROFILES, Profile
 from spec.registry import PROPERTIES, Property
 from spec.report import Counterexample, Report, Result
 from spec.signature import SignatureMismatch
-from spec.target import Target, TargetError
+from spec.target import Target, TargetError, expected_failure, parse_expected_failures, split_dtypes
 
 SMALL_ARRAY = 48  # counterexample arrays with at most this many entries are printed in full
 
@@ -109,8 +111,15 @@ def run_property(
         prop.check(target, case)
 
     test.__name__ = test.__qualname__ = prop.name  # derandomized streams differ per property
-    runner = given(prop.strategy(target))(test)
-    for case in reversed(prop.grid(target) if prop.grid else []):  # explicit examples run first, in order
+    strategy, grid = prop.strategy(target), prop.grid(target) if prop.grid else []
+    limited = limits_text(target)
+    if limited:  # within the declared limits only: a law drawn outside them is skipped, naming them
+        def inside(case: Case) -> bool:
+            return outside_limits(target, case, reads_pattern=prop.reads_pattern) is None
+
+        strategy, grid = strategy.filter(inside), [c for c in grid if inside(c)]
+    runner = given(strategy)(test)
+    for case in reversed(grid):  # explicit examples run first, in order
         runner = example(case)(runner)
     runner = _settings(chosen, max_examples, seed)(runner)
     if seed is not None:
@@ -122,6 +131,9 @@ def run_property(
             runner()
 
     def conclude(error: BaseException | None, crashed: str | None) -> Result:
+        if isinstance(error, Unsatisfiable) and limited:
+            return Result(prop.name, "skip", len(calls), time.perf_counter() - start,
+                          f"cannot be drawn inside the declared limits ({limited})", law=prop.law)
         if error is None:
             return _passed(prop, len(calls), time.perf_counter() - start, crashed, run.observed)
         message = f"the target {error}" if isinstance(error, TargetHung) else \
@@ -222,22 +234,42 @@ def replay(target: str | Target | Any, name: str, **case: Any) -> None:
         prop.check(loaded, Case.from_fields(**case))
 
 
-def configure(target: Target, *, isolation: str | None = None, deadline: float | None = None) -> Target:
+def configure(target: Target, *, isolation: str | None = None, deadline: float | None = None,
+              expected_failures: str | None = None) -> Target:
     """``target`` with the run's overrides: ``isolation`` replaces its declaration, ``deadline``
-    (seconds per call) its ``deadline_s`` and so the profile's. Raises TargetError if invalid."""
+    (seconds per call) its ``deadline_s`` and so the profile's, ``expected_failures`` (a file of
+    ``law[dtype]  # reason`` lines) adds to its expected failures. Raises TargetError if invalid."""
     changes: dict[str, Any] = {}
     if isolation is not None:
         changes["isolation"] = isolation
     if deadline is not None:
         changes["deadline_s"] = deadline
-    return target.replace(**changes) if changes else target
+    if expected_failures is not None:
+        try:
+            with open(expected_failures, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            raise TargetError(f"cannot read --expected-failures {expected_failures}: {e.strerror}") from None
+        changes["expected_failures"] = {**target.expected_failures,
+                                        **parse_expected_failures(text, expected_failures)}
+    configured = target.replace(**changes) if changes else target
+    check_expected(configured)
+    return configured
 
 
-def load(source: str | Target | Any) -> Target:
+def check_expected(target: Target) -> None:
+    """Every law the target's expected failures name exists. Raises TargetError naming one that does not."""
+    for key in target.expected_failures:
+        law = key.split("[", 1)[0]
+        if law not in PROPERTIES:
+            raise TargetError(f"expected failure {key!r} names no law; see python -m spec check --list")
+
+
+def load(source: str | Target | Any, *, device: str | None = None) -> Target:
     """`spec.builtin.load_target`, with anything raised while importing or building the
     target (a factory that raises, ``Target(fn, wrong_field=1)``) a one-line TargetError."""
     try:
-        return load_target(source)
+        return load_target(source, device=device)
     except TargetError:
         raise
     except Exception as e:
@@ -256,18 +288,53 @@ def run_all(
     results: list[Result] = []
     fatal: Result | None = None
     with workers():  # process isolation: one worker for the whole run (a fresh one after a crash)
-        for prop in props:
+        for law_run in (one for prop in props for one in law_runs(prop, target)):
             if fatal is not None:
-                result = Result(prop.name, "skip", 0, 0.0,
-                                f"not run: see {fatal.name} (the target's signature)", law=prop.law)
+                result = Result(law_run.name, "skip", 0, 0.0,
+                                f"not run: see {fatal.name} (the target's signature)", law=law_run.prop.law)
             else:
-                result = run_property(prop, target, profile=profile, max_examples=max_examples, seed=seed,
-                                      source=source)
+                result = judged(law_run, run_property(law_run.prop, law_run.target, profile=profile,
+                                                      max_examples=max_examples, seed=seed, source=source))
                 fatal = result if result.fatal else None
             results.append(result)
             if each is not None:
                 each(result)
     return results
+
+
+@dataclass(frozen=True)
+class LawRun:
+    """One run of a law: the law, the target restricted to the run's dtypes, and why the target
+    declares the law expected to fail there (None if it does not)."""
+
+    name: str  # the law's, with [dtype] when the expected failures give that dtype a run of its own
+    prop: Property
+    target: Target
+    expected: str | None
+
+
+def law_runs(prop: Property, target: Target) -> list[LawRun]:
+    """The runs of ``prop``: one, unless the target's expected failures name some of its dtypes
+    (``law[float16]``): then one per dtype named, and one of the rest."""
+    runs = []
+    for dtypes in split_dtypes(target, prop.name):
+        named = len(dtypes) == 1 and f"{prop.name}[{dtypes[0]}]" in target.expected_failures
+        alone = dtypes[0] if named else None
+        runs.append(LawRun(f"{prop.name}[{alone}]" if alone else prop.name, prop,
+                           target if dtypes == target.dtypes else target.with_dtypes(dtypes),
+                           expected_failure(target, prop.name, alone)))
+    return runs
+
+
+def judged(law_run: LawRun, result: Result) -> Result:
+    """``result`` as the declarations read it: under its run's name; a failure the target declares
+    is XFAIL, a pass it declared would fail is XPASS."""
+    result.name = law_run.name
+    if law_run.expected is None or result.status not in ("pass", "fail"):
+        return result
+    result.expected = law_run.expected
+    result.status = "xfail" if result.status == "fail" else "xpass"
+    return result
 
 
 def check(
@@ -293,7 +360,7 @@ def check(
     loaded = configure(load(target), isolation=isolation, deadline=deadline)
     if source is None:
         source = target if isinstance(target, str) else source_of(target)
-    report = Report(target=loaded.name, profile=profile, seed=seed)
+    report = Report(target=loaded.name, profile=profile, seed=seed, limits=limits_text(loaded))
     start = time.perf_counter()
     report.results = run_all(props, loaded, profile=profile, max_examples=max_examples, seed=seed,
                              source=source, each=each)

@@ -18,6 +18,8 @@ Targets by name are resolved by `spec.builtin.load_target`.
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -181,6 +183,32 @@ class Target:
     """Where each call runs: ``thread`` (a worker thread, under the deadline), ``caller`` (the
     caller's thread, no deadline: for libraries that must be called from one thread) or
     ``process`` (a worker process; a crash or overrun is a failure and the run goes on)."""
+    # --- what a real kernel takes: its shape limits, its LSE of an empty row, its known
+    # deviations, and whether each new shape costs a compilation (docs/targets.md, "Real kernels")
+    head_dims: tuple[int, ...] | None = None
+    """The head sizes the kernel accepts, for d_k and d_v alike: ``(64, 128)``; None: any. Every
+    case is drawn with widths among them."""
+    equal_head_dims: bool = False
+    """d_v must equal d_k (FlashAttention and most fused kernels)."""
+    seq_multiple: int | None = None
+    """n_q and n_k (each packed sequence's, each cache's length too) are multiples of this: the
+    block sizes of a kernel that does not mask a partial tile (Pallas' ``mha``: 128, or n itself
+    below it). Cases are drawn at multiples of it, and the boundary grid at its multiples and the
+    tile edges that are multiples of it."""
+    max_seq: int | None = None
+    """No call has more than this many queries or keys."""
+    empty_lse: float = -math.inf
+    """The LSE a row that sees no key returns: −∞ (the logsumexp of nothing, the default), +∞
+    (FlashAttention's CUDA kernels) or another float."""
+    expected_failures: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False)
+    """Known deviations, each with its reason: ``{"law": "reason"}`` for every dtype,
+    ``{"law[float16]": "reason"}`` for one. The law still runs: a failure is XFAIL (the run still
+    conforms; the report shows it, compactly, with the reason), a pass is XPASS, which fails the
+    run (a stale declaration, as pytest's ``xfail_strict``)."""
+    compiles_per_shape: bool = False
+    """Each new shape costs a compilation (``jax.jit``, ``torch.compile``, Pallas, Triton's
+    autotuning): sizes are drawn from a small fixed grid (`spec.cases.SHAPE_GRID`, tile edges
+    included), so a run compiles each shape once."""
 
     def __post_init__(self) -> None:
         if not callable(self.fn):
@@ -223,6 +251,12 @@ class Target:
         if self.fp8_kv_paged_only and not (self.supports_fp8_kv and self.supports_paged_kv):
             raise TargetError("Target fp8_kv_paged_only=True needs supports_fp8_kv=True and "
                               "supports_paged_kv=True (it says the float8 cache comes only paged)")
+        _check_limits(self)
+        if not isinstance(self.empty_lse, (int, float)) or math.isnan(self.empty_lse):
+            raise TargetError(f"Target empty_lse must be a float (-inf, +inf or finite), "
+                              f"got {self.empty_lse!r}")
+        object.__setattr__(self, "empty_lse", float(self.empty_lse))
+        object.__setattr__(self, "expected_failures", _check_expected(self.expected_failures, self.dtypes))
         if self.grad_takes_residuals and (self.grad_fn is None or not self.returns_lse):
             raise TargetError("Target grad_takes_residuals=True needs a grad_fn and returns_lse=True "
                               "(the residuals are what the forward returns with return_lse=True)")
@@ -267,6 +301,15 @@ class Target:
     def replace(self, **changes: Any) -> Target:
         """A copy with some declarations changed: ``target.replace(tolerance=4.0)``."""
         return dataclasses.replace(self, **changes)
+
+    def with_dtypes(self, dtypes: tuple[str, ...]) -> Target:
+        """The target restricted to ``dtypes`` (some of its own), with what it declares of the
+        others (``computes``, ``expected_failures``) dropped."""
+        keep = {dt.as_dtype(d).name for d in dtypes}
+        expected = {key: reason for key, reason in self.expected_failures.items()
+                    if (found := EXPECTED.fullmatch(key)) is None or found["dtype"] in (None, *keep)}
+        computes = {given: used for given, used in self.computes.items() if given in keep}
+        return self.replace(dtypes=tuple(dtypes), computes=computes, expected_failures=expected)
 
     def policy(self, cause: str) -> MaskedRows:
         """The masked-row policy for a row emptied by ``cause`` (see ``masked_rows``)."""
@@ -401,6 +444,84 @@ def _check_grad_extras(target: Target) -> tuple[str, ...]:
             raise TargetError(f"Target grad_extras names {name!r}, the gradient of {argument}=, "
                               f"which needs {field}=True")
     return tuple(dict.fromkeys(given))
+
+
+def _check_limits(target: Target) -> None:
+    """The shape limits: positive integers, head sizes a non-empty tuple of them."""
+    dims = target.head_dims
+    if dims is not None:
+        if isinstance(dims, int) or not isinstance(dims, (tuple, list)) or not dims or \
+                not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims):
+            raise TargetError(f"Target head_dims must be a non-empty tuple of positive integers or None, "
+                              f"got {dims!r}")
+        object.__setattr__(target, "head_dims", tuple(sorted(set(dims))))
+    for name in ("seq_multiple", "max_seq"):
+        value = getattr(target, name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise TargetError(f"Target {name} must be a positive integer or None, got {value!r}")
+    if target.seq_multiple and target.max_seq and target.max_seq < target.seq_multiple:
+        raise TargetError(f"Target max_seq={target.max_seq} is below seq_multiple={target.seq_multiple}: "
+                          "no length is both")
+
+
+EXPECTED = re.compile(r"(?P<law>\w+)(?:\[(?P<dtype>\w+)\])?")
+"""An entry of ``expected_failures``: a law's name, and perhaps one dtype: ``law[float16]``."""
+
+
+def _check_expected(given: Any, dtypes: tuple[str, ...]) -> dict[str, str]:
+    """``expected_failures``: ``law`` or ``law[dtype]`` (a declared dtype) → a reason (text). The
+    law names are checked by the runner, which knows the laws."""
+    if not isinstance(given, Mapping):
+        raise TargetError(f"Target expected_failures must map 'law' or 'law[dtype]' to a reason, "
+                          f"got {given!r}")
+    out: dict[str, str] = {}
+    for key, reason in given.items():
+        found = EXPECTED.fullmatch(key) if isinstance(key, str) else None
+        if found is None:
+            raise TargetError(f"Target expected_failures key must be 'law' or 'law[dtype]', got {key!r}")
+        if found["dtype"] is not None and found["dtype"] not in dtypes:
+            raise TargetError(f"Target expected_failures names {key!r}, but {found['dtype']} is not "
+                              f"among the declared dtypes {dtypes}")
+        if not isinstance(reason, str) or not reason.strip():
+            raise TargetError(f"Target expected_failures[{key!r}] needs its reason (text), got {reason!r}")
+        out[key] = reason.strip()
+    laws = {EXPECTED.fullmatch(key)["law"] for key in out}  # type: ignore[index]
+    both = sorted(law for law in laws if law in out and any(k.startswith(f"{law}[") for k in out))
+    if both:
+        raise TargetError(f"Target expected_failures names {both[0]!r} for every dtype and for one: keep one")
+    return out
+
+
+def parse_expected_failures(text: str, where: str = "") -> dict[str, str]:
+    """``expected_failures`` from a file's text: one ``law[dtype]  # reason`` (or ``law  # reason``)
+    a line; blank lines and lines that are only a comment are skipped. Raises TargetError naming
+    the line that is neither."""
+    found: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        entry, _, reason = line.partition("#")
+        if not entry.strip():
+            continue
+        key = entry.strip()
+        if EXPECTED.fullmatch(key) is None or not reason.strip():
+            raise TargetError(f"{where or 'expected failures'}, line {number}: expected "
+                              f"'law[dtype]  # reason', got {line.strip()!r}")
+        found[key] = reason.strip()
+    return found
+
+
+def expected_failure(target: Target, law: str, dtype: str | None = None) -> str | None:
+    """The reason ``law`` is expected to fail (in ``dtype``, or in every dtype), or None."""
+    if dtype is not None and f"{law}[{dtype}]" in target.expected_failures:
+        return target.expected_failures[f"{law}[{dtype}]"]
+    return target.expected_failures.get(law)
+
+
+def split_dtypes(target: Target, law: str) -> list[tuple[str, ...]]:
+    """The runs of ``law``: one per dtype its expected failures name (``law[float16]``), then one
+    of the other dtypes (none when every dtype is named); a single run of every dtype otherwise."""
+    named = [d for d in target.dtypes if f"{law}[{d}]" in target.expected_failures]
+    rest = tuple(d for d in target.dtypes if d not in named)
+    return [(d,) for d in named] + ([rest] if rest else [])
 
 
 def _check_choice(field: str, value: Any, choices: tuple[Any, ...]) -> None:

@@ -143,7 +143,7 @@ def test_jax_target_keywords_are_jaxs_own():
 
 
 def test_jax_row_with_no_key_has_a_finite_lse_and_torch_all_minus_inf_bias_row_gives_zeros(torch):
-    # The measurements behind two declarations: jax's lse_empty_row_is_neg_inf is skipped (its
+    # The measurements behind two declarations: jax's lse_empty_row_as_declared is skipped (its
     # masked_rows is "uniform", the empty row's lse is the finite fill's), torch takes bias.
     pytest.importorskip("jax")
     from spec.adapters.jax import jax_attention

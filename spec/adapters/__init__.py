@@ -32,18 +32,23 @@ class Framework:
 
     name: str
     """The library's name, as ``rename`` defaults and the docs name it: ``torch``, ``jax``."""
-    to_native: Callable[[Array], Any]
-    """A NumPy array as the framework's array, the same bits (its own memory)."""
+    to_native: Callable[[Array, str], Any]
+    """``to_native(x, device)``: a NumPy array as the framework's array on ``device``, the same
+    bits (its own memory)."""
     to_numpy: Callable[[Any], Array]
-    """The framework's array as a writable NumPy array, the same bits."""
+    """The framework's array (on any device) as a writable NumPy array, the same bits."""
+    synchronize: Callable[[str], None] = lambda device: None
+    """``synchronize(device)``: wait for the work queued on ``device`` (a GPU runs asynchronously:
+    the call's deadline is judged on its finished work)."""
     spellings: Mapping[str, str] = field(default_factory=dict)
     """The library's name for each suite keyword argument it spells differently: ``{"bias":
     "attn_mask"}``. The default renames of `wrap`, and the spellings its built-ins pass."""
     around: Callable[[list[Array]], Any] = lambda arrays: contextlib.nullcontext()
     """``around(arrays)``: the context a call on these NumPy arrays runs in (JAX: x64 for float64)."""
-    grad: Callable[[Any, dict[str, str], Any], Callable[..., Any]] | None = None
-    """``grad(fn, names, extras)``: a ``grad_fn`` for ``fn`` (called with the keywords renamed by
-    ``names``), also returning the declared extra gradients (``extras``: ``("dbias",)``)."""
+    grad: Callable[[Any, dict[str, str], Any, str], Callable[..., Any]] | None = None
+    """``grad(fn, names, extras, device)``: a ``grad_fn`` for ``fn`` (called with the keywords
+    renamed by ``names``, its arrays on ``device``), also returning the declared extra gradients
+    (``extras``: ``("dbias",)``)."""
 
 
 @dataclass(frozen=True)
@@ -123,7 +128,7 @@ def check_mask(mask: Any) -> Array:
 
 
 def wrap(record: Framework, fn: Any, *, rename: dict[str, str] | None = None, name: str = "",
-         grad: bool = False, **declarations: Any) -> Target:
+         grad: bool = False, device: str = "cpu", **declarations: Any) -> Target:
     """A target from a framework's attention function: ``fn(q, k, v, **keywords)`` receives the
     framework's arrays made from the suite's NumPy arrays bit for bit (masks, biases and lengths
     too) and returns one (or, with ``return_lse=True``, a tuple), converted back bit for bit.
@@ -131,16 +136,20 @@ def wrap(record: Framework, fn: Any, *, rename: dict[str, str] | None = None, na
     overriding (a spelling ``rename`` gives to another keyword drops its default).
     ``declarations`` are `spec.Target`'s. ``grad=True`` also builds the target's ``grad_fn``
     through the framework's own differentiation (`Framework.grad`), with the input of each
-    declared ``grad_extras`` differentiated too."""
+    declared ``grad_extras`` differentiated too. ``device``: where the arrays go (``"cuda"``);
+    each call waits for the device's work to finish before it returns, so its deadline is
+    judged on finished work."""
+    if not isinstance(device, str) or not device:
+        raise TypeError(f"device must be a device name such as 'cpu' or 'cuda', got {device!r}")
     names = _renames(record, rename)
-    wrapped = _wrapped(fn, record, names)
+    wrapped = _wrapped(fn, record, names, device)
     if not grad:
         return Target(wrapped, name=name or _callable_name(fn), **declarations)
     if "grad_fn" in declarations:
         raise TypeError("give grad=True or grad_fn=, not both")
     if record.grad is None:
         raise TypeError(f"the {record.name} adapter builds no grad_fn: give grad_fn=")
-    grad_fn = record.grad(fn, names, declarations.get("grad_extras", ()))
+    grad_fn = record.grad(fn, names, declarations.get("grad_extras", ()), device)
     return Target(wrapped, name=name or _callable_name(fn), grad_fn=grad_fn, **declarations)
 
 
@@ -172,13 +181,16 @@ def _renames(record: Framework, rename: dict[str, str] | None) -> dict[str, str]
     return defaults | given
 
 
-def _wrapped(fn: Any, record: Framework, names: dict[str, str]) -> Any:
-    """``fn`` taking NumPy arrays: array arguments converted to the framework's, keywords renamed
-    (``names``), results (an array, or a tuple of them) converted back, in the framework's
-    context for the call."""
+def _wrapped(fn: Any, record: Framework, names: dict[str, str], device: str) -> Any:
+    """``fn`` taking NumPy arrays: array arguments converted to the framework's on ``device``,
+    keywords renamed (``names``), the device synchronized, results (an array, or a tuple of them)
+    converted back, in the framework's context for the call."""
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-    to, back = record.to_native, record.to_numpy
+    back = record.to_numpy
+
+    def to(x: Array) -> Any:
+        return record.to_native(x, device)
 
     def wrapped(q: Array, k: Array, v: Array, **kwargs: Any) -> Any:
         arrays = [np.asarray(x) for x in (q, k, v)]
@@ -186,6 +198,7 @@ def _wrapped(fn: Any, record: Framework, names: dict[str, str]) -> Any:
             given = {names.get(key, key): to(x) if isinstance(x, np.ndarray) else x
                      for key, x in kwargs.items()}
             got = fn(*(to(x) for x in arrays), **given)
+            record.synchronize(device)
             return tuple(back(x) for x in got) if isinstance(got, (tuple, list)) else back(got)
 
     wrapped.__name__ = wrapped.__qualname__ = getattr(fn, "__name__", type(fn).__name__)
@@ -203,23 +216,24 @@ def differentiated(extras: Any) -> dict[str, str]:
     return {name: known[name].passes[0] for name in names if name in known}
 
 
-def factory(target: str) -> Callable[[], Target]:
+def factory(target: str) -> Callable[..., Target]:
     """The zero-argument factory of the built-in ``target`` (the ``TARGETS`` entry of the module
     that declares it, imported here); the framework itself is imported when it is called."""
     for adapter in ADAPTERS.values():
         if target in adapter.targets:
             where = importlib.import_module(adapter.targets[target] or adapter.module)
-            found: Callable[[], Target] = where.TARGETS[target]
+            found: Callable[..., Target] = where.TARGETS[target]
             return found
     raise KeyError(f"no built-in framework target {target!r}")
 
 
-def builtin(library: str, target: str) -> Target:
+def builtin(library: str, target: str, device: str = "cpu") -> Target:
     """The built-in target ``target`` of ``library``'s adapter (its module's ``TARGETS``), built
-    when asked for; a framework that is not installed is a `TargetError` saying what to install."""
+    when asked for, its arrays on ``device``; a framework that is not installed is a `TargetError`
+    saying what to install."""
     adapter = ADAPTERS[library]
     try:
-        return factory(target)()
+        return factory(target)(device=device)
     except ModuleNotFoundError as e:
         raise TargetError(f"built-in target {target!r} needs {e.name or library}, which is not installed: "
                           f"pip install 'attention-spec[{adapter.extra or library}]'") from None

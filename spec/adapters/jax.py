@@ -143,17 +143,17 @@ def _jax_precision(arrays: list[Array]) -> Any:
 def jax_attention(
     q: Array, k: Array, v: Array, *, causal: bool = False, mask: Array | None = None,
     scale: float | None = None, bias: Array | None = None, kv_lengths: Array | None = None,
-    window: tuple[int, int] | None = None, return_lse: bool = False,
+    window: tuple[int, int] | None = None, return_lse: bool = False, device: str = "cpu",
 ) -> Any:  # [..., h, n_q, d_k], [..., g, n_k, d_k], [..., g, n_k, d_v] -> [..., h, n_q, d_v] (, [..., n_q])
     """``jax.nn.dot_product_attention(implementation="xla")`` on NumPy arrays
     (`_jax_dot_product_attention`). float64 runs with x64 enabled for the call (JAX computes
     float32 otherwise). The keywords of docs/targets.md are JAX's own: ``bias`` → ``bias``
     (``[b, h, n_q, n_k]``), ``kv_lengths`` → ``key_value_seq_lengths`` (int32), ``window`` →
     ``local_window_size`` (top-left, as its causal mask), ``return_lse`` → ``return_residual``
-    (its lse ``[b, n_q, h]``, natural log, float32).
+    (its lse ``[b, n_q, h]``, natural log, float32). ``device``: where the arrays go.
     """
     q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
-    with _jax_precision([q]):
+    with _jax_precision([q]), _placed(device):
         arrays, static = _jax_arguments(q, k, v, mask, scale, bias, kv_lengths, window)
         got = _jax_core(jit=_jittable(q.dtype))(*arrays, causal=causal, lse=return_lse, **static)
     if return_lse:
@@ -164,7 +164,7 @@ def jax_attention(
 def jax_attention_grad(
     q: Array, k: Array, v: Array, d_out: Array, *, causal: bool = False, mask: Array | None = None,
     scale: float | None = None, bias: Array | None = None, kv_lengths: Array | None = None,
-    window: tuple[int, int] | None = None,
+    window: tuple[int, int] | None = None, device: str = "cpu",
 ) -> tuple[Array, Array, Array, dict[str, Array]]:  # [..., n_q, d_k], ..., d_out [..., n_q, d_v]
     """``(dq, dk, dv, {"dbias": ...})`` of `jax_attention` for the upstream gradient ``d_out``:
     ``jax.vjp`` of the same call (`_jax_dot_product_attention`) in q, k, v and the bias, the other
@@ -173,7 +173,7 @@ def jax_attention_grad(
     import jax.numpy as jnp
 
     q, k, v, d_out = (np.asarray(x) for x in (q, k, v, d_out))
-    with _jax_precision([q]):
+    with _jax_precision([q]), _placed(device):
         arrays, static = _jax_arguments(q, k, v, mask, scale, bias, kv_lengths, window)
         grad = _jax_grad_core(jit=_jittable(q.dtype))
         dq, dk, dv, dbias = grad(*arrays, jnp.asarray(d_out.astype(q.dtype)), causal=causal, **static)
@@ -217,13 +217,25 @@ def _jax_grad_core(jit: bool) -> Any:
     return jax.jit(grad, static_argnames=("causal", "window")) if jit else grad
 
 
-def dpa_target() -> Target:
-    """The ``jax`` built-in target: ``jax.nn.dot_product_attention`` on CPU (XLA), as measured."""
+def _placed(device: str) -> Any:
+    """Within: new jax arrays on ``device`` (the default device on cpu)."""
     import jax
 
+    return contextlib.nullcontext() if device == "cpu" else jax.default_device(_device(device))
+
+
+def dpa_target(device: str = "cpu") -> Target:
+    """The ``jax`` built-in target: ``jax.nn.dot_product_attention`` (XLA) on ``device``, as
+    measured on CPU."""
+    import jax
+
+    _device(device)  # an unknown device is refused here, naming it
+    where = "" if device == "cpu" else f" on {device}"
+    placed = functools.partial(jax_attention, device=device) if device != "cpu" else jax_attention
+    grad = functools.partial(jax_attention_grad, device=device) if device != "cpu" else jax_attention_grad
     return Target(
-        jax_attention,
-        name=f"jax {jax.__version__} nn.dot_product_attention",
+        functools.update_wrapper(placed, jax_attention) if device != "cpu" else placed,
+        name=f"jax {jax.__version__} nn.dot_product_attention{where}",
         # Not float64: JAX computes the logits and the softmax in float32 whatever the input, so a
         # float64 call is only float32-accurate (measured 1.4e-7 from the float64 golden) and fails
         # matches_golden; tests/test_peers.py keeps that failure visible.
@@ -255,16 +267,33 @@ def dpa_target() -> Target:
         # dbias. The all -inf bias row above is NaN in the backward too, and spreads NaN to dk
         # and dv of every key of its head (tests/test_peers.py); no law draws that row, as
         # masked_rows="uniform" keeps the gradient laws off rows that see no key.
-        grad_fn=jax_attention_grad,
+        grad_fn=functools.update_wrapper(grad, jax_attention_grad) if device != "cpu" else grad,
         grad_extras=("dbias",),
     )
 
 
 
-def _to_jax(x: Array) -> Any:  # NumPy -> jax.Array, same bits (bfloat16 is ml_dtypes' in both)
+def _to_jax(x: Array, device: str = "cpu") -> Any:  # NumPy -> jax.Array on device, same bits
+    import jax
     import jax.numpy as jnp
 
-    return jnp.asarray(x)
+    # bfloat16 is ml_dtypes' on both sides
+    return jnp.asarray(x) if device == "cpu" else jax.device_put(jnp.asarray(x), _device(device))
+
+
+def _device(name: str) -> Any:
+    """The jax device named ``cpu``, ``gpu``, ``tpu`` (its first) or ``gpu:1``."""
+    import jax
+
+    kind, _, index = name.partition(":")
+    try:
+        return jax.devices(kind)[int(index or 0)]
+    except (RuntimeError, IndexError, ValueError) as e:
+        raise ValueError(f"no jax device {name!r}: {e}") from None
+
+
+def _synchronize(device: str) -> None:
+    """Nothing to wait for: a result is read back (`_from_jax`) only once it is computed."""
 
 
 def _from_jax(x: Any) -> Array:  # jax.Array -> NumPy, same bits, writable
@@ -273,7 +302,8 @@ def _from_jax(x: Any) -> Array:  # jax.Array -> NumPy, same bits, writable
 
 
 def from_jax(
-    fn: Any, *, rename: dict[str, str] | None = None, name: str = "", grad: bool = False, **declarations: Any
+    fn: Any, *, rename: dict[str, str] | None = None, name: str = "", grad: bool = False, device: str = "cpu",
+    **declarations: Any,
 ) -> Target:
     """A target from a JAX attention function, in one line:
     ``spec.from_jax(jax.nn.dot_product_attention, layout="bnhd", rename={"causal": "is_causal"})``.
@@ -286,10 +316,10 @@ def from_jax(
     ``jax.vjp`` of ``fn`` in q, k, v (and the input of each declared ``grad_extras``), the other
     keywords held fixed.
     """
-    return wrap(FRAMEWORK, fn, rename=rename, name=name, grad=grad, **declarations)
+    return wrap(FRAMEWORK, fn, rename=rename, name=name, grad=grad, device=device, **declarations)
 
 
-def _jax_grad(fn: Any, names: dict[str, str], extras: Any) -> Any:
+def _jax_grad(fn: Any, names: dict[str, str], extras: Any, device: str = "cpu") -> Any:
     """``grad_fn`` for a JAX ``fn``: ``jax.vjp`` of ``fn`` in q, k, v and the declared extras'
     inputs, pulled back from ``d_out``, as NumPy arrays."""
     wanted = differentiated(extras)
@@ -299,16 +329,16 @@ def _jax_grad(fn: Any, names: dict[str, str], extras: Any) -> Any:
 
         arrays = [np.asarray(x) for x in (q, k, v, d_out)]
         with _jax_precision(arrays):
-            free = {key: _to_jax(x) for key, x in kwargs.items()
+            free = {key: _to_jax(x, device) for key, x in kwargs.items()
                     if key in wanted.values() and isinstance(x, np.ndarray) and x.dtype.kind == "f"}
-            held = {names.get(key, key): _to_jax(x) if isinstance(x, np.ndarray) else x
+            held = {names.get(key, key): _to_jax(x, device) if isinstance(x, np.ndarray) else x
                     for key, x in kwargs.items() if key not in free}
 
             def call(q: Any, k: Any, v: Any, free: dict[str, Any]) -> Any:
                 return fn(q, k, v, **held, **{names.get(key, key): x for key, x in free.items()})
 
-            _, pull = jax.vjp(call, *(_to_jax(x) for x in arrays[:3]), free)
-            dq, dk, dv, d_free = pull(_to_jax(arrays[3]))
+            _, pull = jax.vjp(call, *(_to_jax(x, device) for x in arrays[:3]), free)
+            dq, dk, dv, d_free = pull(_to_jax(arrays[3], device))
         grads = (_from_jax(dq), _from_jax(dk), _from_jax(dv))
         if not wanted:
             return grads
@@ -320,7 +350,7 @@ def _jax_grad(fn: Any, names: dict[str, str], extras: Any) -> Any:
 
 
 FRAMEWORK = Framework(name="jax", to_native=_to_jax, to_numpy=_from_jax, spellings=SPELLINGS,
-                      around=_jax_precision, grad=_jax_grad)
+                      synchronize=_synchronize, around=_jax_precision, grad=_jax_grad)
 
 TARGETS = {"jax": dpa_target}
 """The built-in targets of this adapter (`spec.adapters.ADAPTERS` names them)."""

@@ -23,6 +23,7 @@ now zeroes them (``_safe_softmax``). A target can record such a known deviation 
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any
 
@@ -44,7 +45,7 @@ def _bfloat16() -> np.dtype | None:
     return dtypes.as_dtype(dtypes.BFLOAT16) if dtypes.has_bfloat16() else None
 
 
-def _to_torch(x: Array) -> Any:  # NumPy -> torch, same bits, its own memory
+def _to_torch(x: Array, device: Any = "cpu") -> Any:  # NumPy -> torch on device, same bits, its own memory
     import torch
 
     x = np.ascontiguousarray(x)
@@ -52,14 +53,16 @@ def _to_torch(x: Array) -> Any:  # NumPy -> torch, same bits, its own memory
     # (Not ``x.dtype == _bfloat16()``: np.dtype(None) is float64, so float64 == None is True.)
     if bf16 is not None and x.dtype == bf16:
         # torch.from_numpy knows no bfloat16: move the 16-bit patterns and relabel them.
-        return torch.from_numpy(x.view(np.int16).copy()).view(torch.bfloat16)
-    return torch.from_numpy(x.copy())
+        t = torch.from_numpy(x.view(np.int16).copy()).view(torch.bfloat16)
+    else:
+        t = torch.from_numpy(x.copy())
+    return t if str(device) == "cpu" else t.to(device)  # a copy of the same bits
 
 
-def _from_torch(t: Any) -> Array:  # torch -> NumPy, same bits
+def _from_torch(t: Any) -> Array:  # torch (any device) -> NumPy, same bits
     import torch
 
-    t = t.detach().contiguous()
+    t = t.detach().cpu().contiguous()
     if t.dtype == torch.bfloat16:
         bf16 = _bfloat16()
         if bf16 is None:
@@ -71,12 +74,14 @@ def _from_torch(t: Any) -> Array:  # torch -> NumPy, same bits
 def torch_attention(
     q: Array, k: Array, v: Array, *, causal: bool = False, mask: Array | None = None,
     scale: float | None = None, bias: Array | None = None, dropout_p: float | None = None,
-    seed: int | None = None,
+    seed: int | None = None, device: str = "cpu",
 ) -> Array:  # [..., h, n_q, d_k], [..., g, n_k, d_k], [..., g, n_k, d_v] -> [..., h, n_q, d_v]
-    """``torch.nn.functional.scaled_dot_product_attention`` on NumPy arrays (`_sdpa`)."""
-    bias_t = None if bias is None else _to_torch(np.asarray(bias).astype(np.asarray(q).dtype))
-    out = _sdpa(*(_to_torch(np.asarray(x)) for x in (q, k, v)), causal=causal, mask=mask, scale=scale,
+    """``torch.nn.functional.scaled_dot_product_attention`` on NumPy arrays (`_sdpa`), its
+    tensors on ``device``."""
+    bias_t = None if bias is None else _to_torch(np.asarray(bias).astype(np.asarray(q).dtype), device)
+    out = _sdpa(*(_to_torch(np.asarray(x), device) for x in (q, k, v)), causal=causal, mask=mask, scale=scale,
                 bias=bias_t, dropout_p=dropout_p, seed=seed)
+    _synchronize(device)
     return _from_torch(out)
 
 
@@ -96,16 +101,18 @@ def _sdpa(q: Any, k: Any, v: Any, *, causal: bool, mask: Array | None, scale: fl
 
     attn_mask: Any = None
     if mask is not None:
-        attn_mask = _to_torch(check_mask(mask))  # its own memory: a read-only mask stays untouched
+        attn_mask = _to_torch(check_mask(mask), q.device)  # its own memory: a read-only mask stays untouched
     if causal and (mask is not None or bias is not None):
-        causal_part = torch.from_numpy(golden.causal_visible(q.shape[-2], k.shape[-2]))
+        causal_part = torch.from_numpy(golden.causal_visible(q.shape[-2], k.shape[-2])).to(q.device)
         attn_mask = causal_part if attn_mask is None else attn_mask & causal_part
         causal = False
     if bias is not None:
         attn_mask = bias if attn_mask is None else torch.where(attn_mask, bias, torch.tensor(-np.inf,
-                                                                                            dtype=bias.dtype))
+                                                                                            dtype=bias.dtype,
+                                                                                            device=bias.device))
     gqa = q.ndim >= 3 and k.ndim >= 3 and k.shape[-3] != q.shape[-3]
-    with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
+    seeded = [] if q.device.type == "cpu" else [q.device]  # the generators fork_rng saves and restores
+    with warnings.catch_warnings(), torch.random.fork_rng(devices=seeded):
         # SDPA explains on each call why its flash kernel was not used (e.g. d_v ≠ d_k); noise here.
         warnings.filterwarnings("ignore", message=r".*(kernel not used|Flash attention requires)")
         if seed is not None:
@@ -120,16 +127,17 @@ def _sdpa(q: Any, k: Any, v: Any, *, causal: bool, mask: Array | None, scale: fl
 def torch_attention_grad(
     q: Array, k: Array, v: Array, d_out: Array, *, causal: bool = False, mask: Array | None = None,
     scale: float | None = None, bias: Array | None = None, dropout_p: float | None = None,
-    seed: int | None = None,
+    seed: int | None = None, device: str = "cpu",
 ) -> tuple[Array, Array, Array, dict[str, Array]]:  # [..., n_q, d_k], ..., d_out [..., n_q, d_v]
     """``(dq, dk, dv, {"dbias": ...})`` of `torch_attention` for the upstream gradient ``d_out``,
     by PyTorch's autograd through SDPA's own backward (``dbias`` when a bias is given: SDPA
     differentiates a float ``attn_mask``, summed over the axes it was broadcast along)."""
     dtype = np.asarray(q).dtype
-    q_, k_, v_ = (_to_torch(np.asarray(x)).requires_grad_() for x in (q, k, v))
-    bias_ = None if bias is None else _to_torch(np.asarray(bias).astype(dtype)).requires_grad_()
+    q_, k_, v_ = (_to_torch(np.asarray(x), device).requires_grad_() for x in (q, k, v))
+    bias_ = None if bias is None else _to_torch(np.asarray(bias).astype(dtype), device).requires_grad_()
     out = _sdpa(q_, k_, v_, causal=causal, mask=mask, scale=scale, bias=bias_, dropout_p=dropout_p, seed=seed)
-    out.backward(_to_torch(np.asarray(d_out)))
+    out.backward(_to_torch(np.asarray(d_out), device))
+    _synchronize(device)
     extras = {} if bias_ is None else {"dbias": _grad_of(bias_).astype(np.asarray(bias).dtype)}
     return _grad_of(q_), _grad_of(k_), _grad_of(v_), extras
 
@@ -143,13 +151,36 @@ def _grad_of(t: Any) -> Array:
 
 
 
-def sdpa_target() -> Target:
-    """The ``torch`` built-in target: SDPA on CPU, with the capabilities measured above."""
+def _synchronize(device: str) -> None:
+    """Wait for the work queued on ``device`` (CUDA and MPS run asynchronously)."""
     import torch
 
+    kind = str(device).split(":", 1)[0]
+    if kind == "cuda":
+        torch.cuda.synchronize(device)
+    elif kind == "mps":
+        torch.mps.synchronize()
+
+
+def _on(fn: Any, device: str) -> Any:
+    """``fn`` with its tensors on ``device`` (its name kept, for reports)."""
+    if device == "cpu":
+        return fn
+    placed = functools.partial(fn, device=device)
+    functools.update_wrapper(placed, fn)
+    return placed
+
+
+def sdpa_target(device: str = "cpu") -> Target:
+    """The ``torch`` built-in target: SDPA with its tensors on ``device``, with the capabilities
+    measured above (on CPU; a GPU's backends are checked one by one by tools/gpu_check.py)."""
+    import torch
+
+    torch.empty(0, device=device)  # an unknown or absent device is refused here, naming it
+    where = "" if device == "cpu" else f" on {device}"
     return Target(
-        torch_attention,
-        name=f"torch {torch.__version__} scaled_dot_product_attention",
+        _on(torch_attention, device),
+        name=f"torch {torch.__version__} scaled_dot_product_attention{where}",
         # bfloat16 where ml_dtypes gives NumPy the dtype (measured: passes every law, as float16).
         dtypes=("float16", "float32", "float64", *dtypes.bfloat16_if_installed()),
         ndims=(2, 3, 4),
@@ -171,14 +202,15 @@ def sdpa_target() -> Target:
         # Autograd through SDPA: every keyword above reaches the backward, and a float attn_mask
         # gets its gradient (measured on torch 2.13: attn_mask.grad in every dtype, summed over its
         # broadcast axes); a seeded forward drops the same weights with or without requires_grad.
-        grad_fn=torch_attention_grad,
+        grad_fn=_on(torch_attention_grad, device),
         grad_extras=("dbias",),
     )
 
 
 
 def from_torch(
-    fn: Any, *, rename: dict[str, str] | None = None, name: str = "", grad: bool = False, **declarations: Any
+    fn: Any, *, rename: dict[str, str] | None = None, name: str = "", grad: bool = False, device: str = "cpu",
+    **declarations: Any,
 ) -> Target:
     """A target from a PyTorch attention function, in one line:
     ``spec.from_torch(F.scaled_dot_product_attention, rename={"causal": "is_causal", "mask": "attn_mask"})``.
@@ -196,26 +228,31 @@ def from_torch(
     ``grad=True`` also builds the target's ``grad_fn`` by autograd: q, k, v (and the input of each
     declared ``grad_extras``: ``bias`` for ``dbias``, ``sinks`` for ``dsinks``) require grad, ``fn``
     runs with the same keywords, and ``out.backward(d_out)`` gives the gradients.
+
+    ``device`` (``"cuda"``, ``"cuda:1"``, ``"mps"``): where the tensors are made, the same bits
+    (bfloat16 included); each call waits for the device (``torch.cuda.synchronize``) before its
+    results come back as NumPy arrays, so its deadline is judged on finished work.
     """
-    return wrap(FRAMEWORK, fn, rename=rename, name=name, grad=grad, **declarations)
+    return wrap(FRAMEWORK, fn, rename=rename, name=name, grad=grad, device=device, **declarations)
 
 
-def _torch_grad(fn: Any, names: dict[str, str], extras: Any) -> Any:
+def _torch_grad(fn: Any, names: dict[str, str], extras: Any, device: str = "cpu") -> Any:
     """``grad_fn`` for a torch ``fn``: the gradients of ``Σ fn(q, k, v, **keywords) ∘ d_out`` by
     autograd, as NumPy arrays, with the declared extras' in a dict."""
     wanted = differentiated(extras)
 
     def grad_fn(q: Array, k: Array, v: Array, d_out: Array, **kwargs: Any) -> Any:
-        leaves = [_to_torch(np.asarray(x)).requires_grad_() for x in (q, k, v)]
+        leaves = [_to_torch(np.asarray(x), device).requires_grad_() for x in (q, k, v)]
         inputs: dict[str, Any] = {}
         for key, x in kwargs.items():
             if isinstance(x, np.ndarray):
-                x = _to_torch(x)
+                x = _to_torch(x, device)
                 if key in wanted.values() and x.is_floating_point():
                     x.requires_grad_()
             inputs[key] = x
         out = fn(*leaves, **{names.get(key, key): x for key, x in inputs.items()})
-        out.backward(_to_torch(np.asarray(d_out)))
+        out.backward(_to_torch(np.asarray(d_out), device))
+        _synchronize(device)
         grads = tuple(_grad_of(t) for t in leaves)
         if not wanted:
             return grads
@@ -227,7 +264,7 @@ def _torch_grad(fn: Any, names: dict[str, str], extras: Any) -> Any:
 
 
 FRAMEWORK = Framework(name="torch", to_native=_to_torch, to_numpy=_from_torch, spellings=SPELLINGS,
-                      grad=_torch_grad)
+                      synchronize=_synchronize, grad=_torch_grad)
 
 TARGETS = {"torch": sdpa_target}
 """The built-in targets of this adapter (`spec.adapters.ADAPTERS` names them)."""

@@ -146,14 +146,18 @@ def torch_flex_paged(
                                       compiled=False)
 
 
-def target() -> Target:
+def target(device: str = "cpu") -> Target:
     """The ``torch_flex_paged`` built-in target: FlexAttention's eager path over a paged (and
     float8) cache, as `torch_flex_paged_attention` declares it. Causal and the window are aligned
     per sequence over a cache (the suite's paged laws expect it) and bottom-right over contiguous
     keys (each row full: kv_lengths = n_k). The compiled kernel is not the built-in: ~15 s of
-    compilation per new shape would make a run of the suite take hours on a CPU."""
+    compilation per new shape would make a run of the suite take hours on a CPU. Its cache lives on
+    the CPU: ``device`` other than ``cpu`` is refused (tools/gpu_check.py runs the compiled kernel
+    on a GPU)."""
     import torch
 
+    if device != "cpu":
+        raise ValueError(f"the torch_flex_paged built-in runs on the CPU only, not on {device!r}")
     return Target(
         torch_flex_paged, name=f"torch {torch.__version__} flex_attention (eager) over a paged cache",
         dtypes=("float32", "float64"), ndims=(4,), supports_scale=True, causal_alignment="bottom_right",

@@ -25,10 +25,17 @@ def run(target: Target, inputs: Inputs) -> Array:  # -> [..., n_q, d_v], float64
     return out.astype(np.float64)
 
 
-def run_lse(target: Target, inputs: Inputs) -> tuple[Array, Array]:  # -> [..., n_q, d_v], [..., n_q]
-    """``run`` with ``return_lse=True``: the output and the target's logsumexp, as float64."""
+def run_lse(target: Target, inputs: Inputs, *, as_returned: bool = False) -> tuple[Array, Array]:
+    # -> [..., n_q, d_v], [..., n_q]
+    """``run`` with ``return_lse=True``: the output and the target's logsumexp, as float64; the
+    LSE the target declares for a row that sees no key (``empty_lse``, +inf for FlashAttention's
+    CUDA kernels) read as what it stands for, −inf, unless ``as_returned``."""
     out, lse = call(target, inputs.replace(return_lse=True))
-    return out.astype(np.float64), lse.astype(np.float64)
+    lse = lse.astype(np.float64)
+    if not as_returned and target.empty_lse != -np.inf:
+        blind = ~np.asarray(visible(target, inputs).any(axis=-1))
+        lse = np.where(np.broadcast_to(blind, lse.shape) & (lse == target.empty_lse), -np.inf, lse)
+    return out.astype(np.float64), lse
 
 
 def observe(key: str, value: float) -> None:
@@ -131,7 +138,34 @@ def pattern_inputs(case: Case) -> Inputs:
 def pattern(target: Target, case: Case) -> tuple[Array, Inputs]:
     """(the pattern read through V = I, the inputs that read it)."""
     inputs = pattern_inputs(case)
-    return run(target, inputs), inputs
+    return run_pattern(target, inputs), inputs
+
+
+def run_pattern(target: Target, inputs: Inputs) -> Array:  # V = I [.., n_k, n_k] -> [.., n_q, n_k]
+    """The attention pattern of ``inputs``, whose values are V = I: the output itself, or, for a
+    target that takes only some value widths (``head_dims``, ``equal_head_dims``), the output of
+    one call per block of w columns of I, w a width it takes (the block's output holds those
+    columns of the pattern: each output column depends on its value column alone)."""
+    n_k = inputs.v.shape[-1]
+    width = _value_width(target, inputs.q.shape[-1], n_k)
+    if width is None:
+        return run(target, inputs)
+    blocks = []
+    for start in range(0, n_k, width):
+        block = np.zeros((*inputs.v.shape[:-1], width), dtype=inputs.v.dtype)
+        stop = min(start + width, n_k)
+        block[..., start:stop, : stop - start] = np.eye(stop - start, dtype=block.dtype)
+        blocks.append(run(target, inputs.replace(v=block))[..., : stop - start])
+    return np.concatenate(blocks, axis=-1) if blocks else run(target, inputs)
+
+
+def _value_width(target: Target, d_k: int, n_k: int) -> int | None:
+    """The width a pattern is read in when the target does not take d_v = n_k, else None."""
+    if target.equal_head_dims:
+        return None if n_k == d_k else d_k
+    if target.head_dims is not None and n_k not in target.head_dims:
+        return max(target.head_dims)
+    return None
 
 
 def held_fixed(target: Target, inputs: Inputs, blind: Array) -> Array:  # [*lead, n_q] -> [*lead, n_q] bool

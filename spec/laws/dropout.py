@@ -19,7 +19,7 @@ from spec import tolerance
 from spec.cases import Case, cases
 from spec.keywords import Keyword, Leaves
 from spec.laws import _needs
-from spec.laws._helpers import differs_at, expected, observe, pattern_inputs, run, slack
+from spec.laws._helpers import differs_at, expected, observe, pattern_inputs, run, run_pattern, slack
 from spec.registry import law
 from spec.target import Target
 
@@ -121,7 +121,7 @@ def dropout_drops_fraction_p(target: Target, case: Case) -> None:
     """
     inputs = pattern_inputs(case)
     p = float(inputs.get("dropout_p"))
-    dropped = run(target, inputs)
+    dropped = run_pattern(target, inputs)
     weights = expected(target, inputs).weights
     kept_value = weights / (1 - p)
     tol = target.tolerance * slack(target, inputs) / (1 - p)

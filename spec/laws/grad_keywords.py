@@ -23,7 +23,7 @@ from spec.cases import Case, cases, one_of
 from spec.inputs import Inputs
 from spec.keywords import Keyword, Restricts
 from spec.laws import _needs
-from spec.laws._helpers import pattern_inputs, run, visible
+from spec.laws._helpers import pattern_inputs, run_pattern, visible
 from spec.laws.bias import BIAS
 from spec.laws.dropout import DROPOUT
 from spec.laws.gradients import (
@@ -264,7 +264,7 @@ def kept_set(target: Target, case: Case) -> Array:  # -> [*lead, n_q, n_k] float
     is exactly 0 in the pattern (0 times anything, summed with exact zeros), a kept one is not
     (unless its weight underflows, where it carries no gradient either)."""
     p = float(case.inputs().get("dropout_p"))
-    return np.where(run(target, pattern_inputs(case)) != 0, 1.0 / (1.0 - p), 0.0)
+    return np.where(run_pattern(target, pattern_inputs(case)) != 0, 1.0 / (1.0 - p), 0.0)
 
 
 @law(strategy=dropout_cases, needs=_needs.keyword(DROPOUT) & _needs.gradients)

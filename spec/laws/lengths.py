@@ -13,7 +13,7 @@ import functools
 import numpy as np
 from hypothesis import strategies as st
 
-from spec.cases import Case, between, cases
+from spec.cases import Case, admissible_lengths, between, cases
 from spec.keywords import Geometry, Keyword, Realigns, Restricts
 from spec.laws import _needs
 from spec.laws._helpers import (
@@ -70,7 +70,14 @@ def draw_lengths(draw: st.DrawFn, target: Target, case: Case) -> Case:
     """Two or three batch rows, each with a key length in [0, n_k] (some short, sometimes 0; at
     least n_q for a target that declares ``queries_within_keys``)."""
     batch = draw(between(2, 3))
-    lengths = draw(_length_lists(*length_range(target, case), batch))
+    low, high = length_range(target, case)
+    allowed = admissible_lengths(target, low, high)
+    if allowed is None:
+        lengths = draw(_length_lists(low, high, batch))
+    else:  # within the target's limits (multiples of seq_multiple, at most n_k)
+        lengths = draw(st.lists(st.sampled_from((0, *allowed) if low == 0 else allowed or (high,)),
+                                min_size=batch, max_size=batch))
+        lengths = [min(n, high) for n in lengths]
     return case.replace(batch=batch).with_keyword("kv_lengths", tuple(lengths))
 
 
@@ -90,6 +97,7 @@ KV_LENGTHS = Keyword(
     terms=(Restricts(lengths_visible, cause="kv_lengths"), Realigns(lengths_diagonal)),
     received=lambda case, lengths: (np.asarray(lengths, dtype=np.int64),),
     draw=draw_lengths,
+    lengths=lambda case, lengths: ([case.n_q] * len(lengths), list(lengths)),
     reshapes=True,
     ndims=(4,),
 )
@@ -189,11 +197,14 @@ def draw_packing(draw: st.DrawFn, target: Target, case: Case) -> Case:
     """1–4 packed sequences, each with its own query and key count (0 allowed, not all 0; with
     ``queries_within_keys`` and causal, no sequence has more queries than keys)."""
     count = draw(st.integers(1, 4))
-    n_qs = draw(st.lists(st.integers(0, 12), min_size=count, max_size=count))
-    n_ks = draw(st.lists(st.integers(0, 12), min_size=count, max_size=count))
+    allowed = admissible_lengths(target, 0, 12)
+    each = st.integers(0, 12) if allowed is None else st.sampled_from((0, *allowed[:2]))  # within the limits
+    n_qs = draw(st.lists(each, min_size=count, max_size=count))
+    n_ks = draw(st.lists(each, min_size=count, max_size=count))
     if target.queries_within_keys and case.causal:
         n_ks = [max(n, m) for n, m in zip(n_ks, n_qs, strict=True)]
-    n_qs[0], n_ks[0] = max(n_qs[0], 1 if sum(n_qs) == 0 else 0), max(n_ks[0], 1 if sum(n_ks) == 0 else 0)
+    one = 1 if allowed is None else allowed[0]  # the smallest sequence the limits admit
+    n_qs[0], n_ks[0] = max(n_qs[0], one if sum(n_qs) == 0 else 0), max(n_ks[0], one if sum(n_ks) == 0 else 0)
     return case.replace(n_q=sum(n_qs), n_k=sum(n_ks)).with_keyword("varlen", (_offsets(n_qs), _offsets(n_ks)))
 
 
@@ -207,6 +218,7 @@ VARLEN = Keyword(
     terms=(Restricts(packed_visible, cause="varlen"), Realigns(packed_diagonal)),
     received=lambda case, packing: tuple(np.asarray(offsets, dtype=np.int64) for offsets in packing),
     draw=draw_packing,
+    lengths=lambda case, packing: (list(np.diff(packing[0])), list(np.diff(packing[1]))),
     reshapes=True,
     arrangement="packed",
     ndims=(3,),

@@ -103,21 +103,23 @@ def _masked_row_cases(t: Target) -> st.SearchStrategy[Case]:
 
 
 @law(strategy=_masked_row_cases, needs=needs_empty_rows)
-def lse_empty_row_is_neg_inf(target: Target, case: Case) -> None:
-    """A query row that sees no key has lse = −inf (log of an empty sum), so that merging it with
-    any other block gives that block's result unchanged; rows that see a key have a finite lse.
+def lse_empty_row_as_declared(target: Target, case: Case) -> None:
+    """A query row that sees no key has the lse the target declares (``empty_lse``): −inf by
+    default (the log of an empty sum, so that merging it with any other block gives that block's
+    result unchanged), +inf for FlashAttention's CUDA kernels; rows that see a key have a finite
+    lse.
 
-    Catches: FlashAttention 2 returns +inf for such rows (a convention its backward relies on), and
-    a merge by logsumexp then weights the empty block by exp(+inf − +inf) = NaN; an lse of 0 or of
+    Catches: an undeclared +inf (FlashAttention 2's convention, which its backward relies on), by
+    which a merge by logsumexp weights the empty block by exp(+inf − +inf) = NaN; an lse of 0 or of
     a finite fill (−1e30 + log n_k), which gives the empty block weight in the merge.
     """
     inputs = case.inputs()
-    _, lse = run_lse(target, inputs)
+    _, lse = run_lse(target, inputs, as_returned=True)
     sees = np.asarray(visible(target, inputs).any(axis=-1))
-    wrong = (~sees & ~np.isneginf(lse)) | (sees & ~np.isfinite(lse))
+    wrong = (~sees & (lse != target.empty_lse)) | (sees & ~np.isfinite(lse))
     if wrong.any():
         at = tuple(int(i) for i in np.argwhere(wrong)[0])
-        want = "-inf (it sees no key)" if not sees[at] else "finite (it sees a key)"
+        want = f"{target.empty_lse!r} (it sees no key)" if not sees[at] else "finite (it sees a key)"
         raise AssertionError(f"lse of row {list(at)} is {float(lse[at])!r}, expected {want}")
 
 
