@@ -27,13 +27,14 @@ import math
 import os
 import shutil
 import sys
+import warnings as warnings_module
 from collections.abc import Sequence
 from typing import Any
 
 from calc import costs
 from calc.config import Config
 from calc.derivations import formulas_text
-from calc.hf import SUPPORTED, load
+from calc.hf import SUPPORTED, InertKeyWarning, load
 from calc.ledger import checkpoint
 from calc.presets import ARCHS, PRESETS, ConfigError, UnknownModel, custom, preset
 from calc.report import DEFAULT_WIDTH, FORMATS, build, fit, render, wrap
@@ -324,7 +325,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; 0 on success, 2 (and one line on stderr) on bad input."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        text, warnings = run(argv)
+        with warnings_module.catch_warnings():
+            # the report names ignored keys in its own warnings, printed below: not a second time
+            warnings_module.simplefilter("ignore", InertKeyWarning)
+            text, warnings = run(argv)
     except SystemExit as done:  # --help
         return int(done.code or 0)
     except UsageError as err:

@@ -19,7 +19,7 @@ from sympy import Rational
 
 from calc import costs, ledger
 from calc.config import Config
-from calc.report import binary_bytes, count, fit, past_context, percent, si, wrap
+from calc.report import binary_bytes, config_warnings, count, fit, percent, si, wrap
 from calc.training import training
 
 ROWS = (
@@ -45,7 +45,7 @@ def figures(config: Config, *, n: int | None = None, dtype: str = "bf16",
             serve: dict[str, Any] | None = None) -> dict[str, Any]:
     """One column: exact numbers for ``config`` at context ``n`` (default: its own n_ctx); with ``serve``
     (calc.serving's memory, device and weight_dtype), what one device of that memory serves at n."""
-    warnings = past_context(config, [] if n is None else [n])
+    warnings = config_warnings(config, [] if n is None else [n])
     n = n or config.n_ctx
     kv = costs.kv_cache(config, [n], dtype)
     (per_token,) = costs.forward_flops_per_token(config, [n])

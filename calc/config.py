@@ -142,6 +142,8 @@ class Config:
     published: int | None = None  # exact parameter count of the released checkpoint
     paper_size: float | None = None  # the rounded size the paper prints, where nothing was released
     notes: tuple[str, ...] = field(default=())
+    # keys of calc.hf.INERT the config.json carried: ignored, and named in the report's warnings
+    ignored_keys: tuple[str, ...] = field(default=())
     hf_config: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)  # for calc.verify
 
     def __post_init__(self) -> None:

@@ -42,6 +42,15 @@ DEFAULT_WIDTH = 100  # columns of a table-format report when stdout is not a ter
 UNITS = "MiB = 2^20 bytes, GiB = 2^30 bytes; FLOPs count a multiply-add as 2"
 
 
+def config_warnings(config: Config, seqs: Sequence[int]) -> list[str]:
+    """Every warning a report on ``config`` at ``seqs`` gives: the config.json keys ignored as inert, and the
+    lengths past the trained context."""
+    from calc.hf import inert_warning
+
+    ignored = [inert_warning(config.name, config.ignored_keys)] if config.ignored_keys else []
+    return [*ignored, *past_context(config, seqs)]
+
+
 def past_context(config: Config, seqs: Sequence[int]) -> list[str]:
     """The warning for the lengths asked for past the trained context n_ctx (none where none is)."""
     past = [n for n in seqs if n > config.n_ctx]
@@ -63,12 +72,13 @@ def build(
 ) -> dict[str, Any]:
     """Everything calc knows about ``config``, with exact numbers (ints and Rationals).
 
-    ``seqs`` given and past the trained context n_ctx add a line to ``warnings``. ``train``: options of
+    ``seqs`` given and past the trained context n_ctx add a line to ``warnings``, and so do config.json keys
+    ignored as inert (``config.ignored_keys``). ``train``: options of
     `calc.training.training` (precision, zero, dp, tp, micro_batch) for a ``training`` section;
     ``serve``: options of `calc.serving.serving` (memory, device, weight_dtype) for ``serving``.
     """
     given = list(seqs) if seqs else None
-    warnings = past_context(config, given or [])
+    warnings = config_warnings(config, given or [])
     seqs = given or costs.default_seqs(config.n_ctx)
     parts = ledger.checkpoint(config)
     report = {

@@ -18,11 +18,12 @@ d/h. They are counted by the same formula as the rows that are built.
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 from calc.cli import is_path
-from calc.hf import load
+from calc.hf import InertKeyWarning, load
 from calc.ledger import active, checkpoint
 from calc.presets import PRESETS, Config, ConfigError
 
@@ -108,7 +109,9 @@ def verify(names: Sequence[str] | None = None) -> list[Row]:
     model's, both None for a dense model) for every preset, or for the presets and config.json files named."""
     rows: list[Row] = []
     for name in names or PRESETS:
-        config = load(name) if is_path(name) else PRESETS[name]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", InertKeyWarning)  # main has named them
+            config = load(name) if is_path(name) else PRESETS[name]
         model = build_model(config)
         built = None if model is None else stored_count(model)
         counted_active = active(config) if config.is_moe else None
@@ -147,10 +150,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     for name in filter(is_path, argv):
         try:
-            load(name)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", InertKeyWarning)
+                load(name)
         except ConfigError as err:
             print(f"python -m calc.verify: error: {name}: {err}", file=sys.stderr)
             return 2
+        for warning in caught:  # keys ignored as inert: said once, as calc says it
+            print(f"python -m calc.verify: warning: {warning.message}", file=sys.stderr)
     try:
         import torch  # noqa: F401
         import transformers
