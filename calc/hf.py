@@ -537,6 +537,8 @@ def llama4_experts(r: Reader, fields: Fields) -> Fields:
     if moe_layers is None:
         step = r.integer("interleave_moe_layer_step", 1)
         moe_layers = list(range(step - 1, n_layers, step))
+    else:  # Llama4TextConfig derives moe_layers from the step only where none are listed
+        r.known("interleave_moe_layer_step")
     d_e = fields["d_ff"]
     return {**fields, "d_ff": r.integer("intermediate_size_mlp"), "n_experts": r.integer("num_local_experts"),
             "experts_per_token": r.integer("num_experts_per_tok"), "d_expert": d_e, "n_shared_experts": 1,

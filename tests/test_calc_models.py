@@ -504,6 +504,15 @@ VARIANTS = {
     "falcon, sequential blocks with biases": _variant(
         "falcon-7b", hidden_size=1024, num_attention_heads=16, parallel_attn=False, bias=True,
         num_hidden_layers=3),
+    "falcon, new decoder with one norm (Falcon-11B's num_ln_in_parallel_attn)": _variant(
+        "falcon-7b", hidden_size=1024, num_attention_heads=16, num_kv_heads=2, new_decoder_architecture=True,
+        num_ln_in_parallel_attn=1, num_hidden_layers=3),
+    "llama4, MoE on listed layers, NoPE layers listed": _variant(
+        "llama4-scout-17b-16e", moe_layers=[1, 2], no_rope_layers=[1, 0, 1, 1], num_local_experts=4,
+        hidden_size=512, num_hidden_layers=4, use_qk_norm=False),
+    "jamba, attention every 4 from layer 1, experts every 3": _variant(
+        "jamba-v0.1", attn_layer_period=4, attn_layer_offset=1, expert_layer_period=3, expert_layer_offset=2,
+        num_hidden_layers=8, num_experts=4, hidden_size=512, intermediate_size=1024, mamba_dt_rank=32),
     "llama4, MoE every other layer (Maverick's interleave)": _variant(
         "llama4-scout-17b-16e", interleave_moe_layer_step=2, num_local_experts=8, hidden_size=512,
         num_hidden_layers=8, use_qk_norm=False),
