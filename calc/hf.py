@@ -324,6 +324,7 @@ def falcon_body(r: Reader) -> Fields:
         "n_ctx": r.integer("max_position_embeddings"),
         "tied_embeddings": r.boolean("tie_word_embeddings", True),
         "qkv_bias": bias, "o_bias": bias, "mlp_bias": bias, "norms_per_layer": norms,
+        "parallel_block": parallel,
         "notes": (("parallel attention and MLP" if parallel else "sequential blocks")
                   + f"; Q, K, V fused in one matrix; {norms} LayerNorm(s) per layer",),
     }
@@ -576,7 +577,7 @@ def cohere_parts(r: Reader, fields: Fields) -> Fields:
     """Cohere: one LayerNorm (a weight, no bias) per layer before parallel attention and MLP; with
     ``use_qk_norm`` (Command R+), a norm per query and key head."""
     fields = no_extra_biases(r, fields)
-    return {**noted(fields, "parallel attention and MLP behind one shared norm"),
+    return {**noted(fields, "parallel attention and MLP behind one shared norm"), "parallel_block": True,
             "qk_norm": r.boolean("use_qk_norm", False), "qk_norm_per_head": True}
 
 
@@ -586,7 +587,7 @@ def stablelm_parts(r: Reader, fields: Fields) -> Fields:
     parallel = r.boolean("use_parallel_residual", False)
     return {**fields, "qkv_bias": r.boolean("use_qkv_bias", False),
             "qk_norm": r.boolean("qk_layernorm", False),
-            "qk_norm_per_head": True, "norms_per_layer": 1 if parallel else 2}
+            "qk_norm_per_head": True, "norms_per_layer": 1 if parallel else 2, "parallel_block": parallel}
 
 
 def starcoder2_parts(r: Reader, fields: Fields) -> Fields:
@@ -599,7 +600,7 @@ def phi_parts(r: Reader, fields: Fields) -> Fields:
     """Phi-1/1.5/2: one LayerNorm per layer before parallel attention and MLP, biases everywhere, a biased
     unembedding."""
     r.refuse("qk_layernorm", True, "Phi's LayerNorms on queries and keys")
-    return noted(fields, "parallel attention and MLP behind one shared LayerNorm")
+    return {**noted(fields, "parallel attention and MLP behind one shared LayerNorm"), "parallel_block": True}
 
 
 def gpt_bigcode_parts(r: Reader, fields: Fields) -> Fields:
@@ -611,7 +612,7 @@ def neox_parts(r: Reader, fields: Fields) -> Fields:
     r.refuse("attention_bias", False, "the GPT-NeoX layout has biases on every projection")
     parallel = r.boolean("use_parallel_residual", True)
     block = "parallel attention and MLP (x + attn(ln1 x) + mlp(ln2 x))" if parallel else "sequential blocks"
-    return noted(fields, f"{block}; the count is the same either way")
+    return {**noted(fields, f"{block}; the count is the same either way"), "parallel_block": parallel}
 
 
 def phi3_parts(r: Reader, fields: Fields) -> Fields:
@@ -672,7 +673,7 @@ TYPES: dict[str, ModelType] = {
     "gpt2": ModelType(gpt2_body, parts=(), keys=GPT2_KEYS, ignored=GPT2_IGNORED),
     "gpt_bigcode": ModelType(gpt2_body, parts=(gpt_bigcode_parts,), keys=GPT2_KEYS, ignored=GPT2_IGNORED),
     "opt": ModelType(opt_body, parts=(), keys={**LLAMA_KEYS, "d_ff": "ffn_dim"}),
-    "gpt_neox": ModelType(neox_body, parts=(neox_parts,)),
+    "gpt_neox": ModelType(neox_body, parts=(neox_parts,), defaults={"rotary_pct": 0.25}),
     "phi": ModelType(llama_body, parts=(phi_parts,),
                      features={"arch": "neox", "norms_per_layer": 1, "lm_head_bias": True}),
     # mlp_type and norm_type: keys of StarCoder2's original code; transformers' model is fixed (LayerNorm,
@@ -739,15 +740,22 @@ TYPES: dict[str, ModelType] = {
                                "experts_per_token": "num_experts_per_tok", "d_expert": "intermediate_size"},
                          ignored=frozenset({"experts_per_token", "initial_context_length"})),
 }
+# The key of each type's MLP activation where it is not hidden_act (what its transformers model passes to
+# ACT2FN); it adds no parameters, but what the activation keeps for its backward is training memory.
+ACTIVATION_KEYS = {"gpt2": "activation_function", "gpt_bigcode": "activation_function",
+                   "opt": "activation_function", "falcon": "activation", "gemma2": "hidden_activation",
+                   "gemma3_text": "hidden_activation"}
 # Multimodal configs hold their language model in text_config.
 OUTER = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
 SUPPORTED = (*TYPES, *OUTER)
 
 
-def check_rope(r: Reader) -> list[str]:
-    """Refuse a RoPE scaling transformers does not implement (calc would not know what it changes);
-    name the partial rotary fraction, which changes no count."""
+def check_rope(r: Reader) -> tuple[list[str], Any]:
+    """Refuse a RoPE scaling transformers does not implement (calc would not know what it changes); name the
+    partial rotary fraction, which changes no count, and return it (None: rotary on every dimension, or
+    none), the file's or the type's default."""
     notes = []
+    fractions = []
     for key in ("rope_scaling", "rope_parameters"):
         value = r.raw.get(key)
         if value is None:
@@ -763,14 +771,13 @@ def check_rope(r: Reader) -> list[str]:
                 raise ConfigError(key,
                                   f"RoPE scaling {kind!r} is not one calc knows ({', '.join(ROPE_TYPES)}); "
                                   "refusing rather than guessing what it changes")
-            factor = params.get("partial_rotary_factor")
-            if factor not in (None, 1, 1.0):
-                notes.append(f"rotary on a fraction {factor} of each head's dimensions (no parameters)")
+            fractions.append(params.get("partial_rotary_factor"))
     for key in ("partial_rotary_factor", "rotary_pct"):
-        factor = r.raw.get(key)
-        if factor not in (None, 1, 1.0):
-            notes.append(f"rotary on a fraction {factor} of each head's dimensions (no parameters)")
-    return notes[:1]
+        fractions.append(r.raw.get(key, r.defaults.get(key)))
+    factor = next((x for x in fractions if x not in (None, 1, 1.0)), None)
+    if factor is not None:
+        notes.append(f"rotary on a fraction {factor} of each head's dimensions (no parameters)")
+    return notes, factor
 
 
 def closest_type(raw: Mapping[str, Any]) -> tuple[str, list[str]]:
@@ -816,7 +823,14 @@ def read_config(raw: Mapping[str, Any]) -> tuple[str, Reader, Fields]:
                           f"{closest!r}, {placed}; supported: {', '.join(SUPPORTED)}")
     kind = TYPES[model_type]
     r = Reader(raw, kind.defaults)
-    fields = noted(kind.read(r), *check_rope(r))
+    rope_notes, fraction = check_rope(r)
+    fields = noted(kind.read(r), *rope_notes)
+    if isinstance(fraction, (int, float)) and not isinstance(fraction, bool) and 0 < fraction < 1:
+        fields["d_rotary"] = int(fields["d_head"] * fraction)  # as transformers rounds it (GPT-NeoX)
+    act = raw.get(ACTIVATION_KEYS.get(model_type, "hidden_act"))
+    if act is not None:  # a name, or absent: the type's default (calc.activations)
+        fields["activation"] = act if isinstance(act, str) else r.invalid(
+            ACTIVATION_KEYS.get(model_type, "hidden_act"), f"must be an activation's name, got {act!r}", None)
     unread = [key for key in kind.unread(r) if key not in INERT]
     if unread:
         more = f" (and {', '.join(unread[1:])})" if unread[1:] else ""
