@@ -34,6 +34,8 @@ ROWS = (
     ("train_activations", "training: activations at n, batch 1"),
     ("train_quadratic_share", "training: n² share of activations"),
     ("train_flash", "training: activations, FlashAttention"),
+    ("train_derived_eager", "training: derived per layer kind, eager"),
+    ("train_derived_flash", "training: derived per layer kind, Flash"),
 )
 SERVING_ROWS = (
     ("serve_weights", "serving: weights, one device"),
@@ -65,6 +67,8 @@ def figures(config: Config, *, n: int | None = None, dtype: str = "bf16",
         "train_activations": row["activations"],
         "train_quadratic_share": row["quadratic_share"],
         "train_flash": row["flash"],
+        "train_derived_eager": row["derived_eager"],  # None where calc.activations does not cover the type
+        "train_derived_flash": row["derived_flash"],
         "warnings": warnings,
     }
     if serve is not None:
@@ -104,7 +108,9 @@ def render(columns: Sequence[dict[str, Any]], fmt: str = "table", *, width: int 
             writer.writerow([key, *values])
         return out.getvalue().rstrip("\n")
     tablefmt = {"table": "simple", "github": "github", "latex": "latex"}[fmt]
-    rows = [(label, *("does not fit" if c[key] is None else _human(key, c[key]) for c in columns))
+    missing = {"serve_weights": "does not fit", "serve_batch": "does not fit"}
+    rows = [(label, *(missing.get(key, "not derived") if c[key] is None else _human(key, c[key])
+                      for c in columns))
             for key, label in rows_shown]
     width = width if fmt == "table" else None
     table = fit(rows, ("", *(c["model"] for c in columns)), width, tablefmt)
@@ -114,7 +120,8 @@ def render(columns: Sequence[dict[str, Any]], fmt: str = "table", *, width: int 
             "2N (N active, non-embedding) + the attention a token at n does, a multiply-add = 2. Training: "
             "mixed-precision Adam on one device; activations n·d·(34 + 5·h·n/d) bytes a layer (Korthikanti "
             "et al. 2022, every layer counted as full attention), FlashAttention keeps 34·n·d and each row's "
-            "logsumexp.")
+            "logsumexp; derived per layer kind: what transformers' layers and the loss keep in bf16, checked "
+            "against PyTorch (calc.activations; not derived for the types it does not cover).")
     if "serve_batch" in columns[0]:
         note += (f" Serving: {columns[0]['device']}, {binary_bytes(columns[0]['memory'])}, weights in "
                  f"{columns[0]['weight_dtype']}, no tensor parallelism; the largest batch of n-token "

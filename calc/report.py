@@ -36,6 +36,8 @@ FEATURE_KEYS = (
     "qk_norm_per_head", "attention_sinks", "attention_output_gate", "n_attention_layers", "attention_chunk",
     "n_chunked_layers", "n_nope_layers", "n_linear_layers", "linear_attention", "n_mamba_layers", "mamba",
     "d_shared_expert", "shared_expert_gate", "expert_bias",
+    # added with the activations per layer kind (calc.activations)
+    "d_rotary", "parallel_block", "activation",
 )
 FORMATS = ("table", "github", "latex", "csv", "json")
 DEFAULT_WIDTH = 100  # columns of a table-format report when stdout is not a terminal
@@ -432,6 +434,9 @@ def _time(report: dict[str, Any]) -> Table:
     )
 
 
+# derived per layer kind first (None: not derived), then Korthikanti et al.'s columns
+DERIVED_COLUMNS = (("derived_eager", "derived: eager"), ("derived_flash", "derived: Flash"),
+                   ("total_derived_eager", "total, eager"), ("total_derived_flash", "total, Flash"))
 TRAINING_COLUMNS = (
     ("activations_per_layer", "per layer"), ("activations", "all layers"), ("selective", "selective"),
     ("flash", "FlashAttention"), ("full_recompute", "full recompute"), ("total_activations", "total"),
@@ -469,15 +474,31 @@ def _training(report: dict[str, Any]) -> Table:
     if cfg["n_attention_layers"] != cfg["n_layers"] or cfg["n_window_layers"] or cfg["n_chunked_layers"]:
         notes.append("the paper's formula counts every layer as full attention: windows, chunks and layers "
                      "without attention store less than it says")
-    keys = [k for k, _ in TRAINING_COLUMNS]
+    derived = t["derived"]
+    if derived["reason"] is None:
+        notes.insert(0, "derived: what every layer and the head keep for the backward pass as transformers "
+                     f"implements {cfg['model_type'] or 'the layout'} (calc.activations: each layer kind "
+                     "equal to the bytes PyTorch saves, python -m calc.verify --activations), "
+                     f"{derived['dtype']} values with their fp32 upcasts, no dropout, the loss's fp32 "
+                     "log-softmax over the vocabulary included; eager attention keeps the n×n softmax, "
+                     "FlashAttention-style (SDPA) its logsumexp; totals add the model states")
+    else:
+        notes.insert(0, f"derived: not given, {derived['reason']}; Korthikanti et al.'s formula only")
+
+    def shown(value: int | None) -> str:
+        return "—" if value is None else binary_bytes(value)
+
+    derived_keys, keys = [k for k, _ in DERIVED_COLUMNS], [k for k, _ in TRAINING_COLUMNS]
     return Table(
-        title=(f"Training memory per device, micro-batch {t['micro_batch']}: activations (Korthikanti et al. "
-               "2022) and the n² term's share"),
-        headers=("n", "n² share", *(label for _, label in TRAINING_COLUMNS)),
-        rows=[(count(r["n_tokens"]), percent(r["quadratic_share"]), *(binary_bytes(r[k]) for k in keys))
-              for r in t["rows"]],
-        raw_headers=("n_tokens", "quadratic_share", *keys),
-        raw_rows=[(r["n_tokens"], float(r["quadratic_share"]), *(r[k] for k in keys)) for r in t["rows"]],
+        title=(f"Training memory per device, micro-batch {t['micro_batch']}: activations derived per layer "
+               "kind, and by Korthikanti et al. 2022 with the n² term's share"),
+        headers=("n", *(label for _, label in DERIVED_COLUMNS), "Korthikanti: n² share",
+                 *(label for _, label in TRAINING_COLUMNS)),
+        rows=[(count(r["n_tokens"]), *(shown(r[k]) for k in derived_keys), percent(r["quadratic_share"]),
+               *(shown(r[k]) for k in keys)) for r in t["rows"]],
+        raw_headers=("n_tokens", *derived_keys, "quadratic_share", *keys),
+        raw_rows=[(r["n_tokens"], *("" if r[k] is None else r[k] for k in derived_keys),
+                   float(r["quadratic_share"]), *(r[k] for k in keys)) for r in t["rows"]],
         notes=tuple(notes),
     )
 

@@ -232,12 +232,15 @@ def main_activations(names: Sequence[str]) -> int:
         print(f"python -m calc.verify: error: needs torch and transformers ({err.name} is missing): "
               f"{INSTALL}", file=sys.stderr)
         return 2
+    from calc.report import wrap
+
     table, exact = activations_table(names)
-    print(f"Bytes kept for the backward pass per layer: calc.activations against PyTorch's saved tensors "
-          f"(torch.autograd.graph.saved_tensors_hooks), transformers {transformers.__version__}, torch "
-          f"{torch.__version__}; small random-weight models on the CPU (calc.measure.SPECS), b_m sequences "
-          f"of n tokens, no dropout; 'head' is everything outside the layers (embedding, final norm, head, "
-          f"loss)\n\n{table}")
+    title = (f"Bytes kept for the backward pass per layer: calc.activations against PyTorch's saved tensors "
+             f"(torch.autograd.graph.saved_tensors_hooks), transformers {transformers.__version__}, torch "
+             f"{torch.__version__}; small random-weight models on the CPU (calc.measure.SPECS), b_m "
+             "sequences of n tokens, no dropout; 'head' is everything outside the layers (embedding, final "
+             "norm, head, loss)")
+    print("\n".join(wrap(title, 100)) + f"\n\n{table}")
     return 0 if exact else 1
 
 

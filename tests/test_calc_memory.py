@@ -288,3 +288,39 @@ def test_seq_past_n_ctx_warns_on_stderr_and_in_the_json(capsys):
 def test_compare_warns_for_each_model_past_its_context(capsys):
     code, _, err = run(capsys, "compare", "gpt2", "llama2-7b", "--seq", "2048")
     assert code == 0 and err.count("\n") == 1 and "of gpt2" in err
+
+
+# --- activations derived per layer kind in the training table (calc.activations) ----------------------------
+def test_training_rows_carry_the_derived_activations_and_their_totals():
+    from calc import activations
+
+    t = training(preset("llama3-8b"), [8192], micro_batch=2)
+    (row,) = t["rows"]
+    assert t["derived"] == {"dtype": "bf16", "reason": None}
+    for attention in ("eager", "flash"):
+        expected = activations.model_bytes(preset("llama3-8b"), 8192, attention=attention, micro_batch=2,
+                                           dtype="bf16")
+        assert row[f"derived_{attention}"] == expected
+        assert row[f"total_derived_{attention}"] == t["model_states"]["total"] + expected
+    assert row["derived_flash"] < row["derived_eager"]  # the n×n softmax is the difference's bulk
+    fp32 = training(preset("llama3-8b"), [8192], precision="fp32")
+    assert fp32["derived"]["dtype"] == "fp32" and fp32["rows"][0]["derived_flash"] > row["derived_flash"] / 2
+
+
+@pytest.mark.parametrize(("name", "options", "reason"), [
+    ("llama3-8b", {"tp": 8}, "derived for one device"),
+    ("deepseek-v3", {}, "model_type deepseek_v3's layers are not among those checked"),
+])
+def test_training_says_why_it_derives_nothing(capsys, name, options, reason):
+    t = training(preset(name), [4096], **options)
+    assert t["derived"]["reason"].startswith(reason)
+    assert t["rows"][0]["derived_eager"] is None and t["rows"][0]["total_derived_flash"] is None
+    argv = [name, "--seq", "4096", "--train", "--width", "0", *(("--tp", "8") if options else ())]
+    code, out, err = run(capsys, *argv)
+    assert (code, err) == (0, "") and f"derived: not given, {reason}" in out and "—" in out
+
+
+def test_compare_shows_derived_activations_or_says_not_derived(capsys):
+    code, out, _ = run(capsys, "compare", "llama3-8b", "deepseek-v3", "--seq", "4096", "--width", "0")
+    line = next(row for row in out.splitlines() if "derived per layer kind, Flash" in row)
+    assert code == 0 and line.split()[-2:] == ["not", "derived"] and "GiB" in line
