@@ -40,6 +40,9 @@ ROWS = (
 SERVING_ROWS = (
     ("serve_weights", "serving: weights, one device"),
     ("serve_batch", "serving: batch at n, one device"),
+    ("serve_prefill_s", "serving: prefill of n tokens"),
+    ("serve_decode_s", "serving: decode step at n"),
+    ("serve_tokens_per_s", "serving: tokens/s at n"),
 )
 
 
@@ -72,12 +75,21 @@ def figures(config: Config, *, n: int | None = None, dtype: str = "bf16",
         "warnings": warnings,
     }
     if serve is not None:
-        from calc.serving import serving
+        from calc.serving import serving, serving_time
 
-        one = serving(config, kv_dtype=dtype, n=n, **serve)
+        memory = {k: v for k, v in serve.items() if k in ("memory", "device", "weight_dtype")}
+        one = serving(config, kv_dtype=dtype, n=n, **memory)
         tp1 = one["rows"][0]
+        (time,) = serving_time(config, [n], peak_tflops=serve["peak_tflops"],
+                               bandwidth_gbs=serve["bandwidth_gbs"], batch=serve.get("batch", 1),
+                               kv_dtype=dtype, weight_dtype=one["weight_dtype"])["rows"]
         column.update(device=one["device"], memory=one["memory"], weight_dtype=one["weight_dtype"],
-                      serve_weights=tp1.get("weights"), serve_batch=tp1.get("batch"))  # None: does not fit
+                      peak_tflops=serve["peak_tflops"], bandwidth_gbs=serve["bandwidth_gbs"],
+                      serve_time_batch=serve.get("batch", 1), serve_weights=tp1.get("weights"),
+                      serve_batch=tp1.get("batch"),  # None: does not fit
+                      serve_prefill_s=(time["prefill_s"], time["prefill_bound"]),
+                      serve_decode_s=(time["decode_s"], time["decode_bound"]),
+                      serve_tokens_per_s=time["tokens_per_s"])
     return column
 
 
@@ -90,6 +102,10 @@ def _human(key: str, value: Any) -> str:
         return binary_bytes(value)
     if key == "forward_flops_per_token":
         return si(value, "FLOP")
+    if key in ("serve_prefill_s", "serve_decode_s"):
+        return f"{si(value[0], 's')} ({value[1]})"
+    if key == "serve_tokens_per_s":
+        return f"{value:,.1f}"
     return count(value)
 
 
@@ -98,13 +114,14 @@ def render(columns: Sequence[dict[str, Any]], fmt: str = "table", *, width: int 
     rows_shown = (*ROWS, *(SERVING_ROWS if "serve_batch" in columns[0] else ()))
     if fmt == "json":
         return json.dumps([{k: float(v) if isinstance(v, Rational) else v for k, v in c.items()}
-                           for c in columns], indent=2)
+                           for c in columns], indent=2)  # a step's time: [seconds, "compute" | "memory"]
     if fmt == "csv":
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow(["quantity", *(c["model"] for c in columns)])
         for key, _ in rows_shown:
-            values = (float(c[key]) if isinstance(c[key], Rational) else c[key] for c in columns)
+            values = (float(c[key]) if isinstance(c[key], Rational)
+                      else c[key][0] if isinstance(c[key], tuple) else c[key] for c in columns)
             writer.writerow([key, *values])
         return out.getvalue().rstrip("\n")
     tablefmt = {"table": "simple", "github": "github", "latex": "latex"}[fmt]
@@ -125,7 +142,9 @@ def render(columns: Sequence[dict[str, Any]], fmt: str = "table", *, width: int 
     if "serve_batch" in columns[0]:
         note += (f" Serving: {columns[0]['device']}, {binary_bytes(columns[0]['memory'])}, weights in "
                  f"{columns[0]['weight_dtype']}, no tensor parallelism; the largest batch of n-token "
-                 "sequences whose cache fits beside the weights.")
+                 "sequences whose cache fits beside the weights; prefill and decode of a batch of "
+                 f"{columns[0]['serve_time_batch']} as rooflines at {columns[0]['peak_tflops']:g} TFLOP/s "
+                 f"and {columns[0]['bandwidth_gbs']:g} GB/s (weights read once a step, the KV cache at n).")
     prefix = "% " if fmt == "latex" else ""
     return table + "\n\n" + "\n".join(prefix + line for line in wrap(note, width))
 

@@ -105,6 +105,10 @@ FORMULAS: tuple[tuple[str, Expr | str], ...] = (
     ("  MoE router's renormalized weights (Mixtral)", f.moe_router_renormalized),
     ("  MoE routed experts", f.moe_experts_saved),
     ("  Mamba mixer (Jamba, PyTorch path)", f.mamba_saved),
+    ("serving: prefill FLOPs of b_m sequences of n tokens", f.prefill_flops),
+    ("serving: decode step FLOPs at context n", f.decode_flops),
+    ("serving: routed experts t_r tokens touch in a layer (uniform routing)", f.experts_touched),
+    ("serving: weight bytes a step reads", f.step_weight_bytes),
 )
 
 
@@ -131,7 +135,8 @@ SYMBOLS = (
     "b_w, b_g, b_o bytes each of weights, gradients and optimizer states (ZeRO's K). Activations kept: "
     "b bytes a value, c_up 1 where b < 4 (casts to fp32 are then copies), s_1 1 for a micro-batch of one, "
     "k_a tensors the MLP's activation keeps, c_f the capacity factor (1: dropless), w_b bytes of a routing "
-    "weight. "
+    "weight. Serving: N_mm parameters a token is multiplied by, P_s weights outside the routed experts, p_e "
+    "an expert's parameters, t_r tokens of a step. "
     "Rotary embeddings (full or partial, GPT-NeoX's 25 %), NoPE layers and "
     "parallel blocks add no parameters; fused QKV or gate-up matrices hold exactly what the separate ones do."
 )

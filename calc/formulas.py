@@ -335,6 +335,22 @@ mamba_saved = (2 * b * tokens * d_in + 8 * d_in * d_st + b * b_m * d_in * (n + K
                + b_m * d_in * d_st * (2 * b + (n - 1) * (4 + c_up * b)) + b * tokens * d_st + 4 * c_up * d_in
                + 4 * tokens * d_in + 2 * b * tokens * d_in)
 
+# --- Serving time: prefill and decode on one device, each step a roofline ---------------------------------
+# N_mm: the parameters a token is multiplied by (the active ones less the embedding tables, which are looked
+# up; a tied head multiplies by the embedding matrix, so it counts). Prefill runs n tokens of b_m sequences at
+# once, causal attention included; a decode step runs one token of each sequence against the keys it sees.
+N_mm = Symbol("N_mm", positive=True, integer=True)
+prefill_flops = b_m * 2 * N_mm * n + b_m * causal_flops_per_model
+decode_flops = b_m * (2 * N_mm + 2 * h * (d_k + d_v) * keys_seen)
+# Bytes a step reads: every weight a token multiplies by, once per step whatever the batch (P_s of them
+# outside the routed experts, at b_w bytes), the distinct routed experts of its tokens (p_e parameters each),
+# and each sequence's KV cache at n tokens and fixed state. t_r tokens routed independently and uniformly to
+# k_E of E experts touch E·(1 − (1 − k_E/E)^t_r) of them in a layer in expectation: k_E for one token, nearly
+# E for a prefill.
+P_s, p_e, t_r = symbols("P_s p_e t_r", positive=True, integer=True)
+experts_touched = E * (1 - (1 - k_E / E) ** t_r)
+step_weight_bytes = b_w * (P_s + (L - L_d) * experts_touched * p_e)
+
 GPT_SHAPE = {g: h, d_k: d / h, d_v: d / h, L_a: L, L_w: 0, L_c: 0}  # MHA, d = h·d_k, one kind
 
 

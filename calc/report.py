@@ -77,7 +77,8 @@ def build(
     ``seqs`` given and past the trained context n_ctx add a line to ``warnings``, and so do config.json keys
     ignored as inert (``config.ignored_keys``). ``train``: options of
     `calc.training.training` (precision, zero, dp, tp, micro_batch) for a ``training`` section;
-    ``serve``: options of `calc.serving.serving` (memory, device, weight_dtype) for ``serving``.
+    ``serve``: options of `calc.serving.serving` (memory, device, weight_dtype) for ``serving``, and of
+    `calc.serving.serving_time` (peak_tflops, bandwidth_gbs, batch) for ``serving.time``.
     """
     given = list(seqs) if seqs else None
     warnings = config_warnings(config, given or [])
@@ -111,10 +112,15 @@ def build(
 
         report["training"] = training(config, seqs, **train)
     if serve is not None:
-        from calc.serving import serving
+        from calc.serving import serving, serving_time
 
-        # at the first n asked for, else at the trained context
-        report["serving"] = serving(config, kv_dtype=dtype, n=given[0] if given else None, **serve)
+        # memory at the first n asked for, else at the trained context; time at every n
+        memory = {k: v for k, v in serve.items() if k in ("memory", "device", "weight_dtype")}
+        rate = {k: v for k, v in serve.items() if k in ("peak_tflops", "bandwidth_gbs", "batch")}
+        served = serving(config, kv_dtype=dtype, n=given[0] if given else None, **memory)
+        served["time"] = serving_time(config, seqs, kv_dtype=dtype,
+                                      weight_dtype=serve.get("weight_dtype", "bf16"), **rate)
+        report["serving"] = served
     return report
 
 
@@ -196,7 +202,7 @@ class Table:
 def tables(report: dict[str, Any]) -> list[Table]:
     """The report as tables, in reading order."""
     extra = [*([_training(report)] if "training" in report else []),
-             *([_serving(report)] if "serving" in report else [])]
+             *([_serving(report), _serving_time(report)] if "serving" in report else [])]
     return [_ledger(report), _checkpoint(report), _memory(report), _flops(report), _per_token(report),
             _kv(report), _time(report), *extra]
 
@@ -539,6 +545,34 @@ def _serving(report: dict[str, Any]) -> Table:
                f"latent is whole on each){state}. Batch: sequences of n tokens that fit; context: the "
                "longest single sequence (windows and chunks cap a layer's cache). Activations, the CUDA "
                "context and fragmentation are not counted: engines fit somewhat less. " + UNITS,),
+    )
+
+
+def _serving_time(report: dict[str, Any]) -> Table:
+    s = report["serving"]
+    t = s["time"]
+    keys = ("prefill_flops", "prefill_bytes", "prefill_s", "decode_flops", "decode_bytes", "decode_s",
+            "tokens_per_s")
+    return Table(
+        title=(f"Serving time on {s['device']}, batch {t['batch']}: prefill of n tokens and one decode step "
+               f"at context n, roofline at {t['peak_tflops']:g} TFLOP/s and {t['bandwidth_gbs']:g} GB/s"),
+        headers=("n", "prefill FLOPs", "prefill bytes", "prefill", "decode FLOPs", "decode bytes",
+                 "decode step", "tokens/s"),
+        rows=[(count(r["n_tokens"]), si(r["prefill_flops"], "FLOP"), binary_bytes(r["prefill_bytes"]),
+               f"{si(r['prefill_s'], 's')} ({r['prefill_bound']})", si(r["decode_flops"], "FLOP"),
+               binary_bytes(r["decode_bytes"]), f"{si(r['decode_s'], 's')} ({r['decode_bound']})",
+               f"{r['tokens_per_s']:,.1f}") for r in t["rows"]],
+        raw_headers=("n_tokens", *keys),
+        raw_rows=[(r["n_tokens"], *(r[k] for k in keys)) for r in t["rows"]],
+        notes=(f"time = max(FLOPs / peak, bytes / bandwidth) for each step, one device, weights in "
+               f"{t['weight_dtype']}, KV cache in {t['kv_dtype']}. FLOPs: 2·N_mm a token (N_mm = "
+               f"{count(t['matmul_params'])}, the parameters it is multiplied by: active, less the "
+               "looked-up embeddings, a tied head counted) and its attention (QKᵀ and AV over the keys it "
+               "sees; prefill causal). Bytes: every weight once a step, a mixture's routed experts as many "
+               "as its tokens touch (uniform routing, in expectation: k_E for one token), and the KV cache "
+               "and state the prefill writes or a decode step reads. An ideal kernel at peak: real engines "
+               "reach a fraction of it, and a decode step also launches kernels and syncs. GB/s = 10^9 bytes "
+               "a second; " + UNITS,),
     )
 
 
