@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from sympy import Expr, Integer, Symbol
+from sympy import Expr, Integer, Rational, Symbol
 
 from calc import formulas as f
 from calc.config import Config
@@ -57,8 +58,9 @@ ACTIVATIONS: dict[str, tuple[int, str]] = {
     "gelu_new": (4, "transformers' NewGELU is a formula of PyTorch operations: pow keeps x, tanh its output, "
                  "the last product its factors 0.5·x and 1 + tanh"),
 }
-# (b, c_up): bytes a value, and whether casts to fp32 are copies of their own
-DTYPES = {"fp32": (4, 0), "bf16": (2, 1), "fp16": (2, 1)}
+# (b, c_up): bytes a value, and whether casts to fp32 are copies of their own (the dtypes checked against
+# PyTorch; fp16 would follow bf16's formulas, but is not measured)
+DTYPES = {"fp32": (4, 0), "bf16": (2, 1)}
 ATTENTIONS = ("eager", "flash")
 MIXERS = ("attention", "mamba")
 MLPS = ("dense", "moe")
@@ -153,17 +155,25 @@ def _checked(config: Config, attention: str) -> Layout:
 
 
 def env(config: Config, n: int, *, micro_batch: int = 1, dtype: str = "bf16",
-        capacity_factor: int = 1) -> dict[Symbol, int]:
-    """The symbols' values: the config's, n, the micro-batch, the dtype's b and c_up, k_a, w_b."""
-    for name, value in (("n", n), ("micro_batch", micro_batch), ("capacity_factor", capacity_factor)):
+        capacity_factor: int | str | Rational = 1) -> dict[Symbol, Any]:
+    """The symbols' values: the config's, n, the micro-batch, the dtype's b and c_up, k_a, w_b, and the
+    capacity factor c_f (exact: an int, a Rational or a string such as "1.25"; at least 1)."""
+    for name, value in (("n", n), ("micro_batch", micro_batch)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    try:
+        factor = Rational(capacity_factor) if not isinstance(capacity_factor, bool) else None
+    except (TypeError, ValueError):
+        factor = None
+    if factor is None or factor < 1:
+        raise ValueError(f"capacity_factor must be a number of at least 1 (exact: 5/4 or '1.25'), got "
+                         f"{capacity_factor!r}")
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     b, c_up = DTYPES[dtype]
     kind = layout(config)
     out = values(config)
-    out.update({f.n: n, f.b_m: micro_batch, f.b: b, f.c_up: c_up, f.c_f: capacity_factor,
+    out.update({f.n: n, f.b_m: micro_batch, f.b: b, f.c_up: c_up, f.c_f: factor,
                 f.k_a: ACTIVATIONS.get(activation(config), (0, ""))[0],
                 f.w_b: 4 if kind is not None and kind.router == "renormalized" else b,
                 f.s_1: int(micro_batch == 1), D_ROT: config.d_rotary or config.d_head})
@@ -171,18 +181,24 @@ def env(config: Config, n: int, *, micro_batch: int = 1, dtype: str = "bf16",
 
 
 def per_layer(config: Config, n: int, *, attention: str = "flash", micro_batch: int = 1, dtype: str = "bf16",
-              capacity_factor: int = 1) -> dict[str, int]:
+              capacity_factor: int | str | Rational = 1) -> dict[str, int]:
     """Bytes of each half-layer kind the model has (``attention`` or ``mamba``; ``dense`` or ``moe``) and
-    of ``head`` (outside the layers), exact."""
+    of ``head`` (outside the layers), exact (rounded up to whole bytes only where a capacity factor above 1
+    leaves a fraction of a token)."""
     at = env(config, n, micro_batch=micro_batch, dtype=dtype, capacity_factor=capacity_factor)
+
+    def whole(expr: Expr) -> int:
+        value = f.evaluate(expr, at)
+        return -(-int(value.p) // int(value.q))
+
     out = {}
     for mixer, count in (("attention", config.n_attention_layers), ("mamba", config.n_mamba_layers)):
         if count:
-            out[mixer] = f.evaluate_count(mixer_formula(config, attention, mixer), at)
+            out[mixer] = whole(mixer_formula(config, attention, mixer))
     for mlp, count in (("moe", _moe_layers(config)), ("dense", config.n_layers - _moe_layers(config))):
         if count:
-            out[mlp] = f.evaluate_count(mlp_formula(config, mlp), at)
-    out["head"] = f.evaluate_count(head_formula(config), at)
+            out[mlp] = whole(mlp_formula(config, mlp))
+    out["head"] = whole(head_formula(config))
     return out
 
 

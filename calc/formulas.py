@@ -360,9 +360,10 @@ def chunk_values(n_tokens: int, chunk: int) -> dict[Symbol, int]:
     return {m_C: whole, r_C: rest}
 
 
-def evaluate(expr: Expr, values: Mapping[Symbol, int]) -> Rational:
-    """``expr`` at integer ``values`` (an exact SymPy number; ``int()`` of it when a count)."""
-    result = expr.xreplace({symbol: Integer(value) for symbol, value in values.items()})
+def evaluate(expr: Expr, values: Mapping[Symbol, int | Rational]) -> Rational:
+    """``expr`` at integer (or exact Rational) ``values``: an exact SymPy number (int() it for a count)."""
+    result = expr.xreplace({symbol: value if isinstance(value, Rational) else Integer(value)
+                            for symbol, value in values.items()})
     if not result.is_Rational:
         raise ValueError(f"{expr} still has free symbols {sorted(map(str, result.free_symbols))}")
     return result

@@ -50,6 +50,20 @@ def test_mixture_of_experts_by_hand():
     assert parts["moe"] == norm + 4 * t * d + router + experts == 693_120
 
 
+def test_a_capacity_factor_scales_the_experts_only():
+    from sympy import Rational
+
+    config = small("mixtral")
+    dropless = activations.per_layer(config, 40, micro_batch=2, dtype="fp32")
+    padded = activations.per_layer(config, 40, micro_batch=2, dtype="fp32", capacity_factor="1.25")
+    experts = 80 * 2 * (4 * (3 * 96 + 4 * 160) + 16 + 4)  # the routed tokens' bytes at c_f = 1
+    assert padded["moe"] - dropless["moe"] == Rational(1, 4) * experts
+    assert padded["attention"] == dropless["attention"]
+    for bad in (0.5, "many", True):
+        with pytest.raises(ValueError, match="capacity_factor"):
+            activations.per_layer(config, 40, capacity_factor=bad)
+
+
 def test_mamba_by_hand_in_bf16():
     # Jamba's small Mamba layer: d_in = 192, d_st = 8, r_dt = 12, K = 4; 40 steps of state
     bs, n, t, d, din, st, r, conv = 2, 40, 80, 96, 192, 8, 12, 4
