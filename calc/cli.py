@@ -4,10 +4,10 @@
                          [--peak-tflops T] [--bandwidth-gbs G] [--width COLUMNS]
                          [--train [--micro-batch B] [--tp T] [--no-sequence-parallel] [--dp N] [--zero 0-3]
                                   [--train-precision P]]
-                         [--gpu-memory SIZE | --gpu NAME] [--weight-dtype D]
+                         [--gpu-memory SIZE | --gpu NAME] [--weight-dtype D] [--batch B]
     python -m calc path/to/config.json [table options]      (a Hugging Face config.json, read from disk)
     python -m calc compare MODEL MODEL ... [--seq N] [--dtype D] [--format F] [--plot FILE.png]
-                           [--gpu-memory SIZE | --gpu NAME] [--weight-dtype D]
+                           [--gpu-memory SIZE | --gpu NAME] [--weight-dtype D] [--batch B]
     python -m calc custom --d-model D --n-heads H --n-layers L [--d-head K] [--n-kv-heads G] [--d-ff F]
                           [--vocab V] [--n-ctx N] [--arch gpt|llama] [--tied|--untied] [table options]
     python -m calc --list
@@ -26,13 +26,14 @@ import json
 import os
 import shutil
 import sys
+import warnings as warnings_module
 from collections.abc import Sequence
 from typing import Any
 
 from calc import costs
 from calc.config import Config
 from calc.derivations import formulas_text
-from calc.hf import SUPPORTED, load
+from calc.hf import SUPPORTED, InertKeyWarning, load
 from calc.ledger import checkpoint
 from calc.presets import ARCHS, PRESETS, ConfigError, UnknownModel, custom, preset
 from calc.report import DEFAULT_WIDTH, FORMATS, build, fit, render, wrap
@@ -72,6 +73,8 @@ def _serving_options(parser: argparse.ArgumentParser) -> None:
     device.add_argument("--gpu", choices=tuple(GPUS), help="a device, with its datasheet's memory")
     group.add_argument("--weight-dtype", choices=tuple(costs.DTYPE_BYTES),
                        help="value type of the served weights (default: bf16)")
+    group.add_argument("--batch", type=positive_int, metavar="B",
+                       help="sequences prefilled and decoded together in the serving time table (default: 1)")
 
 
 def _table_options(parser: argparse.ArgumentParser) -> None:
@@ -80,10 +83,12 @@ def _table_options(parser: argparse.ArgumentParser) -> None:
                         help="sequence lengths (default: 1,024 doubling to 4·n_ctx)")
     parser.add_argument("--dtype", choices=tuple(costs.DTYPE_BYTES), default="bf16",
                         help="value type of the KV cache and time tables (default: bf16)")
-    parser.add_argument("--peak-tflops", type=positive_float, default=costs.DEFAULT_PEAK_TFLOPS,
-                        help=f"peak TFLOP/s for the time table (default: {costs.DEFAULT_PEAK_TFLOPS:g})")
-    parser.add_argument("--bandwidth-gbs", type=positive_float, default=costs.DEFAULT_BANDWIDTH_GBS,
-                        help=f"memory GB/s, 10^9 bytes (default: {costs.DEFAULT_BANDWIDTH_GBS:g})")
+    parser.add_argument("--peak-tflops", type=positive_float,
+                        help="peak TFLOP/s of the time tables (default: --gpu's datasheet figure, else "
+                        f"{costs.DEFAULT_PEAK_TFLOPS:g}, an H100 SXM5's dense BF16)")
+    parser.add_argument("--bandwidth-gbs", type=positive_float,
+                        help="memory GB/s, 10^9 bytes (default: --gpu's datasheet figure, else "
+                        f"{costs.DEFAULT_BANDWIDTH_GBS:g})")
     parser.add_argument("--width", type=width, metavar="COLUMNS",
                         help=f"widest line of the table format (default: the terminal's, {DEFAULT_WIDTH} "
                         "when stdout is not a terminal; 0: no wrapping)")
@@ -120,14 +125,27 @@ def train_options(args: argparse.Namespace) -> dict[str, Any] | None:
     return options
 
 
+def roofline_options(args: argparse.Namespace) -> tuple[float, float]:
+    """Peak TFLOP/s and GB/s of the time tables: the flags, else --gpu's datasheet, else an H100's."""
+    device = GPUS[args.gpu] if getattr(args, "gpu", None) else None
+    peak = getattr(args, "peak_tflops", None) or (device.peak_tflops if device else costs.DEFAULT_PEAK_TFLOPS)
+    bandwidth = getattr(args, "bandwidth_gbs", None) or (
+        device.bandwidth_gbs if device else costs.DEFAULT_BANDWIDTH_GBS)
+    return peak, bandwidth
+
+
 def serve_options(args: argparse.Namespace) -> dict[str, Any] | None:
     """calc.serving's options from the flags (None without --gpu-memory or --gpu)."""
     if args.gpu_memory is None and args.gpu is None:
-        if args.weight_dtype is not None:
-            raise UsageError("--weight-dtype needs --gpu-memory or --gpu")
+        for flag in ("weight_dtype", "batch"):
+            if getattr(args, flag, None) is not None:
+                raise UsageError(f"--{flag.replace('_', '-')} needs --gpu-memory or --gpu")
         return None
-    memory, device = (GPUS[args.gpu][1], GPUS[args.gpu][0]) if args.gpu else (args.gpu_memory, "one device")
-    return {"memory": memory, "device": device, "weight_dtype": args.weight_dtype or "bf16"}
+    memory, device = (GPUS[args.gpu].memory, GPUS[args.gpu].label) if args.gpu else (args.gpu_memory,
+                                                                                    "one device")
+    peak, bandwidth = roofline_options(args)
+    return {"memory": memory, "device": device, "weight_dtype": args.weight_dtype or "bf16",
+            "peak_tflops": peak, "bandwidth_gbs": bandwidth, "batch": getattr(args, "batch", None) or 1}
 
 
 def terminal_width(args: argparse.Namespace) -> int:
@@ -289,8 +307,9 @@ def run(argv: Sequence[str]) -> tuple[str, list[str]]:
             raise UsageError("give a MODEL (see --list), a config.json, 'custom ...', 'compare ...' or "
                              "'formulas'")
         config = resolve(args.model)
-    report = build(config, seqs=args.seq, dtype=args.dtype, peak_tflops=args.peak_tflops,
-                   bandwidth_gbs=args.bandwidth_gbs, train=train_options(args), serve=serve_options(args))
+    peak, bandwidth = roofline_options(args)
+    report = build(config, seqs=args.seq, dtype=args.dtype, peak_tflops=peak, bandwidth_gbs=bandwidth,
+                   train=train_options(args), serve=serve_options(args))
     return render(report, args.format, width=terminal_width(args)), report["warnings"]
 
 
@@ -298,7 +317,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; 0 on success, 2 (and one line on stderr) on bad input."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        text, warnings = run(argv)
+        with warnings_module.catch_warnings():
+            # the report names ignored keys in its own warnings, printed below: not a second time
+            warnings_module.simplefilter("ignore", InertKeyWarning)
+            text, warnings = run(argv)
     except SystemExit as done:  # --help
         return int(done.code or 0)
     except UsageError as err:

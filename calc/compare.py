@@ -19,7 +19,7 @@ from sympy import Rational
 
 from calc import costs, ledger
 from calc.config import Config
-from calc.report import binary_bytes, count, fit, past_context, percent, si, wrap
+from calc.report import binary_bytes, config_warnings, count, fit, percent, si, wrap
 from calc.training import training
 
 ROWS = (
@@ -34,10 +34,15 @@ ROWS = (
     ("train_activations", "training: activations at n, batch 1"),
     ("train_quadratic_share", "training: n² share of activations"),
     ("train_flash", "training: activations, FlashAttention"),
+    ("train_derived_eager", "training: derived per layer kind, eager"),
+    ("train_derived_flash", "training: derived per layer kind, Flash"),
 )
 SERVING_ROWS = (
     ("serve_weights", "serving: weights, one device"),
     ("serve_batch", "serving: batch at n, one device"),
+    ("serve_prefill_s", "serving: prefill of n tokens"),
+    ("serve_decode_s", "serving: decode step at n"),
+    ("serve_tokens_per_s", "serving: tokens/s at n"),
 )
 
 
@@ -45,7 +50,7 @@ def figures(config: Config, *, n: int | None = None, dtype: str = "bf16",
             serve: dict[str, Any] | None = None) -> dict[str, Any]:
     """One column: exact numbers for ``config`` at context ``n`` (default: its own n_ctx); with ``serve``
     (calc.serving's memory, device and weight_dtype), what one device of that memory serves at n."""
-    warnings = past_context(config, [] if n is None else [n])
+    warnings = config_warnings(config, [] if n is None else [n])
     n = n or config.n_ctx
     kv = costs.kv_cache(config, [n], dtype)
     (per_token,) = costs.forward_flops_per_token(config, [n])
@@ -65,15 +70,26 @@ def figures(config: Config, *, n: int | None = None, dtype: str = "bf16",
         "train_activations": row["activations"],
         "train_quadratic_share": row["quadratic_share"],
         "train_flash": row["flash"],
+        "train_derived_eager": row["derived_eager"],  # None where calc.activations does not cover the type
+        "train_derived_flash": row["derived_flash"],
         "warnings": warnings,
     }
     if serve is not None:
-        from calc.serving import serving
+        from calc.serving import serving, serving_time
 
-        one = serving(config, kv_dtype=dtype, n=n, **serve)
+        memory = {k: v for k, v in serve.items() if k in ("memory", "device", "weight_dtype")}
+        one = serving(config, kv_dtype=dtype, n=n, **memory)
         tp1 = one["rows"][0]
+        (time,) = serving_time(config, [n], peak_tflops=serve["peak_tflops"],
+                               bandwidth_gbs=serve["bandwidth_gbs"], batch=serve.get("batch", 1),
+                               kv_dtype=dtype, weight_dtype=one["weight_dtype"])["rows"]
         column.update(device=one["device"], memory=one["memory"], weight_dtype=one["weight_dtype"],
-                      serve_weights=tp1.get("weights"), serve_batch=tp1.get("batch"))  # None: does not fit
+                      peak_tflops=serve["peak_tflops"], bandwidth_gbs=serve["bandwidth_gbs"],
+                      serve_time_batch=serve.get("batch", 1), serve_weights=tp1.get("weights"),
+                      serve_batch=tp1.get("batch"),  # None: does not fit
+                      serve_prefill_s=(time["prefill_s"], time["prefill_bound"]),
+                      serve_decode_s=(time["decode_s"], time["decode_bound"]),
+                      serve_tokens_per_s=time["tokens_per_s"])
     return column
 
 
@@ -86,6 +102,10 @@ def _human(key: str, value: Any) -> str:
         return binary_bytes(value)
     if key == "forward_flops_per_token":
         return si(value, "FLOP")
+    if key in ("serve_prefill_s", "serve_decode_s"):
+        return f"{si(value[0], 's')} ({value[1]})"
+    if key == "serve_tokens_per_s":
+        return f"{value:,.1f}"
     return count(value)
 
 
@@ -94,17 +114,20 @@ def render(columns: Sequence[dict[str, Any]], fmt: str = "table", *, width: int 
     rows_shown = (*ROWS, *(SERVING_ROWS if "serve_batch" in columns[0] else ()))
     if fmt == "json":
         return json.dumps([{k: float(v) if isinstance(v, Rational) else v for k, v in c.items()}
-                           for c in columns], indent=2)
+                           for c in columns], indent=2)  # a step's time: [seconds, "compute" | "memory"]
     if fmt == "csv":
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow(["quantity", *(c["model"] for c in columns)])
         for key, _ in rows_shown:
-            values = (float(c[key]) if isinstance(c[key], Rational) else c[key] for c in columns)
+            values = (float(c[key]) if isinstance(c[key], Rational)
+                      else c[key][0] if isinstance(c[key], tuple) else c[key] for c in columns)
             writer.writerow([key, *values])
         return out.getvalue().rstrip("\n")
     tablefmt = {"table": "simple", "github": "github", "latex": "latex"}[fmt]
-    rows = [(label, *("does not fit" if c[key] is None else _human(key, c[key]) for c in columns))
+    missing = {"serve_weights": "does not fit", "serve_batch": "does not fit"}
+    rows = [(label, *(missing.get(key, "not derived") if c[key] is None else _human(key, c[key])
+                      for c in columns))
             for key, label in rows_shown]
     width = width if fmt == "table" else None
     table = fit(rows, ("", *(c["model"] for c in columns)), width, tablefmt)
@@ -114,11 +137,14 @@ def render(columns: Sequence[dict[str, Any]], fmt: str = "table", *, width: int 
             "2N (N active, non-embedding) + the attention a token at n does, a multiply-add = 2. Training: "
             "mixed-precision Adam on one device; activations n·d·(34 + 5·h·n/d) bytes a layer (Korthikanti "
             "et al. 2022, every layer counted as full attention), FlashAttention keeps 34·n·d and each row's "
-            "logsumexp.")
+            "logsumexp; derived per layer kind: what transformers' layers and the loss keep in bf16, checked "
+            "against PyTorch (calc.activations; not derived for the types it does not cover).")
     if "serve_batch" in columns[0]:
         note += (f" Serving: {columns[0]['device']}, {binary_bytes(columns[0]['memory'])}, weights in "
                  f"{columns[0]['weight_dtype']}, no tensor parallelism; the largest batch of n-token "
-                 "sequences whose cache fits beside the weights.")
+                 "sequences whose cache fits beside the weights; prefill and decode of a batch of "
+                 f"{columns[0]['serve_time_batch']} as rooflines at {columns[0]['peak_tflops']:g} TFLOP/s "
+                 f"and {columns[0]['bandwidth_gbs']:g} GB/s (weights read once a step, the KV cache at n).")
     prefix = "% " if fmt == "latex" else ""
     return table + "\n\n" + "\n".join(prefix + line for line in wrap(note, width))
 

@@ -114,6 +114,9 @@ class Config:
     attention_sinks: bool = False  # one learned sink logit per query head and layer (gpt-oss)
     attention_output_gate: bool = False  # Q projected twice as wide, half gating the output (Qwen3-Next)
     norms_per_layer: int = 2  # norms per layer (Gemma 2/3: 4, before and after attention and MLP; Phi-2: 1)
+    d_rotary: int | None = None  # rotary dimensions of a head where not all of d_k (partial rotary)
+    parallel_block: bool = False  # attention and MLP read the same input (GPT-NeoX, Phi-2, Falcon, Cohere)
+    activation: str | None = None  # the MLP's activation (an ACT2FN name of transformers); None: the default
     sliding_window: int | None = None  # w: keys a query of a windowed layer sees at most
     n_window_layers: int = 0  # L_w: layers with the sliding window (all for Mistral-7B, half for Gemma 2)
     attention_chunk: int | None = None  # C: chunked attention, a query sees only its own chunk of C tokens
@@ -142,6 +145,8 @@ class Config:
     published: int | None = None  # exact parameter count of the released checkpoint
     paper_size: float | None = None  # the rounded size the paper prints, where nothing was released
     notes: tuple[str, ...] = field(default=())
+    # keys of calc.hf.INERT the config.json carried: ignored, and named in the report's warnings
+    ignored_keys: tuple[str, ...] = field(default=())
     hf_config: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)  # for calc.verify
 
     def __post_init__(self) -> None:
@@ -153,6 +158,8 @@ class Config:
         for name in ("n_layers", "d_model", "n_heads", "d_head", "n_kv_heads", "d_ff", "vocab_size", "n_ctx",
                      "norms_per_layer"):
             check_positive(name, getattr(self, name))
+        if self.d_rotary is not None:
+            check_positive("d_rotary", self.d_rotary)
         for name in ("n_window_layers", "n_experts", "experts_per_token", "n_shared_experts", "d_expert",
                      "d_shared_expert", "n_dense_layers", "kv_lora_rank", "q_lora_rank", "d_rope", "d_value",
                      "n_mtp_layers", "position_offset", "n_chunked_layers", "n_nope_layers",
@@ -161,9 +168,11 @@ class Config:
             check_count(name, getattr(self, name))
         for name in ("tied_embeddings", "router_bias", "expert_bias", "shared_expert_gate", "lm_head_bias",
                      "qk_norm", "qk_norm_per_head", "attention_sinks", "attention_output_gate",
-                     *LAYOUTS[self.arch]):
+                     "parallel_block", *LAYOUTS[self.arch]):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, f"must be True or False, got {getattr(self, name)!r}")
+        if self.activation is not None and not isinstance(self.activation, str):
+            raise ConfigError("activation", f"must be a name such as 'silu', got {self.activation!r}")
         self._check_window()
         self._check_layer_kinds()
         self._check_experts()

@@ -91,6 +91,24 @@ FORMULAS: tuple[tuple[str, Expr | str], ...] = (
     ("  FlashAttention, tensor parallelism", f.activations_flash_tp),
     ("  FlashAttention, tensor and sequence parallelism", f.activations_flash_tp_sp),
     ("  full recomputation", f.activations_full_recompute),
+    ("activations kept per layer kind (calc.activations), RMSNorm of d (Llama)", f.rms_norm_saved(f.d)),
+    ("  LayerNorm of d", f.layer_norm_saved(f.d)),
+    ("  a norm's output, the projections' input", f.projection_input),
+    ("  eager attention: Q, K and V at h heads, the output", f.attention_eager_linear),
+    ("  eager softmax in fp32, cast back (Llama)", f.softmax_fp32_saved),
+    ("  eager softmax in b (GPT-2)", f.softmax_saved),
+    ("  FlashAttention-style attention (SDPA)", f.attention_flash_saved),
+    ("  q/k norms (Qwen3)", f.qk_norm_saved),
+    ("  dense MLP", f.mlp_dense_saved),
+    ("  gated MLP", f.mlp_gated_saved),
+    ("  MoE router", f.moe_router_saved),
+    ("  MoE router's renormalized weights (Mixtral)", f.moe_router_renormalized),
+    ("  MoE routed experts", f.moe_experts_saved),
+    ("  Mamba mixer (Jamba, PyTorch path)", f.mamba_saved),
+    ("serving: prefill FLOPs of b_m sequences of n tokens", f.prefill_flops),
+    ("serving: decode step FLOPs at context n", f.decode_flops),
+    ("serving: routed experts t_r tokens touch in a layer (uniform routing)", f.experts_touched),
+    ("serving: weight bytes a step reads", f.step_weight_bytes),
 )
 
 
@@ -114,7 +132,11 @@ SYMBOLS = (
     "L_c chunked (chunks of C; n = m_C·C + r_C). Linear attention: h_lk, h_lv heads of d_lk, d_lv, a "
     "convolution of K taps; Mamba: inner width d_in, state d_st, step rank r_dt. Training: micro-batch "
     "b_m, tensor-parallel degree t, N_d data-parallel devices, P parameters a tensor-parallel rank holds at "
-    "b_w, b_g, b_o bytes each of weights, gradients and optimizer states (ZeRO's K). "
+    "b_w, b_g, b_o bytes each of weights, gradients and optimizer states (ZeRO's K). Activations kept: "
+    "b bytes a value, c_up 1 where b < 4 (casts to fp32 are then copies), s_1 1 for a micro-batch of one, "
+    "k_a tensors the MLP's activation keeps, c_f the capacity factor (1: dropless), w_b bytes of a routing "
+    "weight. Serving: N_mm parameters a token is multiplied by, P_s weights outside the routed experts, p_e "
+    "an expert's parameters, t_r tokens of a step. "
     "Rotary embeddings (full or partial, GPT-NeoX's 25 %), NoPE layers and "
     "parallel blocks add no parameters; fused QKV or gate-up matrices hold exactly what the separate ones do."
 )

@@ -269,6 +269,88 @@ activations_flash_tp_sp = activations_selective_tp_sp + 4 * h * n * b_m / t
 # Full recomputation (Table 2): only each layer's input is kept, 2sbh.
 activations_full_recompute = 2 * n * b_m * d
 
+# --- Activation memory per layer kind: the tensors a layer keeps for its backward pass ---------------------
+# Derived op by op from what PyTorch's autograd saves for each operation of transformers' layers (a linear
+# layer keeps its input, SiLU its input, softmax its output, a product of two tensors both, an addition
+# nothing), each distinct tensor counted once, for b_m sequences of n tokens in one dtype of b bytes a value,
+# without dropout; calc.activations assembles a layer from these blocks, calc.measure checks every block
+# against the bytes PyTorch saves (torch.autograd.graph.saved_tensors_hooks). c_up is 1 where b < 4: a cast
+# to or from fp32 is then a copy of its own (at b = 4 it is the same tensor, c_up = 0). Tensors: T = b_m·n.
+c_up = Symbol("c_up", nonnegative=True, integer=True)
+c_f = Symbol("c_f", positive=True)  # capacity factor: tokens the experts process over n·k_E (1: dropless)
+k_a = Symbol("k_a", nonnegative=True, integer=True)  # tensors the MLP's activation keeps (SiLU 1: its input)
+# s_1 is 1 for a micro-batch of one sequence: a reshape that merges the batch dimension is then a view of a
+# tensor kept anyway instead of a copy of its own (0 for b_m ≥ 2).
+s_1 = Symbol("s_1", nonnegative=True, integer=True)
+tokens = b_m * n
+
+
+def rms_norm_saved(width: Expr) -> Expr:
+    """RMSNorm (Llama's, upcast to fp32): its input in fp32 (pow and the product keep it), 1/rms per token
+    (fp32), and the normalized values cast back to b (the product with the weight keeps them)."""
+    return (4 + b) * tokens * width + 4 * tokens
+
+
+def layer_norm_saved(width: Expr) -> Expr:
+    """LayerNorm: its input, and each token's mean and 1/std, in the input's dtype (as PyTorch's CPU kernel
+    keeps them; its CUDA kernel keeps the two statistics in fp32)."""
+    return b * tokens * width + 2 * b * tokens
+
+
+projection_input = b * tokens * d  # a norm's output, kept by the projections that read it
+# Eager attention: Q; K and V at h heads (repeat_kv copies them where g < h) for the two matmuls; the softmax
+# output (in fp32, and its cast back to b, where the model computes softmax in fp32); the output made
+# contiguous for W_O. The n² term is the softmax.
+attention_eager_linear = b * tokens * h * (2 * d_k + 2 * d_v)
+softmax_saved = b_m * h * n**2 * b
+softmax_fp32_saved = b_m * h * n**2 * (4 + c_up * b)
+# FlashAttention-style (SDPA's flash kernel): Q, K and V at their own heads, the output, and each row's
+# logsumexp in fp32; no n² term.
+attention_flash_saved = b * tokens * (h * d_k + g * d_k + g * d_v + h * d_v) + 4 * b_m * h * n
+# A norm over each query and key head (Qwen3): RMSNorm over d_k, h + g times a token.
+qk_norm_saved = (4 + b) * tokens * (h + g) * d_k + 4 * tokens * (h + g)
+# MLPs: a dense one keeps its activation's k_a tensors and the activation's output (the down projection's
+# input); a gated one also the up projection's output and the product.
+mlp_dense_saved = b * tokens * d_ff * (k_a + 1)
+mlp_gated_saved = b * tokens * d_ff * (k_a + 3)
+# A mixture of experts routes each token to k_E experts (c_f·n·k_E tokens in all; c_f = 1 without dropped or
+# padded tokens). The router keeps its softmax (fp32) and the top-k indices (int64); each routed token keeps
+# its two int64 indices (token and slot), its copy of the input, its gated expert's tensors, the expert's
+# output, that output weighted, and the weight (w_b bytes).
+w_b = Symbol("w_b", positive=True, integer=True)
+moe_router_saved = tokens * (4 * E + 8 * k_E)
+moe_router_renormalized = tokens * (4 * k_E + 4)  # Mixtral: the top-k weights divided by their sum, and it
+moe_experts_saved = c_f * tokens * k_E * (b * (3 * d + (k_a + 3) * d_e) + 16 + w_b)
+# Mamba (Jamba's layer, its PyTorch path): in_proj's output (x and the gate, 2·d_in), A = −exp(A_log)
+# and its exp (fp32), the causal convolution's output (n + K − 1 long), x_proj's input (a view of the
+# convolution's output where s_1 = 1), the RMSNorms of the
+# step, B and C, dt_proj's input, softplus's input and output, discretized A and B (fp32, n·d_in·d_st each),
+# B and the convolution's output in fp32, the state at each step (fp32, with its cast) and C, the skip D,
+# the output before the gate (fp32), silu(gate), and out_proj's input.
+mamba_saved = (2 * b * tokens * d_in + 8 * d_in * d_st + b * b_m * d_in * (n + K - 1)
+               + (1 - s_1) * b * tokens * d_in + (4 + b) * tokens * (r_dt + 2 * d_st) + 12 * tokens
+               + b * tokens * r_dt
+               + 2 * b * tokens * d_in + 8 * tokens * d_in * d_st + 4 * tokens * d_st
+               + (4 + c_up * b) * tokens * d_in
+               + b_m * d_in * d_st * (2 * b + (n - 1) * (4 + c_up * b)) + b * tokens * d_st + 4 * c_up * d_in
+               + 4 * tokens * d_in + 2 * b * tokens * d_in)
+
+# --- Serving time: prefill and decode on one device, each step a roofline ---------------------------------
+# N_mm: the parameters a token is multiplied by (the active ones less the embedding tables, which are looked
+# up; a tied head multiplies by the embedding matrix, so it counts). Prefill runs n tokens of b_m sequences at
+# once, causal attention included; a decode step runs one token of each sequence against the keys it sees.
+N_mm = Symbol("N_mm", positive=True, integer=True)
+prefill_flops = b_m * 2 * N_mm * n + b_m * causal_flops_per_model
+decode_flops = b_m * (2 * N_mm + 2 * h * (d_k + d_v) * keys_seen)
+# Bytes a step reads: every weight a token multiplies by, once per step whatever the batch (P_s of them
+# outside the routed experts, at b_w bytes), the distinct routed experts of its tokens (p_e parameters each),
+# and each sequence's KV cache at n tokens and fixed state. t_r tokens routed independently and uniformly to
+# k_E of E experts touch E·(1 − (1 − k_E/E)^t_r) of them in a layer in expectation: k_E for one token, nearly
+# E for a prefill.
+P_s, p_e, t_r = symbols("P_s p_e t_r", positive=True, integer=True)
+experts_touched = E * (1 - (1 - k_E / E) ** t_r)
+step_weight_bytes = b_w * (P_s + (L - L_d) * experts_touched * p_e)
+
 GPT_SHAPE = {g: h, d_k: d / h, d_v: d / h, L_a: L, L_w: 0, L_c: 0}  # MHA, d = h·d_k, one kind
 
 
@@ -278,9 +360,10 @@ def chunk_values(n_tokens: int, chunk: int) -> dict[Symbol, int]:
     return {m_C: whole, r_C: rest}
 
 
-def evaluate(expr: Expr, values: Mapping[Symbol, int]) -> Rational:
-    """``expr`` at integer ``values`` (an exact SymPy number; ``int()`` of it when a count)."""
-    result = expr.xreplace({symbol: Integer(value) for symbol, value in values.items()})
+def evaluate(expr: Expr, values: Mapping[Symbol, int | Rational]) -> Rational:
+    """``expr`` at integer (or exact Rational) ``values``: an exact SymPy number (int() it for a count)."""
+    result = expr.xreplace({symbol: value if isinstance(value, Rational) else Integer(value)
+                            for symbol, value in values.items()})
     if not result.is_Rational:
         raise ValueError(f"{expr} still has free symbols {sorted(map(str, result.free_symbols))}")
     return result

@@ -1,19 +1,23 @@
 """``calc.from_config``: a Hugging Face ``config.json`` (as a dict) read into a [Config][calc.Config].
 
 Each supported ``model_type`` is one record of ``TYPES``: the reader of the keys every decoder has (its
-body), the features its architecture fixes, the defaults transformers' config class gives the keys a
-file may leave out, and the readers of its optional parts (windows, experts, latent attention, hybrid
-layers). Every error is a ``ConfigError`` naming the config.json key that is missing or wrong (never a
-KeyError); a key whose value calc does not model (a RoPE scaling it does not know, a kind of layer it
-cannot count) is refused rather than guessed, and so is a key the type neither reads nor knows to
-carry no parameters (``IGNORED``, ``ModelType.ignored``). An unsupported ``model_type`` is answered with
-the supported type whose reader places most of the file's keys, and the keys it could not place. Each
-layer's kind (`layer_types`) follows the rule of the type's transformers config or model. Nothing is
-downloaded: the dict is what the caller read from disk.
+body), the features its architecture fixes, the defaults transformers' config class gives the keys a file
+may leave out, and the readers of its optional parts (windows, experts, latent attention, hybrid layers).
+Every error is a ``ConfigError`` naming the config.json key that is missing or wrong (never a KeyError); a
+key whose value calc does not model (a RoPE scaling it does not know, a kind of layer it cannot count) is
+refused rather than guessed, and so is a key the type neither reads nor knows to carry no parameters
+(``IGNORED``, ``ModelType.ignored``). A key that no transformers model reads at all (export tooling, another
+runtime's setting, a default value: ``INERT``, one record per key with its reason) is accepted with one
+warning naming it (``InertKeyWarning``, and the report's ``warnings``). An unsupported ``model_type`` is
+answered with the supported type whose reader places most of the file's keys, and the keys it could not
+place. Each layer's kind (`layer_types`) follows the rule of the type's transformers config or model.
+Nothing is downloaded: the dict is what the caller read from disk.
 """
 
 from __future__ import annotations
 
+import json
+import warnings
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -73,6 +77,61 @@ IGNORED = frozenset({
     "norm_topk_prob", "routed_scaling_factor", "scoring_func", "topk_method", "n_group", "topk_group",
     "aux_loss_alpha", "seq_aux", "ep_size", "swiglu_limit", "swiglu_alpha",
 })
+class InertKeyWarning(UserWarning):
+    """A config.json carries keys of ``INERT``: accepted, and named, since calc ignores them."""
+
+
+@dataclass(frozen=True)
+class Inert:
+    """A config.json key that no transformers config class or model reads (checked against transformers'
+    source by tests/test_calc_models.py where transformers is installed), that adds no weight and changes no
+    figure calc gives: what writes it and why it changes nothing. ``values``: the values it is inert at (a
+    default: the architecture transformers implements); None: any value."""
+
+    kind: str  # one of INERT_KINDS
+    reason: str
+    values: tuple[Any, ...] | None = None
+
+    def accepts(self, value: Any) -> bool:
+        # bools are ints in Python: False must not stand for 0, nor 0 for False
+        return self.values is None or any(type(value) is type(v) and value == v for v in self.values)
+
+
+INERT_KINDS = ("runtime", "export tooling", "a default value")
+# Keys seen in published config.json files that calc once refused for not knowing them. Every one is absent
+# from transformers (no config class defines it, no model reads it), so a checkpoint loads into the same
+# model whatever it says; the reason says where the key comes from.
+INERT: dict[str, Inert] = {
+    "output_past": Inert("runtime", "transformers 2.x's switch for returning the key/value cache, renamed "
+                         "use_cache in 3.0; only ever read at run time"),
+    "runner_max_sequence_length": Inert("runtime", "a sequence-length limit for BigCode's inference runner, "
+                                        "saved in the GPTBigCode files (SantaCoder); transformers never "
+                                        "reads it"),
+    "transformers.js_config": Inert("export tooling", "Transformers.js's settings for the ONNX files beside "
+                                    "the checkpoint (their dtype, KV-cache dtype, external data)"),
+    "is_llama_config": Inert("export tooling", "nanotron's marker on the Llama configs it exports "
+                             "(SmolLM, SmolLM2)"),
+    "rope_interleaved": Inert("a default value", "nanotron's pairing of rotary dimensions; false is the "
+                              "rotate-half pairing transformers' Llama implements (rotary has no parameters)",
+                              (False,)),
+    "use_mrope": Inert("a default value", "Qwen2-VL's multimodal rotary sections; false is the plain RoPE of "
+                       "the text model transformers' Qwen2 builds", (False,)),
+    "n_special": Inert("a default value", "OpenAI GPT's count of extra special-token rows in its embedding; "
+                       "GPT-2's files carry 0, the table transformers' GPT-2 builds", (0,)),
+    "predict_special_tokens": Inert("export tooling", "an option of OpenAI GPT's original head that GPT-2's "
+                                    "files carry over"),
+}
+
+
+def inert_warning(name: str, keys: Sequence[str]) -> str:
+    """The one warning for the ``INERT`` keys the config of model ``name`` carried (calc.report puts it in
+    ``warnings``)."""
+    named = ", ".join(f"{key} ({INERT[key].kind})" for key in keys)
+    one = len(keys) == 1
+    return (f"{name}: ignored {named}: no transformers model reads {'it' if one else 'them'}, and "
+            f"{'it changes' if one else 'they change'} no weight and no cost (calc.hf.INERT says why)")
+
+
 # RoPE scalings transformers implements (modeling_rope_utils); none adds parameters. "su" is Phi-3's old
 # name for longrope.
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional", "su")
@@ -265,6 +324,7 @@ def falcon_body(r: Reader) -> Fields:
         "n_ctx": r.integer("max_position_embeddings"),
         "tied_embeddings": r.boolean("tie_word_embeddings", True),
         "qkv_bias": bias, "o_bias": bias, "mlp_bias": bias, "norms_per_layer": norms,
+        "parallel_block": parallel,
         "notes": (("parallel attention and MLP" if parallel else "sequential blocks")
                   + f"; Q, K, V fused in one matrix; {norms} LayerNorm(s) per layer",),
     }
@@ -478,6 +538,8 @@ def llama4_experts(r: Reader, fields: Fields) -> Fields:
     if moe_layers is None:
         step = r.integer("interleave_moe_layer_step", 1)
         moe_layers = list(range(step - 1, n_layers, step))
+    else:  # Llama4TextConfig derives moe_layers from the step only where none are listed
+        r.known("interleave_moe_layer_step")
     d_e = fields["d_ff"]
     return {**fields, "d_ff": r.integer("intermediate_size_mlp"), "n_experts": r.integer("num_local_experts"),
             "experts_per_token": r.integer("num_experts_per_tok"), "d_expert": d_e, "n_shared_experts": 1,
@@ -515,7 +577,7 @@ def cohere_parts(r: Reader, fields: Fields) -> Fields:
     """Cohere: one LayerNorm (a weight, no bias) per layer before parallel attention and MLP; with
     ``use_qk_norm`` (Command R+), a norm per query and key head."""
     fields = no_extra_biases(r, fields)
-    return {**noted(fields, "parallel attention and MLP behind one shared norm"),
+    return {**noted(fields, "parallel attention and MLP behind one shared norm"), "parallel_block": True,
             "qk_norm": r.boolean("use_qk_norm", False), "qk_norm_per_head": True}
 
 
@@ -525,7 +587,7 @@ def stablelm_parts(r: Reader, fields: Fields) -> Fields:
     parallel = r.boolean("use_parallel_residual", False)
     return {**fields, "qkv_bias": r.boolean("use_qkv_bias", False),
             "qk_norm": r.boolean("qk_layernorm", False),
-            "qk_norm_per_head": True, "norms_per_layer": 1 if parallel else 2}
+            "qk_norm_per_head": True, "norms_per_layer": 1 if parallel else 2, "parallel_block": parallel}
 
 
 def starcoder2_parts(r: Reader, fields: Fields) -> Fields:
@@ -538,7 +600,7 @@ def phi_parts(r: Reader, fields: Fields) -> Fields:
     """Phi-1/1.5/2: one LayerNorm per layer before parallel attention and MLP, biases everywhere, a biased
     unembedding."""
     r.refuse("qk_layernorm", True, "Phi's LayerNorms on queries and keys")
-    return noted(fields, "parallel attention and MLP behind one shared LayerNorm")
+    return {**noted(fields, "parallel attention and MLP behind one shared LayerNorm"), "parallel_block": True}
 
 
 def gpt_bigcode_parts(r: Reader, fields: Fields) -> Fields:
@@ -550,7 +612,7 @@ def neox_parts(r: Reader, fields: Fields) -> Fields:
     r.refuse("attention_bias", False, "the GPT-NeoX layout has biases on every projection")
     parallel = r.boolean("use_parallel_residual", True)
     block = "parallel attention and MLP (x + attn(ln1 x) + mlp(ln2 x))" if parallel else "sequential blocks"
-    return noted(fields, f"{block}; the count is the same either way")
+    return {**noted(fields, f"{block}; the count is the same either way"), "parallel_block": parallel}
 
 
 def phi3_parts(r: Reader, fields: Fields) -> Fields:
@@ -611,7 +673,7 @@ TYPES: dict[str, ModelType] = {
     "gpt2": ModelType(gpt2_body, parts=(), keys=GPT2_KEYS, ignored=GPT2_IGNORED),
     "gpt_bigcode": ModelType(gpt2_body, parts=(gpt_bigcode_parts,), keys=GPT2_KEYS, ignored=GPT2_IGNORED),
     "opt": ModelType(opt_body, parts=(), keys={**LLAMA_KEYS, "d_ff": "ffn_dim"}),
-    "gpt_neox": ModelType(neox_body, parts=(neox_parts,)),
+    "gpt_neox": ModelType(neox_body, parts=(neox_parts,), defaults={"rotary_pct": 0.25}),
     "phi": ModelType(llama_body, parts=(phi_parts,),
                      features={"arch": "neox", "norms_per_layer": 1, "lm_head_bias": True}),
     # mlp_type and norm_type: keys of StarCoder2's original code; transformers' model is fixed (LayerNorm,
@@ -678,15 +740,22 @@ TYPES: dict[str, ModelType] = {
                                "experts_per_token": "num_experts_per_tok", "d_expert": "intermediate_size"},
                          ignored=frozenset({"experts_per_token", "initial_context_length"})),
 }
+# The key of each type's MLP activation where it is not hidden_act (what its transformers model passes to
+# ACT2FN); it adds no parameters, but what the activation keeps for its backward is training memory.
+ACTIVATION_KEYS = {"gpt2": "activation_function", "gpt_bigcode": "activation_function",
+                   "opt": "activation_function", "falcon": "activation", "gemma2": "hidden_activation",
+                   "gemma3_text": "hidden_activation"}
 # Multimodal configs hold their language model in text_config.
 OUTER = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
 SUPPORTED = (*TYPES, *OUTER)
 
 
-def check_rope(r: Reader) -> list[str]:
-    """Refuse a RoPE scaling transformers does not implement (calc would not know what it changes);
-    name the partial rotary fraction, which changes no count."""
+def check_rope(r: Reader) -> tuple[list[str], Any]:
+    """Refuse a RoPE scaling transformers does not implement (calc would not know what it changes); name the
+    partial rotary fraction, which changes no count, and return it (None: rotary on every dimension, or
+    none), the file's or the type's default."""
     notes = []
+    fractions = []
     for key in ("rope_scaling", "rope_parameters"):
         value = r.raw.get(key)
         if value is None:
@@ -702,28 +771,27 @@ def check_rope(r: Reader) -> list[str]:
                 raise ConfigError(key,
                                   f"RoPE scaling {kind!r} is not one calc knows ({', '.join(ROPE_TYPES)}); "
                                   "refusing rather than guessing what it changes")
-            factor = params.get("partial_rotary_factor")
-            if factor not in (None, 1, 1.0):
-                notes.append(f"rotary on a fraction {factor} of each head's dimensions (no parameters)")
+            fractions.append(params.get("partial_rotary_factor"))
     for key in ("partial_rotary_factor", "rotary_pct"):
-        factor = r.raw.get(key)
-        if factor not in (None, 1, 1.0):
-            notes.append(f"rotary on a fraction {factor} of each head's dimensions (no parameters)")
-    return notes[:1]
+        fractions.append(r.raw.get(key, r.defaults.get(key)))
+    factor = next((x for x in fractions if x not in (None, 1, 1.0)), None)
+    if factor is not None:
+        notes.append(f"rotary on a fraction {factor} of each head's dimensions (no parameters)")
+    return notes, factor
 
 
 def closest_type(raw: Mapping[str, Any]) -> tuple[str, list[str]]:
     """The supported type whose reader places most of ``raw``'s keys (one that reads the whole file
-    first), and the keys of ``raw`` it did not place (sorted; the keys in IGNORED never count).
+    first), and the keys of ``raw`` it did not place (sorted; the keys in IGNORED and INERT never count).
 
     Each type's placement counts every key it would read, whatever it found missing or wrong on the way
     (a lenient Reader): a file that lacks one key a family reads first still finds that family."""
     best: tuple[tuple[bool, int], str, list[str]] | None = None
-    keys = set(raw) - IGNORED
+    keys = set(raw) - IGNORED - set(INERT)
     for name, kind in TYPES.items():
         r = Reader(raw, kind.defaults, lenient=True)
         kind.read(r)
-        unplaced = kind.unread(r)
+        unplaced = [key for key in kind.unread(r) if key not in INERT]
         score = (not r.problems, len(keys) - len(unplaced))
         if best is None or score > best[0]:
             best = (score, name, unplaced)
@@ -755,27 +823,45 @@ def read_config(raw: Mapping[str, Any]) -> tuple[str, Reader, Fields]:
                           f"{closest!r}, {placed}; supported: {', '.join(SUPPORTED)}")
     kind = TYPES[model_type]
     r = Reader(raw, kind.defaults)
-    fields = noted(kind.read(r), *check_rope(r))
-    unread = kind.unread(r)
+    rope_notes, fraction = check_rope(r)
+    fields = noted(kind.read(r), *rope_notes)
+    if isinstance(fraction, (int, float)) and not isinstance(fraction, bool) and 0 < fraction < 1:
+        fields["d_rotary"] = int(fields["d_head"] * fraction)  # as transformers rounds it (GPT-NeoX)
+    act = raw.get(ACTIVATION_KEYS.get(model_type, "hidden_act"))
+    if act is not None:  # a name, or absent: the type's default (calc.activations)
+        fields["activation"] = act if isinstance(act, str) else r.invalid(
+            ACTIVATION_KEYS.get(model_type, "hidden_act"), f"must be an activation's name, got {act!r}", None)
+    unread = [key for key in kind.unread(r) if key not in INERT]
     if unread:
         more = f" (and {', '.join(unread[1:])})" if unread[1:] else ""
         raise ConfigError(unread[0], f"not a key calc models for model_type {model_type!r}{more}: it may add "
                           "weights or change a cost, so calc refuses rather than guessing")
-    return model_type, r, fields
+    inert = sorted(set(r.raw) & set(INERT))
+    for key in inert:
+        if not INERT[key].accepts(r.raw[key]):
+            shown = " or ".join(map(json.dumps, INERT[key].values or ()))
+            raise ConfigError(key, f"{json.dumps(r.raw[key])} is not a value calc can ignore: "
+                              f"{INERT[key].reason}; only {shown} changes nothing calc counts, so calc "
+                              "refuses rather than guessing")
+    return model_type, r, {**fields, "ignored_keys": tuple(inert)} if inert else fields
 
 
 def from_config(raw: Mapping[str, Any], *, name: str | None = None, source: str | None = None) -> Config:
     """The [Config][calc.Config] of a Hugging Face ``config.json`` given as a dict (no network).
 
-    Raises ``ConfigError`` (a ValueError) naming the config.json key that is missing or invalid, or that
-    the type's ledger does not model (a key it neither reads nor knows to change nothing: refused rather
-    than guessed), or ``model_type`` when it is not one of ``SUPPORTED`` (naming the closest supported
-    type and the keys it could not place).
+    Keys of ``INERT`` are accepted with one ``InertKeyWarning`` naming them (and kept in
+    ``Config.ignored_keys``). Raises ``ConfigError`` (a ValueError) naming the config.json key that is
+    missing or invalid, or that the type's ledger does not model (a key it neither reads nor knows to
+    change nothing: refused rather than guessed), or ``model_type`` when it is not one of ``SUPPORTED``
+    (naming the closest supported type and the keys it could not place).
     """
     model_type, r, fields = read_config(raw)
+    name = name or model_type
+    if fields.get("ignored_keys"):
+        warnings.warn(inert_warning(name, fields["ignored_keys"]), InertKeyWarning, stacklevel=2)
     try:
         source = source or f"a Hugging Face config.json (model_type {model_type})"
-        return Config(**fields, model_type=model_type, name=name or model_type, source=source,
+        return Config(**fields, model_type=model_type, name=name, source=source,
                       hf_config=dict(r.raw))
     except ConfigError as err:
         key = TYPES[model_type].keys.get(err.field, err.field)
@@ -798,7 +884,6 @@ def load(path: str) -> Config:
     folder (``Mixtral-8x7B-v0.1/config.json``). Errors are ``ConfigError`` naming the key, or
     ``config`` when the file cannot be read or is not JSON.
     """
-    import json
     from pathlib import Path
 
     file = Path(path)
@@ -811,4 +896,9 @@ def load(path: str) -> Config:
     except json.JSONDecodeError as err:
         raise ConfigError("config", f"not JSON ({err.msg}, line {err.lineno})") from None
     name = file.parent.name if file.stem == "config" and file.parent.name else file.stem
-    return from_config(raw, name=name, source=f"{path} (Hugging Face config.json)")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", InertKeyWarning)
+        config = from_config(raw, name=name, source=f"{path} (Hugging Face config.json)")
+    for warning in caught:  # from load's caller, not from here
+        warnings.warn(warning.message, warning.category, stacklevel=2)
+    return config

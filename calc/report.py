@@ -36,10 +36,21 @@ FEATURE_KEYS = (
     "qk_norm_per_head", "attention_sinks", "attention_output_gate", "n_attention_layers", "attention_chunk",
     "n_chunked_layers", "n_nope_layers", "n_linear_layers", "linear_attention", "n_mamba_layers", "mamba",
     "d_shared_expert", "shared_expert_gate", "expert_bias",
+    # added with the activations per layer kind (calc.activations)
+    "d_rotary", "parallel_block", "activation",
 )
 FORMATS = ("table", "github", "latex", "csv", "json")
 DEFAULT_WIDTH = 100  # columns of a table-format report when stdout is not a terminal
 UNITS = "MiB = 2^20 bytes, GiB = 2^30 bytes; FLOPs count a multiply-add as 2"
+
+
+def config_warnings(config: Config, seqs: Sequence[int]) -> list[str]:
+    """Every warning a report on ``config`` at ``seqs`` gives: the config.json keys ignored as inert, and the
+    lengths past the trained context."""
+    from calc.hf import inert_warning
+
+    ignored = [inert_warning(config.name, config.ignored_keys)] if config.ignored_keys else []
+    return [*ignored, *past_context(config, seqs)]
 
 
 def past_context(config: Config, seqs: Sequence[int]) -> list[str]:
@@ -63,12 +74,14 @@ def build(
 ) -> dict[str, Any]:
     """Everything calc knows about ``config``, with exact numbers (ints and Rationals).
 
-    ``seqs`` given and past the trained context n_ctx add a line to ``warnings``. ``train``: options of
+    ``seqs`` given and past the trained context n_ctx add a line to ``warnings``, and so do config.json keys
+    ignored as inert (``config.ignored_keys``). ``train``: options of
     `calc.training.training` (precision, zero, dp, tp, micro_batch) for a ``training`` section;
-    ``serve``: options of `calc.serving.serving` (memory, device, weight_dtype) for ``serving``.
+    ``serve``: options of `calc.serving.serving` (memory, device, weight_dtype) for ``serving``, and of
+    `calc.serving.serving_time` (peak_tflops, bandwidth_gbs, batch) for ``serving.time``.
     """
     given = list(seqs) if seqs else None
-    warnings = past_context(config, given or [])
+    warnings = config_warnings(config, given or [])
     seqs = given or costs.default_seqs(config.n_ctx)
     parts = ledger.checkpoint(config)
     report = {
@@ -99,10 +112,15 @@ def build(
 
         report["training"] = training(config, seqs, **train)
     if serve is not None:
-        from calc.serving import serving
+        from calc.serving import serving, serving_time
 
-        # at the first n asked for, else at the trained context
-        report["serving"] = serving(config, kv_dtype=dtype, n=given[0] if given else None, **serve)
+        # memory at the first n asked for, else at the trained context; time at every n
+        memory = {k: v for k, v in serve.items() if k in ("memory", "device", "weight_dtype")}
+        rate = {k: v for k, v in serve.items() if k in ("peak_tflops", "bandwidth_gbs", "batch")}
+        served = serving(config, kv_dtype=dtype, n=given[0] if given else None, **memory)
+        served["time"] = serving_time(config, seqs, kv_dtype=dtype,
+                                      weight_dtype=serve.get("weight_dtype", "bf16"), **rate)
+        report["serving"] = served
     return report
 
 
@@ -184,7 +202,7 @@ class Table:
 def tables(report: dict[str, Any]) -> list[Table]:
     """The report as tables, in reading order."""
     extra = [*([_training(report)] if "training" in report else []),
-             *([_serving(report)] if "serving" in report else [])]
+             *([_serving(report), _serving_time(report)] if "serving" in report else [])]
     return [_ledger(report), _checkpoint(report), _memory(report), _flops(report), _per_token(report),
             _kv(report), _time(report), *extra]
 
@@ -422,6 +440,9 @@ def _time(report: dict[str, Any]) -> Table:
     )
 
 
+# derived per layer kind first (None: not derived), then Korthikanti et al.'s columns
+DERIVED_COLUMNS = (("derived_eager", "derived: eager"), ("derived_flash", "derived: Flash"),
+                   ("total_derived_eager", "total, eager"), ("total_derived_flash", "total, Flash"))
 TRAINING_COLUMNS = (
     ("activations_per_layer", "per layer"), ("activations", "all layers"), ("selective", "selective"),
     ("flash", "FlashAttention"), ("full_recompute", "full recompute"), ("total_activations", "total"),
@@ -459,15 +480,31 @@ def _training(report: dict[str, Any]) -> Table:
     if cfg["n_attention_layers"] != cfg["n_layers"] or cfg["n_window_layers"] or cfg["n_chunked_layers"]:
         notes.append("the paper's formula counts every layer as full attention: windows, chunks and layers "
                      "without attention store less than it says")
-    keys = [k for k, _ in TRAINING_COLUMNS]
+    derived = t["derived"]
+    if derived["reason"] is None:
+        notes.insert(0, "derived: what every layer and the head keep for the backward pass as transformers "
+                     f"implements {cfg['model_type'] or 'the layout'} (calc.activations: each layer kind "
+                     "equal to the bytes PyTorch saves, python -m calc.verify --activations), "
+                     f"{derived['dtype']} values with their fp32 upcasts, no dropout, the loss's fp32 "
+                     "log-softmax over the vocabulary included; eager attention keeps the n×n softmax, "
+                     "FlashAttention-style (SDPA) its logsumexp; totals add the model states")
+    else:
+        notes.insert(0, f"derived: not given, {derived['reason']}; Korthikanti et al.'s formula only")
+
+    def shown(value: int | None) -> str:
+        return "—" if value is None else binary_bytes(value)
+
+    derived_keys, keys = [k for k, _ in DERIVED_COLUMNS], [k for k, _ in TRAINING_COLUMNS]
     return Table(
-        title=(f"Training memory per device, micro-batch {t['micro_batch']}: activations (Korthikanti et al. "
-               "2022) and the n² term's share"),
-        headers=("n", "n² share", *(label for _, label in TRAINING_COLUMNS)),
-        rows=[(count(r["n_tokens"]), percent(r["quadratic_share"]), *(binary_bytes(r[k]) for k in keys))
-              for r in t["rows"]],
-        raw_headers=("n_tokens", "quadratic_share", *keys),
-        raw_rows=[(r["n_tokens"], float(r["quadratic_share"]), *(r[k] for k in keys)) for r in t["rows"]],
+        title=(f"Training memory per device, micro-batch {t['micro_batch']}: activations derived per layer "
+               "kind, and by Korthikanti et al. 2022 with the n² term's share"),
+        headers=("n", *(label for _, label in DERIVED_COLUMNS), "Korthikanti: n² share",
+                 *(label for _, label in TRAINING_COLUMNS)),
+        rows=[(count(r["n_tokens"]), *(shown(r[k]) for k in derived_keys), percent(r["quadratic_share"]),
+               *(shown(r[k]) for k in keys)) for r in t["rows"]],
+        raw_headers=("n_tokens", *derived_keys, "quadratic_share", *keys),
+        raw_rows=[(r["n_tokens"], *("" if r[k] is None else r[k] for k in derived_keys),
+                   float(r["quadratic_share"]), *(r[k] for k in keys)) for r in t["rows"]],
         notes=tuple(notes),
     )
 
@@ -508,6 +545,34 @@ def _serving(report: dict[str, Any]) -> Table:
                f"latent is whole on each){state}. Batch: sequences of n tokens that fit; context: the "
                "longest single sequence (windows and chunks cap a layer's cache). Activations, the CUDA "
                "context and fragmentation are not counted: engines fit somewhat less. " + UNITS,),
+    )
+
+
+def _serving_time(report: dict[str, Any]) -> Table:
+    s = report["serving"]
+    t = s["time"]
+    keys = ("prefill_flops", "prefill_bytes", "prefill_s", "decode_flops", "decode_bytes", "decode_s",
+            "tokens_per_s")
+    return Table(
+        title=(f"Serving time on {s['device']}, batch {t['batch']}: prefill of n tokens and one decode step "
+               f"at context n, roofline at {t['peak_tflops']:g} TFLOP/s and {t['bandwidth_gbs']:g} GB/s"),
+        headers=("n", "prefill FLOPs", "prefill bytes", "prefill", "decode FLOPs", "decode bytes",
+                 "decode step", "tokens/s"),
+        rows=[(count(r["n_tokens"]), si(r["prefill_flops"], "FLOP"), binary_bytes(r["prefill_bytes"]),
+               f"{si(r['prefill_s'], 's')} ({r['prefill_bound']})", si(r["decode_flops"], "FLOP"),
+               binary_bytes(r["decode_bytes"]), f"{si(r['decode_s'], 's')} ({r['decode_bound']})",
+               f"{r['tokens_per_s']:,.1f}") for r in t["rows"]],
+        raw_headers=("n_tokens", *keys),
+        raw_rows=[(r["n_tokens"], *(r[k] for k in keys)) for r in t["rows"]],
+        notes=(f"time = max(FLOPs / peak, bytes / bandwidth) for each step, one device, weights in "
+               f"{t['weight_dtype']}, KV cache in {t['kv_dtype']}. FLOPs: 2·N_mm a token (N_mm = "
+               f"{count(t['matmul_params'])}, the parameters it is multiplied by: active, less the "
+               "looked-up embeddings, a tied head counted) and its attention (QKᵀ and AV over the keys it "
+               "sees; prefill causal). Bytes: every weight once a step, a mixture's routed experts as many "
+               "as its tokens touch (uniform routing, in expectation: k_E for one token), and the KV cache "
+               "and state the prefill writes or a decode step reads. An ideal kernel at peak: real engines "
+               "reach a fraction of it, and a decode step also launches kernels and syncs. GB/s = 10^9 bytes "
+               "a second; " + UNITS,),
     )
 
 

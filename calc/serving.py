@@ -5,28 +5,44 @@ For each tensor-parallel degree t, a device holds ⌈P/t⌉ parameters and its s
 heads to split), and ⌈·/t⌉ of a linear-attention or Mamba layer's state. What is left of the device's
 memory after the weights holds the cache; activations, the CUDA context and fragmentation are not
 counted, so real engines fit somewhat less (vLLM reserves 10 % by default).
+
+Serving time (`serving_time`): a prefill of n tokens and one decode step at context n, each a roofline on one
+device, max(FLOPs / peak, bytes / bandwidth), the FLOPs from the parameters a token is multiplied by and its
+attention, the bytes from every weight read once a step (a mixture's routed experts as many as the step's
+tokens touch) and the KV cache the step writes or reads.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 from calc import costs
 from calc import formulas as f
 from calc.config import Config, ConfigError
-from calc.ledger import checkpoint, values
+from calc.ledger import active, checkpoint, non_embedding, values
 
-# Memory per device as its datasheet prints it (GB = 10^9 bytes: the printed figure, read as SI; the
-# driver shows a little more on HBM parts and a little less on GDDR ones; pass --gpu-memory for yours).
-GPUS: dict[str, tuple[str, int]] = {
-    "h100": ("NVIDIA H100 SXM5, 80 GB HBM3", 80 * 10**9),
-    "h200": ("NVIDIA H200 SXM, 141 GB HBM3e", 141 * 10**9),
-    "a100-80gb": ("NVIDIA A100 80GB, 80 GB HBM2e", 80 * 10**9),
-    "a100-40gb": ("NVIDIA A100 40GB, 40 GB HBM2", 40 * 10**9),
-    "l40s": ("NVIDIA L40S, 48 GB GDDR6", 48 * 10**9),
-    "mi300x": ("AMD Instinct MI300X, 192 GB HBM3", 192 * 10**9),
+
+class Device(NamedTuple):
+    """One accelerator as its datasheet prints it: memory (GB = 10^9 bytes, read as SI; the driver shows a
+    little more on HBM parts and a little less on GDDR ones; pass --gpu-memory for yours), dense BF16
+    tensor throughput (half the figure NVIDIA prints with 2:4 sparsity) and memory bandwidth (GB/s = 10^9
+    bytes a second)."""
+
+    label: str
+    memory: int
+    peak_tflops: float
+    bandwidth_gbs: float
+
+
+GPUS: dict[str, Device] = {
+    "h100": Device("NVIDIA H100 SXM5, 80 GB HBM3", 80 * 10**9, 989.0, 3350.0),
+    "h200": Device("NVIDIA H200 SXM, 141 GB HBM3e", 141 * 10**9, 989.0, 4800.0),
+    "a100-80gb": Device("NVIDIA A100 80GB SXM, 80 GB HBM2e", 80 * 10**9, 312.0, 2039.0),
+    "a100-40gb": Device("NVIDIA A100 40GB SXM, 40 GB HBM2", 40 * 10**9, 312.0, 1555.0),
+    "l40s": Device("NVIDIA L40S, 48 GB GDDR6", 48 * 10**9, 362.05, 864.0),
+    "mi300x": Device("AMD Instinct MI300X, 192 GB HBM3", 192 * 10**9, 1307.4, 5300.0),
 }
 TP_DEGREES = (1, 2, 4, 8)
 UNITS = {"": None, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -109,3 +125,66 @@ def serving(config: Config, *, memory: int, device: str, kv_dtype: str = "bf16",
                      "context": largest_context(config, free, kv_bytes, tp)})
     return {"device": device, "memory": memory, "kv_dtype": kv_dtype, "weight_dtype": weight_dtype,
             "params": params, "n_tokens": n, "rows": rows}
+
+
+def matmul_params(config: Config) -> int:
+    """N_mm: the parameters a token is multiplied by: the active ones less the looked-up embedding tables,
+    the tied head's matrix counted back (the head multiplies by it)."""
+    return non_embedding(config, per_token=True) + (config.vocab_size * config.d_model
+                                                    if config.tied_embeddings else 0)
+
+
+def _expert_params(config: Config) -> int:
+    """p_e: one routed expert's parameters (with its biases, where experts have them)."""
+    return f.evaluate_count(f.expert + (f.expert_bias if config.expert_bias else 0), values(config))
+
+
+def step_bytes(config: Config, tokens: int, weight_bytes: int) -> int:
+    """Weight bytes one step of ``tokens`` tokens reads (f.step_weight_bytes): every weight outside the routed
+    experts once, the embedding rows the tokens look up, and the experts they touch in expectation (uniform,
+    independent routing; rounded up to whole bytes)."""
+    parts = checkpoint(config)
+    shared = (parts["total"] - parts["token_embedding"] - parts.get("position_embedding", 0)
+              + (config.vocab_size * config.d_model if config.tied_embeddings else 0)
+              + tokens * config.d_model * (2 if config.learned_positions else 1))
+    env = {**values(config), f.b_w: weight_bytes, f.t_r: tokens}
+    if not config.is_moe:
+        return weight_bytes * shared
+    p_e = _expert_params(config)
+    routed = (config.n_layers - config.n_dense_layers) * config.n_experts * p_e
+    env.update({f.P_s: shared - routed, f.p_e: p_e})
+    value = f.evaluate(f.step_weight_bytes, env)
+    return -(-int(value.p) // int(value.q))
+
+
+def serving_time(config: Config, seqs: list[int], *, peak_tflops: float, bandwidth_gbs: float, batch: int = 1,
+                 kv_dtype: str = "bf16", weight_dtype: str = "bf16") -> dict[str, Any]:
+    """Prefill of ``batch`` sequences of n tokens and one decode step at context n, each
+    max(FLOPs / peak, bytes / bandwidth) on one device: FLOPs from f.prefill_flops and f.decode_flops, bytes
+    the weights a step reads (step_bytes) and the KV cache and state it writes (prefill) or reads (decode)."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ConfigError("batch", f"must be a positive integer, got {batch!r}")
+    kv_bytes, weight_bytes = costs.DTYPE_BYTES[kv_dtype], costs.DTYPE_BYTES[weight_dtype]
+    held = costs.kv_cache_formulas(config)[1] + costs.state_formula(config)
+    n_mm = matmul_params(config)
+    peak, bandwidth = peak_tflops * 1e12, bandwidth_gbs * 1e9
+    rows = []
+    for n in seqs:
+        env = values(config)
+        env.update({f.n: n, f.b: kv_bytes, f.b_m: batch, f.N_mm: n_mm, **f.chunk_values(n, env[f.C])})
+        cache = batch * f.evaluate_count(held, env)
+        prefill_flops = f.evaluate_count(f.prefill_flops, env)
+        decode_flops = f.evaluate_count(f.decode_flops, env)
+        prefill_bytes = step_bytes(config, batch * n, weight_bytes) + cache
+        decode_weights = step_bytes(config, batch, weight_bytes)
+        row: dict[str, Any] = {"n_tokens": n, "prefill_flops": prefill_flops, "prefill_bytes": prefill_bytes,
+                               "decode_flops": decode_flops, "decode_weight_bytes": decode_weights,
+                               "decode_kv_bytes": cache, "decode_bytes": decode_weights + cache}
+        for step in ("prefill", "decode"):
+            compute, memory = row[f"{step}_flops"] / peak, row[f"{step}_bytes"] / bandwidth
+            row[f"{step}_s"] = max(compute, memory)
+            row[f"{step}_bound"] = "compute" if compute >= memory else "memory"
+        row["tokens_per_s"] = batch / row["decode_s"]
+        rows.append(row)
+    return {"peak_tflops": peak_tflops, "bandwidth_gbs": bandwidth_gbs, "batch": batch, "kv_dtype": kv_dtype,
+            "weight_dtype": weight_dtype, "matmul_params": n_mm, "active": active(config), "rows": rows}

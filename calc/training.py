@@ -109,16 +109,42 @@ def activation_rows(config: Config, seqs: Sequence[int], *, micro_batch: int = 1
     return rows
 
 
+# The dtype the activations are kept in under each precision: mixed precision and bf16 compute in bf16
+ACTIVATION_DTYPE = {"mixed": "bf16", "bf16": "bf16", "fp32": "fp32"}
+
+
+def derived_coverage(config: Config, tp: int) -> str | None:
+    """Why the training table gives no activation figure derived per layer kind (None: it does)."""
+    from calc import activations
+
+    if tp != 1:
+        return "derived for one device; with tensor parallelism only Korthikanti et al.'s formula splits"
+    return activations.coverage(config)
+
+
 def training(config: Config, seqs: Sequence[int], *, precision: str = "mixed", zero: int = 0, dp: int = 1,
              tp: int = 1, micro_batch: int = 1, sequence_parallel: bool = True) -> dict[str, Any]:
-    """Model states and activations per device over ``seqs``, with the totals of each strategy."""
+    """Model states and activations per device over ``seqs``, with the totals of each strategy: Korthikanti
+    et al.'s GPT-layer formula, and (one device, the model types calc.activations covers) every layer's and
+    the head's bytes derived per layer kind, eager and FlashAttention-style (``derived_eager``,
+    ``derived_flash``; None where not derived, ``derived.reason`` says why)."""
+    from calc import activations
+
     params = checkpoint(config)["total"]
     states = model_states(params, precision=precision, zero=zero, dp=dp, tp=tp)
     rows = activation_rows(config, seqs, micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel)
+    reason = derived_coverage(config, tp)
+    dtype = ACTIVATION_DTYPE[precision]
     for row in rows:
         for kind in ("activations", "selective", "flash"):
             row[f"total_{kind}"] = states["total"] + row[kind]
+        for attention in activations.ATTENTIONS:
+            derived = None if reason else activations.model_bytes(
+                config, row["n_tokens"], attention=attention, micro_batch=micro_batch, dtype=dtype)
+            row[f"derived_{attention}"] = derived
+            row[f"total_derived_{attention}"] = None if derived is None else states["total"] + derived
     per_param = dict(zip(("weights", "gradients", "optimizer"), PRECISIONS[precision], strict=True))
     return {"precision": precision, "bytes_per_param": per_param,
             "zero": zero, "dp": dp, "tp": tp, "sequence_parallel": sequence_parallel,
-            "micro_batch": micro_batch, "params": params, "model_states": states, "rows": rows}
+            "micro_batch": micro_batch, "params": params, "model_states": states,
+            "derived": {"dtype": dtype, "reason": reason}, "rows": rows}

@@ -18,11 +18,12 @@ d/h. They are counted by the same formula as the rows that are built.
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 from calc.cli import is_path
-from calc.hf import load
+from calc.hf import InertKeyWarning, load
 from calc.ledger import active, checkpoint
 from calc.presets import PRESETS, Config, ConfigError
 
@@ -108,7 +109,9 @@ def verify(names: Sequence[str] | None = None) -> list[Row]:
     model's, both None for a dense model) for every preset, or for the presets and config.json files named."""
     rows: list[Row] = []
     for name in names or PRESETS:
-        config = load(name) if is_path(name) else PRESETS[name]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", InertKeyWarning)  # main has named them
+            config = load(name) if is_path(name) else PRESETS[name]
         model = build_model(config)
         built = None if model is None else stored_count(model)
         counted_active = active(config) if config.is_moe else None
@@ -137,9 +140,44 @@ def expand(argv: Sequence[str]) -> list[str]:
     return names
 
 
+def agreement(predicted: int, measured: tuple[int, ...]) -> str:
+    """``exact`` when every layer measured equals calc's bytes, else the largest gap in % of PyTorch's."""
+    worst = max(measured, key=lambda size: abs(predicted - size))
+    return "exact" if predicted == worst and len(set(measured)) == 1 else \
+        f"{(predicted - worst) / worst:+.2%} (calc − PyTorch)"
+
+
+def activations_table(names: Sequence[str] | None = None) -> tuple[str, bool]:
+    """calc.activations' bytes beside PyTorch's (calc.measure.check) for the small model of each type, eager
+    and FlashAttention-style (SDPA) side by side; and whether every one is exact."""
+    from tabulate import tabulate
+
+    from calc.measure import check
+
+    rows = check(tuple(names) if names else None)
+    flash = {(r.model_type, r.dtype, r.n, r.micro_batch, r.kind): r for r in rows if r.attention == "flash"}
+    cells = []
+    for r in (r for r in rows if r.attention == "eager"):
+        other = flash[r.model_type, r.dtype, r.n, r.micro_batch, r.kind]
+        sizes = (r.predicted, r.measured[0], other.predicted, other.measured[0])
+        cells.append((r.model_type, r.dtype, f"{r.n} × {r.micro_batch}", r.kind, str(r.layers),
+                      *(f"{size:,}" for size in sizes),
+                      agreement(r.predicted, r.measured) if r.exact == other.exact and r.exact
+                      else f"eager {agreement(r.predicted, r.measured)}, flash "
+                           f"{agreement(other.predicted, other.measured)}"))
+    table = tabulate(cells, headers=("model_type", "dtype", "n × b_m", "layer", "layers", "eager: calc",
+                                     "eager: PyTorch", "flash: calc", "flash: PyTorch", "agreement"),
+                     disable_numparse=True, colalign=("left",) * 5 + ("right",) * 4 + ("left",))
+    return table, all(r.exact for r in rows)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m calc.verify [NAME | config.json | FOLDER | --presets ...]``; no argument: every preset."""
-    argv = expand(list(sys.argv[1:] if argv is None else argv))
+    """``python -m calc.verify [NAME | config.json | FOLDER | --presets ...]``; no argument: every preset.
+    ``python -m calc.verify --activations [MODEL_TYPE ...]``: activation bytes against PyTorch's."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--activations"]:
+        return main_activations(argv[1:])
+    argv = expand(argv)
     unknown = [name for name in argv if name not in PRESETS and not is_path(name)]
     if unknown:
         print(f"python -m calc.verify: error: unknown preset {unknown[0]!r}; see python -m calc --list",
@@ -147,10 +185,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     for name in filter(is_path, argv):
         try:
-            load(name)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", InertKeyWarning)
+                load(name)
         except ConfigError as err:
             print(f"python -m calc.verify: error: {name}: {err}", file=sys.stderr)
             return 2
+        for warning in caught:  # keys ignored as inert: said once, as calc says it
+            print(f"python -m calc.verify: warning: {warning.message}", file=sys.stderr)
     try:
         import torch  # noqa: F401
         import transformers
@@ -173,6 +215,33 @@ def main(argv: Sequence[str] | None = None) -> int:
             line += f"  active: calc {counted_active:,}, model {built_active:,}"
         print(f"{line}  {verdict}", flush=True)
     return 0 if ok else 1
+
+
+def main_activations(names: Sequence[str]) -> int:
+    from calc.measure import SPECS
+
+    unknown = [name for name in names if name not in SPECS]
+    if unknown:
+        print(f"python -m calc.verify: error: --activations: no small model of type {unknown[0]!r} "
+              f"(there are {', '.join(SPECS)})", file=sys.stderr)
+        return 2
+    try:
+        import torch
+        import transformers
+    except ImportError as err:
+        print(f"python -m calc.verify: error: needs torch and transformers ({err.name} is missing): "
+              f"{INSTALL}", file=sys.stderr)
+        return 2
+    from calc.report import wrap
+
+    table, exact = activations_table(names)
+    title = (f"Bytes kept for the backward pass per layer: calc.activations against PyTorch's saved tensors "
+             f"(torch.autograd.graph.saved_tensors_hooks), transformers {transformers.__version__}, torch "
+             f"{torch.__version__}; small random-weight models on the CPU (calc.measure.SPECS), b_m "
+             "sequences of n tokens, no dropout; 'head' is everything outside the layers (embedding, final "
+             "norm, head, loss)")
+    print("\n".join(wrap(title, 100)) + f"\n\n{table}")
+    return 0 if exact else 1
 
 
 if __name__ == "__main__":

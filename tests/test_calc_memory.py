@@ -12,7 +12,7 @@ from sympy import Rational, Symbol, ceiling, expand
 from calc import formulas as f
 from calc.cli import main
 from calc.presets import preset
-from calc.serving import GPUS, parse_size, serving
+from calc.serving import GPUS, parse_size, serving, serving_time, step_bytes
 from calc.training import activation_rows, model_states, training
 
 
@@ -249,7 +249,61 @@ def test_serving_table_and_json(capsys):
     assert "Serving on NVIDIA H100" in out and "batch at n = 4,096" in out
     _, out, _ = run(capsys, "llama2-7b", "--seq", "4096", "--gpu-memory", "80GB", "--format", "json")
     expected = serving(preset("llama2-7b"), memory=80 * 10**9, device="one device", n=4096)
-    assert json.loads(out)["serving"] == json.loads(json.dumps(expected))
+    got = json.loads(out)["serving"]
+    assert {k: v for k, v in got.items() if k != "time"} == json.loads(json.dumps(expected))
+    # without --gpu, the time table is an H100's (the flags' defaults)
+    timed = serving_time(preset("llama2-7b"), [4096], peak_tflops=989.0, bandwidth_gbs=3350.0)
+    assert got["time"] == json.loads(json.dumps(timed))
+
+
+# --- serving time: prefill and decode rooflines -------------------------------------------------------------
+def test_llama2_7b_decode_step_by_hand():
+    (row,) = serving_time(preset("llama2-7b"), [4096], peak_tflops=989.0, bandwidth_gbs=3350.0)["rows"]
+    total, embedding = 6_738_415_616, 32000 * 4096
+    kv = 2 * 32 * 32 * 128 * 2 * 4096  # K and V, 32 layers, 32 heads of 128, bf16, 4,096 tokens
+    assert row["decode_flops"] == 2 * (total - embedding) + 2 * 32 * (128 + 128) * 32 * 4096
+    # every weight but the embedding table, and the one row the token looks up, in bf16
+    assert row["decode_weight_bytes"] == 2 * (total - embedding + 4096) and row["decode_kv_bytes"] == kv
+    assert row["decode_bound"] == "memory"
+    assert row["decode_s"] == (2 * (total - embedding + 4096) + kv) / 3.35e12
+    assert row["tokens_per_s"] == 1 / row["decode_s"]
+    assert row["prefill_bound"] == "compute"  # 4,096 tokens a step: 4,096 times the FLOPs per weight read
+
+
+def test_a_mixture_reads_the_experts_its_tokens_touch():
+    from calc.ledger import active
+
+    mixtral = preset("mixtral-8x7b")
+    embedding = 32000 * 4096
+    # one token touches its 2 of 8 experts: the active parameters
+    assert step_bytes(mixtral, 1, 2) == 2 * (active(mixtral) - embedding + 4096)
+    # a prefill of many tokens touches nearly all of them: every parameter but the embedding table
+    whole = 2 * (46_702_792_704 - embedding + 10**5 * 4096)
+    assert whole - 2 <= step_bytes(mixtral, 10**5, 2) <= whole
+    assert step_bytes(mixtral, 1, 2) < step_bytes(mixtral, 4, 2) < step_bytes(mixtral, 64, 2)
+
+
+def test_a_window_caps_what_a_decode_step_reads():
+    rows = serving_time(preset("mistral-7b"), [4096, 32768], peak_tflops=989.0, bandwidth_gbs=3350.0)["rows"]
+    assert rows[0]["decode_kv_bytes"] == rows[1]["decode_kv_bytes"] == 32 * 4096 * 2 * 8 * 128 * 2
+
+
+def test_batch_and_gpu_set_the_serving_time(capsys):
+    code, out, _ = run(capsys, "llama3-8b", "--seq", "8192", "--gpu", "h200", "--batch", "8",
+                       "--format", "json")
+    report = json.loads(out)
+    t = report["serving"]["time"]
+    assert code == 0 and (t["peak_tflops"], t["bandwidth_gbs"], t["batch"]) == (989.0, 4800.0, 8)
+    assert report["time"]["bandwidth_gbs"] == 4800.0  # the attention roofline too
+    one = serving_time(preset("llama3-8b"), [8192], peak_tflops=989.0, bandwidth_gbs=4800.0)["rows"][0]
+    assert t["rows"][0]["decode_weight_bytes"] == one["decode_weight_bytes"] + 7 * 4096 * 2  # 7 more rows
+    assert t["rows"][0]["decode_kv_bytes"] == 8 * one["decode_kv_bytes"]
+    _, out, _ = run(capsys, "llama3-8b", "--gpu", "h200", "--bandwidth-gbs", "1000", "--format", "json")
+    assert json.loads(out)["serving"]["time"]["bandwidth_gbs"] == 1000.0  # a flag wins over the datasheet
+    code, out, err = run(capsys, "llama3-8b", "--batch", "8")
+    assert (code, out) == (2, "") and err.count("\n") == 1 and "--batch needs --gpu-memory or --gpu" in err
+    code, out, _ = run(capsys, "compare", "llama3-8b", "mixtral-8x7b", "--gpu", "h100", "--seq", "4096")
+    assert code == 0 and "serving: decode step at n" in out and "(memory)" in out
 
 
 @pytest.mark.parametrize(
@@ -288,3 +342,39 @@ def test_seq_past_n_ctx_warns_on_stderr_and_in_the_json(capsys):
 def test_compare_warns_for_each_model_past_its_context(capsys):
     code, _, err = run(capsys, "compare", "gpt2", "llama2-7b", "--seq", "2048")
     assert code == 0 and err.count("\n") == 1 and "of gpt2" in err
+
+
+# --- activations derived per layer kind in the training table (calc.activations) ----------------------------
+def test_training_rows_carry_the_derived_activations_and_their_totals():
+    from calc import activations
+
+    t = training(preset("llama3-8b"), [8192], micro_batch=2)
+    (row,) = t["rows"]
+    assert t["derived"] == {"dtype": "bf16", "reason": None}
+    for attention in ("eager", "flash"):
+        expected = activations.model_bytes(preset("llama3-8b"), 8192, attention=attention, micro_batch=2,
+                                           dtype="bf16")
+        assert row[f"derived_{attention}"] == expected
+        assert row[f"total_derived_{attention}"] == t["model_states"]["total"] + expected
+    assert row["derived_flash"] < row["derived_eager"]  # the n×n softmax is the difference's bulk
+    fp32 = training(preset("llama3-8b"), [8192], precision="fp32")
+    assert fp32["derived"]["dtype"] == "fp32" and fp32["rows"][0]["derived_flash"] > row["derived_flash"] / 2
+
+
+@pytest.mark.parametrize(("name", "options", "reason"), [
+    ("llama3-8b", {"tp": 8}, "derived for one device"),
+    ("deepseek-v3", {}, "model_type deepseek_v3's layers are not among those checked"),
+])
+def test_training_says_why_it_derives_nothing(capsys, name, options, reason):
+    t = training(preset(name), [4096], **options)
+    assert t["derived"]["reason"].startswith(reason)
+    assert t["rows"][0]["derived_eager"] is None and t["rows"][0]["total_derived_flash"] is None
+    argv = [name, "--seq", "4096", "--train", "--width", "0", *(("--tp", "8") if options else ())]
+    code, out, err = run(capsys, *argv)
+    assert (code, err) == (0, "") and f"derived: not given, {reason}" in out and "—" in out
+
+
+def test_compare_shows_derived_activations_or_says_not_derived(capsys):
+    code, out, _ = run(capsys, "compare", "llama3-8b", "deepseek-v3", "--seq", "4096", "--width", "0")
+    line = next(row for row in out.splitlines() if "derived per layer kind, Flash" in row)
+    assert code == 0 and line.split()[-2:] == ["not", "derived"] and "GiB" in line

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
+import warnings
 from pathlib import Path
 from typing import NamedTuple
 
@@ -15,7 +17,7 @@ import pytest
 from calc import costs, ledger
 from calc.cli import main
 from calc.config import ConfigError
-from calc.hf import closest_type, from_config, layer_types, load
+from calc.hf import IGNORED, INERT, INERT_KINDS, InertKeyWarning, closest_type, from_config, layer_types, load
 
 CONFIGS = Path(__file__).resolve().parents[1] / "tests" / "configs"
 
@@ -51,19 +53,30 @@ MODELS = {
     "stablelm-3b-4e1t": Counted(2_795_443_200, None, 2 * 32 * 32 * 80 * 2),
     "starcoder": Counted(15_517_456_384, None, 2 * 40 * 1 * 128 * 2),
     "opt-125m": Counted(125_239_296, None, 2 * 12 * 12 * 64 * 2),
+    # files with keys of calc.hf.INERT (runner_max_sequence_length, use_mrope, transformers.js_config)
+    "santacoder": Counted(1_124_886_528, None, 2 * 24 * 1 * 128 * 2),  # multi-query
+    "qwen2.5-0.5b": Counted(494_032_768, None, 2 * 24 * 2 * 64 * 2),
+    "smollm2-1.7b-instruct": Counted(1_711_376_384, None, 2 * 24 * 32 * 64 * 2),
 }
+
+
+def _load(name: str):
+    """A fixture, its inert keys' warning (tested below) kept out of the way."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InertKeyWarning)
+        return load(str(CONFIGS / f"{name}.json"))
 
 
 @pytest.mark.parametrize("name", MODELS)
 def test_totals_and_active_equal_transformers_count(name):
-    config, counted = load(str(CONFIGS / f"{name}.json")), MODELS[name]
+    config, counted = _load(name), MODELS[name]
     assert ledger.checkpoint(config)["total"] == counted.total
     assert ledger.active(config) == (counted.active or counted.total)
 
 
 @pytest.mark.parametrize("name", MODELS)
 def test_kv_bytes_per_token_by_hand(name):
-    kv = costs.kv_cache(load(str(CONFIGS / f"{name}.json")), [128], "bf16")
+    kv = costs.kv_cache(_load(name), [128], "bf16")
     assert kv["bytes_per_token"] == MODELS[name].kv_per_token
     assert kv["rows"][0]["bytes"] == 128 * MODELS[name].kv_per_token  # no window (gpt-oss: 128) is over-full
 
@@ -71,7 +84,8 @@ def test_kv_bytes_per_token_by_hand(name):
 def test_every_new_type_has_a_fixture_here():
     new = {"qwen3_moe", "gpt_oss", "llama4", "deepseek_v2", "qwen3_next", "jamba", "qwen2_moe", "gemma",
            "smollm3",
-           "olmo2", "phi", "starcoder2", "cohere", "falcon", "stablelm", "gpt_bigcode", "opt"}
+           "olmo2", "phi", "starcoder2", "cohere", "falcon", "stablelm", "gpt_bigcode", "opt",
+           "qwen2", "llama"}  # Qwen2.5 and SmolLM2: the inert keys of their files
     assert {raw(name)["model_type"] for name in MODELS} == new
 
 
@@ -348,6 +362,97 @@ def test_keys_without_parameters_stay_ignored():
     assert ledger.checkpoint(opt) == ledger.checkpoint(from_config(raw("opt-125m")))
 
 
+# --- keys no transformers model reads (calc.hf.INERT): accepted, and named once ----------------------------
+# a value of each as the published files carry it (the santacoder, qwen2.5-0.5b and smollm2-1.7b-instruct
+# fixtures; nanotron's exports for is_llama_config and rope_interleaved; gpt2-medium's for the GPT ones)
+INERT_SAMPLES = {"output_past": True, "runner_max_sequence_length": None,
+                 "transformers.js_config": raw("smollm2-1.7b-instruct")["transformers.js_config"],
+                 "is_llama_config": True, "rope_interleaved": False, "use_mrope": False, "n_special": 0,
+                 "predict_special_tokens": True}
+
+
+def test_inert_table_has_a_kind_and_a_reason_per_key_and_no_other_home():
+    assert set(INERT_SAMPLES) == set(INERT)
+    assert all(entry.kind in INERT_KINDS and len(entry.reason) > 40 for entry in INERT.values())
+    assert not set(INERT) & IGNORED  # one place for each key
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.json")), ids=lambda path: path.stem)
+def test_every_config_here_reads_and_names_each_key_it_ignores(path):
+    data = json.loads(path.read_text(encoding="utf-8"))
+    carried = sorted(set(data.get("text_config", data)) & set(INERT))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        config = load(str(path))  # no ConfigError: every file here reads
+    said = [w for w in caught if w.category is InertKeyWarning]
+    assert config.ignored_keys == tuple(carried)
+    assert len(said) == (1 if carried else 0)
+    assert all(key in str(said[0].message) for key in carried)
+
+
+def test_the_files_that_were_refused_for_inert_keys_are_here():
+    carried = {key for path in CONFIGS.glob("*.json")
+               for key in json.loads(path.read_text(encoding="utf-8")) if key in INERT}
+    assert carried == {"runner_max_sequence_length", "use_mrope", "transformers.js_config"}
+
+
+@pytest.mark.parametrize("key", sorted(INERT))
+def test_an_inert_key_changes_no_figure_and_is_named_once(key):
+    from calc.report import build
+
+    base = from_config(raw("llama2-7b"))
+    with pytest.warns(InertKeyWarning, match=re.escape(key)) as said:
+        config = from_config({**raw("llama2-7b"), key: INERT_SAMPLES[key]})
+    assert len(said) == 1
+    with_key, without = build(config, seqs=[4096], train={}), build(base, seqs=[4096], train={})
+    assert with_key["warnings"] == [str(said[0].message)] and without["warnings"] == []
+    assert {**with_key, "warnings": []} == {**without, "warnings": []}
+
+
+def test_cli_names_every_ignored_key_in_one_line_and_in_the_json(capsys, tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**raw("llama2-7b"), "is_llama_config": True, "output_past": True}),
+                    encoding="utf-8")
+    assert main([str(path), "--seq", "4096", "--format", "json"]) == 0
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and "is_llama_config (export tooling), output_past (runtime)" in err
+    assert json.loads(out)["warnings"] == [err.removeprefix("python -m calc: warning: ").rstrip("\n")]
+    assert main(["compare", str(path), "llama2-7b"]) == 0
+    assert capsys.readouterr().err == err  # compare says it once too
+
+
+@pytest.mark.parametrize(("key", "value"), [("use_mrope", True), ("rope_interleaved", True), ("n_special", 3),
+                                            ("n_special", False)])
+def test_a_key_inert_at_its_default_is_refused_at_another_value(capsys, tmp_path, key, value):
+    config = {**raw("qwen2.5-0.5b"), key: value}
+    with pytest.raises(ConfigError) as err:
+        from_config(config)
+    assert err.value.field == key and "is not a value calc can ignore" in err.value.message
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config), encoding="utf-8")
+    assert main([str(path)]) == 2
+    out, err_text = capsys.readouterr()
+    assert out == "" and err_text.count("\n") == 1
+    assert f": {key}: {json.dumps(value)} is not a value" in err_text
+
+
+def test_inert_keys_never_count_as_unplaced():
+    unknown = {**raw("qwen2.5-0.5b"), "model_type": "qwen9"}
+    assert closest_type(unknown) == ("qwen2", [])  # use_mrope is known to change nothing
+
+
+def test_no_inert_key_is_read_anywhere_in_transformers():
+    transformers = pytest.importorskip("transformers")
+    words = re.compile("|".join(rf"(?<![\w.]){re.escape(key)}(?![\w])" for key in INERT))
+    root = Path(transformers.__file__).parent
+    found = set()
+    for path in root.rglob("*.py"):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if any(key in text for key in INERT):  # the regex only where a key occurs at all
+            found |= {(m[0], str(path.relative_to(root))) for m in words.finditer(text)}
+    assert found == set()
+
+
 @pytest.mark.parametrize(
     ("config", "key", "text"),
     [
@@ -399,6 +504,15 @@ VARIANTS = {
     "falcon, sequential blocks with biases": _variant(
         "falcon-7b", hidden_size=1024, num_attention_heads=16, parallel_attn=False, bias=True,
         num_hidden_layers=3),
+    "falcon, new decoder with one norm (Falcon-11B's num_ln_in_parallel_attn)": _variant(
+        "falcon-7b", hidden_size=1024, num_attention_heads=16, num_kv_heads=2, new_decoder_architecture=True,
+        num_ln_in_parallel_attn=1, num_hidden_layers=3),
+    "llama4, MoE on listed layers, NoPE layers listed": _variant(
+        "llama4-scout-17b-16e", moe_layers=[1, 2], no_rope_layers=[1, 0, 1, 1], num_local_experts=4,
+        hidden_size=512, num_hidden_layers=4, use_qk_norm=False),
+    "jamba, attention every 4 from layer 1, experts every 3": _variant(
+        "jamba-v0.1", attn_layer_period=4, attn_layer_offset=1, expert_layer_period=3, expert_layer_offset=2,
+        num_hidden_layers=8, num_experts=4, hidden_size=512, intermediate_size=1024, mamba_dt_rank=32),
     "llama4, MoE every other layer (Maverick's interleave)": _variant(
         "llama4-scout-17b-16e", interleave_moe_layer_step=2, num_local_experts=8, hidden_size=512,
         num_hidden_layers=8, use_qk_norm=False),
