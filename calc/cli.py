@@ -39,7 +39,7 @@ from calc.presets import ARCHS, PRESETS, ConfigError, UnknownModel, custom, pres
 from calc.report import DEFAULT_WIDTH, FORMATS, build, fit, render, wrap
 from calc.serving import GPUS, parse_size
 from calc.training import PRECISIONS, ZERO_STAGES
-from cmdline import Parser, UsageError, int_at_least, positive_number
+from cmdline import Parser, UsageError, fail, int_at_least, positive_number
 
 FLAGS = {"vocab_size": "--vocab", "tied_embeddings": "--tied/--untied"}
 
@@ -324,11 +324,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as done:  # --help
         return int(done.code or 0)
     except UsageError as err:
-        return _fail(str(err))
+        return fail("python -m calc", str(err))
     except UnknownModel as err:
-        return _fail(str(err.args[0]))
+        return fail("python -m calc", str(err.args[0]))
     except ConfigError as err:
-        return _fail(f"{FLAGS.get(err.field, '--' + err.field.replace('_', '-'))}: {err.message}")
+        flag = FLAGS.get(err.field, "--" + err.field.replace("_", "-"))
+        return fail("python -m calc", f"{flag}: {err.message}")
     for warning in warnings:
         print(f"python -m calc: warning: {warning}", file=sys.stderr)
     try:
@@ -337,7 +338,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
-
-def _fail(message: str) -> int:
-    print(f"python -m calc: error: {message}", file=sys.stderr)
-    return 2
