@@ -10,8 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from hypothesis import reject
 
 from spec import context, oracle
+from spec.cases import outside_limits
 from spec.golden import GRADS
 from spec.inputs import Inputs
 from spec.isolation import Request, TargetHung, TargetStopped, call_in
@@ -103,6 +105,7 @@ def call(
     expected shape; with ``return_lse=True`` among the keywords the result is ``(out, lse)``,
     lse checked to be float and shaped ``[..., n_q]``. ``deadline`` (seconds) as `invoke` takes
     it. The call is recorded in the run's context for the report."""
+    _within_limits(target, inputs)
     args = tuple(np.array(x, copy=copy) for x in (inputs.q, inputs.k, inputs.v))
     kwargs = arguments(target, inputs, copy=copy)
     kwargs["arrangement"] = arranged = arrangement(kwargs)
@@ -122,6 +125,14 @@ def call(
     if lse.shape != expect_shape[:-1]:
         raise TargetFailed(f"the target returned lse of shape {lse.shape}, expected {expect_shape[:-1]}")
     return out, lse
+
+
+def _within_limits(target: Target, inputs: Inputs) -> None:
+    """A call a law derives (one query alone, a truncated row, a slice) that breaks the target's
+    declared shape limits is not made: the example is rejected, and a law all of whose examples
+    would break them is skipped, naming them (`spec.runner.run_property`)."""
+    if outside_limits(target, inputs) is not None:
+        reject()
 
 
 def _check_float(x: Any, said: str) -> None:
@@ -147,6 +158,7 @@ def call_grad(
     grad_fn = target.grad_fn
     if grad_fn is None:
         raise TargetError(f"target {target.name!r} declares no grad_fn")
+    _within_limits(target, inputs)
     q, k, v = inputs.q, inputs.k, inputs.v
     kwargs = arguments(target, inputs)
     kwargs.pop("return_lse", None)

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from spec.dtypes import as_dtype
 from spec.inputs import Inputs
-from spec.keywords import Keyword, registered
+from spec.keywords import Keyword, by_argument, registered
+from spec.oracle import meaning
 from spec.target import Target
 
 # Widths worth hitting on purpose: perfect squares (where √d_k is exact) and their neighbours.
@@ -291,11 +292,14 @@ def widths(d_max: int = 128) -> tuple[st.SearchStrategy[int], ...]:
     return (st.sampled_from([w for w in WIDTHS if w <= d_max]), st.integers(1, d_max))
 
 
-SHAPE_GRID = (1, 3, 17, 64, 129)
+SHAPE_GRID = (1, 17, 129)
 """The lengths a target that compiles per shape (`Target.compiles_per_shape`) is drawn at: one
-query or key, a few, a partial tile past the smallest tile, a whole tile of 64 and one past 128."""
-SHAPE_WIDTHS = (1, 8, 64)
-"""The head widths such a target is drawn at."""
+query or key, a partial tile past the smallest tile (16 + 1), and one past 128 (a row block's
+edge). Calls a law derives from its cases (one query alone, a row truncated) keep their sizes.
+Such a target is also drawn at one rank (its highest), with two heads and two batch rows, and
+d_v = d_k (except where a law reads the pattern through V = I)."""
+SHAPE_WIDTHS = (8, 64)
+"""The head widths such a target is drawn at (d_v = d_k)."""
 
 
 def admissible_lengths(target: Target, n_min: int, n_max: int) -> tuple[int, ...] | None:
@@ -351,35 +355,42 @@ def widths_for(target: Target, d_max: int = 128) -> tuple[st.SearchStrategy[int]
     return _widths_within(target.head_dims, target.compiles_per_shape, d_max)
 
 
-def outside_limits(target: Target, case: Case, *, reads_pattern: bool = False) -> str | None:
-    """Which declared limit ``case`` breaks (its widths, or the length of one of its sequences:
-    the call's n_q and n_k, each packed sequence's, each row's key length), or None.
-    ``reads_pattern``: the values are V = I, read in blocks the target takes (`spec.laws._helpers
-    .pattern`), so d_v is not the case's."""
-    widths_used = (case.d_k,) if reads_pattern else (case.d_k, case.d_v)
+def outside_limits(target: Target, given: Case | Inputs, *, reads_pattern: bool = False) -> str | None:
+    """Which declared limit a call breaks (its widths, or the length of one of its sequences: the
+    call's n_q and n_k, each packed sequence's, each row's key length), or None; ``given``: a
+    case's inputs, or a call's. ``reads_pattern``: the values are V = I, read in blocks the
+    target takes (`spec.laws._helpers.run_pattern`), so the case's d_v is not a limit's."""
+    if not limits_text(target):
+        return None
+    inputs = given.inputs() if isinstance(given, Case) else given
+    d_k, d_v = inputs.q.shape[-1], inputs.v.shape[-1]
+    widths_used = (d_k,) if reads_pattern else (d_k, d_v)
     if target.head_dims is not None and any(w not in target.head_dims for w in widths_used):
         return f"head_dims={target.head_dims}"
-    if target.equal_head_dims and not reads_pattern and case.d_v != case.d_k:
+    if target.equal_head_dims and not reads_pattern and d_v != d_k:
         return "equal_head_dims=True"
-    queries, keys = sequence_lengths(case)
+    queries, keys = sequence_lengths(inputs)
     every = [*queries, *keys]
     if target.seq_multiple and any(n % target.seq_multiple for n in every):
         return f"seq_multiple={target.seq_multiple}"
-    if target.max_seq is not None and any(n > target.max_seq for n in (case.n_q, case.n_k, *every)):
+    if target.max_seq is not None and any(n > target.max_seq for n in every):
         return f"max_seq={target.max_seq}"
     return None
 
 
-def sequence_lengths(case: Case) -> tuple[list[int], list[int]]:
-    """The query and key counts of each sequence the case's call holds: each keyword's
-    (`spec.keywords.Keyword.lengths`: packed sequences, per-row key lengths), else the call's."""
-    queries, keys = [case.n_q], [case.n_k]
-    for kw in registered().values():
-        parameter = case.keywords.get(kw.name)
-        if parameter is not None and kw.lengths is not None:
-            q, k = kw.lengths(case, parameter)
-            queries, keys = list(q), list(k)
-    return queries, keys
+def sequence_lengths(inputs: Inputs) -> tuple[list[int], list[int]]:
+    """The query and key counts of each sequence a call holds: each keyword's that says
+    (`spec.keywords.Keyword.lengths`: packed sequences, per-row key lengths), else the call's
+    n_q and n_k (the keys as the maths reads them: a paged pool's are its sequences')."""
+    meant = meaning(inputs)
+    queries, keys = [meant.n_q], [meant.n_k]
+    table = by_argument()
+    for name in [n for n, x in inputs.keywords.items() if x is not None and n in table]:
+        kw = table[name]
+        values = kw.given(inputs.keywords)
+        if kw.lengths is not None and values is not None and name == kw.passes[0]:
+            queries, keys = kw.lengths(meant.n_q, *values[:len(kw.passes)])
+    return list(queries), list(keys)
 
 
 def limits_text(target: Target) -> str:
@@ -444,16 +455,16 @@ def _draw_plain(
     amplitudes: tuple[float, ...], gqa: bool, scale: bool,
 ) -> Case:
     ranks = [r for r in target.ndims if r in ndims]
-    ndim = pick(draw, tuple(ranks))
+    few = target.compiles_per_shape  # one rank, two heads, two batch rows: fewer shapes to compile
+    ndim = max(ranks) if few else pick(draw, tuple(ranks))
     dtype = pick(draw, target.dtypes)
-    few = target.compiles_per_shape  # batch and heads from two sizes each: fewer shapes to compile
-    batch = (pick(draw, (1, 2)) if few else draw(between(1, 3))) if ndim == 4 else 1
+    batch = (2 if few else draw(between(1, 3))) if ndim == 4 else 1
     kv_heads = None
     if gqa:
         g, group = (1, 2) if few else (draw(between(1, 3)), draw(between(2, 3)))
         heads, kv_heads = g * group, g
     else:
-        heads = (pick(draw, (1, 2)) if few else draw(between(1, 4))) if ndim >= 3 else 1
+        heads = (2 if few else draw(between(1, 4))) if ndim >= 3 else 1
     n_q = one_of(draw, sizes(target, n_max, n_q_min))
     n_k = n_q if n_q >= n_k_min and draw(BOOLEANS) else one_of(draw, sizes(target, n_max, n_k_min))
     is_causal = pick(draw, tuple(causal)) if target.causal_alignment else False
@@ -464,7 +475,7 @@ def _draw_plain(
     if pattern:
         d_v = n_k
     else:
-        d_v = d_k if target.equal_head_dims or draw(BOOLEANS) else one_of(draw, widths_for(target))
+        d_v = d_k if target.equal_head_dims or few or draw(BOOLEANS) else one_of(draw, widths_for(target))
     return Case(
         dtype=dtype,
         ndim=ndim,
@@ -507,11 +518,17 @@ def tile_cases(
     d_k = _tile_width(draw, target)
     d_v = n_k if pattern else d_k if target.equal_head_dims else _tile_width(draw, target)
     return Case(
-        dtype=pick(draw, target.dtypes), ndim=min(target.ndims), batch=1, heads=1,
+        dtype=pick(draw, target.dtypes), ndim=_grid_rank(target), batch=1, heads=1,
         n_q=n_q, n_k=n_k, d_k=d_k, d_v=d_v,
         seed=draw(SEEDS), causal=is_causal, values=pick(draw, tuple(values)),
         mask=pick(draw, tuple(masks)) if target.supports_mask else "none",
     )
+
+
+def _grid_rank(target: Target) -> int:
+    """The rank of the tile and boundary cases: the smallest the target takes (its highest if it
+    compiles per shape: the rank its other cases have)."""
+    return max(target.ndims) if target.compiles_per_shape else min(target.ndims)
 
 
 def _tile_width(draw: st.DrawFn, target: Target) -> int:
@@ -577,9 +594,9 @@ def _long_square(target: Target) -> int:
 def _grid_case(target: Target, n_q: int, n_k: int, causal: bool, pattern: bool, mask: str,
                dtype: str | None = None) -> Case:
     """One grid case: the smallest rank, one head, d_k = 3 (d_v = 3, or n_k with ``pattern``;
-    the smallest of ``head_dims`` where the target declares them), the dtype ``dtype`` or the next
-    in the rotation."""
-    width = 3 if target.head_dims is None else target.head_dims[0]
-    return Case(dtype=dtype or target.dtypes[(n_q + n_k) % len(target.dtypes)], ndim=min(target.ndims),
+    the smallest of ``head_dims`` where the target declares them, 8 for a target that compiles per
+    shape), the dtype ``dtype`` or the next in the rotation."""
+    width = target.head_dims[0] if target.head_dims else SHAPE_WIDTHS[1] if target.compiles_per_shape else 3
+    return Case(dtype=dtype or target.dtypes[(n_q + n_k) % len(target.dtypes)], ndim=_grid_rank(target),
                 batch=1, heads=1, n_q=n_q, n_k=n_k, d_k=width, d_v=n_k if pattern else width,
                 seed=10 * n_q + n_k, causal=causal, mask=mask if target.supports_mask else "none")

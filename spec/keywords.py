@@ -192,10 +192,11 @@ class Keyword:
     ndims: tuple[int, ...] = (2, 3, 4)
     """Ranks of q, k, v it applies to (per-row key lengths: 4; packed sequences: 3); `spec.cases.cases`
     draws only those ranks for a case that draws it."""
-    lengths: Callable[[Any, Any], tuple[Any, Any]] | None = None
-    """``lengths(case, parameter) -> (query counts, key counts)``: the sequences its call holds
-    (packed sequences, each row's own key length), which a target's shape limits apply to
-    (`spec.cases.sequence_lengths`); None: the call's n_q and n_k."""
+    lengths: Callable[..., tuple[Any, Any]] | None = None
+    """``lengths(n_q, *values) -> (query counts, key counts)``: the sequences a call with these
+    values (those it passes, as passed) holds — packed sequences, each row's own key length —
+    which a target's shape limits apply to (`spec.cases.outside_limits`); None: the call's n_q
+    and n_k."""
     reshapes: bool = False
     """Its ``draw`` changes the case's batch or sizes (key lengths draw batch rows; packed sequences
     their totals): `spec.cases.cases` draws it before the keywords whose parameters are sized by

@@ -97,7 +97,7 @@ KV_LENGTHS = Keyword(
     terms=(Restricts(lengths_visible, cause="kv_lengths"), Realigns(lengths_diagonal)),
     received=lambda case, lengths: (np.asarray(lengths, dtype=np.int64),),
     draw=draw_lengths,
-    lengths=lambda case, lengths: ([case.n_q] * len(lengths), list(lengths)),
+    lengths=lambda n_q, lengths: ([n_q] * len(lengths), [int(n) for n in lengths]),
     reshapes=True,
     ndims=(4,),
 )
@@ -218,7 +218,7 @@ VARLEN = Keyword(
     terms=(Restricts(packed_visible, cause="varlen"), Realigns(packed_diagonal)),
     received=lambda case, packing: tuple(np.asarray(offsets, dtype=np.int64) for offsets in packing),
     draw=draw_packing,
-    lengths=lambda case, packing: (list(np.diff(packing[0])), list(np.diff(packing[1]))),
+    lengths=lambda n_q, cu_q, cu_k: ([int(n) for n in np.diff(cu_q)], [int(n) for n in np.diff(cu_k)]),
     reshapes=True,
     arrangement="packed",
     ndims=(3,),

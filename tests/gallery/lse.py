@@ -83,4 +83,5 @@ def tiled(q: Array, k: Array, v: Array, *, causal: bool = False, mask: Any = Non
 
 CORRECT = [Target(tiled, name="lse_tiled", dtypes=("float16", "float32", "float64"), **_DECLARED),
            # +inf for a row that sees nothing, declared (FlashAttention's CUDA kernels)
-           Target(lse_plus_inf_for_empty_rows, name="lse_plus_inf_declared", empty_lse=float("inf"), **_DECLARED)]
+           Target(lse_plus_inf_for_empty_rows, name="lse_plus_inf_declared", empty_lse=float("inf"),
+                  **_DECLARED)]
