@@ -355,6 +355,17 @@ def widths_for(target: Target, d_max: int = 128) -> tuple[st.SearchStrategy[int]
     return _widths_within(target.head_dims, target.compiles_per_shape, d_max)
 
 
+def split_point(target: Target, case: Case, *, stream: int) -> int:
+    """Where a law splits the case's keys in two (1 ≤ t < n_k), from the case's random ``stream``:
+    anywhere, or, for a target that compiles per shape, at a length of `SHAPE_GRID` (so the two
+    parts add few shapes to compile)."""
+    rng = case.rng(stream)
+    if target.compiles_per_shape:
+        points = [n for n in SHAPE_GRID if 0 < n < case.n_k] or [1]
+        return int(points[int(rng.integers(0, len(points)))])
+    return int(rng.integers(1, case.n_k))
+
+
 def outside_limits(target: Target, given: Case | Inputs, *, reads_pattern: bool = False) -> str | None:
     """Which declared limit a call breaks (its widths, or the length of one of its sequences: the
     call's n_q and n_k, each packed sequence's, each row's key length), or None; ``given``: a

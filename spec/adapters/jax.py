@@ -264,6 +264,16 @@ def dpa_target(device: str = "cpu") -> Target:
         # the cases come from the small grid of compile-once shapes.
         deadline_s=60.0,
         compiles_per_shape=True,
+        # Found, verified, declared (docs/peers.md, with the replay lines): under jax.jit (float32 is
+        # jitted here), XLA fuses q·kᵀ into the softmax's exp(s − max) and recomputes it with a
+        # fused multiply-add, so scores near the edge of float32's range give NaN or inf; the same
+        # call run eagerly is right.
+        expected_failures={
+            "large_logits[float32]": "XLA's jitted softmax recomputes s − max with a fused multiply-add: "
+                                     "scores near float32's edge give NaN (eager is right)",
+            "bottom_right_causal_mask[float32]": "the same fused recomputation, at the edge scores half its "
+                                                 "examples draw: inf (eager is right)",
+        },
         # jax.vjp of the same call: every keyword above reaches the backward, and the bias gets
         # its gradient (summed over the axes it was broadcast along). Measured: passes every
         # gradient law (float16, bfloat16, float32); a hidden key gets exactly zero dk, dv and

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from spec import dtypes, golden
 from spec.call import call
-from spec.cases import SEEDS, Case, boundary_cases, cases, largest_products, one_of, pick
+from spec.cases import SEEDS, Case, boundary_cases, cases, largest_products, one_of, pick, widths_for
 from spec.inputs import Inputs
 from spec.laws import _needs
 from spec.laws._helpers import (
@@ -210,7 +210,7 @@ SCORE_WIDTHS = (st.sampled_from((1, 2, 8, 64, 128)), st.integers(1, 128))  # bra
 @st.composite
 def _score_variance_cases(draw: st.DrawFn, t: Target) -> Case:
     rank = 4 if 4 in t.ndims else 3
-    d_k = one_of(draw, SCORE_WIDTHS)
+    d_k = one_of(draw, widths_for(t, 128) if t.compiles_per_shape else SCORE_WIDTHS)
     samples = score_samples(d_k)
     return Case(dtype=pick(draw, t.dtypes), ndim=rank, batch=64 if rank == 4 else 1,
                 heads=samples // 64 if rank == 4 else samples, n_q=1, n_k=2, d_k=d_k, d_v=2,

@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from spec import dtypes, golden, oracle
-from spec.cases import Case, cases
+from spec.cases import Case, cases, split_point
 from spec.inputs import Inputs
 from spec.keywords import Keyword, Leaves
 from spec.laws import _needs
@@ -150,7 +150,7 @@ def lse_merge_split_keys(target: Target, case: Case) -> None:
     """
     inputs = case.inputs()
     mask = inputs.mask
-    t = int(case.rng(10).integers(1, case.n_k))
+    t = split_point(target, case, stream=10)
     parts = []
     for keys in (slice(0, t), slice(t, None)):
         parts.append(run_lse(target, inputs.replace(k=inputs.k[..., keys, :], v=inputs.v[..., keys, :],
