@@ -1,5 +1,5 @@
 """impl's argument checks at their edges, written to kill the mutants of impl/masks.py that the
-suite and tests/test_masks.py left alive (tools/mutation): each case is the first value past a
+suite and tests/test_impl_masks.py left alive (tools/mutation): each case is the first value past a
 boundary that a mutated comparison or boolean would let through."""
 
 import numpy as np

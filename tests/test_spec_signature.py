@@ -194,7 +194,7 @@ def test_pytest_short_summary_carries_the_laws_message(tmp_path):
 
 
 def test_the_pytest_plugin_reports_a_signature_mismatch_once(tmp_path):
-    run = _pytest_with_the_plugin(tmp_path, "--attention-target=test_spec_errors:sdpa")
+    run = _pytest_with_the_plugin(tmp_path, "--attention-target=test_spec_signature:sdpa")
     assert run.returncode == 1
     failed = [s for s in run.stdout.splitlines() if s.startswith("FAILED")]
     assert len(failed) == 1 and "does not take the keyword causal=" in failed[0], failed
