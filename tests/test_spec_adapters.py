@@ -1,4 +1,7 @@
-"""The peers' adapters, and the framework behaviours their declarations rest on, re-measured.
+"""spec.adapters, one module per framework behind one protocol: arrays in and out bit for bit,
+renames checked, each framework's keyword spellings read from its adapter's declaration, grad_fn
+built by autograd or jax.vjp; and each framework's attention, with the behaviours its declarations
+rest on re-measured.
 
 Each behaviour test would fail on the framework version that behaves otherwise (e.g. PyTorch's
 math kernel before 2.5 gave NaN for a query that sees no key), so a new version that changes a
@@ -10,7 +13,161 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import spec
 from impl import attention, causal_mask
+from impl.grad import attention_backward
+from spec import dtypes
+from spec.call import call_grad
+from spec.inputs import Inputs
+from spec.target import Target
+
+# --- the protocol: arrays in and out bit for bit, renames checked, each framework's spellings -----
+
+
+@pytest.fixture
+def torch():
+    return pytest.importorskip("torch")
+
+
+BF16 = dtypes.as_dtype(dtypes.BFLOAT16) if dtypes.has_bfloat16() else None
+
+
+def _bits(x: np.ndarray) -> np.ndarray:
+    return x.view(np.uint16 if x.dtype.itemsize == 2 else np.uint32 if x.dtype.itemsize == 4 else np.uint64)
+
+
+def _awkward(dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """Values whose bits a lossy conversion would change: subnormals, ±0, ±inf, NaN, extremes."""
+    info = np.finfo(np.float32) if dtype == BF16 else np.finfo(dtype)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, float(info.max), float(info.tiny) / 4, 1 / 3],
+                       dtype=np.float64)
+    values = np.resize(special, int(np.prod(shape))).reshape(shape)
+    with np.errstate(over="ignore"):
+        return values.astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "bfloat16"])
+def test_from_torch_passes_every_bit_both_ways(torch, dtype):
+    if dtype == "bfloat16" and BF16 is None:
+        pytest.skip("needs ml_dtypes")
+    dt = dtypes.as_dtype(dtype)
+    seen = {}
+
+    def echo(q, k, v, *, is_causal=False):
+        seen["types"] = [type(x).__name__ for x in (q, k, v)]
+        seen["dtype"] = str(q.dtype)
+        return q.clone()
+
+    target = spec.from_torch(echo, rename={"causal": "is_causal"}, dtypes=(dtype,))
+    q = _awkward(dt, (2, 3, 4))
+    out = target(q, q[..., :2, :], q[..., :2, :], causal=True)
+    assert seen["types"] == ["Tensor"] * 3 and seen["dtype"] == f"torch.{dtype}"
+    assert out.dtype == dt and np.array_equal(_bits(out), _bits(q))
+
+
+def test_from_jax_passes_every_bit_and_enables_float64():
+    jnp = pytest.importorskip("jax.numpy")
+    seen = {}
+
+    def echo(q, k, v):
+        seen["dtype"] = str(q.dtype)
+        return jnp.asarray(q)
+
+    for dtype in ("float16", "float32", "float64", *(("bfloat16",) if BF16 is not None else ())):
+        dt = dtypes.as_dtype(dtype)
+        q = _awkward(dt, (3, 4))
+        out = spec.from_jax(echo, dtypes=(dtype,))(q, q, q)
+        assert seen["dtype"] == dtype and out.dtype == dt and np.array_equal(_bits(out), _bits(q))
+        assert out.flags.writeable
+
+
+def test_rename_is_checked():
+    with pytest.raises(ValueError, match="rename names 'is_causal'"):
+        spec.from_torch(lambda q, k, v: q, rename={"is_causal": "causal"})
+    with pytest.raises(TypeError, match="rename must be a dict"):
+        spec.from_torch(lambda q, k, v: q, rename=[("causal", "is_causal")])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="fn must be callable"):
+        spec.from_jax(3)
+
+
+def test_jax_row_with_no_key_has_a_finite_lse_and_torch_all_minus_inf_bias_row_gives_zeros(torch):
+    # The measurements behind two declarations: jax's lse_empty_row_is_neg_inf is skipped (its
+    # masked_rows is "uniform", the empty row's lse is the finite fill's), torch takes bias.
+    pytest.importorskip("jax")
+    from spec.adapters.jax import jax_attention
+    from spec.adapters.torch import torch_attention
+
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((2, 1, n, 4)).astype(np.float32) for n in (3, 5, 5))
+    out, lse = jax_attention(q, k, v, kv_lengths=np.array([0, 5]), return_lse=True)
+    assert np.all(np.isfinite(lse[0])) and np.all(lse[0] < -1e37)
+    np.testing.assert_allclose(out[0, 0], np.broadcast_to(v[0, 0].mean(axis=0), (3, 4)), atol=1e-6)
+    bias = np.zeros((2, 1, 3, 5), dtype=np.float32)
+    bias[0, 0, 1] = -np.inf
+    assert np.array_equal(torch_attention(q, k, v, bias=bias)[0, 0, 1], np.zeros(4, dtype=np.float32))
+
+
+def _recorder(seen: dict):
+    def fn(q, k, v, **kwargs):
+        seen.clear()
+        seen.update(kwargs)
+        return q
+    return fn
+
+
+def test_the_adapters_spell_keywords_as_each_adapter_declares_and_rename_overrides(torch):
+    from spec.adapters import spellings
+
+    assert spellings("jax")["window"] == "local_window_size"
+    assert spellings("torch")["bias"] == "attn_mask"
+    seen: dict = {}
+    q = np.zeros((2, 1, 3, 4), dtype=np.float32)
+    bias = np.zeros((2, 1, 3, 3), dtype=np.float32)
+    sdpa_like = spec.from_torch(_recorder(seen), supports_bias=True, supports_mask=True, ndims=(4,))
+    sdpa_like(q, q, q, bias=bias, mask=np.ones((3, 3), dtype=bool))
+    assert set(seen) == {"attn_mask", "mask"}
+    # the user's rename wins: a spelling it gives to another keyword drops that keyword's default
+    spec.from_torch(_recorder(seen), rename={"mask": "attn_mask"}, supports_bias=True, supports_mask=True,
+                    ndims=(4,))(q, q, q, bias=bias, mask=np.ones((3, 3), dtype=bool))
+    assert set(seen) == {"attn_mask", "bias"} and seen["attn_mask"].dtype == torch.bool
+    keep = spec.from_torch(_recorder(seen), rename={"bias": "bias"}, supports_bias=True, ndims=(4,))
+    keep(q, q, q, bias=bias)
+    assert set(seen) == {"bias"}
+    with pytest.raises(ValueError, match="gives 'x' to more than one keyword"):
+        spec.from_torch(_recorder(seen), rename={"mask": "x", "bias": "x"})
+
+
+def test_from_jax_spells_keywords_as_jax_does():
+    pytest.importorskip("jax")
+    seen: dict = {}
+    q = np.zeros((2, 1, 3, 4), dtype=np.float32)
+    target = spec.from_jax(_recorder(seen), supports_window=True, supports_kv_lengths=True, returns_lse=True,
+                           ndims=(4,))
+    target(q, q, q, window=(1, 0), kv_lengths=np.array([3, 2]))
+    assert set(seen) == {"local_window_size", "key_value_seq_lengths"}
+    renamed = spec.from_jax(_recorder(seen), rename={"window": "window_size"}, supports_window=True)
+    renamed(q, q, q, window=(1, 0))
+    assert set(seen) == {"window_size"}
+
+
+def test_a_libraries_spelling_is_read_from_its_adapters_declaration(monkeypatch):
+    pytest.importorskip("jax")
+    from spec.adapters import jax as adapter
+    from spec.adapters import spellings
+    from spec.adapters.jax import jax_attention
+
+    monkeypatch.setitem(adapter.SPELLINGS, "window", "my_window")
+    assert spellings("jax")["window"] == "my_window"
+    seen: dict = {}
+    spec.from_jax(_recorder(seen), supports_window=True)(np.zeros((3, 4)), np.zeros((3, 4)), np.zeros((3, 4)),
+                                                         window=(1, 0))
+    assert set(seen) == {"my_window"}
+    # the built-in wrapper reads it too (float16 runs eagerly, so the call is traced again)
+    q = np.zeros((3, 4), dtype=np.float16)
+    with pytest.raises(TypeError, match="my_window"):
+        jax_attention(q, q, q, window=(1, 0))
+# --- each framework's attention, and the behaviours its declarations rest on -----------------------
+
 
 FRAMEWORKS = ["torch", "jax"]
 
@@ -205,3 +362,105 @@ def test_torch_adapter_works_without_ml_dtypes(monkeypatch):
     out = fn(q, k, v)
     assert out.dtype == np.float64
     np.testing.assert_allclose(out, _golden(q, k, v), atol=1e-12)
+
+
+# --- the gradient builder: grad_fn by autograd and by jax.vjp -------------------------------------
+
+
+Array = np.ndarray
+
+
+def _arrays(lead: tuple[int, ...], n_q: int, n_k: int, d: int = 3, *, kv_lead: tuple[int, ...] | None = None,
+            seed: int = 0) -> tuple[Array, Array, Array, Array]:
+    rng = np.random.default_rng(seed)
+    kv = lead if kv_lead is None else kv_lead
+    return (rng.standard_normal((*lead, n_q, d)), rng.standard_normal((*kv, n_k, d)),
+            rng.standard_normal((*kv, n_k, 2)), rng.standard_normal((*lead, n_q, 2)))
+
+
+def _against_reference(target: Target, inputs: Inputs, d_out: Array, *, rtol: float) -> None:
+    got = call_grad(target, inputs, d_out, deadline=120.0)
+    kwargs = {n: x for n, x in inputs.keywords.items()} | ({"causal": True} if inputs.causal else {}) | (
+        {} if inputs.mask is None else {"mask": inputs.mask})
+    *want, extras = attention_backward(inputs.q, inputs.k, inputs.v, d_out, scale=inputs.scale,
+                                       return_extras=True, **kwargs)
+    for a, b in zip(got[:3], want, strict=True):
+        np.testing.assert_allclose(a, b, rtol=rtol, atol=rtol)
+    assert set(got[3]) == set(extras)
+    for name in extras:
+        np.testing.assert_allclose(got[3][name], extras[name], rtol=rtol, atol=rtol)
+
+
+def test_from_torch_with_grad_differentiates_the_function_and_its_bias():
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as F
+
+    def sdpa(q, k, v, *, causal=False, scale=None, attn_mask=None):  # bias= arrives as torch spells it
+        if attn_mask is not None and causal:
+            future = ~torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+            attn_mask = attn_mask.masked_fill(future, float("-inf"))
+            causal = False
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal, scale=scale)
+
+    target = spec.from_torch(sdpa, grad=True, supports_scale=True, supports_bias=True, grad_extras=("dbias",))
+    q, k, v, d_out = _arrays((2, 3), 4, 5)
+    bias = np.random.default_rng(9).standard_normal((2, 1, 4, 5))
+    inputs = Inputs(q, k, v, causal=True, scale=0.6, keywords={"bias": bias})
+    _against_reference(target, inputs, d_out, rtol=1e-12)
+    _against_reference(target, Inputs(q, k, v), d_out, rtol=1e-12)
+    with pytest.raises(TypeError, match="grad=True or grad_fn="):
+        spec.from_torch(sdpa, grad=True, grad_fn=attention_backward)
+
+
+def test_from_jax_with_grad_uses_vjp():
+    pytest.importorskip("jax")
+    import jax
+    import jax.numpy as jnp
+
+    def attend(q, k, v, *, causal=False, scale=None, bias=None, sinks=None):
+        s = (q @ jnp.swapaxes(k, -1, -2)) * (q.shape[-1] ** -0.5 if scale is None else scale) + (
+            0 if bias is None else bias)
+        if causal:
+            s = jnp.where(jnp.tril(jnp.ones(s.shape[-2:], bool)), s, -jnp.inf)
+        if sinks is not None:  # an extra logit per head that carries no value
+            column = jnp.broadcast_to(sinks[:, None, None], (*s.shape[:-1], 1))
+            return jax.nn.softmax(jnp.concatenate([s, column], axis=-1), axis=-1)[..., :-1] @ v
+        return jax.nn.softmax(s, axis=-1) @ v
+
+    target = spec.from_jax(attend, grad=True, supports_scale=True, supports_bias=True, supports_sinks=True,
+                           grad_extras=("dbias", "dsinks"), dtypes=("float64",))
+    q, k, v, d_out = _arrays((2, 3), 4, 5)
+    rng = np.random.default_rng(10)
+    keywords = {"bias": rng.standard_normal((1, 3, 4, 5)), "sinks": rng.standard_normal(3)}
+    _against_reference(target, Inputs(q, k, v, causal=True, scale=0.6, keywords=keywords), d_out, rtol=1e-10)
+
+
+def test_the_jax_target_differentiates_every_keyword_it_declares_and_its_bias():
+    pytest.importorskip("jax")
+    jax_target = spec.load_target("jax")
+    assert jax_target.grad_extras == ("dbias",)
+    # grouped K/V heads, d_v ≠ d_k (JAX is called per slice of V), a bias broadcast over the
+    # heads (dbias summed back), key lengths, a window, mask= and causal at once
+    q, k, v, d_out = (x.astype(np.float32) for x in _arrays((2, 4), 5, 7, kv_lead=(2, 2)))
+    rng = np.random.default_rng(11)
+    # every query keeps its diagonal key and the one before: no row is empty
+    mask = (rng.random((2, 4, 5, 7)) < 0.8) | np.eye(5, 7, dtype=bool) | np.eye(5, 7, -1, dtype=bool)
+    keywords = {"bias": rng.standard_normal((2, 1, 5, 7)).astype(np.float32), "kv_lengths": np.array([7, 4]),
+                "window": (2, 1)}
+    inputs = Inputs(q, k, v, causal=True, mask=mask, scale=0.6, keywords=keywords)
+    _against_reference(jax_target, inputs, d_out, rtol=1e-5)
+    laws = ["grad_keywords_match_golden", "grad_bias_broadcast_summed", "grad_hidden_keys_get_nothing"]
+    report = spec.check(jax_target, profile="quick", max_examples=4, only=laws)
+    assert report.ok, [(r.name, r.message, r.counterexample) for r in report.failures]
+    assert all(r.status == "pass" for r in report.results)
+
+
+def test_the_torch_target_differentiates_its_bias_and_drops_the_forwards_weights():
+    pytest.importorskip("torch")
+    torch_target = spec.load_target("torch")
+    assert torch_target.grad_extras == ("dbias",)
+    report = spec.check(torch_target, profile="quick", max_examples=6,
+                        only=["grad_keywords_match_golden", "grad_bias_broadcast_summed",
+                              "grad_dropout_uses_forward_kept_set", "grad_hidden_keys_get_nothing"])
+    assert report.ok, [(r.name, r.message, r.counterexample) for r in report.failures]
+    assert all(r.status == "pass" for r in report.results)

@@ -1,19 +1,110 @@
-"""Every ``reproduce:`` line replays: a target checked from the Python door is named by the
-``module:attr`` or ``path/to/script.py:attr`` that loads it again, and where none can (a lambda,
-a closure, a function typed interactively) the report says so and what to do."""
+"""spec.builtin: names and paths load targets (the built-in ones, ``module:attr``,
+``path/to/script.py:attr``), with a did-you-mean for a typo; and back: every ``reproduce:`` line
+replays, naming a target checked from the Python door by the ``module:attr`` or
+``path/to/script.py:attr`` that loads it again, and where none can (a lambda, a closure, a function
+typed interactively) saying so and what to do. What the built-in targets declare."""
 
 from __future__ import annotations
 
 import os
-import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import spec
+from impl import attention
+from spec import TargetError, load_target
+
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+# --- names and paths load targets -----------------------------------------------------------------
+
+
+def test_builtin_names_load():
+    assert load_target("reference").fn is attention
+    assert load_target("flash").name == "flash"
+
+
+def test_module_attr_loads_a_callable_or_a_target():
+    assert load_target("impl:flash_attention").name == "impl:flash_attention"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("nope", "unknown target 'nope'"), ("impl:nope", "has no attribute 'nope'"),
+     ("no_such_module:f", "cannot import module 'no_such_module'"), (":f", "package.module:attr"),
+     ("impl.attention:Array.nope", "has no attribute")],
+)
+def test_unloadable_target_names_what_is_wrong(text, message):
+    with pytest.raises(TargetError, match=message):
+        load_target(text)
+
+
+def test_non_callable_attribute_is_refused():
+    with pytest.raises(TargetError, match=r"DEFAULT_BLOCK' is tuple \(256, 2048\), not a callable"):
+        load_target("impl.flash:DEFAULT_BLOCK")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("examples.my_attention:targte", "has no attribute 'targte'; did you mean 'target'?"),
+     ("examples.my_atention:target",
+      "No module named 'examples.my_atention'; did you mean 'examples.my_attention'?"),
+     ("exmaples.my_attention:target", "did you mean 'examples'?"),
+     ("examples/my_atention.py:target", "; did you mean 'examples/my_attention.py'?"),
+     ("examples/my_attention:target", "give examples.my_attention:NAME or examples/my_attention.py:NAME"),
+     ("impl:flash_atention", "did you mean 'flash_attention' or")],
+)
+def test_a_typo_gets_did_you_mean(text, message, monkeypatch):
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    with pytest.raises(TargetError) as raised:
+        load_target(text)
+    assert message in str(raised.value)
+
+
+def test_a_missing_dependency_is_not_a_typo(tmp_path, monkeypatch):
+    (tmp_path / "needs_it.py").write_text("import no_such_dependency_xyz\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(TargetError, match=r"No module named 'no_such_dependency_xyz'$"):
+        load_target("needs_it:f")
+
+
+def test_a_script_loads_by_its_path_without_running_its_main_block(tmp_path, monkeypatch):
+    (tmp_path / "helper.py").write_text("from impl import attention as attn\n")
+    (tmp_path / "script.py").write_text(
+        "from helper import attn  # a sibling module, as when the script runs\n"
+        "import spec\n"
+        "target = spec.Target(attn, name='scripted', supports_scale=True)\n"
+        "if __name__ == '__main__':\n"
+        "    raise SystemExit('the main block ran')\n")
+    monkeypatch.chdir(tmp_path)
+    target = load_target("script.py:target")
+    assert target.name == "scripted" and target.fn is attention and target.supports_scale
+    assert load_target(f"{tmp_path}/script.py:target") is target  # one module per file
+    assert load_target("script.py:attn").name == "script.py:attn"
+
+
+def test_the_example_loads_by_module_or_by_path(monkeypatch):
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    by_path = load_target("examples/my_attention.py:target")
+    by_module = load_target("examples.my_attention:target")
+    assert by_path.name == by_module.name == "my_attention" and by_path.masked_rows == "nan"
+
+
+def test_peer_targets_fail_with_one_clear_line_when_unavailable(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch now fails, as where it is not installed
+    with pytest.raises(TargetError, match="built-in target 'torch'"):
+        load_target("torch")
+
+
+# --- and back: every reproduce: line names what loads the target again ----------------------------
+
 
 SCRIPT = '''
 import sys
@@ -89,20 +180,23 @@ def test_an_imported_module_is_named_by_module_and_attribute(tmp_path):
     assert "spec.replay('kernels:declared', 'matches_golden'" in _reproduce(run)
 
 
-def test_a_non_finite_field_is_written_as_a_literal_that_replays():
-    """``repr(inf)`` is ``inf``, no Python literal: a line holding it raised NameError when run."""
-    import ast
+# --- what the built-in targets declare ---------------------------------------------------------------
 
-    from spec.cases import Case
-    from spec.registry import PROPERTIES
-    from spec.runner import counterexample
 
-    case = Case(dtype="float64", ndim=2, batch=1, heads=1, n_q=1, n_k=2, d_k=1, d_v=1, seed=3,
-                amplitude=float("inf"), keywords={"sinks": (float("-inf"),)})
-    line = counterexample(PROPERTIES["matches_golden"], case, None, "reference").reproduce
-    code = shlex.split(line)[2]
-    (call,) = [n for n in ast.walk(ast.parse(code))
-               if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "replay"]
-    given = {kw.arg: eval(compile(ast.Expression(kw.value), "<line>", "eval")) for kw in call.keywords}
-    assert given["amplitude"] == float("inf") and given["sinks"] == (float("-inf"),)
-    assert Case.from_fields(**given) == case
+def test_reference_declares_and_passes_bfloat16_with_the_ratio_per_dtype():
+    pytest.importorskip("ml_dtypes")
+    target = load_target("reference")
+    assert "bfloat16" in target.dtypes
+    report = spec.check(target.replace(dtypes=("bfloat16",)), profile="quick", max_examples=5)
+    assert report.ok, [(r.name, r.message) for r in report.failures]
+    golden = next(r for r in report.results if r.name == "matches_golden")
+    assert "worst error ratio bfloat16" in golden.message
+
+
+def test_the_builtin_reference_and_flash_declare_the_caches():
+    pytest.importorskip("ml_dtypes")
+    for name in ("reference", "flash"):
+        target = spec.builtin.load_target(name)
+        assert target.supports_paged_kv and target.supports_fp8_kv
+    assert spec.builtin.load_target("flash").fp8_kv_paged_only
+    assert not spec.builtin.load_target("flash").supports_kv_lengths  # block_table carries it

@@ -1,15 +1,18 @@
-"""The suite's search at the edges (issue 15): tile-edge sizes derived from one tuple, the boundary
-grid run first in every profile, and the empty_keys law with its declaration."""
+"""spec.cases: the search at the edges (tile-edge sizes derived from one tuple, the boundary grid of
+every small size and flag), the shapes a declaration allows, values representable in the case's
+dtype, cases that replay by their fields, and caches written so that they read back to their own
+keys."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import find, settings
+from hypothesis import find, given, settings
 
 import spec
 from impl import attention
-from spec.cases import BOUNDARY, LONG_TILE, TILE_SIZES, boundary_cases, cases, tile_edges
+from spec import Target, oracle
+from spec.cases import BOUNDARY, LONG_TILE, TILE_SIZES, Case, boundary_cases, cases, tile_edges
 
 QUICK_FIND = settings(max_examples=2000, database=None, derandomize=True)
 
@@ -49,38 +52,64 @@ def test_boundary_grid_covers_every_small_size_and_flag():
     assert [c.n_q for c in big if c.n_q > LONG_TILE] == [LONG_TILE + 17]
 
 
-def test_boundary_grid_runs_first_in_every_profile():
-    def wrong_at_2_by_3(q, k, v, *, causal=False, mask=None, scale=None):
-        out = attention(q, k, v, causal=causal, mask=mask, scale=scale)
-        return out + 1 if (q.shape[-2], k.shape[-2]) == (2, 3) else out
-
-    target = spec.Target(wrong_at_2_by_3, supports_mask=True, supports_scale=True)
-    report = spec.check(target, profile="quick", max_examples=1, only=["matches_golden"])
-    (result,) = report.results
-    assert result.status == "fail"
-    assert (result.counterexample.case["n_q"], result.counterexample.case["n_k"]) == (2, 3)
+def test_keyword_parameters_replay_by_name():
+    fields = dict(dtype="float32", ndim=2, batch=1, heads=1, n_q=2, n_k=3, d_k=2, d_v=2, seed=0)
+    case = Case.from_fields(**fields, window=(1, 2), bias=(0.5, ""))
+    assert case == Case(**fields, keywords={"window": (1, 2), "bias": (0.5, "")})
+    assert case.describe()["window"] == (1, 2) and Case.from_fields(**case.describe()) == case
+    with pytest.raises(TypeError, match="no field or keyword 'windw'"):
+        Case.from_fields(**fields, windw=(1, 2))
 
 
-def test_empty_keys_declaration_is_validated_and_defaults_to_compute():
-    assert spec.Target(attention).empty_keys == "compute"
-    with pytest.raises(spec.TargetError, match="empty_keys"):
-        spec.Target(attention, empty_keys="nan")
+@settings(max_examples=60, database=None)
+@given(cases(Target(attention, causal_alignment="square_or_decoding"), causal=(True,)))
+def test_square_or_decoding_draws_only_the_defined_shapes(case):
+    assert case.causal and case.n_q in (1, case.n_k)
 
 
-@pytest.mark.parametrize("name", ["reference", "flash"])
-def test_builtin_targets_give_zeros_without_keys(name):
-    report = spec.check(name, profile="quick", only=["empty_keys"])
-    assert report.ok and report.results[0].status == "pass"
-    out = spec.load_target(name)(np.ones((3, 2)), np.ones((0, 2)), np.ones((0, 5)))
-    assert out.shape == (3, 5) and np.all(out == 0)
+def test_cases_draw_representable_bfloat16_values():
+    BF16 = np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+    for values in ("normal", "ints"):
+        case = Case(dtype="bfloat16", ndim=4, batch=2, heads=2, n_q=5, n_k=7, d_k=9, d_v=3, seed=1,
+                    values=values, amplitude=10.0)
+        for x in case.arrays():
+            assert x.dtype == BF16
+            wide = x.astype(np.float64)
+            assert np.array_equal(wide.astype(BF16).astype(np.float64), wide)
+            assert np.all(np.isfinite(wide))
 
 
-def test_a_refusal_must_be_a_clear_error():
-    def refuses_vaguely(q, k, v, *, causal=False):
-        if k.shape[-2] == 0:
-            raise RuntimeError("")
-        return attention(q, k, v, causal=causal)
+# --- cases write caches that read back to their own keys -----------------------------------------
 
-    target = spec.Target(refuses_vaguely, empty_keys="raise")
-    report = spec.check(target, profile="quick", only=["empty_keys"])
-    assert report.results[0].status == "fail" and "ValueError or TypeError" in report.results[0].message
+
+def _paged_case(**keywords):
+    fields = dict(dtype="float32", ndim=4, batch=2, heads=2, n_q=3, n_k=7, d_k=4, d_v=2, seed=5)
+    return Case(**fields, keywords={"kv_lengths": (7, 2), "paged": (3, "nan")} | keywords)
+
+
+def test_a_paged_case_reads_back_to_its_own_keys_and_poisons_the_rest():
+    case = _paged_case()
+    inputs = case.inputs()
+    pool, table = inputs.k, inputs.get("block_table")
+    assert pool.shape[1:] == (3, 2, 4) and table.dtype == np.int32 and table.shape == (2, 3)
+    read = oracle.meaning(inputs)
+    k = case.arrays()[1]
+    np.testing.assert_array_equal(read.k[0, :, :7], k[0, :, :7])
+    np.testing.assert_array_equal(read.k[1, :, :2], k[1, :, :2])
+    assert (read.k[1, :, 2:] == 0).all()
+    owned = 3 + 1  # ceil(7 / 3) + ceil(2 / 3) blocks, and 1 or 2 spare ones, all NaN where unowned
+    assert pool.shape[0] > owned and np.isnan(pool).sum() == (pool.shape[0] * 3 - 9) * 2 * 4
+    assert len({*table[0].tolist(), table[1, 0]}) == 4  # the sequences' blocks are distinct
+    assert Case.from_fields(**case.describe()) == case
+
+
+def test_a_float8_case_quantizes_to_its_keys_within_three_bits():
+    FLOAT8 = pytest.importorskip("ml_dtypes").float8_e4m3fn
+    case = Case(dtype="float32", ndim=4, batch=2, heads=2, n_q=3, n_k=5, d_k=4, d_v=2, seed=6,
+                keywords={"fp8": (((0.25, 2.0), (1.0, 0.0625)), ((4.0, 0.5), (0.125, 1.0)))})
+    inputs = case.inputs()
+    assert inputs.k.dtype == FLOAT8 and inputs.get("k_descale").dtype == np.float32
+    read = oracle.meaning(inputs)
+    k = case.arrays()[1].astype(np.float64)
+    np.testing.assert_allclose(read.k, k, rtol=2 ** -4, atol=2.0 ** -10 * 2)  # e4m3: 3 bits
+    assert Case.from_fields(**case.describe()) == case

@@ -1,5 +1,7 @@
-"""Process isolation (docs/targets.md): in ``process`` mode a target that crashes (SIGSEGV, os._exit)
-or hangs in C is that law's failure, its worker is killed and reaped, and the run goes on.
+"""spec.isolation, where a target's calls run (docs/targets.md). In ``process`` mode a target that
+crashes (SIGSEGV, os._exit) or hangs in C is that law's failure, its worker is killed and reaped,
+and the run goes on; in ``thread`` mode a call past its deadline is interrupted (or abandoned when
+stuck in C) and fails the law, never the suite; ``caller`` runs each call in the caller's thread.
 
 The targets below are importable (``test_spec_isolation:segfault_when_causal``) for the CLI test.
 """
@@ -25,7 +27,7 @@ from spec import isolation
 from spec.call import call
 from spec.cli import main
 from spec.inputs import Inputs
-from spec.isolation import TargetHung, workers
+from spec.isolation import TargetHung, with_deadline, workers
 from spec.target import Target, TargetFailed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,8 +62,17 @@ def _gone(pid: int) -> bool:
     return False
 
 
+def _only(target, name="matches_golden", **kw):
+    (result,) = spec.check(target, profile="quick", only=[name], **kw).results
+    return result
+
+
+# --- process isolation: a crash or a hang is that law's failure, and the run goes on --------------
+
+
 def test_a_segfault_fails_that_law_naming_the_signal_and_the_run_goes_on():
-    """Before: isolation='process' raised TargetError; in a thread the SIGSEGV killed the run."""
+    """A SIGSEGV in a process-isolated target fails the law that met it, naming the signal, and the
+    other laws still run: in the suite's own process the same crash would end the whole run."""
     target = Target(segfault_when_causal, isolation="process")
     report = spec.check(target, profile="quick", only=PLAIN + CAUSAL)
     by_name = {r.name: r for r in report.results}
@@ -185,20 +196,6 @@ def test_workers_are_reaped_on_keyboard_interrupt():
     assert pid and _gone(pid[0])
 
 
-def test_thread_mode_is_unchanged_it_runs_in_this_process_on_another_thread():
-    seen = []
-
-    def where(q, k, v):
-        seen.append((os.getpid(), threading.current_thread()))
-        return attention(q, k, v)
-
-    q, k, v = _q_k_v()
-    call(Target(where), Inputs(q, k, v), deadline=30.0)
-    assert seen[0][0] == os.getpid() and seen[0][1] is not threading.current_thread()
-    with pytest.raises(TargetHung):
-        call(Target(lambda q, k, v: time.sleep(5)), Inputs(q, k, v), deadline=0.2)
-
-
 def test_cli_and_plugin_refuse_bad_isolation_and_deadline(capsys):
     assert main(["check", "reference", "--isolation", "fork"]) == 2
     assert main(["check", "reference", "--deadline", "0"]) == 2
@@ -207,8 +204,9 @@ def test_cli_and_plugin_refuse_bad_isolation_and_deadline(capsys):
 
 
 def test_torch_in_process_mode_after_the_parent_used_its_thread_pool():
-    """Before the worker set torch to one thread, every call hung: the forked child inherited an
-    OpenMP pool whose threads did not exist (seen: all laws failed at the deadline)."""
+    """A forked child inherits torch's OpenMP pool without its threads, so its first parallel region
+    would hang (every law failing at the deadline): the worker sets torch to one thread, and a
+    process-isolated check passes after the parent has used the pool."""
     torch = pytest.importorskip("torch")
     a = torch.ones(256, 256)
     assert float((a @ a).sum()) == 256.0**3  # runs the intra-op pool in this process
@@ -230,8 +228,9 @@ def test_a_one_off_worker_sends_mutations_back_too():
 
 
 def test_process_isolation_runs_each_law_in_its_worker_without_a_round_trip_per_call(monkeypatch, tmp_path):
-    """Before: every call was a round trip to the worker (pickling, a pipe, two wake-ups), ~20 %
-    of the run's CPU time; now the law's whole run happens in the worker, which calls directly."""
+    """A law's whole run happens in the check's worker process, which calls the target directly: a
+    round trip to a worker per call (pickling, a pipe, two wake-ups) would cost about a fifth of the
+    run's CPU time."""
     trips, pids = [], tmp_path / "pids"
     per_call = isolation._Worker.call
     monkeypatch.setattr(isolation._Worker, "call",
@@ -282,3 +281,85 @@ def test_after_its_worker_crashed_a_run_goes_call_by_call(monkeypatch):
     for name in [*CAUSAL, "matches_golden"]:  # matches_golden draws causal cases too
         assert by_name[name].message.startswith("the target crashed with SIGSEGV (signal 11)")
     assert len(forks) == 1
+
+
+# --- thread and caller isolation: the deadline of a call, the thread it runs in -------------------
+
+
+def test_thread_mode_is_unchanged_it_runs_in_this_process_on_another_thread():
+    seen = []
+
+    def where(q, k, v):
+        seen.append((os.getpid(), threading.current_thread()))
+        return attention(q, k, v)
+
+    q, k, v = _q_k_v()
+    call(Target(where), Inputs(q, k, v), deadline=30.0)
+    assert seen[0][0] == os.getpid() and seen[0][1] is not threading.current_thread()
+    with pytest.raises(TargetHung):
+        call(Target(lambda q, k, v: time.sleep(5)), Inputs(q, k, v), deadline=0.2)
+
+
+def test_caller_isolation_runs_in_the_callers_thread():
+    threads = []
+
+    def fn(q, k, v):
+        threads.append(threading.current_thread())
+        return attention(q, k, v)
+
+    q, k, v = _q_k_v()
+    call(Target(fn, isolation="caller"), Inputs(q, k, v), deadline=5.0)
+    call(Target(fn), Inputs(q, k, v), deadline=5.0)
+    assert threads[0] is threading.current_thread() and threads[1] is not threading.current_thread()
+
+
+def test_a_hanging_target_fails_at_the_deadline_without_shrinking():
+    def hang(q, k, v, *, causal=False):
+        time.sleep(60)
+
+    start = time.perf_counter()
+    result = _only(Target(hang, deadline_s=0.2))
+    assert result.status == "fail" and "deadline" in result.message
+    assert result.examples == 1 and time.perf_counter() - start < 10
+
+
+def test_a_target_that_swallows_exceptions_still_cannot_hang_the_suite():
+    def stubborn(q, k, v, *, causal=False):
+        while True:
+            try:
+                time.sleep(60)
+            except Exception:
+                pass
+
+    result = _only(Target(stubborn, deadline_s=0.2))
+    assert result.status == "fail" and "deadline" in result.message
+
+
+def test_a_busy_loop_is_interrupted_not_left_spinning():
+    spinning = []
+
+    def spin(q, k, v, *, causal=False):
+        spinning.append(threading.current_thread())
+        while True:
+            pass
+
+    result = _only(Target(spin, deadline_s=0.2))
+    assert result.status == "fail" and "deadline" in result.message
+    (thread,) = spinning
+    thread.join(5)  # interrupted at its next bytecode
+    assert not thread.is_alive()
+
+
+def test_deadline_works_off_the_main_thread():
+    box = {}
+
+    def run():
+        try:
+            with_deadline(lambda: time.sleep(60), 0.1)
+        except TargetHung as e:
+            box["error"] = e
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join(10)
+    assert "error" in box

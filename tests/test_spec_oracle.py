@@ -1,28 +1,251 @@
-"""The golden backward under every keyword (spec.oracle.gradients), checked against central
-differences of the golden forward in float64; its baseline and floors; and the calling contract of
-``grad_fn`` (every forward keyword, layouts, the extras dbias and dsinks, the forward's residuals)."""
+"""spec.oracle: what an Inputs means, composed from the keywords' declarations — its visibility and
+the causes of rows that see nothing, its float64 golden and its baseline (by hand, and against loops
+written from the definitions), a paged or float8 cache read by its ``Reads`` term — and its
+gradients (``oracle.gradients``) under every keyword, against central differences of the golden
+forward in float64, with their baseline and floors."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from typing import Any
 
 import numpy as np
 import pytest
+from paged_caches import draw_seqs, lengths_of, paged
 
-import spec
 from impl import attention
 from impl.grad import attention_backward
 from spec import golden, oracle, tolerance
-from spec.call import call, call_grad
-from spec.cases import Case, cases
 from spec.inputs import Inputs
-from spec.keywords import Keyword, Leaves, gradient_extras
-from spec.laws.grad_keywords import keyword_grid, keyword_matters
-from spec.laws.gradients import differentiable
-from spec.signature import SignatureMismatch
-from spec.target import Target, TargetError, TargetFailed
+from spec.keywords import gradient_extras
+from spec.target import Target
+
+# --- visibility and the causes of empty rows, composed from the keywords --------------------------
+
+
+def test_window_alignment_by_hand():
+    """n_q = 2, n_k = 4, window (1, 0): top-left diag = i, bottom-right diag = i + 2."""
+    q, k, v = np.zeros((2, 1)), np.zeros((4, 1)), np.zeros((4, 1))
+    inputs = Inputs(q, k, v, keywords={"window": (1, 0)})
+    top = oracle.visibility("top_left", inputs).astype(int)
+    bottom = oracle.visibility("bottom_right", inputs).astype(int)
+    np.testing.assert_array_equal(top, [[1, 0, 0, 0], [1, 1, 0, 0]])
+    np.testing.assert_array_equal(bottom, [[0, 1, 1, 0], [0, 0, 1, 1]])
+    causal = golden.causal_visible(2, 4, "bottom_right").astype(int)
+    np.testing.assert_array_equal(causal, [[1, 1, 1, 0], [1, 1, 1, 1]])
+    with pytest.raises(ValueError, match="window"):
+        oracle.visibility("top_left", inputs.replace(window=(-1, 0)))
+
+
+def test_kv_lengths_hide_the_tail_of_each_batch_row():
+    q, k, v = np.zeros((2, 1, 1, 1)), np.zeros((2, 1, 3, 1)), np.zeros((2, 1, 3, 1))
+    vis = oracle.visibility("top_left", Inputs(q, k, v, keywords={"kv_lengths": np.array([1, 3])}))
+    np.testing.assert_array_equal(vis.astype(int)[:, 0, 0], [[1, 0, 0], [1, 1, 1]])
+    with pytest.raises(ValueError, match="kv_lengths"):
+        oracle.visibility("top_left", Inputs(q, k, v, keywords={"kv_lengths": np.array([1.5, 2.0])}))
+
+
+def test_packed_sequences_see_only_themselves_causal_per_sequence():
+    """Two sequences of 2 queries over 3 and 1 keys, causal per sequence. Bottom-right: the first
+    sequence's queries see its keys ≤ 1 and ≤ 2; in the second (1 key for 2 queries) the first
+    query's diagonal is before its only key, the second sees it. Top-left: each sequence's first
+    query sees its first key."""
+    q, k, v = np.zeros((1, 4, 1)), np.zeros((1, 4, 1)), np.zeros((1, 4, 1))
+    packed = Inputs(q, k, v, causal=True,
+                    keywords={"cu_seqlens_q": np.array([0, 2, 4]), "cu_seqlens_k": np.array([0, 3, 4])})
+    vis = oracle.visibility("bottom_right", packed).astype(int)[0]
+    np.testing.assert_array_equal(vis, [[1, 1, 0, 0], [1, 1, 1, 0], [0, 0, 0, 0], [0, 0, 0, 1]])
+    top = oracle.visibility("top_left", packed).astype(int)[0]
+    np.testing.assert_array_equal(top, [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 0, 1], [0, 0, 0, 1]])
+
+
+def test_each_row_that_sees_nothing_is_given_its_first_cause():
+    """Causes are checked in CAUSES order, cumulatively: a row emptied by causal alone is causal's
+    even if the mask empties it too; one emptied only by the mask on top of a window is the mask's."""
+    q, k, v = np.zeros((3, 1)), np.zeros((2, 1)), np.zeros((2, 1))
+    mask = np.array([[True, True], [True, False], [False, False]])
+    inputs = Inputs(q, k, v, causal=True, mask=mask, keywords={"window": (0, 0)})
+    # top-left: row 0 sees key 0; row 1's window keeps key 1, which the mask hides; row 2's window
+    # (key 2) is past the keys, so the window empties it before the mask does
+    assert oracle.causes("top_left", inputs).tolist() == ["", "mask", "window"]
+    # bottom-right, n_q = 3 > n_k = 2: row 0's diagonal is -1, so causal alone empties it
+    assert oracle.causes("bottom_right", inputs.replace(mask=np.zeros((3, 2), bool))).tolist() == \
+        ["causal", "mask", "mask"]
+
+
+# --- the forward golden and baseline under the keywords ------------------------------------------
+
+
+def loop_forward(q, k, v, vis, scale, bias, softcap, sinks):  # 3-D (heads, n, d), plain Python
+    """The definition, one row at a time with the math module."""
+    h, n_q, _ = q.shape
+    n_k, d_v = v.shape[-2:]
+    out, lse = np.zeros((h, n_q, d_v)), np.zeros((h, n_q))
+    for a in range(h):
+        for i in range(n_q):
+            logits = []
+            for j in range(n_k):
+                s = scale * sum(q[a, i, t] * k[a, j, t] for t in range(q.shape[-1]))
+                s = softcap * math.tanh(s / softcap) + bias[a, i, j]
+                logits.append(s if vis[a, i, j] else -math.inf)
+            z = sum(math.exp(s) for s in logits) + math.exp(sinks[a])
+            lse[a, i] = math.log(z)
+            for c in range(d_v):
+                out[a, i, c] = sum(math.exp(s) / z * v[a, j, c] for j, s in enumerate(logits))
+    return out, lse
+
+
+def test_every_keyword_agrees_with_a_loop_over_the_definition():
+    rng = np.random.default_rng(7)
+    h, n_q, n_k, d = 2, 3, 5, 4
+    q, k, v = (rng.standard_normal((h, n, w)) for n, w in ((n_q, d), (n_k, d), (n_k, 3)))
+    mask = rng.random((h, n_q, n_k)) < 0.8
+    bias, sink = rng.standard_normal((h, n_q, n_k)), rng.standard_normal(h)
+    inputs = Inputs(q, k, v, causal=True, mask=mask, scale=0.7,
+                    keywords={"window": (2, 0), "bias": bias, "softcap": 1.5, "sinks": sink})
+    out, _, lse = oracle.golden_of(inputs, "bottom_right")
+    vis = oracle.visibility("bottom_right", inputs)
+    want_out, want_lse = loop_forward(q, k, v, vis, 0.7, bias, 1.5, sink)
+    np.testing.assert_allclose(out, want_out, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(lse, want_lse, rtol=1e-12)
+
+
+def test_the_baseline_takes_the_same_keywords_in_the_same_order():
+    """float64 baseline == golden (both exact to rounding) with bias, softcap and sinks; a float32
+    baseline is within float32 rounding of it."""
+    from spec import tolerance
+
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((2, n, 4)) for n in (3, 5, 5))
+    inputs = Inputs(q, k, v, scale=0.5, keywords={"window": (1, 1), "bias": rng.standard_normal((2, 3, 5)),
+                                                  "softcap": 1.2, "sinks": np.array([0.3, -1.0])})
+    geo = oracle.geometry("top_left", inputs)
+    vis = oracle.visibility("top_left", inputs)
+    gold = oracle.golden_of(inputs)[0]
+    base = tolerance.baseline(q, k, v, visible=vis, scale=0.5, terms=oracle.terms(inputs, geo, q.dtype))
+    np.testing.assert_allclose(base, gold, rtol=1e-12)
+    f32 = [x.astype(np.float32) for x in (q, k, v)]
+    base32 = tolerance.baseline(*f32, visible=vis, scale=0.5, terms=oracle.terms(inputs, geo,
+                                                                                 np.dtype(np.float32)))
+    np.testing.assert_allclose(base32, gold, rtol=1e-5, atol=1e-6)
+    plain = tolerance.baseline(q, k, v, visible=vis, scale=0.5)
+    assert np.max(np.abs(plain - gold)) > 1e-2  # the keywords change the result: the test can fail
+
+
+def test_alibi_by_hand_measures_from_the_bottom_right_diagonal():
+    """n_q = 2, n_k = 3, slope 0.5: query i's diagonal key is i + 1, so the added terms are
+    −0.5·[1, 0, 1] and −0.5·[2, 1, 0], whatever the target's causal alignment."""
+    q, k, v = np.zeros((2, 1)), np.zeros((3, 1)), np.eye(3)
+    inputs = Inputs(q, k, v, keywords={"alibi_slopes": np.array([0.5], np.float32)})
+    for align in ("top_left", "bottom_right"):
+        _, w, _ = oracle.golden_of(inputs, align)
+        logits = np.log(w) - np.log(w).max(axis=-1, keepdims=True)
+        np.testing.assert_allclose(logits, [[-0.5, 0.0, -0.5], [-1.0, -0.5, 0.0]], atol=1e-15)
+
+
+def test_every_keyword_argument_reaches_the_oracle_by_its_declaration():
+    """The oracle knows no keyword by name: a call with every keyword that changes the maths
+    matches a loop over the definition only through the declarations."""
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((2, n, 3)) for n in (3, 4, 4))
+    slopes = np.array([0.25, 0.5], np.float32)
+    bias = rng.standard_normal((2, 3, 4))
+    inputs = Inputs(q, k, v, scale=0.5, keywords={"bias": bias, "alibi_slopes": slopes, "softcap": 2.0,
+                                                   "sinks": np.array([0.1, -0.2])})
+    out, _, _ = oracle.golden_of(inputs)
+    want = np.zeros_like(out)
+    for h in range(2):
+        for i in range(3):
+            s = [2.0 * math.tanh(0.5 * float(q[h, i] @ k[h, j]) / 2.0) + bias[h, i, j]
+                 - slopes[h] * abs(i + 1 - j) for j in range(4)]
+            z = sum(math.exp(x) for x in s) + math.exp([0.1, -0.2][h])
+            want[h, i] = sum(math.exp(x) / z * v[h, j] for j, x in enumerate(s))
+    np.testing.assert_allclose(out, want, rtol=1e-6)  # slopes are float32 in the golden too
+
+
+# --- caches: read by their declaration (a Reads term), causal attention aligned per sequence ------
+
+
+def _pages(rng, lengths, g=2, d=3, block_size=3):
+    """A paged cache of standard-normal keys and values, NaN wherever no sequence's key is."""
+    k_seqs, v_seqs = draw_seqs(rng, lengths, g, d), draw_seqs(rng, lengths, g, d)
+    k_pool, v_pool, table = paged(k_seqs, v_seqs, block_size, rng)
+    return k_seqs, v_seqs, k_pool, v_pool, table
+
+
+def _contiguous(seqs, n_k):  # per sequence [L_b, g, d] -> [batch, g, n_k, d], zeros past L_b
+    out = np.zeros((len(seqs), seqs[0].shape[1], n_k, seqs[0].shape[2]))
+    for b, s in enumerate(seqs):
+        out[b, :, : len(s)] = np.swapaxes(s, 0, 1)
+    return out
+
+
+def test_the_golden_of_a_paged_cache_is_that_of_its_gathered_keys():
+    """Through the table, with NaN in every unowned position: the golden equals the golden of the
+    contiguous keys with kv_lengths, causal aligned per sequence (diag = i + L_b − n_q)."""
+    rng = np.random.default_rng(0)
+    lengths = [5, 2, 7]
+    k_seqs, v_seqs, k_pool, v_pool, table = _pages(rng, lengths)
+    q = rng.standard_normal((3, 4, 2, 3))
+    given = Inputs(q, k_pool, v_pool, causal=True,
+                   keywords={"block_table": table, "kv_lengths": lengths_of(k_seqs)})
+    out, w, _ = oracle.golden_of(given, "top_left")  # a paged cache is per sequence in every alignment
+    n_k = table.shape[1] * 3
+    plain = Inputs(q, _contiguous(k_seqs, n_k), _contiguous(v_seqs, n_k), causal=True,
+                   keywords={"kv_lengths": lengths_of(k_seqs)})
+    want, want_w, _ = oracle.golden_of(plain, "kv_lengths")
+    np.testing.assert_array_equal(out, want)
+    assert np.isfinite(out).all()
+    # row b, query i sees keys j <= i + L_b - n_q (n_q = 2): the last query sees the whole cache
+    for b, n in enumerate(lengths):
+        assert (w[b, :, -1, :n] > 0).all() and (w[b, :, -1, n:] == 0).all()
+        assert (w[b, :, 0, n - 1] == 0).all() and (w[b, :, 0, : n - 1] > 0).all()
+    np.testing.assert_array_equal(w, want_w)
+
+
+def test_the_golden_reads_float8_codes_times_their_descales():
+    FLOAT8 = pytest.importorskip("ml_dtypes").float8_e4m3fn
+    rng = np.random.default_rng(1)
+    codes = rng.standard_normal((2, 2, 4, 3)).astype(FLOAT8)
+    values = rng.standard_normal((2, 2, 4, 3)).astype(FLOAT8)
+    k_scale = np.array([[0.5, 4.0], [0.125, 2.0]], np.float32)
+    v_scale = np.array([[3.0, 0.25], [1.5, 8.0]], np.float32)
+    q = rng.standard_normal((2, 4, 2, 3)).astype(np.float32)  # 4 query heads read 2 K/V heads
+    inputs = Inputs(q, codes, values, keywords={"k_descale": k_scale, "v_descale": v_scale})
+    read = oracle.meaning(inputs)
+    np.testing.assert_array_equal(read.k, codes.astype(np.float64) * k_scale[:, :, None, None])
+    np.testing.assert_array_equal(read.v, values.astype(np.float64) * v_scale[:, :, None, None])
+    assert oracle.meaning(read) is read and oracle.meaning(inputs) is read  # worked out once
+    out, _, _ = oracle.golden_of(inputs)
+    want = attention(q.astype(np.float64), read.k, read.v)
+    np.testing.assert_allclose(out, want, rtol=1e-12)
+
+
+def test_kv_lengths_alignment_puts_each_rows_diagonal_at_its_own_length():
+    """n_q = 2, n_k = 4, lengths [3, 1]: row 0's queries see keys ≤ 1 and ≤ 2, row 1's see
+    nothing and key 0; a top-left target's stay at ≤ 0 and ≤ 1 (cut by the lengths)."""
+    q, k, v = np.zeros((2, 1, 2, 1)), np.zeros((2, 1, 4, 1)), np.zeros((2, 1, 4, 1))
+    inputs = Inputs(q, k, v, causal=True, keywords={"kv_lengths": np.array([3, 1])})
+    seen = oracle.visibility("kv_lengths", inputs)[:, 0].astype(int)
+    assert seen.tolist() == [[[1, 1, 0, 0], [1, 1, 1, 0]], [[0, 0, 0, 0], [1, 0, 0, 0]]]
+    top_left = oracle.visibility("top_left", inputs)[:, 0].astype(int)
+    assert top_left.tolist() == [[[1, 0, 0, 0], [1, 1, 0, 0]], [[1, 0, 0, 0], [1, 0, 0, 0]]]
+
+
+def test_alibi_over_a_paged_cache_measures_from_each_sequences_length():
+    """Over a paged cache ALiBi measures from each sequence's own diagonal: its n_k is kv_lengths[b]."""
+    rng = np.random.default_rng(2)
+    k_seqs, _, k_pool, v_pool, table = _pages(rng, [4, 2], g=1, d=1, block_size=2)
+    q = np.zeros((2, 1, 1, 1))
+    inputs = Inputs(q, k_pool, np.ones_like(v_pool), keywords={
+        "block_table": table, "kv_lengths": lengths_of(k_seqs), "alibi_slopes": np.array([1.0], np.float32)})
+    geo = oracle.geometry("top_left", inputs)
+    assert geo.bottom_right[:, 0, 0, 0].tolist() == [3, 1]
+
+
+# --- the gradients: helpers -------------------------------------------------------------------------
 
 Array = np.ndarray
 STEP = 1e-6
@@ -235,256 +458,3 @@ def test_unbroadcast_sums_the_copies_and_refuses_a_shape_that_does_not_broadcast
     np.testing.assert_array_equal(oracle.unbroadcast(grad, (3, 1)), want)
     with pytest.raises(ValueError, match=re.escape("(2,) does not broadcast to (2, 3, 4)")):
         oracle.unbroadcast(grad, (2,))
-
-
-# --- declarations ---------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(("declared", "words"), [
-    ({"grad_extras": ("dbias",), "supports_bias": True, "grad_fn": None}, "needs a grad_fn"),
-    ({"grad_extras": ("dq",)}, "the gradients the keywords define are dbias, dsinks"),
-    ({"grad_extras": "dbias", "supports_bias": True}, "must be a tuple of names"),
-    ({"grad_extras": ("dsinks",)}, "which needs supports_sinks=True"),
-    ({"grad_takes_residuals": True}, "needs a grad_fn and returns_lse=True"),
-    ({"grad_takes_residuals": 1, "returns_lse": True}, "must be True or False"),
-])
-def test_gradient_declarations_are_validated(declared, words):
-    with pytest.raises(TargetError, match=re.escape(words)):
-        Target(attention, **({"grad_fn": attention_backward} | declared))
-
-
-def test_gradient_extras_are_read_from_the_keywords_terms():
-    extras = gradient_extras()
-    assert {name: kw.passes[0] for name, kw in extras.items()} == {"dbias": "bias", "dsinks": "sinks"}
-
-
-def test_a_keyword_is_drawn_only_at_its_ranks():
-    with pytest.raises(ValueError, match="ndims must be a non-empty subset"):
-        Keyword(name="x", field="supports_bias", passes=("x",), meaning="", terms=(Leaves("test"),),
-                received=lambda case, p: (p,), ndims=(5,))
-    kv_lengths = spec.keywords.registered()["kv_lengths"]
-    assert kv_lengths.ndims == (4,) and spec.keywords.registered()["varlen"].ndims == (3,)
-    from hypothesis import given, settings
-
-    @settings(max_examples=20, deadline=None, database=None)
-    @given(cases(spec.load_target("reference"), keywords=(kv_lengths,)))
-    def drawn(case: Case) -> None:
-        assert case.ndim == 4
-
-    drawn()
-
-
-def test_every_differentiable_keyword_has_a_grid_case_where_it_matters():
-    reference = spec.load_target("reference")
-    keywords = differentiable(reference)
-    names = {"bias", "alibi", "window", "softcap", "sinks", "kv_lengths", "varlen"}
-    assert {kw.name for kw in keywords} == names
-    grid = keyword_grid(reference)
-    assert [next(iter(c.keywords)) for c in grid] == [kw.name for kw in keywords]
-    assert all(keyword_matters(reference, c, kw) for c, kw in zip(grid, keywords, strict=True))
-    assert {c.dtype for c in grid} == set(reference.dtypes)  # the dtypes taken in turn
-
-
-# --- calling grad_fn ----------------------------------------------------------------------------
-
-
-def _recording(returned: Any, seen: dict[str, Any]) -> Any:
-    def grad_fn(q, k, v, d_out, **kwargs):
-        seen.update(q=q.shape, d_out=d_out.shape, **{n: np.shape(x) if isinstance(x, np.ndarray) else x
-                                                      for n, x in kwargs.items()})
-        return returned(q, k, v, d_out, **kwargs)
-
-    return grad_fn
-
-
-def _impl_grads(q, k, v, d_out, **kwargs):
-    kwargs.pop("out", None), kwargs.pop("lse", None)
-    return attention_backward(q, k, v, d_out, return_extras=True, **kwargs)
-
-
-def test_grad_fn_receives_every_forward_keyword_in_the_targets_layout_packed_included():
-    seen: dict[str, Any] = {}
-
-    def bnhd(x: Array) -> Array:  # packed (total, heads, d) <-> (heads, total, d)
-        return np.ascontiguousarray(np.swapaxes(x, 0, 1))
-
-    def grad_fn(q, k, v, d_out, **kw):
-        *grads, extras = _impl_grads(*(bnhd(x) for x in (q, k, v, d_out)), **kw)
-        return (*(bnhd(g) for g in grads), extras)
-
-    target = Target(lambda q, k, v, **kw: bnhd(attention(bnhd(q), bnhd(k), bnhd(v), **kw)), layout="bnhd",
-                    ndims=(3,), supports_varlen=True, supports_sinks=True, supports_scale=True,
-                    grad_fn=_recording(grad_fn, seen), grad_extras=("dsinks",))
-    q, k, v, d_out = _arrays((2,), 5, 6)
-    inputs = Inputs(q, k, v, causal=True, scale=0.5, keywords={
-        "cu_seqlens_q": np.array([0, 2, 5]), "cu_seqlens_k": np.array([0, 4, 6]),
-        "sinks": np.array([0.1, 0.2]), "return_lse": False})
-    dq, dk, dv, extras = call_grad(target, inputs, d_out, deadline=30.0)
-    assert seen == {"q": (5, 2, 3), "d_out": (5, 2, 2), "causal": True, "scale": 0.5, "cu_seqlens_q": (3,),
-                    "cu_seqlens_k": (3,), "sinks": (2,)}
-    want = _impl_grads(q, k, v, d_out, causal=True, scale=0.5, sinks=inputs.get("sinks"),
-                       cu_seqlens_q=inputs.get("cu_seqlens_q"), cu_seqlens_k=inputs.get("cu_seqlens_k"))
-    for got, right in zip((dq, dk, dv, extras["dsinks"]), (*want[:3], want[3]["dsinks"]), strict=True):
-        np.testing.assert_array_equal(got, right)
-
-
-def _bias_inputs() -> tuple[Inputs, Array]:
-    q, k, v, d_out = _arrays((2, 2), 3, 4)
-    return Inputs(q, k, v, keywords={"bias": np.zeros((2, 1, 3, 4))}), d_out
-
-
-@pytest.mark.parametrize(("returned", "words"), [
-    (lambda *a, **kw: _impl_grads(*a, **kw)[:3], "returned 3 items, not (dq, dk, dv, extras)"),
-    (lambda *a, **kw: (*_impl_grads(*a, **kw)[:3], [1]), "returned 4 items, not (dq, dk, dv, extras)"),
-    (lambda *a, **kw: (*_impl_grads(*a, **kw)[:3], {}), "returned no dbias, though the call gave bias="),
-    (lambda *a, **kw: (*_impl_grads(*a, **kw)[:3], {"dbias": np.zeros((2, 2, 3, 4))}),
-     "dbias of shape (2, 2, 3, 4), expected (2, 1, 3, 4)"),
-    (lambda *a, **kw: (*_impl_grads(*a, **kw)[:3], {"dbias": np.zeros((2, 1, 3, 4), np.float32)}),
-     "dbias of dtype float32, expected float64"),
-    (lambda *a, **kw: (*_impl_grads(*a, **kw), ), "returned 4 items"),
-])
-def test_extras_are_checked_against_what_they_are_the_gradient_of(returned, words):
-    inputs, d_out = _bias_inputs()
-    target = Target(attention, ndims=(4,), supports_bias=True, grad_fn=returned, grad_extras=("dbias",))
-    if words == "returned 4 items":  # the right answer passes
-        assert call_grad(target, inputs, d_out, deadline=30.0)[3]["dbias"].shape == (2, 1, 3, 4)
-        return
-    with pytest.raises(TargetFailed, match=re.escape(words)):
-        call_grad(target, inputs, d_out, deadline=30.0)
-
-
-def test_an_extra_for_a_keyword_not_given_or_not_declared_is_refused():
-    inputs, d_out = _bias_inputs()
-    plain = inputs.replace(bias=None)
-    target = Target(attention, ndims=(4,), supports_bias=True, supports_sinks=True, grad_extras=("dbias",),
-                    grad_fn=lambda *a, **kw: (*_impl_grads(*a, **kw)[:3], {"dbias": np.zeros((2, 1, 3, 4))}))
-    with pytest.raises(TargetFailed, match="returned dbias though the call gave no bias="):
-        call_grad(target, plain, d_out, deadline=30.0)
-    target = target.replace(grad_fn=lambda *a, **kw: (*_impl_grads(*a, **kw)[:3], {"dsinks": np.zeros(2)}))
-    with pytest.raises(TargetFailed, match="'dsinks' among its extras, which the target does not declare"):
-        call_grad(target, plain, d_out, deadline=30.0)
-    target = target.replace(grad_fn=lambda *a, **kw: (*_impl_grads(*a, **kw)[:3], {"dsinks": None}))
-    assert call_grad(target, plain, d_out, deadline=30.0)[3] == {}  # None: not returned
-
-
-def test_residuals_are_passed_in_the_targets_layout_and_a_grad_fn_without_them_is_told_the_fix():
-    from impl import flash_attention
-
-    seen: dict[str, Any] = {}
-    q, k, v, d_out = _arrays((2, 3), 4, 5)
-
-    def to_bnhd(x: Array) -> Array:
-        return np.ascontiguousarray(np.swapaxes(x, 1, 2))
-
-    def grad_fn(q, k, v, d_out, *, out=None, lse=None, **kw):
-        seen.update(out=None if out is None else out.shape, lse=None if lse is None else lse.shape)
-        return tuple(to_bnhd(g) for g in attention_backward(*(to_bnhd(x) for x in (q, k, v, d_out)), **kw))
-
-    def forward(q, k, v, **kw):
-        got = flash_attention(*(to_bnhd(x) for x in (q, k, v)), **kw)
-        return (to_bnhd(got[0]), got[1]) if kw.get("return_lse") else to_bnhd(got)
-
-    target = Target(forward, layout="bnhd", ndims=(4,), returns_lse=True, grad_fn=grad_fn,
-                    grad_takes_residuals=True)
-    inputs = Inputs(q, k, v)
-    out, lse = call(target, inputs.replace(return_lse=True), deadline=30.0)
-    call_grad(target, inputs, d_out, residuals=(out, lse), deadline=30.0)
-    assert seen == {"out": (2, 4, 3, 2), "lse": (2, 3, 4)}
-
-    def no_residuals(q, k, v, d_out, *, causal=False):
-        return attention_backward(q, k, v, d_out, causal=causal)
-
-    hint = r"does not take the keyword out=.*grad_takes_residuals=False"
-    with pytest.raises(SignatureMismatch, match=hint):
-        call_grad(target.replace(grad_fn=no_residuals), inputs, d_out, residuals=(out, lse), deadline=30.0)
-
-
-# --- adapters: grad_fn by autograd and by jax.vjp -------------------------------------------------
-
-
-def _against_reference(target: Target, inputs: Inputs, d_out: Array, *, rtol: float) -> None:
-    got = call_grad(target, inputs, d_out, deadline=120.0)
-    kwargs = {n: x for n, x in inputs.keywords.items()} | ({"causal": True} if inputs.causal else {}) | (
-        {} if inputs.mask is None else {"mask": inputs.mask})
-    *want, extras = attention_backward(inputs.q, inputs.k, inputs.v, d_out, scale=inputs.scale,
-                                       return_extras=True, **kwargs)
-    for a, b in zip(got[:3], want, strict=True):
-        np.testing.assert_allclose(a, b, rtol=rtol, atol=rtol)
-    assert set(got[3]) == set(extras)
-    for name in extras:
-        np.testing.assert_allclose(got[3][name], extras[name], rtol=rtol, atol=rtol)
-
-
-def test_from_torch_with_grad_differentiates_the_function_and_its_bias():
-    torch = pytest.importorskip("torch")
-    import torch.nn.functional as F
-
-    def sdpa(q, k, v, *, causal=False, scale=None, attn_mask=None):  # bias= arrives as torch spells it
-        if attn_mask is not None and causal:
-            future = ~torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
-            attn_mask = attn_mask.masked_fill(future, float("-inf"))
-            causal = False
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal, scale=scale)
-
-    target = spec.from_torch(sdpa, grad=True, supports_scale=True, supports_bias=True, grad_extras=("dbias",))
-    q, k, v, d_out = _arrays((2, 3), 4, 5)
-    bias = np.random.default_rng(9).standard_normal((2, 1, 4, 5))
-    inputs = Inputs(q, k, v, causal=True, scale=0.6, keywords={"bias": bias})
-    _against_reference(target, inputs, d_out, rtol=1e-12)
-    _against_reference(target, Inputs(q, k, v), d_out, rtol=1e-12)
-    with pytest.raises(TypeError, match="grad=True or grad_fn="):
-        spec.from_torch(sdpa, grad=True, grad_fn=attention_backward)
-
-
-def test_from_jax_with_grad_uses_vjp():
-    pytest.importorskip("jax")
-    import jax
-    import jax.numpy as jnp
-
-    def attend(q, k, v, *, causal=False, scale=None, bias=None, sinks=None):
-        s = (q @ jnp.swapaxes(k, -1, -2)) * (q.shape[-1] ** -0.5 if scale is None else scale) + (
-            0 if bias is None else bias)
-        if causal:
-            s = jnp.where(jnp.tril(jnp.ones(s.shape[-2:], bool)), s, -jnp.inf)
-        if sinks is not None:  # an extra logit per head that carries no value
-            column = jnp.broadcast_to(sinks[:, None, None], (*s.shape[:-1], 1))
-            return jax.nn.softmax(jnp.concatenate([s, column], axis=-1), axis=-1)[..., :-1] @ v
-        return jax.nn.softmax(s, axis=-1) @ v
-
-    target = spec.from_jax(attend, grad=True, supports_scale=True, supports_bias=True, supports_sinks=True,
-                           grad_extras=("dbias", "dsinks"), dtypes=("float64",))
-    q, k, v, d_out = _arrays((2, 3), 4, 5)
-    rng = np.random.default_rng(10)
-    keywords = {"bias": rng.standard_normal((1, 3, 4, 5)), "sinks": rng.standard_normal(3)}
-    _against_reference(target, Inputs(q, k, v, causal=True, scale=0.6, keywords=keywords), d_out, rtol=1e-10)
-
-
-def test_the_jax_target_differentiates_every_keyword_it_declares_and_its_bias():
-    pytest.importorskip("jax")
-    jax_target = spec.load_target("jax")
-    assert jax_target.grad_extras == ("dbias",)
-    # grouped K/V heads, d_v ≠ d_k (JAX is called per slice of V), a bias broadcast over the
-    # heads (dbias summed back), key lengths, a window, mask= and causal at once
-    q, k, v, d_out = (x.astype(np.float32) for x in _arrays((2, 4), 5, 7, kv_lead=(2, 2)))
-    rng = np.random.default_rng(11)
-    # every query keeps its diagonal key and the one before: no row is empty
-    mask = (rng.random((2, 4, 5, 7)) < 0.8) | np.eye(5, 7, dtype=bool) | np.eye(5, 7, -1, dtype=bool)
-    keywords = {"bias": rng.standard_normal((2, 1, 5, 7)).astype(np.float32), "kv_lengths": np.array([7, 4]),
-                "window": (2, 1)}
-    inputs = Inputs(q, k, v, causal=True, mask=mask, scale=0.6, keywords=keywords)
-    _against_reference(jax_target, inputs, d_out, rtol=1e-5)
-    laws = ["grad_keywords_match_golden", "grad_bias_broadcast_summed", "grad_hidden_keys_get_nothing"]
-    report = spec.check(jax_target, profile="quick", max_examples=4, only=laws)
-    assert report.ok, [(r.name, r.message, r.counterexample) for r in report.failures]
-    assert all(r.status == "pass" for r in report.results)
-
-
-def test_the_torch_target_differentiates_its_bias_and_drops_the_forwards_weights():
-    pytest.importorskip("torch")
-    torch_target = spec.load_target("torch")
-    assert torch_target.grad_extras == ("dbias",)
-    report = spec.check(torch_target, profile="quick", max_examples=6,
-                        only=["grad_keywords_match_golden", "grad_bias_broadcast_summed",
-                              "grad_dropout_uses_forward_kept_set", "grad_hidden_keys_get_nothing"])
-    assert report.ok, [(r.name, r.message, r.counterexample) for r in report.failures]
-    assert all(r.status == "pass" for r in report.results)

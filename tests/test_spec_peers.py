@@ -1,4 +1,5 @@
-"""The per-dtype table of spec.peers: one run per dtype, failures named, worst ratio read back."""
+"""The per-dtype table of spec.peers: one run per dtype (bfloat16 included), failures named, worst
+ratio read back."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import numpy as np
 import pytest
 
 from impl import attention
+from spec import dtypes
 from spec.peers import dtype_rows, main
 from spec.target import Target
 
@@ -34,3 +36,29 @@ def test_main_refuses_an_unknown_peer(capsys):
         main(["mxnet"])
     assert exit_.value.code == 2
     assert "invalid choice" in capsys.readouterr().err
+
+
+BF16 = dtypes.as_dtype("bfloat16") if dtypes.has_bfloat16() else None
+
+
+def _denominator_one_key_at_a_time(q, k, v, *, causal=False):
+    # The softmax denominator summed key by key in bfloat16: past a running sum of 256, each
+    # further weight ≤ 1 is at most half an ulp and is lost (256 + 1 rounds back to 256).
+    s = (q.astype(np.float32) @ np.swapaxes(k.astype(np.float32), -1, -2)) / np.sqrt(q.shape[-1])
+    if causal:
+        s = np.where(np.tril(np.ones(s.shape[-2:], dtype=bool)), s, -np.inf)
+    e = np.exp(s - s.max(axis=-1, keepdims=True)).astype(BF16)
+    total = np.zeros(e.shape[:-1], dtype=BF16)
+    for j in range(e.shape[-1]):
+        total = (total + e[..., j]).astype(BF16)
+    p = e.astype(np.float32) / total.astype(np.float32)[..., None]
+    return (p @ v.astype(np.float32)).astype(BF16)
+
+
+def test_peer_table_has_a_bfloat16_row():
+    pytest.importorskip("ml_dtypes")
+    broken = Target(_denominator_one_key_at_a_time, name="key-by-key", dtypes=("bfloat16",))
+    (row,) = dtype_rows(broken, ("bfloat16",), profile="quick", max_examples=5)
+    assert row["dtype"] == "bfloat16" and row["declared"]
+    assert row["failed"] >= 1 and row["worst error ratio"] > 1
+    assert "long_rows_every_dtype" in [name for name, _ in row["failures"]]

@@ -41,3 +41,8 @@ def test_property_says_what_a_generated_reference_needs():
     prop = spec.PROPERTIES["mask_semantics"]
     assert (prop.name, prop.family, prop.module) == ("mask_semantics", "core", "spec.laws.core")
     assert prop.requires == "mask= (supports_mask)" and prop.catches.startswith("Catches")
+
+
+def test_a_law_states_its_needs_one_way():
+    with pytest.raises(TypeError, match="needs must be a Need"):
+        registry.law(needs=lambda t: None)  # type: ignore[arg-type]
