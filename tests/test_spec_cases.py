@@ -113,3 +113,34 @@ def test_a_float8_case_quantizes_to_its_keys_within_three_bits():
     k = case.arrays()[1].astype(np.float64)
     np.testing.assert_allclose(read.k, k, rtol=2 ** -4, atol=2.0 ** -10 * 2)  # e4m3: 3 bits
     assert Case.from_fields(**case.describe()) == case
+
+
+# --- what drawing costs ------------------------------------------------------------------------------
+
+
+def test_a_choice_with_one_option_costs_no_draw():
+    """``pick`` returns a sole option without drawing it: a one-element ``sampled_from`` (``just``)
+    costs Hypothesis as much as a real choice, and a case makes several (amplitude, mask, values),
+    thousands of draws over a check."""
+    from spec.cases import pick
+
+    def no_draw(strategy):
+        raise AssertionError(f"drew {strategy!r}")
+
+    assert pick(no_draw, ("none",)) == "none"
+    seen = []
+    assert pick(lambda s: seen.append(s) or "random", ("none", "random")) == "random" and len(seen) == 1
+
+
+def test_the_long_boundary_square_is_float32_where_the_target_declares_it():
+    """The 2,065 × 2,065 causal square of the boundary grid is float32 where the target declares
+    float32, whatever the dtype rotation gives its size: float64 would cost the target and the
+    oracle about twice as much; a target without float32 gets one of its own dtypes."""
+    from spec.builtin import load_target
+
+    reference = load_target("reference")
+    (long,) = [c for c in boundary_cases(reference, long=True) if c.n_q > LONG_TILE]
+    assert long.dtype == "float32" and long.causal and long.n_q == long.n_k
+    half = reference.replace(dtypes=("float16", "bfloat16"))
+    (long,) = [c for c in boundary_cases(half, long=True) if c.n_q > LONG_TILE]
+    assert long.dtype in half.dtypes

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import inspect
 import os
 import pickle
 import subprocess
@@ -227,26 +228,25 @@ def test_a_one_off_worker_sends_mutations_back_too():
     assert not q.any()
 
 
-def test_process_isolation_runs_each_law_in_its_worker_without_a_round_trip_per_call(monkeypatch, tmp_path):
+def test_process_isolation_runs_each_law_in_its_worker_without_a_round_trip_per_call(tmp_path):
     """A law's whole run happens in the check's worker process, which calls the target directly: a
     round trip to a worker per call (pickling, a pipe, two wake-ups) would cost about a fifth of the
-    run's CPU time."""
-    trips, pids = [], tmp_path / "pids"
-    per_call = isolation._Worker.call
-    monkeypatch.setattr(isolation._Worker, "call",
-                        lambda self, *a, **kw: trips.append(1) or per_call(self, *a, **kw))
+    run's CPU time. Seen from the target: every call is made in the run's worker
+    (``isolation.in_run_worker``), and that is one process, reaped at the end."""
+    calls = tmp_path / "calls"
 
     def where(q, k, v, *, causal=False):
-        with open(pids, "a") as f:
-            f.write(f"{os.getpid()}\n")
+        with open(calls, "a") as f:
+            f.write(f"{os.getpid()} {int(isolation.in_run_worker())}\n")
         return attention(q, k, v, causal=causal)
 
     report = spec.check(Target(where, isolation="process"), profile="quick",
                         only=["matches_golden", "causal_no_leak"])
     assert report.ok and all(r.examples >= 10 for r in report.results)
-    assert trips == []
-    seen = {int(line) for line in pids.read_text().split()}
-    assert len(seen) == 1 and os.getpid() not in seen and _gone(seen.pop())  # one worker, reaped
+    seen = [line.split() for line in calls.read_text().splitlines()]
+    assert all(direct == "1" for _, direct in seen)  # none came through a round trip
+    pids = {int(pid) for pid, _ in seen}
+    assert len(pids) == 1 and os.getpid() not in pids and _gone(pids.pop())  # one worker, reaped
 
 
 def test_a_crash_that_the_rerun_call_by_call_does_not_repeat_is_still_a_failure(tmp_path):
@@ -268,19 +268,45 @@ def test_a_crash_that_the_rerun_call_by_call_does_not_repeat_is_still_a_failure(
                                      "process, but not when the law was run again")
 
 
-def test_after_its_worker_crashed_a_run_goes_call_by_call(monkeypatch):
+def test_after_its_worker_crashed_a_run_goes_call_by_call(tmp_path):
     """Each crash is met once: the law whose run crashed the worker is run again call by call,
-    and so are the laws after it, instead of a run in a fresh worker that crashes again first."""
-    forks = []
-    make = isolation._RunWorker.__init__
-    monkeypatch.setattr(isolation._RunWorker, "__init__", lambda self, *a: forks.append(1) or make(self, *a))
-    report = spec.check(Target(segfault_when_causal, isolation="process"), profile="quick",
+    and so are the laws after it, instead of a run in a fresh worker that crashes again first.
+    Seen from the target: the calls made in a run's worker (``isolation.in_run_worker``) are all
+    in one process, the one the first crash ended."""
+    calls = tmp_path / "calls"
+
+    def segfault_when_causal_noted(q, k, v, *, causal=False):
+        with open(calls, "a") as f:
+            f.write(f"{os.getpid()} {int(isolation.in_run_worker())}\n")
+        return segfault_when_causal(q, k, v, causal=causal)
+
+    report = spec.check(Target(segfault_when_causal_noted, isolation="process"), profile="quick",
                         only=PLAIN[:1] + CAUSAL + ["matches_golden"])
     by_name = {r.name: r for r in report.results}
     assert by_name[PLAIN[0]].status == "pass"
     for name in [*CAUSAL, "matches_golden"]:  # matches_golden draws causal cases too
         assert by_name[name].message.startswith("the target crashed with SIGSEGV (signal 11)")
-    assert len(forks) == 1
+    seen = [line.split() for line in calls.read_text().splitlines()]
+    assert len({pid for pid, in_run in seen if in_run == "1"}) == 1  # one run worker for the check
+    assert any(in_run == "0" for _, in_run in seen)  # after the crash: call by call
+
+
+def test_process_isolation_forks_one_worker_per_check(tmp_path):
+    """A process-isolated check runs all its laws in one worker process, forked once: a worker per
+    law would cost a fork and a worker's start for each of the dozens of laws of a check. The forks
+    are counted by the process ids the target sees."""
+    pids = tmp_path / "pids"
+
+    def where(q, k, v, *, causal=False):
+        with open(pids, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        return attention(q, k, v, causal=causal)
+
+    laws = ["output_shape_dtype", "rows_sum_to_one", "matches_golden"]
+    report = spec.check(Target(where, isolation="process"), profile="quick", only=laws)
+    assert report.ok and len(report.results) == 3
+    seen = {int(line) for line in pids.read_text().split()}
+    assert len(seen) == 1 and os.getpid() not in seen
 
 
 # --- thread and caller isolation: the deadline of a call, the thread it runs in -------------------
@@ -363,3 +389,31 @@ def test_deadline_works_off_the_main_thread():
     worker.start()
     worker.join(10)
     assert "error" in box
+
+
+def _called_from_a_law() -> bool:
+    """Whether a law's own code is on the stack of this call: the call was made in the thread
+    running the law, not handed to another thread."""
+    laws = {p.check.__code__ for p in spec.PROPERTIES.values()}
+    frame = inspect.currentframe()
+    while frame is not None and frame.f_code not in laws:
+        frame = frame.f_back
+    return frame is not None
+
+
+def test_thread_isolation_runs_a_checks_calls_in_one_thread_without_a_hand_off_each():
+    """Thread isolation runs each law in one watched thread, kept from law to law, and makes the
+    law's calls there: handing each call to another thread and back wakes a thread on the other
+    core twice a call (about a tenth of a run's CPU time), and a fresh thread per law costs
+    Hypothesis's per-thread set-up (a full garbage collection) as much again. Seen from the target:
+    the thread it runs in, and the law on its own calling stack."""
+    threads, direct = set(), []
+
+    def recording(q, k, v, *, causal=False):
+        threads.add(threading.current_thread())
+        direct.append(_called_from_a_law())
+        return attention(q, k, v, causal=causal)
+
+    report = spec.check(recording, profile="quick", only=["matches_golden", "causal_no_leak"])
+    assert report.ok and direct and all(direct)  # no call was handed off
+    assert len(threads) == 1 and threading.main_thread() not in threads  # one thread, kept between laws

@@ -42,3 +42,17 @@ def test_the_scale_law_fails_a_pattern_with_no_finite_weight():
 
     (result,) = spec.check(inf_everywhere, profile="quick", only=["scale_is_inv_sqrt_dk"]).results
     assert result.status == "fail" and "is inf for the pattern" in result.message
+
+
+def test_score_variance_measures_fewer_heads_for_wide_heads_at_the_same_false_alarm_rate():
+    """score_variance measures the fewest heads, in batches of 64, that keep its estimate's spread
+    within the band at every d_k: the spread shrinks as d_k grows, so 4,096 heads at every width
+    would cost 4,096·3·d_k normal draws an example for nothing."""
+    from spec.laws import core
+
+    for d_k in range(1, 129):
+        n = core.score_samples(d_k)
+        sigma = ((8 + 24 / d_k) / n) ** 0.5 / 2  # the estimate's standard deviation (the law's docstring)
+        assert n % 64 == 0 and sigma <= core.SCORE_VARIANCE_BAND / core.SCORE_BAND_SIGMAS
+        assert core.SCORE_VARIANCE_BAND / core.SCORE_BAND_SIGMAS < ((8 + 24 / d_k) / (n - 64)) ** 0.5 / 2
+    assert core.score_samples(1) == 4096 and core.score_samples(128) == 1088

@@ -15,9 +15,12 @@ import numpy as np
 import pytest
 from paged_caches import draw_seqs, lengths_of, paged
 
+import spec
 from impl import attention
 from impl.grad import attention_backward
 from spec import golden, oracle, tolerance
+from spec.cases import Case
+from spec.context import RunContext, running
 from spec.inputs import Inputs
 from spec.keywords import gradient_extras
 from spec.target import Target
@@ -458,3 +461,29 @@ def test_unbroadcast_sums_the_copies_and_refuses_a_shape_that_does_not_broadcast
     np.testing.assert_array_equal(oracle.unbroadcast(grad, (3, 1)), want)
     with pytest.raises(ValueError, match=re.escape("(2,) does not broadcast to (2, 3, 4)")):
         oracle.unbroadcast(grad, (2,))
+
+
+# --- what one example costs ------------------------------------------------------------------------
+
+
+def test_an_example_builds_its_arrays_and_its_expectation_once():
+    """One example of matches_golden draws its q, k and v once and works out its expectation once,
+    on the very inputs the target was called with, and keeps it there (``Inputs.memo``): a case
+    that rebuilt its arrays, or an expectation worked out again on a copy, redoes the float64 golden
+    and the baseline several times an example. The draws are counted by a Case of the test's own
+    whose ``values_like`` (the hook a case draws its values through) counts them; the law runs as
+    the runner runs it, in a run's context, which records the call the target received."""
+    drawn = []
+
+    class Counted(Case):
+        def values_like(self, rng, shape):
+            drawn.append(shape)
+            return super().values_like(rng, shape)
+
+    case = Counted(dtype="float32", ndim=3, batch=1, heads=2, n_q=5, n_k=7, d_k=4, d_v=3, seed=1, causal=True)
+    with running(RunContext()) as run:
+        spec.PROPERTIES["matches_golden"].check(Target(attention), case)
+    assert run.calls and all(made.inputs is case.inputs() for made in run.calls)
+    assert [type(x) for x in case.inputs().memo.values()].count(oracle.Expected) == 1
+    assert case.arrays() is case.arrays() and case.inputs().q is case.arrays()[0]
+    assert len(drawn) == 3  # q, k and v, once each, however often they were asked for

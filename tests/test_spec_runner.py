@@ -194,3 +194,22 @@ def test_a_non_finite_field_is_written_as_a_literal_that_replays():
     given = {kw.arg: eval(compile(ast.Expression(kw.value), "<line>", "eval")) for kw in call.keywords}
     assert given["amplitude"] == float("inf") and given["sinks"] == (float("-inf"),)
     assert Case.from_fields(**given) == case
+
+
+# --- what a check costs ------------------------------------------------------------------------------
+
+
+def test_blas_runs_on_one_thread_during_a_check():
+    """During a check BLAS runs on one thread, as the target sees it from inside its call
+    (threadpoolctl's report): BLAS's threads spin between the suite's small calls, which took about
+    a third of a run's CPU time on two cores."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    seen = []
+
+    def recording(q, k, v, *, causal=False):
+        seen.extend(lib["num_threads"] for lib in threadpoolctl.threadpool_info()
+                    if lib["user_api"] == "blas")
+        return attention(q, k, v, causal=causal)
+
+    assert spec.check(recording, profile="quick", only=["rows_sum_to_one"]).ok
+    assert seen and set(seen) == {1}
