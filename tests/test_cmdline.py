@@ -73,7 +73,8 @@ def test_fail_says_one_line_and_returns_2(capsys):
 
 
 def test_every_command_line_uses_the_one_copy():
-    """Before: spec/cli.py and impl/cli.py held the same lines, and calc/cli.py a third variant."""
+    """Every command line takes UsageError and Parser from cmdline, the one copy: a second copy of
+    the same lines would let one command's messages and exit codes drift from the others'."""
     for module in (calc.cli, spec.cli, impl.recall, impl.__main__, impl.bench.cli):
         assert module.UsageError is cmdline.UsageError and module.Parser is cmdline.Parser, module.__name__
 

@@ -1,5 +1,6 @@
 """The documentation: the generated law reference and Target fields are complete, the README is a
-front page, and ``python -m impl --help`` prints help."""
+front page, the built site leaves out Python caches and shows its report tables whole, and the
+text a user reads speaks Markdown and names only documents a user has."""
 
 from __future__ import annotations
 
@@ -101,25 +102,9 @@ def test_readme_is_a_front_page():
     assert "python -m calc gpt3" in readme and "python -m spec check reference" in readme
 
 
-def test_impl_help_prints_help_and_exits_0(capsys):
-    from impl.__main__ import main
-
-    assert main(["--help"]) == 0
-    out = capsys.readouterr().out
-    assert out.startswith("usage: python -m impl") and "causal-mask experiment" in out
-
-
-def test_impl_bad_argument_is_one_line_and_exit_2(capsys):
-    from impl.__main__ import main
-
-    assert main(["--bogus"]) == 2
-    err = capsys.readouterr().err
-    assert err == "python -m impl: error: unrecognized arguments: --bogus\n"
-
-
 def test_the_site_leaves_out_python_caches(tmp_path):
-    """Before: docs/__pycache__ (written when docs/hooks.py is imported and bytecode is on) was
-    copied into the built site."""
+    """The built site leaves out docs/__pycache__, which importing docs/hooks.py writes next to the
+    pages when bytecode is on."""
     mkdocs_config = pytest.importorskip("mkdocs.config")
     from mkdocs.structure.files import get_files
 
@@ -135,9 +120,9 @@ FITS_AT_1280 = 130  # characters of code a 1280 px window shows whole (docs/styl
 
 
 def test_report_tables_fit_a_1280_px_window():
-    """Before: the tutorial's report showed 95 of its 128 columns at 1280 px, the notes cut off.
-    The site's stylesheet (TOC in the left sidebar, a wider grid, 12 px code) shows 130; every
-    report table shown on a page is at most that wide (longer single lines scroll in their block)."""
+    """A report table wider than the window hides its notes: at 1280 px the site's stylesheet (TOC
+    in the left sidebar, a wider grid, 12 px code) shows 130 columns, and every report table shown on
+    a page is at most that wide (longer single lines scroll in their block)."""
     mkdocs_config = pytest.importorskip("mkdocs.config")
     config = mkdocs_config.load_config(str(ROOT / "mkdocs.yml"))
     assert "toc.integrate" in config["theme"]["features"]
@@ -167,9 +152,9 @@ def user_facing_files() -> list[Path]:
 
 @pytest.mark.parametrize("pattern", [SPHINX_ROLE, ABSENT_DOCUMENT], ids=["sphinx-role", "absent-document"])
 def test_user_facing_text_speaks_markdown_and_names_documents_a_user_has(pattern):
-    """Before: 89 Sphinx roles (``:func:`x```) showed raw on the site, whose docstrings mkdocstrings
-    renders as Markdown, and 27 places cited a design document or "the source article" that a user
-    never sees; the project's own pages and the source's title are named instead."""
+    """The site renders docstrings as Markdown (mkdocstrings), where a Sphinx role (``:func:`x```)
+    shows raw; and a user has the project's own pages and the source's title, not a design document
+    or "the source article": neither may appear in the text a user reads."""
     hits = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}" for path in user_facing_files()
             for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
             if pattern.search(line)]

@@ -50,7 +50,9 @@ def test_each_snippet_runs_as_printed(page, line, code, monkeypatch):
 
 
 def test_the_tutorials_target_is_the_example_and_conforms_as_shown():
-    """Before: the tutorial's Target lacked empty_keys="raise", so it failed empty_keys."""
+    """The tutorial's targets are examples/my_attention.py's, declarations and all (empty_keys="raise"
+    among them): the declared one conforms as the page says, the undeclared one fails
+    masked_rows_policy; a page whose Target drifted from the file would teach one that fails."""
     code = next(code for page, _, code in SNIPPETS if page == "tutorial.md" and "def attention" in code)
     scope = run(code)
     from examples import my_attention

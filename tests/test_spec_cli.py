@@ -1,19 +1,21 @@
-"""The CLI (in-process through main, plus one real subprocess) and the pytest plugin."""
+"""python -m spec check (spec.cli), in-process through main plus real subprocesses: the table, the
+JSON report, --list, options before or after TARGET, one line and exit 2 for a usage error or a
+target that cannot be loaded, Ctrl-C, and the same check as the Python door."""
 
 from __future__ import annotations
 
 import json
 import os
-import shlex
 import signal
 import subprocess
 import sys
-from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
 
+import spec
 from spec.cli import main
+from spec.target import TargetError
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
@@ -65,7 +67,8 @@ def test_list_shows_every_property_and_what_a_target_would_skip(capsys):
 
 
 def test_list_prints_each_law_whole_and_wrapped(capsys):
-    """Before: a long law was cut at its first sentence (large_logits' at "derived from finfo.")."""
+    """--list prints each law whole, wrapped to fit, not cut at its first sentence (large_logits'
+    goes on past "derived from finfo.")."""
     from spec.registry import PROPERTIES
 
     assert main(["check", "--list"]) == 0
@@ -103,87 +106,13 @@ def test_real_subprocess_exit_codes():
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and bad.stderr.count("\n") == 1
 
 
-def _plugin_args() -> list[str]:
-    """Load the plugin by hand unless the installed package's pytest11 entry point already does."""
-    installed = any(ep.value == "spec.pytest_plugin" for ep in entry_points(group="pytest11"))
-    return [] if installed else ["-p", "spec.pytest_plugin"]
-
-
-def _pytest(tmp_path, *args, env=ENV):
-    (tmp_path / "test_own.py").write_text("def test_own():\n    pass\n")
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", *_plugin_args(), "-p", "no:cacheprovider", "-q",
-         "--attention-profile=quick", *args],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600,
-    )
-
-
-def test_pytest_plugin_adds_the_properties_next_to_the_projects_tests(tmp_path):
-    run = _pytest(tmp_path, "--attention-target=reference", "-k", "own or rows_sum_to_one or bias_per_head")
-    assert run.returncode == 0, run.stdout
-    assert "3 passed" in run.stdout
-    run = _pytest(tmp_path, "--attention-target=impl:flash_attention", "-k", "own or bias_per_head")
-    assert run.returncode == 0, run.stdout
-    assert "1 passed, 1 skipped" in run.stdout
-
-
-def test_the_readmes_pytest_line_collects_the_laws_alone():
-    """Before: run from a checkout it collected the project's ~2,000 tests beside the 53 laws."""
-    from spec.registry import PROPERTIES
-
-    readme = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
-    (line,) = [s for s in readme if s.startswith("python -m pytest --attention-target=")]
-    words = shlex.split(line.split("#")[0])[3:]  # what follows "python -m pytest"
-    run = subprocess.run([sys.executable, "-m", "pytest", *_plugin_args(), *words, "--collect-only", "-q",
-                          "-p", "no:cacheprovider"], capture_output=True, text=True, env=ENV, cwd=ROOT,
-                         timeout=600)
-    assert run.returncode == 0, run.stdout + run.stderr
-    collected = [s for s in run.stdout.splitlines() if "::" in s]
-    assert collected == [f"attention-spec::{name}" for name in PROPERTIES], run.stdout[-2000:]
-
-
-def test_attention_only_leaves_the_projects_own_tests_out(tmp_path):
-    run = _pytest(tmp_path, "--attention-target=reference", "--attention-only", "-k",
-                  "own or rows_sum_to_one")
-    assert run.returncode == 0 and "1 passed" in run.stdout, run.stdout
-    (tmp_path / "test_broken_import.py").write_text("import no_such_module_anywhere\n")
-    run = _pytest(tmp_path, "--attention-target=reference", "--attention-only", "-k", "rows_sum_to_one")
-    assert run.returncode == 0 and "1 passed" in run.stdout, run.stdout  # never imported
-    env = {k: v for k, v in ENV.items() if k != "ATTENTION_TARGET"}
-    run = _pytest(tmp_path, "--attention-only", env=env)
-    assert run.returncode == 4 and "--attention-only needs a target" in run.stderr
-
-
-def test_pytest_plugin_reports_a_broken_target_with_the_counterexample(tmp_path):
-    env = {**ENV, "ATTENTION_TARGET": "gallery.core:softmax_wrong_axis"}
-    run = _pytest(tmp_path, "-k", "rows_sum", env=env)
-    assert run.returncode == 1
-    assert "FAIL rows_sum_to_one" in run.stdout and run.stdout.count("reproduce:") == 1, run.stdout
-
-
-def test_pytest_plugin_without_a_target_adds_nothing(tmp_path):
-    env = {k: v for k, v in ENV.items() if k != "ATTENTION_TARGET"}
-    run = _pytest(tmp_path, env=env)
-    assert run.returncode == 0 and "1 passed" in run.stdout
-
-
-def test_pytest_plugin_unloadable_target_is_a_usage_error(tmp_path):
-    run = _pytest(tmp_path, "--attention-target=nope")
-    assert run.returncode == 4 and "unknown target 'nope'" in run.stderr
-
-
-def test_pytest_plugin_under_xdist(tmp_path):
-    run = _pytest(tmp_path, "--attention-target=flash", "-n", "2", "-k", "own or shape or scale or mask")
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert "3 passed, 4 skipped" in run.stdout  # the two mask laws of spec.laws.masks skip too
-
-
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the worker process through /proc")
 @pytest.mark.parametrize("isolation", ["thread", "process"])
 def test_ctrl_c_stops_the_run_with_one_line_exit_130_and_no_worker_left(isolation):
-    """Before: a KeyboardInterrupt traceback. Ctrl-C signals the whole foreground group, the
-    run's worker process included. (SIGINT is set back to its default in the child: a test run
-    started in the background of a shell inherits it ignored, and Python keeps it so.)"""
+    """Ctrl-C stops a run with one line and exit status 130, no traceback, and no worker process
+    left: Ctrl-C signals the whole foreground group, the run's worker process included. (SIGINT is
+    set back to its default in the child: a test run started in the background of a shell inherits
+    it ignored, and Python keeps it so.)"""
     run = subprocess.Popen(
         [sys.executable, "-m", "spec", "check", "reference", "--profile", "ci", "--isolation", isolation],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT, start_new_session=True,
@@ -216,3 +145,83 @@ def _children(pid: int) -> list[int]:
         except OSError:  # gone meanwhile
             continue
     return found
+
+
+def test_the_cli_runs_the_same_check_as_python(monkeypatch, capsys):
+    import spec.cli
+
+    seen = {}
+    real = spec.runner.check
+
+    def spy(target, *args, **kwargs):
+        seen["target"] = target
+        return real(target, *args, **kwargs)
+
+    monkeypatch.setattr(spec.cli, "check", spy)
+    assert spec.cli.main(["check", "reference", "--profile", "quick", "--only", "rows_sum_to_one"]) == 0
+    assert seen["target"].name == "reference"
+    capsys.readouterr()
+
+
+# --- a target that cannot be loaded, and options around TARGET ------------------------------------
+
+
+MODULES = {
+    "wrong_field": "from impl import attention\nfrom spec import Target\n"
+                   "target = Target(attention, wrong_field=1)\n",
+    "factory_raises": "def __getattr__(name):\n    raise RuntimeError(f'no GPU to build {name} on')\n",
+    "import_raises": "raise ZeroDivisionError('division by zero at import')\n",
+}
+
+
+SAID = {
+    "wrong_field": "raised TypeError: Target.__init__() got an unexpected keyword argument 'wrong_field'",
+    "factory_raises": "raised RuntimeError: no GPU to build target on",
+    "import_raises": "raised ZeroDivisionError: division by zero at import",
+}
+
+
+@pytest.fixture
+def modules(tmp_path, monkeypatch):
+    for name, text in MODULES.items():
+        (tmp_path / f"teach_{name}.py").write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+@pytest.mark.parametrize("name", list(MODULES))
+def test_a_target_that_raises_while_loading_or_building_exits_2_with_one_line(name, modules, capsys):
+    """A target that cannot be loaded or built (an unknown field, a module __getattr__ that raises,
+    an import that raises) is a usage error: one line naming what was raised and exit status 2, no
+    traceback; from Python, a TargetError saying the same."""
+    assert main(["check", f"teach_{name}:target", "--profile", "quick"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("python -m spec: error: ") and SAID[name] in err
+    with pytest.raises(TargetError, match=SAID[name].replace("(", r"\(").replace(")", r"\)")):
+        spec.check(f"teach_{name}:target")
+
+
+def test_a_factory_that_raises_in_a_real_subprocess(modules):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(modules)])}
+    run = subprocess.run([sys.executable, "-m", "spec", "check", "teach_factory_raises:target"],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert run.returncode == 2 and "Traceback" not in run.stderr and run.stderr.count("\n") == 1
+    assert SAID["factory_raises"] in run.stderr
+
+
+@pytest.mark.parametrize("argv", [
+    ["check", "--only", "rows_sum_to_one", "reference", "--profile", "quick"],
+    ["check", "--profile", "quick", "--only", "rows_sum_to_one", "causal_no_leak", "reference"],
+    ["check", "reference", "--only", "rows_sum_to_one", "--profile", "quick"],
+])
+def test_options_go_before_or_after_the_target(argv, capsys):
+    """Options go before or after TARGET: in ``--only LAW TARGET`` the last word is the target, not
+    one more law's name."""
+    assert main(argv) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "reference: conforms" in out and "rows_sum_to_one" in out
+
+
+def test_only_with_no_target_still_asks_for_one(capsys):
+    assert main(["check", "--only", "rows_sum_to_one"]) == 2
+    assert "check needs a TARGET" in capsys.readouterr().err

@@ -1,5 +1,6 @@
-"""The suite proves its own power: every broken implementation in the gallery is rejected by the
-property meant to catch it, and the correct variants pass every property."""
+"""The suite proves its own power: every broken implementation in the gallery (tests/gallery) is
+rejected by the property meant to catch it, the correct variants pass every property, and every
+law, every keyword's laws among them, has a gallery bug it catches."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from gallery import BROKEN, CORRECT, FAMILIES
 
 import spec
 from spec.dtypes import has_ml_dtypes
+from spec.keywords import registered
 from spec.report import failure
 
 
@@ -63,3 +65,23 @@ def test_every_gallery_module_is_a_family():
 def test_every_property_states_its_law_and_a_bug():
     for prop in spec.PROPERTIES.values():
         assert prop.law and prop.catches.startswith("Catches"), prop.name
+
+
+KEYWORDS = sorted(registered())
+
+
+def _laws(keyword: str) -> list[str]:
+    field = registered()[keyword].field
+    return [name for name, p in spec.PROPERTIES.items() if f"({field})" in p.requires]
+
+
+@pytest.mark.parametrize("keyword", KEYWORDS)
+def test_every_keyword_law_has_a_gallery_bug(keyword):
+    laws = _laws(keyword)
+    assert laws, f"no law needs {keyword}"
+    assert set(laws) <= {b.catches for b in BROKEN}, sorted(set(laws) - {b.catches for b in BROKEN})
+
+
+def test_range_laws_have_float16_bugs():
+    caught = {b.catches for b in BROKEN if "float16" in b.bug}
+    assert {"large_logits", "masked_rows_policy"} <= caught

@@ -14,7 +14,10 @@ def test_properties_come_from_the_explicit_module_list_in_order():
              "lengths", "cache", "dropout", "lse", "grad_keywords", "pairs", "calls", "edges"]
     assert [f for i, f in enumerate(families) if f not in families[:i]] == order
     assert registry.LAW_MODULES == tuple(f"spec.laws.{f}" for f in order)
-    assert len(spec.PROPERTIES) == sum(len(registry.collect((m,))) for m in registry.LAW_MODULES) == 79
+    per_module = {module: list(registry.collect((module,))) for module in registry.LAW_MODULES}
+    assert all(per_module.values()), [module for module, found in per_module.items() if not found]
+    # the registry is every module's laws, module after module, none lost, doubled or reordered
+    assert list(spec.PROPERTIES) == [name for found in per_module.values() for name in found]
 
 
 def test_collecting_one_module_gives_only_its_laws():
@@ -41,3 +44,8 @@ def test_property_says_what_a_generated_reference_needs():
     prop = spec.PROPERTIES["mask_semantics"]
     assert (prop.name, prop.family, prop.module) == ("mask_semantics", "core", "spec.laws.core")
     assert prop.requires == "mask= (supports_mask)" and prop.catches.startswith("Catches")
+
+
+def test_a_law_states_its_needs_one_way():
+    with pytest.raises(TypeError, match="needs must be a Need"):
+        registry.law(needs=lambda t: None)  # type: ignore[arg-type]

@@ -1,4 +1,5 @@
-"""One renderer: ``str(report)`` is what the CLI prints; observed figures travel as data."""
+"""spec.report: one renderer (``str(report)`` is what the CLI prints); observed figures travel as
+data, in the JSON too, with one error ratio per dtype and non-finite numbers spelled as strings."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import spec
 from impl import attention
@@ -79,3 +81,15 @@ def test_cli_json_of_an_infinite_error_ratio_is_strict(tmp_path):
     assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
     (result,) = _strict_json(path.read_text(encoding="utf-8"))["results"]
     assert result["status"] == "fail" and "Infinity" in result["observed"].values()
+
+
+def test_json_report_carries_the_ratio_per_dtype(tmp_path, capsys):
+    pytest.importorskip("ml_dtypes")
+    path = tmp_path / "report.json"
+    code = main(["check", "reference", "--profile", "quick", "--max-examples", "30",
+                 "--only", "matches_golden", "--json", str(path)])
+    capsys.readouterr()
+    assert code == 0
+    (result,) = json.loads(path.read_text(encoding="utf-8"))["results"]
+    for dtype in ("float16", "float32", "float64", "bfloat16"):
+        assert f"error ratio {dtype}" in result["message"]

@@ -1,7 +1,9 @@
-"""The edge of a dtype's range (spec.laws._range): the laws that draw scores and values up to it
-hand a target finite inputs only, whatever the drawn q, k and v."""
+"""The edge of a dtype's range (spec.laws._range): the scores drawn reach it, and the laws that draw
+scores and values up to it hand a target finite inputs only, whatever the drawn q, k and v."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -12,6 +14,7 @@ from impl import attention
 from spec import Target
 from spec.cases import Case
 from spec.dtypes import finfo, has_ml_dtypes
+from spec.laws._range import score_edge
 
 EDGE_LAWS = ["large_logits", "large_values", "masked_rows_policy", "mask_semantics",
              "padding_mask_is_truncation", "bottom_right_causal_mask", "softcap_bounds_scores"]
@@ -81,3 +84,19 @@ def test_the_edge_keeps_q_and_k_within_the_dtype_when_one_is_far_smaller():
     q, k, _ = case.replace(score_max=edge).arrays()
     assert np.isfinite(q).all() and np.isfinite(k).all()
     assert max(abs(float(q[0, 0])), abs(float(k[0, 0]))) <= float(finfo("float16").max) / 2 * 1.001
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_score_edge_reaches_the_edge_of_the_dtype(dtype):
+    case = Case(dtype=dtype, ndim=2, batch=1, heads=1, n_q=16, n_k=16, d_k=64, d_v=4, seed=5)
+    scale = 1 / 8
+    edge = dataclasses.replace(case, score_max=score_edge(Target(attention), case, scale))
+    q, k, _ = edge.arrays()
+    q64, k64 = q.astype(np.float64), k.astype(np.float64)
+    scaled = np.abs(q64 @ k64.T) * scale
+    top = float(finfo(dtype).max) if dtype in ("float16", "bfloat16") else float(finfo(dtype).max) / 8
+    assert np.isfinite(q64).all() and float(scaled.max()) <= float(finfo(dtype).max) / 2
+    assert float(scaled.max()) >= top / 2 / 64  # within a factor √d_k·8 of the bound
+    if dtype == "float16":  # q·kᵀ formed in float16 before the scale overflows (pytorch#60939)
+        with np.errstate(over="ignore"):
+            assert np.isinf(q @ k.T).any()

@@ -1,6 +1,8 @@
 """impl.masks against independent definitions: each expected mask is written as a double loop over
-(i, j) straight from the definition, never through the builders' own arithmetic (issue 15: mutants
-of the bottom-right causal mask and of the sliding window survived because nothing checked them)."""
+(i, j) straight from the definition, never through the builders' own arithmetic, so a wrong
+bottom-right causal mask or sliding window cannot pass by agreeing with itself; and the builders'
+argument checks at their edges, each case the first value past a boundary that a mutated comparison
+or boolean would let through."""
 
 import itertools
 
@@ -174,3 +176,69 @@ def test_mask_builders_reject_bad_arguments():
         sliding_window_mask(3, window=(1.5, 0))  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="window"):
         sliding_window_mask(3, window=3)  # type: ignore[arg-type]
+
+
+# --- the builders' own examples and refusals -----------------------------------------------------
+
+
+def test_causal_alignments_differ_only_when_lengths_differ():
+    np.testing.assert_array_equal(causal_mask(4), causal_mask(4, align="bottom_right"))
+    np.testing.assert_array_equal(causal_mask(2, 4, align="bottom_right"), [[1, 1, 1, 0], [1, 1, 1, 1]])
+    np.testing.assert_array_equal(causal_mask(2, 4), [[1, 0, 0, 0], [1, 1, 0, 0]])
+
+
+def test_sliding_window_is_a_band():
+    m = sliding_window_mask(5, window=(1, 1))
+    np.testing.assert_array_equal(m, np.abs(np.subtract.outer(np.arange(5), np.arange(5))) <= 1)
+    np.testing.assert_array_equal(sliding_window_mask(6, window=(5, 0)), causal_mask(6))
+
+
+def test_causal_padding_and_window_builders_reject_bad_arguments():
+    with pytest.raises(ValueError, match="align"):
+        causal_mask(3, align="diagonal")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="n_q"):
+        causal_mask(-1)
+    with pytest.raises(ValueError, match="key_lengths"):
+        padding_mask([4], 3)
+    with pytest.raises(TypeError, match="key_lengths"):
+        padding_mask([1.5], 3)
+    with pytest.raises(ValueError, match="window"):
+        sliding_window_mask(3, window=(-1, 0))
+
+
+# --- argument checks at their edges: the first value past each boundary -------------------------
+
+
+@pytest.mark.parametrize("bad", [-1, True, 2.0])
+def test_sizes_must_be_non_negative_integers(bad):
+    with pytest.raises(ValueError, match="n_q"):
+        causal_mask(bad)
+    with pytest.raises(ValueError, match="n_k"):
+        causal_mask(2, bad)
+    with pytest.raises(ValueError, match="n_k"):
+        sliding_window_mask(2, bad, window=(1, 0))
+
+
+def test_align_is_keyword_only_and_sizes_positional():
+    with pytest.raises(TypeError):
+        causal_mask(2, 3, "bottom_right")  # type: ignore[misc]
+    assert causal_mask(2, 3, align="bottom_right").shape == (2, 3)
+
+
+@pytest.mark.parametrize("lengths", [[-1], [4], [0, 4], [-1, 3]])
+def test_key_lengths_outside_0_to_n_k_are_refused(lengths):
+    with pytest.raises(ValueError, match="key_lengths"):
+        padding_mask(lengths, 3)
+
+
+@pytest.mark.parametrize("lengths", [[0], [3], [0, 3]])
+def test_key_lengths_at_the_ends_are_accepted(lengths):
+    got = padding_mask(lengths, 3)
+    assert got.shape == (len(lengths), 1, 3) and got.sum() == sum(lengths)
+
+
+def test_packed_sequences_must_pair_up():
+    with pytest.raises(ValueError):
+        packed_mask(np.array([0, 1, 2]), np.array([0, 2]))
+    with pytest.raises(ValueError):
+        packed_mask(np.array([0, 2]), np.array([0, 1, 2]))

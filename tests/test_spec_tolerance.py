@@ -1,4 +1,6 @@
-"""The golden and the tolerance policy."""
+"""spec.tolerance: the float64 golden it compares against, the baseline in the target's dtype
+(float16's and bfloat16's steps done in float32 and rounded: bit for bit the dtype's), the floors,
+and compare: a perturbed output or a NaN fails, a row left out is not compared."""
 
 from __future__ import annotations
 
@@ -6,7 +8,8 @@ import numpy as np
 import pytest
 
 from impl import attention, causal_mask
-from spec import tolerance
+from spec import dtypes, tolerance
+from spec.cases import Case
 
 
 def _inputs(dtype, n_q=5, n_k=7, d_k=4, d_v=3, seed=0):
@@ -145,3 +148,38 @@ def test_the_16_bit_baselines_done_in_float32_are_the_dtype_throughout_bit_for_b
         if sinks is not None:
             np.testing.assert_array_equal(got.sink.astype(np.float64), want_sink.astype(np.float64),
                                           err_msg=f"trial {trial}")
+
+
+def test_baseline_is_bfloat16_and_keeps_every_key_of_a_long_row():
+    BF16 = np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+    # 1,024 equal scores: a key-by-key bfloat16 denominator would stop at 256 and give 4.
+    n_k = 1024
+    q = np.zeros((1, 8), dtype=BF16)
+    k = np.ones((n_k, 8), dtype=BF16)
+    v = np.ones((n_k, 2), dtype=BF16)
+    out = tolerance.baseline(q, k, v, visible=np.ones((1, n_k), dtype=bool), scale=0.25)
+    assert out.dtype == BF16
+    assert np.array_equal(out.astype(np.float64), np.ones((1, 2)))
+
+
+def test_baseline_rounds_to_bfloat16_so_its_error_is_bfloat16_sized():
+    pytest.importorskip("ml_dtypes")
+    case = Case(dtype="bfloat16", ndim=2, batch=1, heads=1, n_q=16, n_k=64, d_k=32, d_v=16, seed=3)
+    q, k, v = case.arrays()
+    vis = np.ones((16, 64), dtype=bool)
+    gold, _ = tolerance.golden(q, k, v, visible=vis, scale=32**-0.5)
+    err = np.max(np.abs(tolerance.baseline(q, k, v, visible=vis, scale=32**-0.5).astype(np.float64) - gold))
+    # Above float32's rounding, within a few bfloat16 ulps of outputs of size ≲ 3.
+    assert 1e-5 < err < 8 * dtypes.eps("bfloat16")
+
+
+def test_the_weights_floor_by_hand():
+    """Two keys of equal score: p = [1, 1], each rounded by up to eps/2 = 1/16 in e4m3, ℓ = 2:
+    2·max|V|·(1/8)/2 = max|V|/8; a weight in e4m3's subnormals costs half their spacing, 2⁻¹⁰."""
+    pytest.importorskip("ml_dtypes")
+    w = np.array([[0.5, 0.5]])
+    assert tolerance.weights_floor(w, np.array([[2.0], [-4.0]]), "float8_e4m3fn") == pytest.approx(0.5)
+    tiny = np.array([[1.0, 1e-4]]) / (1 + 1e-4)  # p = [1, 1e-4]: 1/16 + 2⁻¹⁰ over ℓ = 1 + 1e-4
+    assert tolerance.weights_floor(tiny, np.ones((2, 1)), "float8_e4m3fn") == pytest.approx(
+        2 * (1 / 16 + 2 ** -10) / (1 + 1e-4))
+    assert tolerance.weights_floor(np.zeros((1, 2)), np.ones((2, 1)), "float8_e4m3fn") == 0.0

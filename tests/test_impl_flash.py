@@ -1,4 +1,5 @@
-"""impl.flash_attention: equal to impl.attention at every tiling, and the tiling's own promises."""
+"""impl.flash_attention: equal to impl.attention at every tiling, and the tiling's own promises; its
+argument checks and tilings at their edges (the first value past each boundary)."""
 
 import concurrent.futures
 import contextlib
@@ -11,7 +12,15 @@ import numpy as np
 import pytest
 
 import impl.flash
-from impl import attention, attention_backward, flash_attention, flash_attention_backward, gradcheck
+from impl import (
+    attention,
+    attention_backward,
+    causal_mask,
+    flash_attention,
+    flash_attention_backward,
+    gradcheck,
+    sliding_window_mask,
+)
 
 TOL = {np.float32: dict(atol=2e-6, rtol=1e-5), np.float64: dict(atol=1e-13, rtol=1e-12)}
 
@@ -428,7 +437,6 @@ def test_a_sliding_window_matches_the_golden_at_every_tile_edge(block, causal, w
 
 
 def test_window_equals_impl_attention_with_the_sliding_window_mask():
-    from impl.masks import causal_mask, sliding_window_mask
 
     q, k, v = qkv(np.random.default_rng(22), 70, 70, lead_q=(2,), lead_kv=(2,))
     mask = sliding_window_mask(70, window=(9, 0)) & causal_mask(70)
@@ -751,8 +759,8 @@ def test_a_row_whose_lse_is_minus_inf_gets_no_gradient_whatever_its_scores_are_h
     # sum that row's dot products in another order (BLAS's order depends on the tile's shape) and
     # find a finite score, or +∞, where the forward's overflowed to −∞. Here row 0's scores are
     # finite outright (or overflow to +∞) and only its lse says "nothing": it must still give no
-    # gradient, and no NaN. (Before: e^(S − stand-in) weighed its keys, and dv took row 0's
-    # upstream gradient; with +∞ scores, e^(∞ − stand-in) made every gradient NaN.)
+    # gradient, and no NaN. (Weighing its keys by e^(S − stand-in) would give dv row 0's upstream
+    # gradient; with +∞ scores, e^(∞ − stand-in) would make every gradient NaN.)
     rng = np.random.default_rng(45)
     q, k, v = qkv(rng, 3, 4, 5, 2)
     q, k, v = (x.astype(np.float32) for x in (q, k, v))
@@ -869,3 +877,77 @@ def test_backward_of_no_queries_is_empty_dq_and_zero_dk_dv(causal):
     (dq, dk, dv), _ = grads(rng, q, k, v, block=4, causal=causal)
     assert dq.shape == (2, 0, 4) and dk.shape == (2, 5, 4) and dv.shape == (2, 5, 3)
     assert not dk.any() and not dv.any()
+
+
+# --- equal to attention on plain inputs ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("n_q", "n_k"), [(1, 1), (13, 13), (70, 45), (45, 70), (129, 129)])
+def test_flash_equals_attention(dtype, causal, n_q, n_k):
+    q, k, v = qkv(np.random.default_rng(n_q * 1000 + n_k), n_q, n_k, 16, 5, lead_q=(2,), lead_kv=(2,),
+                  dtype=dtype)
+    tol = 2e-6 if dtype == np.float32 else 1e-13
+    np.testing.assert_allclose(
+        flash_attention(q, k, v, causal=causal, block=32), attention(q, k, v, causal=causal), atol=tol
+    )
+
+
+# --- argument checks and tilings at their edges: the first value past each boundary -------------
+
+
+def _qkv(*lead: int, n_q: int = 5, n_k: int = 6, d: int = 3, kv_heads: int | None = None):
+    rng = np.random.default_rng(sum(lead) + n_q + n_k)
+    kv_lead = (*lead[:-1], kv_heads) if kv_heads else lead
+    return (rng.standard_normal((*lead, n_q, d)), rng.standard_normal((*kv_lead, n_k, d)),
+            rng.standard_normal((*kv_lead, n_k, d + 1)))
+
+
+@pytest.mark.parametrize("block", [0, (0, 4), (4, 0), -1, (2, 2, 2), True, 2.0])
+def test_flash_block_must_be_positive_integers(block):
+    from impl import flash_attention
+
+    x = np.ones((3, 2))
+    with pytest.raises(ValueError, match="block"):
+        flash_attention(x, x, x, block=block)
+
+
+def test_flash_accepts_one_by_one_tiles():
+    from impl import attention, flash_attention
+
+    q, k, v = _qkv(2, n_q=3, n_k=4)
+    got = flash_attention(q, k, v, causal=True, block=1)
+    np.testing.assert_allclose(got, attention(q, k, v, causal=True), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("window", [(3, 0), (0, 2), (2, 5)])
+def test_flash_window_across_key_tiles(window):
+    from impl import attention, flash_attention
+
+    q, k, v = _qkv(2, n_q=19, n_k=21)
+    got = flash_attention(q, k, v, window=window, block=(4, 8))
+    np.testing.assert_allclose(got, attention(q, k, v, window=window), rtol=1e-12, atol=1e-12)
+
+
+def test_flash_lse_of_a_row_that_sees_nothing_is_minus_infinity():
+    from impl import attention, flash_attention
+
+    q, k, v = _qkv(2, n_q=6, n_k=4)
+    _, lse = flash_attention(q, k, v, window=(0, 0), return_lse=True)
+    _, want = attention(q, k, v, window=(0, 0), return_lse=True)
+    assert np.all(np.isneginf(lse[:, 4:]))
+    np.testing.assert_allclose(lse, want, rtol=1e-12)
+
+
+def test_flash_backward_is_not_causal_by_default():
+    from impl import flash_attention
+    from impl.flash import flash_attention_backward
+    from impl.grad import attention_backward
+
+    q, k, v = _qkv(2, n_q=4, n_k=4)
+    d_out = np.ones((2, 4, 4))
+    out, lse = flash_attention(q, k, v, return_lse=True)
+    got = flash_attention_backward(q, k, v, out, lse, d_out)
+    for g, w in zip(got, attention_backward(q, k, v, d_out), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-12)

@@ -1,4 +1,6 @@
-"""impl.attention's keywords (docs/targets.md) and grouped K/V heads, against an independent golden.
+"""impl.attention, the NumPy reference: worked examples, softmax, the laws on random inputs, masks,
+bad input; every keyword and grouped K/V heads against an independent golden; and the argument
+checks at their edges.
 
 ``golden`` below is written from the definitions, one query row at a time with ``math.exp`` in
 float64; it shares no code with impl (no mask builders, no softmax). The laws of each keyword are
@@ -12,7 +14,237 @@ import pytest
 from hypothesis import given, note
 from hypothesis import strategies as st
 
-from impl import attention, multi_head_attention
+from impl import (
+    attention,
+    causal_mask,
+    flash_attention,
+    multi_head_attention,
+    padding_mask,
+    softmax,
+)
+
+
+def qkv(rng, n_q, n_k, d_k=8, d_v=8, lead=(), dtype=np.float64):
+    return (
+        rng.standard_normal((*lead, n_q, d_k)).astype(dtype),
+        rng.standard_normal((*lead, n_k, d_k)).astype(dtype),
+        rng.standard_normal((*lead, n_k, d_v)).astype(dtype),
+    )
+
+
+# --- worked examples, computed on paper -------------------------------------------------------
+
+
+def test_two_by_two_by_hand():
+    # Scores q·k/√2: row 0 = [2, 0]/√2 ... choose q so that the scaled scores are [ln 3, 0]:
+    # softmax([ln 3, 0]) = [3/4, 1/4], out = 3/4·10 + 1/4·20 = 12.5.
+    d_k = 2
+    q = np.array([[np.log(3.0) * np.sqrt(d_k), 0.0], [0.0, 0.0]])
+    k = np.array([[1.0, 0.0], [0.0, 1.0]])
+    v = np.array([[10.0, 1.0], [20.0, -1.0]])
+    out, w = attention(q, k, v, return_weights=True)
+    np.testing.assert_allclose(w, [[0.75, 0.25], [0.5, 0.5]], rtol=1e-15)
+    np.testing.assert_allclose(out, [[12.5, 0.5], [15.0, 0.0]], rtol=1e-15)
+
+
+def test_three_by_three_causal_by_hand():
+    # All scores equal: causal row i averages values 0..i, the running mean.
+    q = np.zeros((3, 4))
+    k = np.ones((3, 4))
+    v = np.array([[3.0], [6.0], [12.0]])
+    out, w = attention(q, k, v, causal=True, return_weights=True)
+    np.testing.assert_allclose(w, [[1, 0, 0], [1 / 2, 1 / 2, 0], [1 / 3, 1 / 3, 1 / 3]], rtol=1e-15)
+    np.testing.assert_allclose(out[:, 0], [3.0, 4.5, 7.0], rtol=1e-15)
+
+
+def test_default_scale_is_inverse_sqrt_dk():
+    # One query, two keys, d_k = 4: raw scores [4, 0]; scaled by 1/2 they are [2, 0].
+    q = np.array([[2.0, 0, 0, 0]])
+    k = np.array([[2.0, 0, 0, 0], [0.0, 0, 0, 0]])
+    _, w = attention(q, k, np.eye(2), return_weights=True)
+    np.testing.assert_allclose(w[0], [np.e**2 / (np.e**2 + 1), 1 / (np.e**2 + 1)], rtol=1e-15)
+    _, w_explicit = attention(q, k, np.eye(2), scale=1.0, return_weights=True)
+    np.testing.assert_allclose(w_explicit[0, 0], np.e**4 / (np.e**4 + 1), rtol=1e-15)
+
+
+# --- softmax ------------------------------------------------------------------------------------
+
+
+def test_softmax_all_masked_row_is_zero_not_nan():
+    out = softmax(np.array([[-np.inf, -np.inf], [0.0, -np.inf]]))
+    np.testing.assert_array_equal(out, [[0.0, 0.0], [1.0, 0.0]])
+
+
+def test_softmax_stable_for_huge_logits():
+    out = softmax(np.array([1e4, 1e4 - np.log(3.0)]))
+    np.testing.assert_allclose(out, [0.75, 0.25], rtol=1e-9)
+
+
+def test_softmax_propagates_nan():
+    assert np.isnan(softmax(np.array([0.0, np.nan]))).all()
+
+
+def test_softmax_axis():
+    x = np.array([[0.0, 0.0], [np.log(3.0), 0.0]])
+    np.testing.assert_allclose(softmax(x, axis=0), [[0.25, 0.5], [0.75, 0.5]])
+
+
+# --- the laws on random inputs ----------------------------------------------------------------
+
+shapes = st.tuples(st.integers(1, 9), st.integers(1, 9), st.integers(1, 6), st.integers(1, 5))
+
+
+@given(shapes, st.booleans(), st.integers(0, 2**32 - 1))
+def test_rows_sum_to_one_and_output_is_convex(shape, causal, seed):
+    n_q, n_k, d_k, d_v = shape
+    q, k, v = qkv(np.random.default_rng(seed), n_q, n_k, d_k, d_v)
+    out, w = attention(q, k, v, causal=causal, return_weights=True)
+    np.testing.assert_allclose(w.sum(-1), 1.0, rtol=1e-12)
+    assert (w >= 0).all()
+    assert (out <= v.max(0) + 1e-12).all() and (out >= v.min(0) - 1e-12).all()
+    if causal:
+        assert (w[np.triu_indices(n_q, 1, n_k)] == 0).all()
+
+
+@given(st.integers(1, 6), st.integers(1, 6), st.integers(0, 2**32 - 1))
+def test_uniform_scores_give_the_plain_average(n_q, n_k, seed):
+    rng = np.random.default_rng(seed)
+    v = rng.standard_normal((n_k, 3))
+    out = attention(np.zeros((n_q, 4)), rng.standard_normal((n_k, 4)), v)
+    np.testing.assert_allclose(out, np.broadcast_to(v.mean(0), out.shape), rtol=1e-12, atol=1e-15)
+
+
+def test_leading_dims_broadcast_and_equal_per_slice_calls():
+    rng = np.random.default_rng(1)
+    q, _, _ = qkv(rng, 5, 7, lead=(2, 3))
+    _, k, v = qkv(rng, 5, 7, lead=(2, 1))  # one K/V head shared by three query heads
+    out = attention(q, k, v, causal=True)
+    assert out.shape == (2, 3, 5, 8)
+    for b in range(2):
+        for h in range(3):
+            np.testing.assert_array_equal(out[b, h], attention(q[b, h], k[b, 0], v[b, 0], causal=True))
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_output_dtype_is_input_dtype(dtype):
+    q, k, v = qkv(np.random.default_rng(0), 4, 4, dtype=dtype)
+    assert attention(q, k, v).dtype == dtype
+    assert flash_attention(q, k, v).dtype == dtype
+
+
+def test_float32_close_to_float64():
+    q, k, v = qkv(np.random.default_rng(2), 33, 47, 16, 8)
+    exact = attention(q, k, v, causal=True)
+    single = attention(*(x.astype(np.float32) for x in (q, k, v)), causal=True)
+    np.testing.assert_allclose(single, exact, atol=1e-5)
+
+
+def test_large_logits_are_finite_and_pick_the_max():
+    # |scores| ~ 1e4: exp would overflow without the max subtraction.
+    q = np.array([[100.0, 0.0]])
+    k = np.array([[141.0, 0.0], [-141.0, 0.0], [140.0, 0.0]])
+    v = np.array([[1.0], [2.0], [3.0]])
+    out, w = attention(q, k, v, return_weights=True)
+    assert np.isfinite(out).all()
+    gap = np.exp(-100.0 * (141 - 140) / np.sqrt(2))  # weight ratio of key 2 to key 0
+    np.testing.assert_allclose(w[0], [1 / (1 + gap), 0.0, gap / (1 + gap)], rtol=1e-9, atol=0)
+
+
+def test_nan_and_inf_propagate():
+    q, k, v = qkv(np.random.default_rng(3), 3, 3)
+    q[1, 0] = np.nan
+    out = attention(q, k, v)
+    assert np.isnan(out[1]).all() and np.isfinite(out[[0, 2]]).all()
+    v[0, 0] = np.inf
+    assert not np.isfinite(flash_attention(q, k, v)[0]).all()
+
+
+# --- masks --------------------------------------------------------------------------------------
+
+
+def test_causal_flag_equals_top_left_mask():
+    q, k, v = qkv(np.random.default_rng(4), 3, 6)
+    np.testing.assert_array_equal(attention(q, k, v, causal=True), attention(q, k, v, mask=causal_mask(3, 6)))
+
+
+def test_fully_masked_rows_give_zeros_and_zero_weights():
+    # Bottom-right with n_q > n_k: the first n_q - n_k queries see nothing.
+    q, k, v = qkv(np.random.default_rng(5), 5, 3)
+    out, w = attention(q, k, v, mask=causal_mask(5, 3, align="bottom_right"), return_weights=True)
+    np.testing.assert_array_equal(out[:2], 0.0)
+    np.testing.assert_array_equal(w[:2], 0.0)
+    np.testing.assert_allclose(w[2:].sum(-1), 1.0)
+
+
+def test_mask_may_carry_leading_dims_that_only_v_has():
+    q, k = np.ones((1, 2)), np.ones((3, 2))
+    v = np.arange(24.0).reshape(2, 3, 4)
+    mask = np.array([[[True, False, False]], [[True, True, True]]])  # [2, 1, 3]
+    out = attention(q, k, v, mask=mask)
+    assert out.shape == (2, 1, 4)
+    np.testing.assert_allclose(out[0], v[0, :1])
+    np.testing.assert_allclose(out[1], v[1].mean(0, keepdims=True))
+
+
+def test_padding_mask_ignores_padded_keys():
+    rng = np.random.default_rng(6)
+    q, k, v = qkv(rng, 4, 6, lead=(2,))
+    out = attention(q, k, v, mask=padding_mask([3, 6], 6))
+    np.testing.assert_allclose(out[0], attention(q[0], k[0, :3], v[0, :3]), rtol=1e-14)
+    np.testing.assert_allclose(out[1], attention(q[1], k[1], v[1]), rtol=1e-14)
+
+
+# --- empty sequences ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fn", [attention, flash_attention])
+def test_empty_sequences_give_shaped_results(fn):
+    q, k, v = qkv(np.random.default_rng(0), 0, 4, lead=(2,))
+    assert fn(q, k, v).shape == (2, 0, 8)
+    q, k, v = qkv(np.random.default_rng(0), 3, 0, 8, 5, lead=(2,))
+    out = fn(q, k, v, causal=True)
+    assert out.shape == (2, 3, 5) and (out == 0).all()
+
+
+# --- bad input --------------------------------------------------------------------------------
+
+good = qkv(np.random.default_rng(0), 3, 4, 2, 5)
+
+
+@pytest.mark.parametrize("fn", [attention, flash_attention])
+@pytest.mark.parametrize(
+    ("q", "k", "v", "error", "match"),
+    [
+        (good[0][0], good[1], good[2], ValueError, r"q must have at least 2 dims.*\(2,\)"),
+        (good[0], good[1][:, :1], good[2], ValueError, r"same width d_k.*\(3, 2\).*\(4, 1\)"),
+        (good[0], good[1], good[2][:3], ValueError, r"same length n_k.*\(4, 2\).*\(3, 5\)"),
+        (np.zeros((3, 0)), np.zeros((4, 0)), good[2], ValueError, "d_k must be positive"),
+        (good[0].astype(int), good[1], good[2], TypeError, "q must have a real floating dtype"),
+        (good[0], good[1].astype(complex), good[2], TypeError, "k must have a real floating dtype"),
+        (good[0], good[1], good[2].astype(object), TypeError, "v must have a real floating dtype"),
+        (good[0], good[1], good[2].astype(np.float32), TypeError, "share one dtype"),
+        (np.zeros((2, 3, 2)), np.zeros((3, 4, 2)), np.zeros((3, 4, 5)), ValueError, "leading dims"),
+        (1.0, good[1], good[2], TypeError, "q must be an array"),
+    ],
+)
+def test_bad_input_is_refused_with_the_argument_named(fn, q, k, v, error, match):
+    with pytest.raises(error, match=match):
+        fn(q, k, v)
+
+
+def test_bad_mask_and_scale_are_refused():
+    q, k, v = good
+    with pytest.raises(TypeError, match="mask must be boolean"):
+        attention(q, k, v, mask=np.ones((3, 4)))
+    with pytest.raises(ValueError, match=r"mask of shape \(3, 3\)"):
+        attention(q, k, v, mask=np.ones((3, 3), bool))
+    with pytest.raises(ValueError, match="scale must be finite"):
+        attention(q, k, v, scale=float("nan"))
+    with pytest.raises(TypeError, match="scale must be a real number"):
+        attention(q, k, v, scale="0.5")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="block must be a positive integer"):
+        flash_attention(q, k, v, block=0)
+
 
 # --- the independent golden -----------------------------------------------------------------------
 
@@ -72,7 +304,7 @@ def rand(rng, *shape, dtype=np.float64):
     return rng.standard_normal(shape).astype(dtype)
 
 
-def qkv(rng, b, h, g, n_q, n_k, d_k=3, d_v=2, dtype=np.float64):
+def grouped_qkv(rng, b, h, g, n_q, n_k, d_k=3, d_v=2, dtype=np.float64):
     return rand(rng, b, h, n_q, d_k, dtype=dtype), rand(rng, b, g, n_k, d_k, dtype=dtype), rand(
         rng, b, g, n_k, d_v, dtype=dtype)
 
@@ -87,7 +319,7 @@ def problems(draw):
     h = g * draw(st.integers(1, 3))
     n_q, n_k = draw(st.integers(0, 6)), draw(st.integers(0, 6))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    q, k, v = qkv(rng, b, h, g, n_q, n_k)
+    q, k, v = grouped_qkv(rng, b, h, g, n_q, n_k)
     kw = {
         "causal": draw(st.booleans()),
         "align": draw(st.sampled_from(["top_left", "bottom_right"])),
@@ -129,7 +361,8 @@ def test_every_keyword_matches_the_golden(problem):
 @pytest.mark.parametrize("ndim", [2, 3, 4])
 def test_dtypes_and_ranks_against_the_golden(dtype, ndim):
     rng = np.random.default_rng(ndim)
-    q, k, v = (x.reshape(x.shape[4 - ndim:]) if ndim < 4 else x for x in qkv(rng, 1, 1, 1, 5, 7, dtype=dtype))
+    q, k, v = (x.reshape(x.shape[4 - ndim:]) if ndim < 4 else x
+               for x in grouped_qkv(rng, 1, 1, 1, 5, 7, dtype=dtype))
     heads = q.shape[-3] if ndim > 2 else 1
     kw = {"causal": True, "align": "bottom_right", "window": (3, 1), "softcap": 2.0,
           "bias": rng.standard_normal((5, 7)), "sinks": rng.standard_normal(heads)}
@@ -144,7 +377,7 @@ def test_dtypes_and_ranks_against_the_golden(dtype, ndim):
 
 def test_bfloat16_lse_is_float32():
     ml_dtypes = pytest.importorskip("ml_dtypes")
-    q, k, v = (x.astype(ml_dtypes.bfloat16) for x in qkv(np.random.default_rng(0), 1, 2, 1, 3, 4))
+    q, k, v = (x.astype(ml_dtypes.bfloat16) for x in grouped_qkv(np.random.default_rng(0), 1, 2, 1, 3, 4))
     out, lse = attention(q, k, v, return_lse=True)
     assert out.dtype == ml_dtypes.bfloat16 and lse.dtype == np.float32
 
@@ -155,7 +388,7 @@ def test_bfloat16_lse_is_float32():
 @pytest.mark.parametrize(("h", "g"), [(4, 2), (4, 1), (6, 3), (6, 2), (3, 3)])
 def test_grouped_heads_equal_repeated_kv_heads(h, g):
     rng = np.random.default_rng(h * 10 + g)
-    q, k, v = qkv(rng, 2, h, g, 5, 6)
+    q, k, v = grouped_qkv(rng, 2, h, g, 5, 6)
     bias, sinks = rng.standard_normal((2, h, 5, 6)), rng.standard_normal(h)
     kw = {"causal": True, "bias": bias, "sinks": sinks, "window": (2, 0)}
     out, w, lse = attention(q, k, v, return_weights=True, return_lse=True, **kw)
@@ -186,7 +419,7 @@ def test_grouped_heads_equal_multi_head_attention_per_head():
 
 def test_grouped_heads_that_do_not_divide_are_refused_by_name():
     rng = np.random.default_rng(0)
-    q, k, v = qkv(rng, 1, 6, 4, 3, 3)
+    q, k, v = grouped_qkv(rng, 1, 6, 4, 3, 3)
     says = r"q's heads \(h = 6.*divisible.*\(g = 4\).*q \(1, 6, 3, 3\), k \(1, 4"
     with pytest.raises(ValueError, match=says):
         attention(q, k, v)
@@ -195,7 +428,7 @@ def test_grouped_heads_that_do_not_divide_are_refused_by_name():
 # --- laws of each keyword ------------------------------------------------------------------------------
 
 rng0 = np.random.default_rng(42)
-Q, K, V = qkv(rng0, 2, 4, 2, 6, 7)
+Q, K, V = grouped_qkv(rng0, 2, 4, 2, 6, 7)
 
 
 def test_a_row_constant_added_to_the_bias_changes_nothing():
@@ -405,11 +638,11 @@ def test_rows_that_see_nothing_give_zeros_and_minus_inf_lse():
 
 
 def test_no_keys_gives_zeros_and_no_queries_an_empty_result():
-    q, k, v = qkv(np.random.default_rng(0), 2, 4, 2, 3, 0)
+    q, k, v = grouped_qkv(np.random.default_rng(0), 2, 4, 2, 3, 0)
     out, w, lse = attention(q, k, v, causal=True, window=(1, 1), return_weights=True, return_lse=True)
     assert out.shape == (2, 4, 3, 2) and (out == 0).all()
     assert w.shape == (2, 4, 3, 0) and lse.shape == (2, 4, 3) and np.isneginf(lse).all()
-    q, k, v = qkv(np.random.default_rng(0), 2, 4, 2, 0, 5)
+    q, k, v = grouped_qkv(np.random.default_rng(0), 2, 4, 2, 0, 5)
     out, lse = attention(q, k, v, causal=True, sinks=np.zeros(4), return_lse=True)
     assert out.shape == (2, 4, 0, 2) and lse.shape == (2, 4, 0)
 
@@ -528,7 +761,7 @@ def test_alibi_slopes_of_match_the_papers_figures():
 @pytest.mark.parametrize(("n_q", "n_k"), [(5, 5), (3, 7), (7, 3)])
 def test_alibi_equals_the_explicit_bias_it_defines_bit_for_bit(heads, n_q, n_k):
     # Head counts that are not powers of two included: nothing in the keyword assumes one.
-    q, k, v = qkv(np.random.default_rng(heads), 2, heads, heads, n_q, n_k)
+    q, k, v = grouped_qkv(np.random.default_rng(heads), 2, heads, heads, n_q, n_k)
     slopes = alibi_slopes_of(heads)
     for causal, align in [(False, "top_left"), (True, "top_left"), (True, "bottom_right")]:
         got = attention(q, k, v, causal=causal, align=align, alibi_slopes=slopes)
@@ -537,7 +770,7 @@ def test_alibi_equals_the_explicit_bias_it_defines_bit_for_bit(heads, n_q, n_k):
 
 
 def test_alibi_per_batch_row_equals_each_row_alone_and_each_head_reads_its_own_slope():
-    q, k, v = qkv(np.random.default_rng(5), 2, 3, 3, 4, 6)
+    q, k, v = grouped_qkv(np.random.default_rng(5), 2, 3, 3, 4, 6)
     slopes = np.array([[0.5, 0.1, 2.0], [1.5, 0.0, 0.3]])
     both = attention(q, k, v, causal=True, alibi_slopes=slopes)
     for b in range(2):
@@ -550,7 +783,7 @@ def test_alibi_per_batch_row_equals_each_row_alone_and_each_head_reads_its_own_s
 
 
 def test_alibi_on_two_dimensional_inputs_takes_one_slope():
-    q, k, v = (x[0, 0] for x in qkv(np.random.default_rng(6), 1, 1, 1, 4, 5))
+    q, k, v = (x[0, 0] for x in grouped_qkv(np.random.default_rng(6), 1, 1, 1, 4, 5))
     got = attention(q, k, v, alibi_slopes=np.array([0.7]))
     np.testing.assert_array_equal(got, attention(q, k, v, bias=alibi_as_bias(np.array([0.7]), 4, 5)[0, 0]))
     says = r"alibi_slopes must have shape \(heads,\) = \(1,\) \(or \(batch, heads\), 4-D inputs\)"
@@ -560,7 +793,7 @@ def test_alibi_on_two_dimensional_inputs_takes_one_slope():
 
 def test_alibi_comes_after_the_softcap():
     # c·tanh(s/c) caps the scores, not ALiBi's term: far keys stay far below the cap.
-    q, k, v = qkv(np.random.default_rng(7), 1, 2, 2, 3, 9)
+    q, k, v = grouped_qkv(np.random.default_rng(7), 1, 2, 2, 3, 9)
     q *= 30  # scores far beyond the cap
     slopes = np.array([2.0, 3.0])
     _, w = attention(q, k, v, softcap=1.0, alibi_slopes=slopes, return_weights=True)
@@ -584,3 +817,249 @@ def test_dropout_keeps_a_weight_whose_draw_equals_p():
     _, w = attention(q, k, v, dropout_p=p, seed=2, return_weights=True)
     assert w[at] == plain[at] / (1 - p) != 0
     np.testing.assert_array_equal(w == 0, draws < p)
+
+
+# --- argument checks and keyword paths at their edges (the mutants tools/mutation found alive): each
+# case is the first value past a boundary that a mutated comparison or boolean would let through ----
+
+
+def _qkv(*lead: int, n_q: int = 5, n_k: int = 6, d: int = 3, kv_heads: int | None = None):
+    rng = np.random.default_rng(sum(lead) + n_q + n_k)
+    kv_lead = (*lead[:-1], kv_heads) if kv_heads else lead
+    return (rng.standard_normal((*lead, n_q, d)), rng.standard_normal((*kv_lead, n_k, d)),
+            rng.standard_normal((*kv_lead, n_k, d + 1)))
+
+
+def _spec_golden(q, k, v, **kw):
+    """The output of spec's float64 oracle for the call: a second reference that owes impl nothing."""
+    from spec import oracle
+    from spec.inputs import Inputs
+
+    return oracle.golden_of(Inputs(q, k, v, keywords=kw))[0]
+
+
+def test_softmax_defaults_to_the_last_axis():
+    from impl.attention import softmax
+
+    got = softmax(np.arange(24.0).reshape(2, 3, 4))
+    np.testing.assert_allclose(got.sum(axis=-1), 1.0)
+
+
+@pytest.mark.parametrize(("lead", "kv_heads", "n_q"), [((4,), 2, 5), ((2, 6), 3, 7), ((2, 4), 2, 4)])
+def test_grouped_kv_heads_equal_repeated_heads(lead, kv_heads, n_q):
+    from impl import attention
+
+    q, k, v = _qkv(*lead, n_q=n_q, kv_heads=kv_heads)
+    rep = lead[-1] // kv_heads
+    want = attention(q, np.repeat(k, rep, axis=-3), np.repeat(v, rep, axis=-3))
+    np.testing.assert_allclose(attention(q, k, v), want, rtol=1e-12, atol=1e-12)
+
+
+def test_grouped_heads_must_agree_between_k_and_v():
+    from impl import attention
+
+    q, k, _ = _qkv(4, kv_heads=2)
+    with pytest.raises(ValueError):
+        attention(q, k, np.ones((4, 6, 3)))
+
+
+def test_sinks_join_the_denominator_per_head():
+    from impl import attention
+
+    q, k, v = _qkv(3)
+    sinks = np.array([0.5, -1.0, 2.0])
+    np.testing.assert_allclose(attention(q, k, v, sinks=sinks), _spec_golden(q, k, v, sinks=sinks),
+                               rtol=1e-10)
+
+
+def test_softcap_is_accepted_and_applied():
+    from impl import attention
+
+    q, k, v = _qkv(2)
+    np.testing.assert_allclose(attention(q, k, v, softcap=1.5), _spec_golden(q, k, v, softcap=1.5),
+                               rtol=1e-10)
+
+
+def test_bias_must_be_floats():
+    from impl import attention
+
+    q, k, v = _qkv(2)
+    with pytest.raises(TypeError, match="bias"):
+        attention(q, k, v, bias=np.ones((5, 6), dtype=np.int64))
+    np.testing.assert_allclose(attention(q, k, v, bias=np.zeros((5, 6))), attention(q, k, v))
+
+
+def test_kv_lengths_accepted_in_range_and_refused_outside():
+    from impl import attention
+
+    q, k, v = _qkv(1, 2)
+    out = attention(q, k, v, kv_lengths=np.array([4]))
+    np.testing.assert_allclose(out, attention(q, k[..., :4, :], v[..., :4, :]), rtol=1e-12)
+    for bad in ([-1], [7]):
+        with pytest.raises(ValueError, match="kv_lengths"):
+            attention(q, k, v, kv_lengths=np.array(bad))
+
+
+def test_packed_sequences_valid_and_invalid_offsets():
+    from impl import attention
+
+    q, k, v = _qkv(2, n_q=3, n_k=5)
+    out = attention(q, k, v, cu_seqlens_q=np.array([0, 1, 3]), cu_seqlens_k=np.array([0, 2, 5]))
+    np.testing.assert_allclose(out[:, :1], attention(q[:, :1], k[:, :2], v[:, :2]), rtol=1e-12)
+    with pytest.raises(ValueError, match="same sequences, got lengths 2 and 3"):
+        attention(q, k, v, cu_seqlens_q=np.array([0, 3]), cu_seqlens_k=np.array([0, 2, 5]))
+    with pytest.raises(ValueError, match="cu_seqlens_q"):
+        attention(q, k, v, cu_seqlens_q=np.array([0, 1, 2]), cu_seqlens_k=np.array([0, 2, 5]))
+
+
+def test_mask_that_does_not_broadcast_is_named():
+    from impl import attention
+
+    q, k, v = _qkv(2)
+    with pytest.raises(ValueError, match="does not broadcast"):
+        attention(q, k, v, mask=np.ones((4, 6), dtype=bool))
+
+
+def test_inputs_need_two_dims_and_a_positive_width():
+    from impl import attention
+
+    with pytest.raises(ValueError, match="2 dims"):
+        attention(np.ones(3), np.ones((4, 3)), np.ones((4, 2)))
+    with pytest.raises(ValueError, match="d_k"):
+        attention(np.ones((2, 0)), np.ones((4, 0)), np.ones((4, 2)))
+
+
+def test_grouped_heads_still_need_broadcasting_batches():
+    from impl import attention
+
+    with pytest.raises(ValueError, match="must broadcast"):
+        attention(np.ones((2, 4, 5, 3)), np.ones((3, 2, 6, 3)), np.ones((2, 2, 6, 4)))
+    with pytest.raises(ValueError, match="must broadcast"):  # v's batch too, not only k's
+        attention(np.ones((2, 4, 5, 3)), np.ones((2, 2, 6, 3)), np.ones((3, 2, 6, 4)))
+
+
+def test_empty_packed_offsets_are_refused():
+    from impl import attention
+
+    q, k, v = _qkv(2, n_q=5, n_k=6)
+    with pytest.raises(ValueError, match="cu_seqlens_q"):
+        attention(q, k, v, cu_seqlens_q=np.array([], dtype=np.int64), cu_seqlens_k=np.array([0, 6]))
+
+
+@pytest.mark.parametrize(("q_shape", "k_shape"), [((3, 5, 3), (2, 6, 3)), ((1, 3, 5, 3), (1, 2, 6, 3))])
+def test_indivisible_heads_are_explained(q_shape, k_shape):
+    from impl import attention
+
+    with pytest.raises(ValueError, match=r"divisible by k's and v's \(g = 2\)"):
+        attention(np.ones(q_shape), np.ones(k_shape), np.ones(k_shape))
+
+
+def test_dropout_scales_kept_weights_by_one_over_keep_probability():
+    from impl import attention
+
+    q, k, v = _qkv(2, n_q=8, n_k=9)
+    _, plain_w = attention(q, k, v, return_weights=True)
+    _, w = attention(q, k, v, dropout_p=0.25, seed=0, return_weights=True)
+    kept = w != 0
+    assert kept.any() and not kept.all()
+    np.testing.assert_allclose(w[kept], plain_w[kept] / 0.75, rtol=1e-12)
+    with pytest.raises(ValueError, match="seed"):
+        attention(q, k, v, dropout_p=0.25, seed=-1)
+
+
+@pytest.mark.parametrize("lead", [(), (2,), (1, 2)])
+def test_no_queries_give_an_empty_output(lead):
+    from impl import attention, flash_attention
+
+    q, k, v = np.ones((*lead, 0, 3)), np.ones((*lead, 4, 3)), np.ones((*lead, 4, 2))
+    for fn in (attention, flash_attention):
+        for causal in (False, True):
+            assert fn(q, k, v, causal=causal).shape == (*lead, 0, 2)
+
+
+def test_no_query_heads_over_grouped_kv_heads_give_an_empty_output():
+    from impl import attention
+
+    # h = 0 query heads is divisible by g = 2 K/V heads: grouped, not a broadcasting error
+    assert attention(np.ones((0, 5, 3)), np.ones((2, 6, 3)), np.ones((2, 6, 4))).shape == (0, 5, 4)
+
+
+@pytest.mark.parametrize(("h", "g"), [(2, 0), (3, 0), (4, 0)])
+def test_no_kv_heads_under_several_query_heads_are_refused_as_unbroadcastable(h, g):
+    from impl import attention
+
+    # g = 0 K/V heads serve no query head: a ValueError naming the shapes, never a division by zero.
+    with pytest.raises(ValueError, match=rf"leading dims of q, k and v must broadcast.*q \({h}, 5, 3\)"):
+        attention(np.ones((h, 5, 3)), np.ones((g, 6, 3)), np.ones((g, 6, 4)))
+    assert attention(np.ones((1, 5, 3)), np.ones((0, 6, 3)), np.ones((0, 6, 4))).shape == (0, 5, 4)
+    assert attention(np.ones((0, 5, 3)), np.ones((0, 6, 3)), np.ones((0, 6, 4))).shape == (0, 5, 4)
+
+
+def test_flags_are_keyword_only():
+    from impl import attention, flash_attention, flash_attention_backward
+
+    x = np.ones((3, 2))
+    for fn in (attention, flash_attention):
+        with pytest.raises(TypeError):
+            fn(x, x, x, True)  # type: ignore[call-overload]
+    out, lse = flash_attention(x, x, x, return_lse=True)
+    with pytest.raises(TypeError):
+        flash_attention_backward(x, x, x, out, lse, x, True)  # type: ignore[misc]
+
+
+def test_softmax_lse_without_sinks_and_softmax_on_any_axis():
+    from impl.attention import softmax, softmax_lse
+
+    x = np.array([[0.0, np.log(3.0)], [1.0, 1.0]])
+    weights, lse = softmax_lse(x)
+    np.testing.assert_allclose(weights, [[0.25, 0.75], [0.5, 0.5]])
+    np.testing.assert_allclose(lse[:, 0], np.log(np.exp(x).sum(axis=-1)))
+    np.testing.assert_allclose(softmax(x, axis=0).sum(axis=0), 1.0)
+
+
+def test_lse_is_the_log_of_the_denominator():
+    from impl import attention
+    from spec import golden
+
+    q, k, v = _qkv(2)
+    _, lse = attention(q, k, v, return_lse=True)
+    vis = np.ones((2, 5, 6), dtype=bool)
+    np.testing.assert_allclose(lse, golden.forward(q, k, v, visible=vis, scale=1 / np.sqrt(3))[2], rtol=1e-12)
+
+
+@pytest.mark.parametrize("cap", [0.0, -1.0, np.inf, np.nan])
+def test_softcap_must_be_positive_and_finite(cap):
+    from impl import attention
+
+    q, k, v = _qkv(2)
+    with pytest.raises(ValueError, match="softcap"):
+        attention(q, k, v, softcap=cap)
+
+
+def test_packed_offsets_come_in_pairs_and_start_at_zero():
+    from impl import attention
+
+    q, k, v = _qkv(2, n_q=3, n_k=5)
+    with pytest.raises(ValueError, match="together"):
+        attention(q, k, v, cu_seqlens_q=np.array([0, 3]))
+    with pytest.raises(ValueError, match="cu_seqlens_q"):
+        attention(q, k, v, cu_seqlens_q=np.array([1, 2, 3]), cu_seqlens_k=np.array([0, 2, 5]))
+
+
+def test_the_grouped_query_hint_only_for_grouped_calls():
+    from impl import attention, flash_attention
+
+    with pytest.raises(ValueError) as raised:
+        flash_attention(np.ones((3, 5, 3)), np.ones((2, 6, 3)), np.ones((2, 6, 3)))
+    assert "grouped-query" not in str(raised.value)
+    with pytest.raises(ValueError, match="must broadcast") as raised:  # k without a head axis: no hint
+        attention(np.ones((2, 4, 5, 3)), np.ones((6, 3)), np.ones((3, 6, 4)))
+    assert "grouped-query" not in str(raised.value)
+
+
+def test_bias_that_does_not_broadcast_is_named():
+    from impl import attention
+
+    q, k, v = _qkv(2)
+    with pytest.raises(ValueError, match="bias of shape"):
+        attention(q, k, v, bias=np.zeros((4, 6)))

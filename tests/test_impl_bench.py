@@ -328,8 +328,8 @@ def test_markdown_page_says_the_command_that_regenerates_it(tmp_path, capsys):
 
 
 def test_markdown_page_is_titled_by_what_was_timed_shows_its_plot_and_lists_its_notes(tmp_path, capsys):
-    """Before: both pages were titled "Benchmark results", neither showed its plot, and the notes
-    ran together as one paragraph."""
+    """Each page is titled by what it timed, shows its own plot, and lists its notes one by one
+    rather than as one paragraph."""
     pytest.importorskip("matplotlib")
     (tmp_path / "img").mkdir()
     page, image, stored = tmp_path / "results.md", tmp_path / "img" / "bench.png", tmp_path / "bench.json"
@@ -411,10 +411,10 @@ class Watching:
 
 @pytest.mark.parametrize("backward", [False, True])
 def test_the_one_thread_profile_leaves_impl_flash_as_it_is(monkeypatch, backward):
-    """Before: ``--profile`` set ``impl.flash._cores`` to ``lambda: 1`` for its run (and back after),
-    changing flash's module state from outside for every other caller meanwhile. Now the profiled
-    call asks flash for one thread (``threads=1``): every tile job runs in the calling thread, and
-    every global of impl.flash is, during the run and after it, the object it was before."""
+    """``--profile`` asks flash for one thread (``threads=1``) rather than patching its module: every
+    tile job runs in the calling thread, and every global of impl.flash is, during the run and after
+    it, the object it was before (a patched ``impl.flash._cores`` would change flash for every other
+    caller meanwhile)."""
     watching = Watching()
     monkeypatch.setitem(sys.modules, "line_profiler", SimpleNamespace(LineProfiler=lambda: watching))
     before = dict(vars(impl.flash))

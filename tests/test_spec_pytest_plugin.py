@@ -1,0 +1,115 @@
+"""The pytest plugin (spec.pytest_plugin), in real pytest runs: the laws collected next to a
+project's tests or alone, under xdist, and a failure's message in the short summary."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import textwrap
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import spec
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+WIDE = {**ENV, "COLUMNS": "250"}  # the short summary's lines whole
+
+
+def _plugin_args() -> list[str]:
+    """Load the plugin by hand unless the installed package's pytest11 entry point already does."""
+    installed = any(ep.value == "spec.pytest_plugin" for ep in entry_points(group="pytest11"))
+    return [] if installed else ["-p", "spec.pytest_plugin"]
+
+
+def _pytest(tmp_path, *args, env=ENV):
+    """A real pytest run with the suite's plugin, in a project whose one test is ``test_own``."""
+    (tmp_path / "test_own.py").write_text("def test_own():\n    pass\n")
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", *_plugin_args(), "-p", "no:cacheprovider", "-q",
+         "--attention-profile=quick", *args],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600,
+    )
+
+
+def test_pytest_plugin_adds_the_properties_next_to_the_projects_tests(tmp_path):
+    run = _pytest(tmp_path, "--attention-target=reference", "-k", "own or rows_sum_to_one or bias_per_head")
+    assert run.returncode == 0, run.stdout
+    assert "3 passed" in run.stdout
+    run = _pytest(tmp_path, "--attention-target=impl:flash_attention", "-k", "own or bias_per_head")
+    assert run.returncode == 0, run.stdout
+    assert "1 passed, 1 skipped" in run.stdout
+
+
+def test_the_readmes_pytest_line_collects_the_laws_alone():
+    """The README's pytest line, run from a checkout, collects the laws alone, not the project's own
+    tests beside them."""
+    from spec.registry import PROPERTIES
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    (line,) = [s for s in readme if s.startswith("python -m pytest --attention-target=")]
+    words = shlex.split(line.split("#")[0])[3:]  # what follows "python -m pytest"
+    run = subprocess.run([sys.executable, "-m", "pytest", *_plugin_args(), *words, "--collect-only", "-q",
+                          "-p", "no:cacheprovider"], capture_output=True, text=True, env=ENV, cwd=ROOT,
+                         timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    collected = [s for s in run.stdout.splitlines() if "::" in s]
+    assert collected == [f"attention-spec::{name}" for name in PROPERTIES], run.stdout[-2000:]
+
+
+def test_attention_only_leaves_the_projects_own_tests_out(tmp_path):
+    run = _pytest(tmp_path, "--attention-target=reference", "--attention-only", "-k",
+                  "own or rows_sum_to_one")
+    assert run.returncode == 0 and "1 passed" in run.stdout, run.stdout
+    (tmp_path / "test_broken_import.py").write_text("import no_such_module_anywhere\n")
+    run = _pytest(tmp_path, "--attention-target=reference", "--attention-only", "-k", "rows_sum_to_one")
+    assert run.returncode == 0 and "1 passed" in run.stdout, run.stdout  # never imported
+    env = {k: v for k, v in ENV.items() if k != "ATTENTION_TARGET"}
+    run = _pytest(tmp_path, "--attention-only", env=env)
+    assert run.returncode == 4 and "--attention-only needs a target" in run.stderr
+
+
+def test_pytest_plugin_reports_a_broken_target_with_the_counterexample(tmp_path):
+    env = {**ENV, "ATTENTION_TARGET": "gallery.core:softmax_wrong_axis"}
+    run = _pytest(tmp_path, "-k", "rows_sum", env=env)
+    assert run.returncode == 1
+    assert "FAIL rows_sum_to_one" in run.stdout and run.stdout.count("reproduce:") == 1, run.stdout
+
+
+def test_pytest_plugin_without_a_target_adds_nothing(tmp_path):
+    env = {k: v for k, v in ENV.items() if k != "ATTENTION_TARGET"}
+    run = _pytest(tmp_path, env=env)
+    assert run.returncode == 0 and "1 passed" in run.stdout
+
+
+def test_pytest_plugin_unloadable_target_is_a_usage_error(tmp_path):
+    run = _pytest(tmp_path, "--attention-target=nope")
+    assert run.returncode == 4 and "unknown target 'nope'" in run.stderr
+
+
+def test_pytest_plugin_under_xdist(tmp_path):
+    run = _pytest(tmp_path, "--attention-target=flash", "-n", "2", "-k", "own or shape or scale or mask")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "3 passed, 4 skipped" in run.stdout  # the two mask laws of spec.laws.masks skip too
+
+
+def test_pytest_short_summary_carries_the_laws_message(tmp_path):
+    """pytest's short summary (-ra) carries the law's message, the one spec.check reports, after
+    ``FAIL rows_sum_to_one:``."""
+    run = _pytest(tmp_path, "-ra", "--attention-target=gallery.core:softmax_wrong_axis", "-k", "rows_sum",
+                  env=WIDE)
+    assert run.returncode == 1
+    (line,) = [s for s in run.stdout.splitlines() if s.startswith("FAILED")]
+    assert "rows_sum_to_one" in line and " - FAIL rows_sum_to_one: " in line
+    (result,) = spec.check("gallery.core:softmax_wrong_axis", "quick", only=["rows_sum_to_one"]).results
+    assert line.split("FAIL rows_sum_to_one: ", 1)[1] == result.message, textwrap.shorten(run.stdout, 400)
+
+
+def test_the_pytest_plugin_reports_a_signature_mismatch_once(tmp_path):
+    run = _pytest(tmp_path, "-ra", "--attention-target=test_spec_signature:sdpa", env=WIDE)
+    assert run.returncode == 1
+    failed = [s for s in run.stdout.splitlines() if s.startswith("FAILED")]
+    assert len(failed) == 1 and "does not take the keyword causal=" in failed[0], failed
+    assert "not run: see " in run.stdout
