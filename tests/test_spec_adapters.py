@@ -17,6 +17,7 @@ import spec
 from impl import attention, causal_mask
 from impl.grad import attention_backward
 from spec import dtypes
+from spec.adapters import Framework, wrap
 from spec.call import call_grad
 from spec.inputs import Inputs
 from spec.target import Target
@@ -464,3 +465,21 @@ def test_the_torch_target_differentiates_its_bias_and_drops_the_forwards_weights
                               "grad_dropout_uses_forward_kept_set", "grad_hidden_keys_get_nothing"])
     assert report.ok, [(r.name, r.message, r.counterexample) for r in report.failures]
     assert all(r.status == "pass" for r in report.results)
+
+
+def test_a_framework_call_is_placed_on_its_device_and_synchronized_before_it_returns():
+    events = []
+    record = Framework(name="fake", to_native=lambda x, device: events.append(("to", device)) or x,
+                       to_numpy=lambda x: events.append(("back",)) or np.asarray(x),
+                       synchronize=lambda device: events.append(("sync", device)))
+
+    def fn(q, k, v, *, causal=False):
+        events.append(("call",))
+        return attention(q, k, v, causal=causal)
+
+    target = wrap(record, fn, device="gpu:7")
+    q = np.ones((2, 3))
+    target.fn(q, q, q)
+    assert events == [("to", "gpu:7")] * 3 + [("call",), ("sync", "gpu:7"), ("back",)]
+    with pytest.raises(TypeError, match="device must be a device name"):
+        wrap(record, fn, device="")

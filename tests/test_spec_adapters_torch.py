@@ -78,3 +78,15 @@ def test_torch_declares_and_passes_bfloat16():
     report = spec.check(target.replace(dtypes=("bfloat16",)), profile="quick", max_examples=3,
                         only=["output_shape_dtype", "matches_golden", "long_rows_every_dtype"])
     assert report.ok, [(r.name, r.message) for r in report.failures]
+
+
+def test_from_torch_on_the_cpu_device_is_bit_exact():
+    torch = pytest.importorskip("torch")
+    seen = []
+
+    def sdpa(q, k, v, **kw):
+        seen.append(q.device.type)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, **kw)
+
+    target = spec.from_torch(sdpa, device="cpu", rename={"causal": "is_causal"})
+    assert spec.check(target, profile="quick", only=["matches_golden"]).ok and set(seen) == {"cpu"}

@@ -5,6 +5,8 @@ keys."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from hypothesis import find, given, settings
@@ -12,7 +14,19 @@ from hypothesis import find, given, settings
 import spec
 from impl import attention
 from spec import Target, oracle
-from spec.cases import BOUNDARY, LONG_TILE, TILE_SIZES, Case, boundary_cases, cases, tile_edges
+from spec.cases import (
+    BOUNDARY,
+    LONG_TILE,
+    SHAPE_GRID,
+    SHAPE_WIDTHS,
+    TILE_SIZES,
+    Case,
+    boundary_cases,
+    cases,
+    edges_for,
+    outside_limits,
+    tile_edges,
+)
 
 QUICK_FIND = settings(max_examples=2000, database=None, derandomize=True)
 
@@ -144,3 +158,96 @@ def test_the_long_boundary_square_is_float32_where_the_target_declares_it():
     half = reference.replace(dtypes=("float16", "bfloat16"))
     (long,) = [c for c in boundary_cases(half, long=True) if c.n_q > LONG_TILE]
     assert long.dtype in half.dtypes
+
+
+def fussy(q, k, v, *, causal=False, mask=None, scale=None):
+    """A kernel that refuses what a FlashAttention-style kernel refuses: lengths that are not
+    multiples of 16, head sizes other than 8 and 16, d_v ≠ d_k."""
+    n_q, n_k, d_k, d_v = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
+    if n_q % 16 or n_k % 16:
+        raise ValueError(f"sequence lengths must be multiples of 16, got {n_q}, {n_k}")
+    if d_k not in (8, 16) or d_v != d_k:
+        raise ValueError(f"head dims must be equal and 8 or 16, got {d_k}, {d_v}")
+    return attention(q, k, v, causal=causal, mask=mask, scale=scale)
+
+
+LIMITS = {"seq_multiple": 16, "head_dims": (8, 16), "equal_head_dims": True}
+
+
+FUSSY = spec.Target(fussy, name="fussy", supports_mask=True, supports_scale=True, ndims=(2, 3, 4),
+                    empty_keys="compute", **LIMITS)
+
+
+def test_a_kernel_with_shape_limits_conforms_when_it_declares_them():
+    report = spec.check(FUSSY, profile="quick", seed=1)
+    assert report.ok, [(r.name, r.message) for r in report.failures]
+    passed = {r.name for r in report.results if r.status == "pass"}
+    # the laws that read the pattern through V = I (d_v = n_k) read it in blocks of d_k columns
+    assert {"matches_golden", "rows_sum_to_one", "scale_is_inv_sqrt_dk", "causal_no_leak"} <= passed
+    skipped = {r.name: r.message for r in report.results if r.status == "skip"}
+    assert "seq_multiple=16" in skipped["score_variance"]  # one query against two keys: not drawable
+
+
+def test_the_same_kernel_undeclared_fails_on_what_it_refuses():
+    undeclared = spec.Target(fussy, name="fussy undeclared", supports_mask=True, supports_scale=True)
+    (result,) = spec.check(undeclared, profile="quick", only=["matches_golden"]).results
+    assert result.status == "fail" and "must be" in result.message
+
+
+@pytest.mark.parametrize("law", ["matches_golden", "causal_no_leak", "mask_semantics", "rows_sum_to_one"])
+def test_every_call_of_a_law_stays_inside_the_limits(law):
+    seen = []
+
+    def recording(q, k, v, **kw):
+        seen.append((q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]))
+        return fussy(q, k, v, **kw)
+
+    report = spec.check(FUSSY.replace(fn=recording), profile="quick", only=[law])
+    assert report.ok and seen
+    assert all(n_q % 16 == 0 and n_k % 16 == 0 and d_k in (8, 16) and d_v == d_k
+               for n_q, n_k, d_k, d_v in seen)
+
+
+def test_the_boundary_grid_and_the_tile_edges_are_multiples():
+    grid = boundary_cases(FUSSY, tiles=True, long=True)
+    assert grid and all(outside_limits(FUSSY, c) is None for c in grid)
+    assert {(c.n_q, c.n_k) for c in grid} >= {(16, 16), (16, 32), (32, 32)}
+    assert max(c.n_k for c in grid) == 2080  # the long causal square of 2,065, rounded up to a multiple of 16
+    assert all(n % 16 == 0 for n in edges_for(FUSSY)) and 256 in edges_for(FUSSY)
+    capped = FUSSY.replace(max_seq=64)
+    assert all(c.n_q <= 64 and c.n_k <= 64 for c in boundary_cases(capped, tiles=True, long=True))
+
+
+def test_the_report_header_lists_the_limits():
+    report = spec.check(FUSSY, profile="quick", only=["output_shape_dtype"])
+    assert str(report).startswith("declared limits: head_dims=(8, 16), equal_head_dims, seq_multiple=16\n")
+    assert json.loads(report.to_json())["limits"] == "head_dims=(8, 16), equal_head_dims, seq_multiple=16"
+
+
+def _shapes_met(**declared):
+    shapes: set = set()
+
+    def recording(q, k, v, *, causal=False, mask=None, scale=None):
+        shapes.add((q.shape, k.shape, v.shape))
+        return attention(q, k, v, causal=causal, mask=mask, scale=scale)
+
+    target = spec.Target(recording, ndims=(2, 3, 4), supports_mask=True, supports_scale=True, **declared)
+    return target, shapes
+
+
+def test_a_target_that_compiles_per_shape_is_drawn_from_the_grid():
+    target, shapes = _shapes_met(compiles_per_shape=True)
+    laws = ["matches_golden", "causal_no_leak", "rows_sum_to_one", "mask_semantics",
+            "kv_permutation_invariance"]
+    assert spec.check(target, profile="ci", only=laws).ok
+    assert {n for q, k, v in shapes for n in (q[-2], k[-2])} <= set(SHAPE_GRID)
+    assert {len(q) for q, _, _ in shapes} == {4}  # the target's highest rank alone
+    assert {q[-1] for q, _, _ in shapes} <= set(SHAPE_WIDTHS)
+
+
+def test_a_whole_run_that_compiles_per_shape_meets_fewer_than_half_the_shapes():
+    """Laws that build their own cases (long rows, two keys, no keys) add their few shapes."""
+    grid, few = _shapes_met(compiles_per_shape=True)
+    free, many = _shapes_met()
+    assert spec.check(grid, profile="ci").ok and spec.check(free, profile="ci").ok
+    assert len(few) * 2 < len(many), (len(few), len(many))

@@ -225,3 +225,30 @@ def test_options_go_before_or_after_the_target(argv, capsys):
 def test_only_with_no_target_still_asks_for_one(capsys):
     assert main(["check", "--only", "rows_sum_to_one"]) == 2
     assert "check needs a TARGET" in capsys.readouterr().err
+
+
+def test_the_cli_reads_expected_failures_from_a_file(tmp_path, capsys):
+    from spec.cli import main
+
+    listed = tmp_path / "xfails.txt"
+    listed.write_text("# known\nmatches_golden[float32]  # held, so stale\n", encoding="utf-8")
+    assert main(["check", "reference", "--only", "matches_golden", "--profile", "quick",
+                 "--expected-failures", str(listed)]) == 1
+    assert "XPASS matches_golden[float32]" in capsys.readouterr().out
+    listed.write_text("matches_golden[float32]\n", encoding="utf-8")
+    assert main(["check", "reference", "--expected-failures", str(listed)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "line 1: expected 'law[dtype]  # reason'" in err
+
+
+def test_device_is_for_framework_targets_and_a_missing_device_is_one_line(capsys):
+    from spec.cli import main
+
+    assert main(["check", "reference", "--device", "cuda"]) == 2
+    assert "--device applies to the framework targets" in capsys.readouterr().err
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert main(["check", "torch", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot run on 'cuda'" in err

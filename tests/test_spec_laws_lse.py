@@ -3,9 +3,13 @@ a row that sees nothing is held to the lse its masked-row policy gives it."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
+import spec
+from impl import attention
 from spec import golden, registry
 from spec.cases import Case
 from spec.laws.lse import merge
@@ -54,3 +58,19 @@ def test_a_finite_fill_target_is_not_held_to_an_empty_rows_lse_of_minus_inf():
     law.check(target, case)
     with pytest.raises(AssertionError, match=r"row \[0\] sees no key, so its lse must be -inf"):
         law.check(target.replace(masked_rows="zeros"), case)  # declared zeros, that lse is wrong
+
+
+def plus_inf_lse(q, k, v, *, causal=False, mask=None, return_lse=False):
+    out = attention(q, k, v, causal=causal, mask=mask, return_lse=return_lse)
+    if not return_lse:
+        return out
+    out, lse = out
+    return out, np.where(np.isneginf(lse), np.inf, lse)
+
+
+@pytest.mark.parametrize(("declared", "ok"), [(math.inf, True), (-math.inf, False)])
+def test_the_lse_of_an_empty_row_is_what_the_target_declares(declared, ok):
+    target = spec.Target(plus_inf_lse, supports_mask=True, returns_lse=True, empty_lse=declared)
+    report = spec.check(target, profile="quick", only=["lse_empty_row_as_declared", "lse_merge_split_keys",
+                                                      "lse_matches_golden"])
+    assert report.ok is ok, [(r.name, r.message) for r in report.failures]

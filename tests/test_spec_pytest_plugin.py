@@ -113,3 +113,23 @@ def test_the_pytest_plugin_reports_a_signature_mismatch_once(tmp_path):
     failed = [s for s in run.stdout.splitlines() if s.startswith("FAILED")]
     assert len(failed) == 1 and "does not take the keyword causal=" in failed[0], failed
     assert "not run: see " in run.stdout
+
+
+def test_the_pytest_door_marks_expected_failures_strict(tmp_path):
+    listed = tmp_path / "xfails.txt"
+    listed.write_text("rows_sum_to_one  # stale\n", encoding="utf-8")
+    (tmp_path / "target.py").write_text(
+        "import spec\nfrom impl import attention\n\n"
+        "def wrong(q, k, v, *, causal=False):\n    return attention(q * 1.01, k, v, causal=causal)\n\n"
+        "target = spec.Target(wrong, expected_failures={'matches_golden': 'q scaled'})\n")
+    installed = any(ep.value == "spec.pytest_plugin" for ep in entry_points(group="pytest11"))
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", *([] if installed else ["-p", "spec.pytest_plugin"]),
+         "-p", "no:cacheprovider", "-q", "-ra",
+         "--attention-target=target.py:target", "--attention-only", "--attention-profile=quick",
+         f"--attention-expected-failures={listed}", "-k", "matches_golden or rows_sum_to_one"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=600,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert "XFAIL attention-spec::matches_golden" in run.stdout, run.stdout[-2000:]
+    assert "FAILED attention-spec::rows_sum_to_one" in run.stdout and "XPASS(strict)" in run.stdout
+    assert run.returncode == 1

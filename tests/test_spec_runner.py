@@ -5,6 +5,7 @@ shows what the target received and a reproduction line that replays it."""
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 
@@ -15,6 +16,7 @@ import spec
 from impl import attention
 from spec import Target
 from spec.cases import Case
+from spec.target import TargetError
 
 
 def _only(target, name="matches_golden", **kw):
@@ -213,3 +215,43 @@ def test_blas_runs_on_one_thread_during_a_check():
 
     assert spec.check(recording, profile="quick", only=["rows_sum_to_one"]).ok
     assert seen and set(seen) == {1}
+
+
+def wrong_scale(q, k, v, *, causal=False):
+    return attention(q * 1.01, k, v, causal=causal)
+
+
+def test_an_expected_failure_is_xfail_and_the_run_conforms():
+    target = spec.Target(wrong_scale, expected_failures={"matches_golden": "q scaled by 1.01"})
+    report = spec.check(target, profile="quick", only=["matches_golden"])
+    (result,) = report.results
+    assert report.ok and result.status == "xfail" and result.expected == "q scaled by 1.01"
+    assert json.loads(report.to_json())["results"][0]["status"] == "xfail"
+    text = str(report)
+    assert "XFAIL matches_golden: q scaled by 1.01" in text and "reproduce:" in text
+    assert "1 xfail" in text.splitlines()[-1]
+
+
+def test_a_stale_expected_failure_is_xpass_and_fails_the_run():
+    target = spec.Target(attention, expected_failures={"matches_golden": "once wrong"})
+    report = spec.check(target, profile="quick", only=["matches_golden"])
+    (result,) = report.results
+    assert not report.ok and result.status == "xpass"
+    assert "XPASS matches_golden: declared an expected failure (once wrong), but the law holds" in str(report)
+
+
+def test_an_expected_failure_in_one_dtype_runs_that_dtype_alone():
+    def wrong_in_float32(q, k, v, *, causal=False):
+        broken = wrong_scale if q.dtype == np.float32 else attention
+        return broken(q, k, v, causal=causal)
+
+    target = spec.Target(wrong_in_float32, expected_failures={"matches_golden[float32]": "float32 path"})
+    report = spec.check(target, profile="quick", only=["matches_golden"])
+    assert [(r.name, r.status) for r in report.results] == [("matches_golden[float32]", "xfail"),
+                                                             ("matches_golden", "pass")]
+    assert report.ok
+
+
+def test_an_expected_failure_naming_no_law_is_refused():
+    with pytest.raises(TargetError, match="'no_such_law' names no law"):
+        spec.check(spec.Target(attention, expected_failures={"no_such_law": "x"}), profile="quick")

@@ -318,3 +318,21 @@ def test_without_queries_within_keys_the_same_target_fails():
     report = spec.check(target, profile="quick", seed=4,
                         only=["kv_lengths_is_truncation", "masked_rows_policy", "causal_no_leak"])
     assert not report.ok and any("causal needs n_q" in r.message for r in report.failures)
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("head_dims", (), "head_dims must be a non-empty tuple"), ("head_dims", 64, "head_dims must be"),
+    ("seq_multiple", 0, "seq_multiple must be a positive integer"), ("max_seq", 1.5, "max_seq must be"),
+    ("empty_lse", float("nan"), "empty_lse must be a float"),
+    ("expected_failures", {"matches_golden[int8]": "x"}, "int8 is not among the declared dtypes"),
+    ("expected_failures", {"matches_golden": ""}, "needs its reason"),
+    ("expected_failures", {"bad key!": "x"}, "must be 'law' or 'law"),
+])
+def test_bad_declarations_are_refused_naming_the_field(field, value, message):
+    with pytest.raises(TargetError, match=message):
+        spec.Target(attention, **{field: value})
+
+
+def test_max_seq_below_seq_multiple_is_refused():
+    with pytest.raises(TargetError, match="max_seq=8 is below seq_multiple=16"):
+        spec.Target(attention, seq_multiple=16, max_seq=8)
