@@ -81,7 +81,8 @@ def test_call_returns_the_presents_checked():
     inputs = _case().inputs()
     target = Target(numpy_past, **DECLARED)
     out, present_key, present_value = call(target, inputs)
-    assert out.shape == (2, 4, 3, 6) and present_key.shape == (2, 2, 7, 5) and present_value.shape == (2, 2, 7, 6)
+    assert out.shape == (2, 4, 3, 6)
+    assert present_key.shape == (2, 2, 7, 5) and present_value.shape == (2, 2, 7, 6)
     alone = Target(lambda q, k, v, **kw: numpy_past(q, k, v, **kw)[0], **DECLARED)
     with pytest.raises(TargetFailed, match="present_key, present_value"):
         call(alone, inputs)
@@ -94,8 +95,11 @@ def test_call_returns_the_presents_checked():
 def test_a_bnhd_target_gets_its_past_in_its_layout_and_returns_presents_in_it():
     def bnhd(q, k, v, *, past_key=None, past_value=None, **kw):
         assert past_key is None or past_key.shape[2:] == k.shape[2:]  # [batch, n_past, g, d], as k
-        swap = (lambda x: None if x is None else np.swapaxes(x, 1, 2))
-        got = numpy_past(swap(q), swap(k), swap(v), past_key=swap(past_key), past_value=swap(past_value), **kw)
+        def swap(x):
+            return None if x is None else np.swapaxes(x, 1, 2)
+
+        got = numpy_past(swap(q), swap(k), swap(v), past_key=swap(past_key), past_value=swap(past_value),
+                         **kw)
         return tuple(swap(x) for x in got) if isinstance(got, tuple) else swap(got)
 
     target = Target(bnhd, layout="bnhd", **(DECLARED | {"ndims": (4,)}))
@@ -110,7 +114,8 @@ def test_the_laws_pass_a_cache_joined_as_defined():
 
 
 def test_the_presents_law_rejects_new_keys_first_and_the_output_law_does_not_see_it():
-    broken = Target(lambda q, k, v, **kw: numpy_past(q, k, v, order="new", **kw), name="new first", **DECLARED)
+    broken = Target(lambda q, k, v, **kw: numpy_past(q, k, v, order="new", **kw), name="new first",
+                    **DECLARED)
     report = spec.check(broken, profile="quick", only=PAST_LAWS, seed=5)
     status = {r.name: r.status for r in report.results}
     assert status == {"past_kv_matches_concatenation": "pass", "present_kv_is_concatenation": "fail"}

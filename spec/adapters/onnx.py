@@ -123,7 +123,10 @@ def _graph(runtime: str, dtype: str, mask: tuple[str, int] | None, past: bool, l
     if runtime == "onnxruntime":
         import onnxruntime
 
-        session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        options = onnxruntime.SessionOptions()
+        options.log_severity_level = 4  # its refusals come back as exceptions; not also logged to stderr
+        session = onnxruntime.InferenceSession(model.SerializeToString(), options,
+                                               providers=["CPUExecutionProvider"])
         return lambda feeds: session.run(None, feeds)
     if runtime == "onnx_reference":
         from onnx.reference import ReferenceEvaluator
