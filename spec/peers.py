@@ -52,8 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     torch, JAX and the ONNX reference evaluator run in float16, bfloat16, float32 and float64: those
     they do not declare too (JAX's float64, the ONNX reference's float64), to show the recorded
     deviations; ONNX Runtime in float16, float32 and float64 (its bfloat16 Attention is refused when
-    the session is made, which one line says: docs/peers.md). torch_flex_paged (FlexAttention's eager path over a
-    paged cache, minutes per dtype) runs in the dtypes it declares.
+    the session is made: docs/peers.md). torch_flex_paged (FlexAttention's eager path over a paged
+    cache, minutes per dtype) runs in the dtypes it declares.
     """
     import argparse
 
