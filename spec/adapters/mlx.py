@@ -37,11 +37,11 @@ from spec.target import Target, _callable_name
 
 Array = np.ndarray
 
-SPELLINGS: dict[str, str] = {}
-"""How MLX spells the suite's keyword arguments: ``mask``, ``scale`` and ``sinks`` are its own
+SPELLINGS = {"sinks": "sinks"}
+"""How MLX spells the suite's keyword arguments: ``sinks`` (and ``mask``, ``scale``) are its own
 names. Its ``mask=`` also takes the suite's ``bias=`` (an additive mask), and ``causal`` is its
-``mask="causal"``: each is more than a rename, so the built-in target folds them
-(`mlx_attention`) and a function of one's own does as it chooses."""
+``mask="causal"``: each is more than a rename (one ``mask`` a call), so the built-in target folds
+them (`_mlx_sdpa`), and a function of one's own does as it chooses."""
 
 
 def _bfloat16() -> np.dtype | None:
