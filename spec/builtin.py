@@ -1,7 +1,7 @@
 """Targets by name — the one module of `spec` that imports `impl`.
 
 - ``reference`` — `impl.attention`; ``flash`` — `impl.flash_attention`;
-- ``torch``, ``jax``, ``torch_flex_paged`` — each framework adapter's targets (`spec.adapters`),
+- ``torch``, ``jax``, ``mlx``, ``torch_flex_paged`` — each framework adapter's targets (`spec.adapters`),
   its module imported only when one is asked for, so the suite needs no framework;
 - ``package.module:attr`` — any importable callable or `spec.Target` (an attribute path
   such as ``pkg.mod:Class.method`` works too);
