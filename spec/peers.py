@@ -13,7 +13,7 @@ from typing import Any
 from spec import adapters
 from spec.dtypes import bfloat16_if_installed
 from spec.runner import check
-from spec.target import EXPECTED, Target
+from spec.target import Target
 
 
 def dtype_rows(target: Target, dtypes: tuple[str, ...], *, profile: str = "ci",
@@ -23,7 +23,7 @@ def dtype_rows(target: Target, dtypes: tuple[str, ...], *, profile: str = "ci",
     ≤ 1 passes) over all properties that compare with the golden, failed ones included."""
     rows = []
     for dtype in dtypes:
-        report = check(_in(target, dtype), profile, max_examples=max_examples)
+        report = check(target.with_dtypes((dtype,)), profile, max_examples=max_examples)
         ratios = [value for r in report.results for key, value in r.observed.items()
                   if key.startswith("error ratio") and math.isfinite(value)]
         rows.append({
@@ -36,24 +36,15 @@ def dtype_rows(target: Target, dtypes: tuple[str, ...], *, profile: str = "ci",
     return rows
 
 
-def _in(target: Target, dtype: str) -> Target:
-    """``target`` restricted to ``dtype``, declared or not, with what it declares of the other
-    dtypes (``computes``, ``expected_failures``) dropped."""
-    expected = {key: reason for key, reason in target.expected_failures.items()
-                if (found := EXPECTED.fullmatch(key)) is None or found["dtype"] in (None, dtype)}
-    computes = {given: used for given, used in target.computes.items() if given == dtype}
-    return target.replace(dtypes=(dtype,), computes=computes, expected_failures=expected)
-
-
 def main(argv: list[str] | None = None) -> int:
-    """``python -m spec.peers [torch] [jax] [torch_flex_paged] [onnxruntime] [onnx_reference]
+    """``python -m spec.peers [torch] [jax] [torch_flex_paged] [mlx] [onnxruntime] [onnx_reference]
     [--profile P] [--max-examples N]``: the per-dtype table.
 
     torch, JAX and the ONNX reference evaluator run in float16, bfloat16, float32 and float64: those
     they do not declare too (JAX's float64, the ONNX reference's float64), to show the recorded
     deviations; ONNX Runtime in float16, float32 and float64 (its bfloat16 Attention is refused when
     the session is made: docs/peers.md). torch_flex_paged (FlexAttention's eager path over a paged
-    cache, minutes per dtype) runs in the dtypes it declares.
+    cache, minutes per dtype) and mlx run in the dtypes they declare.
     """
     import argparse
 
@@ -62,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m spec.peers", description=main.__doc__)
     every = ("float16", *bfloat16_if_installed(), "float32", "float64")
     # each peer and the dtypes it runs in (None: those it declares)
-    peers = {"torch": every, "jax": every, "torch_flex_paged": None,
+    peers = {"torch": every, "jax": every, "torch_flex_paged": None, "mlx": None,
              "onnxruntime": ("float16", "float32", "float64"), "onnx_reference": every}
     parser.add_argument("peers", nargs="*", choices=list(peers), default=["torch", "jax"])
     parser.add_argument("--profile", choices=["quick", "ci", "thorough"], default="ci")

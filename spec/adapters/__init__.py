@@ -66,6 +66,7 @@ ADAPTERS: dict[str, Adapter] = {
     "torch": Adapter("spec.adapters.torch", {"torch": None, "torch_flex_paged": "spec.adapters.torch_flex"},
                      extra="torch"),
     "jax": Adapter("spec.adapters.jax", {"jax": None}, extra="jax"),
+    "mlx": Adapter("spec.adapters.mlx", {"mlx": None}, extra="mlx"),
     "onnx": Adapter("spec.adapters.onnx", {"onnxruntime": None, "onnx_reference": None}, extra="onnx"),
 }
 """Every framework adapter, by library name: one line each."""
