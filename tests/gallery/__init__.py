@@ -20,6 +20,7 @@ from gallery import (
     lse,
     masks,
     pairs,
+    past,
     range_edges,
     sinks,
     softcap,
@@ -27,8 +28,8 @@ from gallery import (
 )
 from gallery.base import Broken
 
-FAMILIES = (core, masks, gradients, range_edges, bias, alibi, window, softcap, sinks, lengths, cache, dropout,
-            lse, pairs, calls, edges)
+FAMILIES = (core, masks, gradients, range_edges, bias, alibi, window, softcap, sinks, lengths, cache, past,
+            dropout, lse, pairs, calls, edges)
 
 BROKEN: list[Broken] = [b for family in FAMILIES for b in family.BROKEN]
 CORRECT = [t for family in FAMILIES for t in family.CORRECT]
