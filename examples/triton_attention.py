@@ -49,39 +49,23 @@ BUG_CODES = {name: code for code, name in enumerate(BUGS, 1)}
 
 
 @triton.jit
-def _visible(rows, cols, n_q, n_k, diag_offset, CAUSAL: tl.constexpr, BUG: tl.constexpr):
-    """Which (query, key) pairs of a tile count: inside both lengths, and for causal attention
-    key j ≤ query i + diag_offset (bottom-right: diag_offset = n_k − n_q)."""
-    if BUG == 1:  # unmasked_tail
-        keep = (rows[:, None] < n_q) & (cols[None, :] >= 0)
-    else:
-        keep = (rows[:, None] < n_q) & (cols[None, :] < n_k)
-    if CAUSAL:
-        if BUG == 2:  # diagonal_off_by_one
-            keep = keep & (cols[None, :] < rows[:, None] + diag_offset)
-        else:
-            keep = keep & (cols[None, :] <= rows[:, None] + diag_offset)
-    return keep
-
-
-@triton.jit
 def _forward(Q, K, V, O, L, qk_scale,
              s_qz, s_qm, s_qd, s_kz, s_kn, s_kd, s_vz, s_vn, s_vd, s_oz, s_om, s_od,
              n_q, n_k, d_k, d_v, group, diag_offset,
              CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, BUG: tl.constexpr):
-    start_m = tl.program_id(0)
-    z = tl.program_id(1)  # the (batch, head) pair
+    start_m = tl.program_id(0).to(tl.int64)
+    z = tl.program_id(1).to(tl.int64)  # the (batch, head) pair
     kv_z = z // group  # its K/V head (grouped-query attention: group query heads share one)
-    rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    dk = tl.arange(0, BLOCK_DK)
-    dv = tl.arange(0, BLOCK_DV)
+    rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    offs_n = tl.arange(0, BLOCK_N).to(tl.int64)
+    dk = tl.arange(0, BLOCK_DK).to(tl.int64)
+    dv = tl.arange(0, BLOCK_DV).to(tl.int64)
     q = tl.load(Q + z * s_qz + rows[:, None] * s_qm + dk[None, :] * s_qd,
                 mask=(rows[:, None] < n_q) & (dk[None, :] < d_k), other=0.0)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running maximum, in base-2 units
-    l_i = tl.zeros([BLOCK_M], tl.float32)  # running denominator
-    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    l_i = tl.full([BLOCK_M], 0.0, tl.float32)  # running denominator
+    acc = tl.full([BLOCK_M, BLOCK_DV], 0.0, tl.float32)
     hi = n_k
     if CAUSAL:  # no key tile past the tile's last query's diagonal
         hi = tl.minimum(n_k, tl.maximum(0, start_m * BLOCK_M + BLOCK_M + diag_offset))
@@ -90,7 +74,18 @@ def _forward(Q, K, V, O, L, qk_scale,
         k = tl.load(K + kv_z * s_kz + cols[None, :] * s_kn + dk[:, None] * s_kd,
                     mask=(cols[None, :] < n_k) & (dk[:, None] < d_k), other=0.0)  # [BLOCK_DK, BLOCK_N]
         s = tl.dot(q, k, input_precision="ieee") * qk_scale
-        s = tl.where(_visible(rows, cols, n_q, n_k, diag_offset, CAUSAL, BUG), s, float("-inf"))
+        # The pairs that count: inside both lengths, and for causal attention key j ≤ query i +
+        # diag_offset (bottom-right: diag_offset = n_k − n_q).
+        if BUG == 1:  # unmasked_tail: the padding keys of the last tile are left in
+            keep = (rows[:, None] < n_q) & (cols[None, :] >= 0)
+        else:
+            keep = (rows[:, None] < n_q) & (cols[None, :] < n_k)
+        if CAUSAL:
+            if BUG == 2:  # diagonal_off_by_one
+                keep = keep & (cols[None, :] < rows[:, None] + diag_offset)
+            else:
+                keep = keep & (cols[None, :] <= rows[:, None] + diag_offset)
+        s = tl.where(keep, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing yet
         alpha = tl.exp2(m_i - m_safe)
@@ -113,10 +108,10 @@ def _forward(Q, K, V, O, L, qk_scale,
 @triton.jit
 def _delta(O, DO, D, s_oz, s_om, s_od, n_q, d_v, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr):
     """D_i = Σ_d dO_id · O_id, the term the softmax's Jacobian subtracts (FlashAttention-2's D)."""
-    start_m = tl.program_id(0)
-    z = tl.program_id(1)
-    rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    dv = tl.arange(0, BLOCK_DV)
+    start_m = tl.program_id(0).to(tl.int64)
+    z = tl.program_id(1).to(tl.int64)
+    rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    dv = tl.arange(0, BLOCK_DV).to(tl.int64)
     where = z * s_oz + rows[:, None] * s_om + dv[None, :] * s_od
     inside = (rows[:, None] < n_q) & (dv[None, :] < d_v)
     o = tl.load(O + where, mask=inside, other=0.0).to(tl.float32)
@@ -125,36 +120,25 @@ def _delta(O, DO, D, s_oz, s_om, s_od, n_q, d_v, BLOCK_M: tl.constexpr, BLOCK_DV
 
 
 @triton.jit
-def _weights(q, k, lse, rows, cols, n_q, n_k, diag_offset, qk_scale,
-             CAUSAL: tl.constexpr, BUG: tl.constexpr):
-    """The tile's weights P = exp(s − LSE), recomputed from the forward's LSE (0 where hidden, and
-    in a row that sees no key, whose LSE is −inf)."""
-    s = tl.dot(q, k, input_precision="ieee") * qk_scale
-    keep = _visible(rows, cols, n_q, n_k, diag_offset, CAUSAL, BUG) & (lse[:, None] > float("-inf"))
-    lse2 = tl.where(lse > float("-inf"), lse * LOG2E, 0.0)
-    return tl.where(keep, tl.exp2(s - lse2[:, None]), 0.0)
-
-
-@triton.jit
 def _backward_kv(Q, K, V, DO, L, D, DK, DV, qk_scale, sm_scale,
                  s_qz, s_qm, s_qd, s_kz, s_kn, s_kd, s_vz, s_vn, s_vd, s_oz, s_om, s_od,
                  n_q, n_k, d_k, d_v, group, diag_offset,
                  CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, BUG: tl.constexpr):
+                 BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr):
     """dK and dV of one key tile for one query head (a K/V head's group is summed by the caller)."""
-    start_n = tl.program_id(0)
-    z = tl.program_id(1)
+    start_n = tl.program_id(0).to(tl.int64)
+    z = tl.program_id(1).to(tl.int64)
     kv_z = z // group
-    cols = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = tl.arange(0, BLOCK_M)
-    dk = tl.arange(0, BLOCK_DK)
-    dv = tl.arange(0, BLOCK_DV)
+    cols = start_n * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
+    offs_m = tl.arange(0, BLOCK_M).to(tl.int64)
+    dk = tl.arange(0, BLOCK_DK).to(tl.int64)
+    dv = tl.arange(0, BLOCK_DV).to(tl.int64)
     k = tl.load(K + kv_z * s_kz + cols[None, :] * s_kn + dk[:, None] * s_kd,
                 mask=(cols[None, :] < n_k) & (dk[:, None] < d_k), other=0.0)  # [BLOCK_DK, BLOCK_N]
     v = tl.load(V + kv_z * s_vz + cols[None, :] * s_vn + dv[:, None] * s_vd,
                 mask=(cols[None, :] < n_k) & (dv[:, None] < d_v), other=0.0)  # [BLOCK_DV, BLOCK_N]
-    acc_dk = tl.zeros([BLOCK_N, BLOCK_DK], tl.float32)
-    acc_dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
+    acc_dk = tl.full([BLOCK_N, BLOCK_DK], 0.0, tl.float32)
+    acc_dv = tl.full([BLOCK_N, BLOCK_DV], 0.0, tl.float32)
     lo = 0
     if CAUSAL:  # the first query tile that sees a key of this tile: query i sees j when i ≥ j − diag_offset
         lo = tl.maximum(0, start_n * BLOCK_N - diag_offset) // BLOCK_M * BLOCK_M
@@ -166,14 +150,19 @@ def _backward_kv(Q, K, V, DO, L, D, DK, DV, qk_scale, sm_scale,
                      mask=(rows[:, None] < n_q) & (dv[None, :] < d_v), other=0.0)
         lse = tl.load(L + z * n_q + rows, mask=rows < n_q, other=float("-inf"))
         delta = tl.load(D + z * n_q + rows, mask=rows < n_q, other=0.0)
-        p = _weights(q, k, lse, rows, cols, n_q, n_k, diag_offset, qk_scale, CAUSAL, BUG)  # [M, N]
+        # P = exp(s − LSE), recomputed (0 where hidden, and in a row that sees no key: LSE −inf)
+        keep = (rows[:, None] < n_q) & (cols[None, :] < n_k) & (lse[:, None] > float("-inf"))
+        if CAUSAL:
+            keep = keep & (cols[None, :] <= rows[:, None] + diag_offset)
+        s = tl.dot(q, k, input_precision="ieee") * qk_scale
+        p = tl.where(keep, tl.exp2(s - tl.where(lse > float("-inf"), lse * LOG2E, 0.0)[:, None]), 0.0)
         acc_dv = tl.dot(tl.trans(p).to(do.dtype), do, acc_dv, input_precision="ieee")
         dp = tl.dot(do, v, input_precision="ieee")
         ds = p * (dp - delta[:, None])
         acc_dk = tl.dot(tl.trans(ds).to(q.dtype), q, acc_dk, input_precision="ieee")
     inside = cols[:, None] < n_k
-    tl.store(DK + z * n_k * d_k + cols[:, None] * d_k + dk[None, :], (acc_dk * sm_scale).to(DK.dtype.element_ty),
-             mask=inside & (dk[None, :] < d_k))
+    tl.store(DK + z * n_k * d_k + cols[:, None] * d_k + dk[None, :],
+             (acc_dk * sm_scale).to(DK.dtype.element_ty), mask=inside & (dk[None, :] < d_k))
     tl.store(DV + z * n_k * d_v + cols[:, None] * d_v + dv[None, :], acc_dv.to(DV.dtype.element_ty),
              mask=inside & (dv[None, :] < d_v))
 
@@ -183,22 +172,22 @@ def _backward_q(Q, K, V, DO, L, D, DQ, qk_scale, sm_scale,
                 s_qz, s_qm, s_qd, s_kz, s_kn, s_kd, s_vz, s_vn, s_vd, s_oz, s_om, s_od,
                 n_q, n_k, d_k, d_v, group, diag_offset,
                 CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, BUG: tl.constexpr):
+                BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr):
     """dQ of one query tile."""
-    start_m = tl.program_id(0)
-    z = tl.program_id(1)
+    start_m = tl.program_id(0).to(tl.int64)
+    z = tl.program_id(1).to(tl.int64)
     kv_z = z // group
-    rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    dk = tl.arange(0, BLOCK_DK)
-    dv = tl.arange(0, BLOCK_DV)
+    rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    offs_n = tl.arange(0, BLOCK_N).to(tl.int64)
+    dk = tl.arange(0, BLOCK_DK).to(tl.int64)
+    dv = tl.arange(0, BLOCK_DV).to(tl.int64)
     q = tl.load(Q + z * s_qz + rows[:, None] * s_qm + dk[None, :] * s_qd,
                 mask=(rows[:, None] < n_q) & (dk[None, :] < d_k), other=0.0)
     do = tl.load(DO + z * s_oz + rows[:, None] * s_om + dv[None, :] * s_od,
                  mask=(rows[:, None] < n_q) & (dv[None, :] < d_v), other=0.0)
     lse = tl.load(L + z * n_q + rows, mask=rows < n_q, other=float("-inf"))
     delta = tl.load(D + z * n_q + rows, mask=rows < n_q, other=0.0)
-    acc = tl.zeros([BLOCK_M, BLOCK_DK], tl.float32)
+    acc = tl.full([BLOCK_M, BLOCK_DK], 0.0, tl.float32)
     hi = n_k
     if CAUSAL:
         hi = tl.minimum(n_k, tl.maximum(0, start_m * BLOCK_M + BLOCK_M + diag_offset))
@@ -208,7 +197,12 @@ def _backward_q(Q, K, V, DO, L, D, DQ, qk_scale, sm_scale,
                     mask=(cols[None, :] < n_k) & (dk[:, None] < d_k), other=0.0)  # [BLOCK_DK, BLOCK_N]
         v = tl.load(V + kv_z * s_vz + cols[None, :] * s_vn + dv[:, None] * s_vd,
                     mask=(cols[None, :] < n_k) & (dv[:, None] < d_v), other=0.0)  # [BLOCK_DV, BLOCK_N]
-        p = _weights(q, k, lse, rows, cols, n_q, n_k, diag_offset, qk_scale, CAUSAL, BUG)
+        # P = exp(s − LSE), recomputed (0 where hidden, and in a row that sees no key: LSE −inf)
+        keep = (rows[:, None] < n_q) & (cols[None, :] < n_k) & (lse[:, None] > float("-inf"))
+        if CAUSAL:
+            keep = keep & (cols[None, :] <= rows[:, None] + diag_offset)
+        s = tl.dot(q, k, input_precision="ieee") * qk_scale
+        p = tl.where(keep, tl.exp2(s - tl.where(lse > float("-inf"), lse * LOG2E, 0.0)[:, None]), 0.0)
         dp = tl.dot(do, v, input_precision="ieee")
         ds = p * (dp - delta[:, None])
         acc = tl.dot(ds.to(k.dtype), tl.trans(k), acc, input_precision="ieee")
@@ -260,7 +254,7 @@ class _Launch:
 
     def constants(self) -> dict[str, Any]:
         return {"CAUSAL": self.causal, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N,
-                "BLOCK_DK": _width(self.d_k), "BLOCK_DV": _width(self.d_v), "BUG": self.bug}
+                "BLOCK_DK": _width(self.d_k), "BLOCK_DV": _width(self.d_v)}
 
 
 def forward(launch: _Launch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -270,7 +264,7 @@ def forward(launch: _Launch) -> tuple[torch.Tensor, torch.Tensor]:
     if launch.z and launch.n_q:
         grid = (triton.cdiv(launch.n_q, BLOCK_M), launch.z)
         _forward[grid](launch.q, launch.k, launch.v, out, lse, launch.sm_scale * LOG2E, *launch.common(),
-                       *_strides(out), *launch.sizes(), **launch.constants())
+                       *_strides(out), *launch.sizes(), **launch.constants(), BUG=launch.bug)
     return out, lse
 
 
