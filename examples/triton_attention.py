@@ -31,6 +31,18 @@ import triton.language as tl
 
 import spec
 
+INTERPRETING = bool(triton.knobs.runtime.interpret)
+"""Under ``TRITON_INTERPRET=1``: the kernels run on CPU tensors, one program after another."""
+if INTERPRETING and not isinstance(tl.max, triton.runtime.interpreter.InterpretedFunction):
+    # triton.language's own jit functions (tl.max, tl.sum) were decorated when triton was imported
+    raise RuntimeError("TRITON_INTERPRET=1 was set after triton was imported: set it before (in the shell, "
+                       "or in os.environ before the first import of triton or torch's inductor)")
+if not INTERPRETING and not torch.cuda.is_available():
+    raise RuntimeError("no GPU here: run the kernels under Triton's interpreter, TRITON_INTERPRET=1 set "
+                       "before triton is imported")
+DEVICE = "cpu" if INTERPRETING else "cuda"
+"""Where the suite's arrays go: the interpreter takes CPU tensors, compiled kernels a GPU's."""
+
 BLOCK_M = 64
 """Queries a program owns."""
 BLOCK_N = 32
@@ -332,8 +344,10 @@ def make_target(bug: str | None = None) -> spec.Target:
     kernel.__name__ = kernel.__qualname__ = f"triton_attention{'' if bug is None else '_' + bug}"
     return spec.from_torch(
         kernel,
-        name=f"triton {triton.__version__} tiled attention" + ("" if bug is None else f" ({bug})"),
+        name=f"triton {triton.__version__} tiled attention{', interpreted' if INTERPRETING else ''}"
+             + ("" if bug is None else f" ({bug})"),
         grad=True,
+        device=DEVICE,
         dtypes=("float16", "float32"),
         ndims=(2, 3, 4),
         supports_scale=True,
