@@ -33,7 +33,9 @@ import spec
 
 INTERPRETING = bool(triton.knobs.runtime.interpret)
 """Under ``TRITON_INTERPRET=1``: the kernels run on CPU tensors, one program after another."""
-if INTERPRETING and not isinstance(tl.max, triton.runtime.interpreter.InterpretedFunction):
+if INTERPRETING:
+    from triton.runtime.interpreter import InterpretedFunction
+if INTERPRETING and not isinstance(tl.max, InterpretedFunction):
     # triton.language's own jit functions (tl.max, tl.sum) were decorated when triton was imported
     raise RuntimeError("TRITON_INTERPRET=1 was set after triton was imported: set it before (in the shell, "
                        "or in os.environ before the first import of triton or torch's inductor)")
