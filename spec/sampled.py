@@ -157,6 +157,16 @@ def _bound_in(fn: Callable[..., Array], dtype: np.dtype, values: tuple[Any, ...]
     return lambda s: fn(s, dtype, *values)
 
 
+def visible_rows(align: golden.Alignment, inputs: Inputs, rows: Array) -> Array:  # -> [*lead, r, n_k] bool
+    """What the query ``rows`` see (`spec.oracle.visibility`'s rows), every restriction ANDed."""
+    inputs = oracle.meaning(inputs)
+    rows = check_rows(rows, inputs.n_q)
+    found = np.ones((*inputs.lead, len(rows), inputs.n_k), dtype=bool)
+    for r in row_restrictions(inputs, row_geometry(align, inputs, rows)):
+        found &= r
+    return found
+
+
 # --- slices, a block at a time ---------------------------------------------------------------
 
 
@@ -369,7 +379,7 @@ def gradients_rows(target: Target, inputs: Inputs, rows: Array, d_out: Array) ->
         qw, kw, vw, dw = (np.asarray(x).astype(work) for x in (b.q, b.k, b.v, do_b))
         assert b.work_terms is not None
         bb = tolerance.baseline_backward(qw, kw, vw, dw, visible=vis, scale=scale, terms=b.work_terms)
-        ff = tolerance.grad_floors(b.q, b.k, b.v, do_b, p=p, scale=scale, terms=b.terms)
+        ff = tolerance.grad_floors(qw, kw, vw, dw, p=p, scale=scale, terms=b.terms)
         for store, (g_q, g_k, g_v) in ((gold, (dq, dk, dv)), (base, (bb.dq, bb.dk, bb.dv)),
                                        (floors, (ff.dq, ff.dk, ff.dv))):
             _put_rows(store["dq"], lead, b.flat, rows, g_q)
