@@ -284,13 +284,16 @@ class ExpectedRows:
                                  floor_=self.floor)
 
 
-def expected_rows(target: Target, inputs: Inputs, rows: Array) -> ExpectedRows:
-    """The golden, the baseline (in the dtype the target computes in, `Target.precision`) and the
-    floor of the query ``rows`` of ``inputs`` as ``target`` declares itself (its alignment). The
-    floor is the largest of each block's (`spec.tolerance.floor` on its slices and rows: each
-    slice is a call of its own, so its floor bounds its rows; the largest bounds them all)."""
+def expected_rows(target: Target, inputs: Inputs, rows: Array, *,
+                  baseline_in: str | None = None) -> ExpectedRows:
+    """The golden, the baseline (in the dtype the target computes in, `Target.precision`, or
+    ``baseline_in``) and the floor of the query ``rows`` of ``inputs`` as ``target`` declares
+    itself (its alignment). The floor is the largest of each block's (`spec.tolerance.floor` on
+    its slices and rows, in the dtype the target computes in: each slice is a call of its own, so
+    its floor bounds its rows; the largest bounds them all)."""
     inputs = oracle.meaning(inputs)
-    work = as_dtype(target.precision(np.dtype(inputs.q.dtype).name))
+    precision = as_dtype(target.precision(np.dtype(inputs.q.dtype).name))
+    work = precision if baseline_in is None else as_dtype(baseline_in)
     n, r, d_v = _count(inputs.lead), len(rows), inputs.v.shape[-1]
     out, lse, base = np.zeros((n, r, d_v)), np.zeros((n, r)), np.zeros((n, r, d_v))
     seen = np.zeros((n, r), dtype=bool)
@@ -304,7 +307,8 @@ def expected_rows(target: Target, inputs: Inputs, rows: Array) -> ExpectedRows:
         qw, kw, vw = (np.asarray(x).astype(work, copy=False) for x in (b.q, b.k, b.v))
         assert b.work_terms is not None
         base[b.flat] = tolerance.baseline(qw, kw, vw, visible=vis, scale=scale, terms=b.work_terms)
-        block_floor = tolerance.floor(qw, kw, vw, scale=scale, added=b.terms.added)
+        block_floor = tolerance.floor(*(np.asarray(x).astype(precision, copy=False) for x in (b.q, b.k, b.v)),
+                                      scale=scale, added=b.terms.added)
         for fmt in narrows:
             block_floor += tolerance.weights_floor(weights, b.v, fmt)
         floor = max(floor, block_floor)
@@ -352,17 +356,20 @@ def _backward(q: Array, k: Array, v: Array, d_out: Array, *, visible: Array, sca
     return ds @ k * scale, np.swapaxes(ds, -1, -2) @ q * scale, np.swapaxes(p, -1, -2) @ d_out, p
 
 
-def gradients_rows(target: Target, inputs: Inputs, rows: Array, d_out: Array) -> GradientsRows:
+def gradients_rows(target: Target, inputs: Inputs, rows: Array, d_out: Array, *,
+                   baseline_in: str | None = None) -> GradientsRows:
     """The golden backward of ``inputs`` for an upstream gradient ``d_out`` that is zero outside the
-    query ``rows`` (`upstream`), its textbook baseline in the target's computing dtype
-    (`spec.tolerance.baseline_backward`) and its per-entry floors (`spec.tolerance.grad_floors`),
+    query ``rows`` (`upstream`), its textbook baseline in the target's computing dtype (or
+    ``baseline_in``; `spec.tolerance.baseline_backward`) and its per-entry floors in the target's
+    computing dtype (`spec.tolerance.grad_floors`),
     at the cost of those rows. Grouped K/V heads sum their query heads' dk and dv. Keywords that
     add gradients of their own (a bias, sinks) are not differentiated here."""
     inputs = oracle.meaning(inputs)
     if np.any(np.delete(np.asarray(d_out), rows, axis=-2)):
         raise ValueError("d_out must be zero outside the sampled rows: the sampled backward differentiates "
                          "those rows alone")
-    work = as_dtype(target.precision(np.dtype(inputs.q.dtype).name))
+    precision = as_dtype(target.precision(np.dtype(inputs.q.dtype).name))
+    work = precision if baseline_in is None else as_dtype(baseline_in)
     lead, kv_lead = inputs.lead, inputs.k.shape[:-2]
     scale = inputs.scale_value
     do_rows = np.asarray(d_out)[..., rows, :]
@@ -379,7 +386,8 @@ def gradients_rows(target: Target, inputs: Inputs, rows: Array, d_out: Array) ->
         qw, kw, vw, dw = (np.asarray(x).astype(work) for x in (b.q, b.k, b.v, do_b))
         assert b.work_terms is not None
         bb = tolerance.baseline_backward(qw, kw, vw, dw, visible=vis, scale=scale, terms=b.work_terms)
-        ff = tolerance.grad_floors(qw, kw, vw, dw, p=p, scale=scale, terms=b.terms)
+        ff = tolerance.grad_floors(*(np.asarray(x).astype(precision) for x in (b.q, b.k, b.v, do_b)), p=p,
+                                   scale=scale, terms=b.terms)
         for store, (g_q, g_k, g_v) in ((gold, (dq, dk, dv)), (base, (bb.dq, bb.dk, bb.dv)),
                                        (floors, (ff.dq, ff.dk, ff.dv))):
             _put_rows(store["dq"], lead, b.flat, rows, g_q)

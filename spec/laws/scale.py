@@ -135,6 +135,10 @@ def _offsets(lengths: list[int]) -> tuple[int, ...]:
     return tuple(int(x) for x in np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]))
 
 
+DIFFUSE = 1 / 16
+"""The decode case's amplitude (`spec.cases.Case.amplitude`): its scores are 1/16 of unit ones."""
+
+
 @dataclass(frozen=True)
 class Planned:
     """A scale case by name, or why it is not run for this target (``why``: None when it is)."""
@@ -153,18 +157,19 @@ def plan(target: Target) -> list[Planned]:
     found: list[Planned] = []
 
     def dense(name: str, batch: int, heads: int, n_q: int, n_k: int, width: int, causal: bool,
-              dtype: str, seed: int) -> None:
+              dtype: str, seed: int, amplitude: float = 1.0) -> None:
         if rank < 3 and batch * heads > 1:
             why = f"needs inputs of rank 3 or 4 (target declares ndims={target.ndims})"
             found.append(Planned(name, None, why))
             return
         lead_b, lead_h = (batch, heads) if rank == 4 else (1, batch * heads)
         found.append(Planned(name, Case(dtype=dtype, ndim=rank, batch=lead_b, heads=lead_h, n_q=n_q, n_k=n_k,
-                                        d_k=width, d_v=width, seed=seed, causal=causal)))
+                                        d_k=width, d_v=width, seed=seed, causal=causal, amplitude=amplitude)))
 
-    decode_width = _width(target, 64)
-    dense("decode", 1, 1, 1, _length(target, s.decode_keys), decode_width, corner,
-          _dtype(target, "float16", "bfloat16", "float32"), 1)
+    # a diffuse row, as a long context's is: scores of spread 1/16, so that Σ exp(s − max) ≈ 3·10⁵,
+    # past float16's largest finite 65,504 (a denominator kept in float16 overflows)
+    dense("decode", 1, 1, 1, _length(target, s.decode_keys), _width(target, 64), corner,
+          _dtype(target, "float16", "bfloat16", "float32"), 1, amplitude=DIFFUSE)
     if target.causal_alignment is None:
         why = "needs a causal mode (target declares causal_alignment=None)"
         found.append(Planned("causal_square", None, why))
@@ -249,12 +254,11 @@ def _not_run(target: Target) -> str:
 
 
 def _note_skipped(target: Target, keep: set[str] | None = None) -> None:
-    """The law's note names the scale cases not run for this target and why."""
+    """The law's note names the scale cases not run for this target (the report's header says why)."""
     run = context.current()
-    said = _not_run(target) if keep is None else \
-        "; ".join(f"{p.name}: {p.why}" for p in plan(target) if p.case is None and p.name in keep)
-    if run is not None and said:
-        run.note(f"not run: {said}")
+    names = [p.name for p in plan(target) if p.case is None and (keep is None or p.name in keep)]
+    if run is not None and names:
+        run.note(f"not run: {', '.join(names)} (the header says why)")
 
 
 def name_of(target: Target, case: Case) -> str:
@@ -310,34 +314,47 @@ def _values(rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dtype) -
 def inputs_of(case: Case) -> Inputs:
     """A scale case's arguments: q, k, v standard normal, drawn in float32 a block at a time from
     the case's seed and rounded to its dtype (`Case.arrays` draws in float64: at 2^31 values that
-    is 16 GiB), with its keywords (packed sequences' offsets)."""
+    is 16 GiB), q and k times √amplitude; the last value column 1 for every key, so that the
+    output's last column is each row's weight sum, 1 (a wrong denominator shows there, whatever
+    the values average to); with the case's keywords (packed sequences' offsets)."""
     rng = case.rng()
     dtype = case.np_dtype
     lead, kv_lead = case.lead(), case.kv_lead
-    if case.ndim == 3 and "varlen" in case.keywords:
-        lead = kv_lead = (case.heads,)
     q = _values(rng, (*lead, case.n_q, case.d_k), dtype)
     k = _values(rng, (*kv_lead, case.n_k, case.d_k), dtype)
     v = _values(rng, (*kv_lead, case.n_k, case.d_v), dtype)
+    if case.amplitude != 1.0:
+        root = np.float32(np.sqrt(case.amplitude))
+        for x in (q, k):
+            for start in range(0, x.shape[-2], DRAW_BLOCK // max(1, x.shape[-1])):
+                block = x[..., start:start + DRAW_BLOCK // max(1, x.shape[-1]), :]
+                block[...] = (block.astype(np.float32) * root).astype(dtype)
+    v[..., -1] = 1
     for x in (q, k, v):
         x.flags.writeable = False
     return Inputs(q, k, v, causal=case.causal, keywords=case.received())
 
 
-_LAST: dict[str, tuple[Case, Inputs, Array]] = {}
+KEPT_BYTES = 2**29
+"""The most bytes of inputs and outputs kept from one law to the next (`output`)."""
+_KEPT: dict[tuple[int, Case], tuple[Inputs, Array]] = {}
 
 
 def output(target: Target, case: Case) -> tuple[Inputs, Array]:
-    """The case's inputs and the target's output for them; a deterministic target's output of the
-    last case is kept for the next law of this module (the same bits: the laws make few calls)."""
-    key = f"{id(target.fn)}"
-    kept = _LAST.get(key)
-    if kept is not None and kept[0] == case and target.deterministic:
-        return kept[1], kept[2]
-    _LAST.clear()
+    """The case's inputs and the target's output for them. A deterministic target's are kept for
+    the next laws of this module (the same bits: each case is called once for the forward laws),
+    up to `KEPT_BYTES` in all, the oldest let go first."""
+    key = (id(target.fn), case)
+    if key in _KEPT and target.deterministic:
+        return _KEPT[key]
     inputs = inputs_of(case)
     out = call(_long(target), inputs)
-    _LAST[key] = (case, inputs, out)
+    size = sum(x.nbytes for x in (inputs.q, inputs.k, inputs.v, out))
+    if size <= KEPT_BYTES:
+        while _KEPT and size + sum(sum(x.nbytes for x in (i.q, i.k, i.v, o)) for i, o in _KEPT.values()) \
+                > KEPT_BYTES:
+            del _KEPT[next(iter(_KEPT))]
+        _KEPT[key] = (inputs, out)
     return inputs, out
 
 
@@ -366,6 +383,15 @@ def rows_of(target: Target, case: Case, inputs: Inputs) -> Array:
     return sampled.sample_rows(inputs.n_q, limits=limits, extra=extra, seed=case.seed)
 
 
+def accumulator(target: Target, inputs: Inputs) -> str:
+    """The dtype a correct kernel sums a row in: float32 for float16 and bfloat16 inputs, the dtype
+    it computes in otherwise. The scale laws' baseline is the textbook computation in it: a
+    textbook softmax in float16 sums a diffuse row of 350,000 keys to inf (its denominator is past
+    65,504), so a float16 baseline would excuse the very overflow these laws look for."""
+    precision = target.precision(np.dtype(inputs.q.dtype).name)
+    return "float32" if dtypes.as_dtype(precision).itemsize < 4 else precision
+
+
 def long_row_floor(target: Target, inputs: Inputs, rows: Array) -> float:
     """The floor of `spec.tolerance.floor` with the weighted sum of the n_k values counted in the
     accumulator a correct kernel keeps: float32 for float16 and bfloat16 inputs, the dtype itself
@@ -376,8 +402,7 @@ def long_row_floor(target: Target, inputs: Inputs, rows: Array) -> float:
     `impl`) accumulates a 16-bit row in float32, whose √n_k·eps is 7·10⁻⁵ at 350,000 keys. The
     scores' rounding, (d_k + 2)·S·eps of the dtype, stays as it is."""
     precision = target.precision(np.dtype(inputs.q.dtype).name)
-    wide = "float32" if dtypes.as_dtype(precision).itemsize < 4 else precision
-    eps, acc = dtypes.eps(precision), dtypes.eps(wide)
+    eps, acc = dtypes.eps(precision), dtypes.eps(accumulator(target, inputs))
     q = np.abs(inputs.q[..., rows, :].astype(np.float64))
     k = np.abs(inputs.k.astype(np.float64))
     heads = q.shape[-3] if q.ndim >= 3 else 1
@@ -405,8 +430,8 @@ def scale_matches_golden(target: Target, case: Case) -> None:
     65,537, 132,800 slices of one query, 131,584 packed tokens with sequences past 2^17, k and v of
     more than 2^31 elements), the output at the sampled rows (first, last, tile and power-of-two
     edges, random; each packed sequence's ends) equals the float64 golden of those rows within the
-    tolerance policy, its floor's sum of n_k values counted in a float32 accumulator for 16-bit
-    inputs (`long_row_floor`).
+    tolerance policy, its baseline and its floor's sum of n_k values in the float32 accumulator a
+    correct kernel keeps for 16-bit inputs (`accumulator`, `long_row_floor`).
 
     Catches: an int32 offset that wraps (b·h·n·d mod 2^31: rows past the wrap read another slice's
     keys); a packed row index kept in 17 bits (sequences past 2^17 tokens read the first
@@ -416,7 +441,7 @@ def scale_matches_golden(target: Target, case: Case) -> None:
     _note_skipped(target)
     inputs, out = output(target, case)
     rows = rows_of(target, case, inputs)
-    want = sampled.expected_rows(target, inputs, rows)
+    want = sampled.expected_rows(target, inputs, rows, baseline_in=accumulator(target, inputs))
     cmp = tolerance.compare(out[..., rows, :], want.out, want.baseline, rows=want.seen,
                             tolerance=target.tolerance, floor_=long_row_floor(target, inputs, rows))
     assert_within_tolerance(cmp, dtype=precision_text(target, inputs),
@@ -501,12 +526,11 @@ def scale_gradients_match_golden(target: Target, case: Case) -> None:
     10–15k); a backward grid capped at 65,535 slices (their dq, dk, dv left as zeros).
     """
     _note_skipped(target, set(GRADIENTS))
-    _LAST.clear()
     inputs = inputs_of(case)
     rows = rows_of(target, case, inputs)
     d_out = sampled.upstream(inputs, rows, seed=case.seed)
     dq, dk, dv, _ = call_grad(_long(target), inputs, d_out)
-    want = sampled.gradients_rows(target, inputs, rows, d_out)
+    want = sampled.gradients_rows(target, inputs, rows, d_out, baseline_in=accumulator(target, inputs))
     for name, got in (("dq", dq), ("dk", dk), ("dv", dv)):
         gold = want.golden[name]
         floor = float(np.max(want.floors[name], initial=0.0))

@@ -21,6 +21,7 @@ from gallery import (
     masks,
     pairs,
     range_edges,
+    scale,
     sinks,
     softcap,
     window,
@@ -28,7 +29,7 @@ from gallery import (
 from gallery.base import Broken
 
 FAMILIES = (core, masks, gradients, range_edges, bias, alibi, window, softcap, sinks, lengths, cache, dropout,
-            lse, pairs, calls, edges)
+            lse, pairs, calls, edges, scale)
 
 BROKEN: list[Broken] = [b for family in FAMILIES for b in family.BROKEN]
 CORRECT = [t for family in FAMILIES for t in family.CORRECT]
