@@ -193,6 +193,7 @@ def _take(a: Array, lead: tuple[int, ...], flat: Array, tail: int, kv: bool = Fa
 
 
 def _per_block(inputs: Inputs, rows: int) -> int:
+    """Slices per block: about `BLOCK_ENTRIES` scores (and each slice's keys and values) at a time."""
     lead = int(np.prod(inputs.lead, dtype=np.int64)) if inputs.lead else 1
     width = inputs.q.shape[-1] + inputs.v.shape[-1]
     per_slice = max(1, rows * inputs.n_k * 4 + inputs.n_k * width)
@@ -201,10 +202,11 @@ def _per_block(inputs: Inputs, rows: int) -> int:
 
 @dataclass(frozen=True)
 class Block:
-    """One block of slices at the sampled rows: the inputs as the golden reads them (3-D, one
-    slice per row of the first axis), and the float64 terms and visibility."""
+    """One block of slices at some of the sampled rows: the inputs as the golden reads them (3-D,
+    one slice per row of the first axis), and the float64 terms and visibility."""
 
     flat: Array  # [c] flat slice indices
+    at: slice  # which of the sampled rows
     q: Array  # [c, r, d_k]
     k: Array  # [c, n_k, d_k]
     v: Array  # [c, n_k, d_v]
@@ -215,24 +217,29 @@ class Block:
 
 def blocks(inputs: Inputs, align: golden.Alignment, rows: Array,
            work: np.dtype | None = None) -> Iterator[Block]:
-    """The call's slices, a block at a time, at the query ``rows`` (k and v as they mean, GQA's
-    K/V heads read by each query head); ``work``: also the terms in that dtype (the baseline's)."""
+    """The call's slices at the query ``rows``, a block of slices and rows at a time (about
+    `BLOCK_ENTRIES` scores each: the cost per row and key stays that of data in cache, whatever
+    the rows and n_k), k and v as they mean, GQA's K/V heads read by each query head; ``work``:
+    also the terms in that dtype (the baseline's)."""
     inputs = oracle.meaning(inputs)
     rows = check_rows(rows, inputs.n_q)
-    geo = row_geometry(align, inputs, rows)
-    restrictions = row_restrictions(inputs, geo)
-    terms = row_terms(inputs, geo)
-    work_terms = None if work is None else row_terms(inputs, geo, work)
     lead = inputs.lead
-    q_rows = inputs.q[..., rows, :]
-    for flat in _blocks(lead, _per_block(inputs, len(rows))):
-        visible: Array = np.ones((1, 1, 1), dtype=bool)
-        for r in restrictions:
-            visible = visible & _take(r, lead, flat, 2)
-        yield Block(flat, _take(q_rows, lead, flat, 2), _take(inputs.k, lead, flat, 2, kv=True),
-                    _take(inputs.v, lead, flat, 2, kv=True), visible,
-                    _terms_of(terms, lead, flat),
-                    None if work_terms is None else _terms_of(work_terms, lead, flat))
+    chunk = max(1, BLOCK_ENTRIES // max(1, 4 * inputs.n_k))
+    for start in range(0, len(rows), chunk):
+        at = slice(start, min(start + chunk, len(rows)))
+        geo = row_geometry(align, inputs, rows[at])
+        restrictions = row_restrictions(inputs, geo)
+        terms = row_terms(inputs, geo)
+        work_terms = None if work is None else row_terms(inputs, geo, work)
+        q_rows = inputs.q[..., rows[at], :]
+        for flat in _blocks(lead, _per_block(inputs, at.stop - at.start)):
+            visible: Array = np.ones((1, 1, 1), dtype=bool)
+            for r in restrictions:
+                visible = visible & _take(r, lead, flat, 2)
+            yield Block(flat, at, _take(q_rows, lead, flat, 2), _take(inputs.k, lead, flat, 2, kv=True),
+                        _take(inputs.v, lead, flat, 2, kv=True), visible,
+                        _terms_of(terms, lead, flat),
+                        None if work_terms is None else _terms_of(work_terms, lead, flat))
 
 
 def _terms_of(terms: golden.Terms, lead: tuple[int, ...], flat: Array) -> golden.Terms:
@@ -257,7 +264,7 @@ def golden_rows(inputs: Inputs, rows: Array, align: golden.Alignment = "top_left
     for b in blocks(inputs, align, rows):
         vis = np.broadcast_to(b.visible, (*b.q.shape[:-1], b.k.shape[-2]))
         o, _, l_ = golden.forward(b.q, b.k, b.v, visible=vis, scale=inputs.scale_value, terms=b.terms)
-        out[b.flat], lse[b.flat] = o, l_
+        out[b.flat, b.at], lse[b.flat, b.at] = o, l_
     return out.reshape(*inputs.lead, r, -1), lse.reshape(*inputs.lead, r)
 
 
@@ -306,13 +313,13 @@ def expected_rows(target: Target, inputs: Inputs, rows: Array, *,
         o, weights, l_ = golden.forward(b.q, b.k, b.v, visible=vis, scale=scale, terms=b.terms)
         qw, kw, vw = (np.asarray(x).astype(work, copy=False) for x in (b.q, b.k, b.v))
         assert b.work_terms is not None
-        base[b.flat] = tolerance.baseline(qw, kw, vw, visible=vis, scale=scale, terms=b.work_terms)
+        base[b.flat, b.at] = tolerance.baseline(qw, kw, vw, visible=vis, scale=scale, terms=b.work_terms)
         block_floor = tolerance.floor(*(np.asarray(x).astype(precision, copy=False) for x in (b.q, b.k, b.v)),
                                       scale=scale, added=b.terms.added)
         for fmt in narrows:
             block_floor += tolerance.weights_floor(weights, b.v, fmt)
         floor = max(floor, block_floor)
-        out[b.flat], lse[b.flat], seen[b.flat] = o, l_, weights.sum(axis=-1) > 0
+        out[b.flat, b.at], lse[b.flat, b.at], seen[b.flat, b.at] = o, l_, weights.sum(axis=-1) > 0
     lead = inputs.lead
     return ExpectedRows(np.asarray(rows), out.reshape(*lead, r, d_v), lse.reshape(*lead, r),
                         base.reshape(*lead, r, d_v), floor, seen.reshape(*lead, r))
@@ -365,6 +372,7 @@ def gradients_rows(target: Target, inputs: Inputs, rows: Array, d_out: Array, *,
     at the cost of those rows. Grouped K/V heads sum their query heads' dk and dv. Keywords that
     add gradients of their own (a bias, sinks) are not differentiated here."""
     inputs = oracle.meaning(inputs)
+    rows = check_rows(rows, inputs.n_q)
     if np.any(np.delete(np.asarray(d_out), rows, axis=-2)):
         raise ValueError("d_out must be zero outside the sampled rows: the sampled backward differentiates "
                          "those rows alone")
@@ -379,7 +387,7 @@ def gradients_rows(target: Target, inputs: Inputs, rows: Array, d_out: Array, *,
     base = {n: np.zeros(shapes[n]) for n in names}
     floors = {n: np.zeros(shapes[n]) for n in names}
     for b in blocks(inputs, target.alignment, rows, work):
-        do_b = _take(do_rows, lead, b.flat, 2)
+        do_b = _take(do_rows[..., b.at, :], lead, b.flat, 2)
         vis = np.broadcast_to(b.visible, (*b.q.shape[:-1], b.k.shape[-2]))
         q64, k64, v64, do64 = (np.asarray(x, dtype=np.float64) for x in (b.q, b.k, b.v, do_b))
         dq, dk, dv, p = _backward(q64, k64, v64, do64, visible=vis, scale=scale, terms=b.terms)
@@ -390,7 +398,7 @@ def gradients_rows(target: Target, inputs: Inputs, rows: Array, d_out: Array, *,
                                    scale=scale, terms=b.terms)
         for store, (g_q, g_k, g_v) in ((gold, (dq, dk, dv)), (base, (bb.dq, bb.dk, bb.dv)),
                                        (floors, (ff.dq, ff.dk, ff.dv))):
-            _put_rows(store["dq"], lead, b.flat, rows, g_q)
+            _put_rows(store["dq"], lead, b.flat, rows[b.at], g_q)
             _add_kv(store["dk"], lead, kv_lead, b.flat, g_k)
             _add_kv(store["dv"], lead, kv_lead, b.flat, g_v)
     return GradientsRows(gold, base, floors)

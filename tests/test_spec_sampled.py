@@ -131,3 +131,25 @@ def test_the_sampled_backward_equals_the_full_one_for_an_upstream_zero_off_the_r
         assert np.all(got.floors[name] <= np.broadcast_to(want.floors[name], got.floors[name].shape) + 1e-18)
     with pytest.raises(ValueError, match="zero outside"):
         sampled.gradients_rows(REFERENCE, inputs, rows, np.ones_like(d_out))
+
+
+def test_blocks_of_a_few_rows_and_slices_give_the_same_rows(monkeypatch):
+    """With blocks of 64 scores (a row or two, one slice, at a time) the rows, the expectation and
+    the backward are those of one block."""
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.standard_normal((2, 3, n, 4)) for n in (30, 30, 30))
+    inputs = Inputs(q, k, v, causal=True, keywords={"window": (5, 2), "kv_lengths": np.array([30, 17])})
+    rows = sampled.sample_rows(30, random=5)
+    whole = sampled.expected_rows(REFERENCE, inputs, rows)
+    d_out = sampled.upstream(inputs, rows)
+    grads = sampled.gradients_rows(REFERENCE, inputs, rows, d_out)
+    monkeypatch.setattr(sampled, "BLOCK_ENTRIES", 64)
+    assert len(list(sampled.blocks(inputs, "top_left", rows))) > 6
+    assert_rows_match(inputs, rows, "bottom_right")
+    small = sampled.expected_rows(REFERENCE, inputs, rows)
+    np.testing.assert_allclose(small.out, whole.out, rtol=1e-13, atol=1e-15)  # BLAS's order may differ
+    np.testing.assert_allclose(small.baseline, whole.baseline, rtol=1e-13, atol=1e-15)
+    assert small.floor <= whole.floor
+    again = sampled.gradients_rows(REFERENCE, inputs, rows, d_out)
+    for name in ("dq", "dk", "dv"):
+        np.testing.assert_allclose(again.golden[name], grads.golden[name], rtol=1e-13, atol=1e-15)

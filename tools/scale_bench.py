@@ -13,9 +13,10 @@ rows checked, to show the golden's cost linear in rows × n_k.
     python tools/scale_bench.py --json docs/bench_scale.json --markdown docs/bench_scale.md \\
         --plot docs/bench_scale.png
 
-Each cell is the median of ``--repeat`` rounds (flash's largest sizes once: a minute each on two
-cores). The figures depend on the machine and its load: the page carries the command, the date
-and the machine (`tools.docs_outputs.machine`); regenerate it with the same command, never by hand.
+Each cell is the fastest of ``--repeat`` rounds after one round not timed (flash past
+``--flash-repeat-max``: one round, after one not timed). The figures depend on the machine and
+its load: the page carries the command, the date and the machine (`tools.docs_outputs.machine`);
+regenerate it with the same command, never by hand.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -48,13 +48,15 @@ WIDTH = 32
 
 
 def timed(fn: Callable[[], Any], repeat: int) -> float:
-    """The median wall time of ``repeat`` calls, in seconds."""
+    """The fastest wall time of ``repeat`` calls, in seconds (the one least disturbed by other work
+    on the machine), after one call not timed (the first pays for imports, caches, BLAS's threads)."""
+    fn()
     found = []
     for _ in range(repeat):
         start = time.perf_counter()
         fn()
         found.append(time.perf_counter() - start)
-    return statistics.median(found)
+    return min(found)
 
 
 def case_of(n: int) -> Case:
@@ -124,7 +126,8 @@ def markdown(result: dict[str, Any]) -> str:
              "the same command, never edit by hand. The figures depend on the machine and its load.", "",
              "![time against n, log-log](bench_scale.png)", "",
              f"A causal square of n queries and keys, one head, d = {WIDTH}, float32 (the scale profile's "
-             "`causal_square`); median of the rounds (flash's largest sizes: one). *flash*: "
+             "`causal_square`); the fastest of the rounds after one not timed (flash's largest sizes: one "
+             "round). *flash*: "
              "`impl.flash_attention` on the call; *suite*: what `scale_matches_golden` adds to it (the "
              "inputs, the sampled rows' golden, baseline and floor, the comparison); *sampled golden*: "
              "`spec.sampled.golden_rows` alone; *full golden*: `spec.oracle.golden_of` (every row).", "",
@@ -173,9 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, nargs="+", default=list(ROWS), help="rows checked in the second table")
     p.add_argument("--rows-at", type=int, default=16_384, help="n of the second table")
     p.add_argument("--full-max", type=int, default=8_192, help="the largest n the full golden is timed at")
-    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--flash-repeat-max", type=int, default=16_384,
-                   help="flash is timed once past this n (a minute a call on two cores)")
+                   help="flash is timed in one round past this n")
     p.add_argument("--json")
     p.add_argument("--markdown")
     p.add_argument("--plot")
