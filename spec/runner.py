@@ -373,12 +373,17 @@ def check(
     report = Report(target=loaded.name, profile=profile, seed=seed, limits=limits_text(loaded))
     start = time.perf_counter()
     with context.memory(None if memory is None else float(memory) * 2**30):
-        if PROFILES[profile].family == "scale":
+        scaled = PROFILES[profile].family == "scale"
+        if scaled:
             from spec.laws import scale
 
             report.scale = scale.header(loaded)
-        report.results = run_all(props, loaded, profile=profile, max_examples=max_examples, seed=seed,
-                                 source=source, each=each)
+        try:
+            report.results = run_all(props, loaded, profile=profile, max_examples=max_examples, seed=seed,
+                                     source=source, each=each)
+        finally:
+            if scaled:
+                scale.forget()
     report.seconds = time.perf_counter() - start
     return report
 

@@ -337,25 +337,31 @@ def inputs_of(case: Case) -> Inputs:
 
 KEPT_BYTES = 2**29
 """The most bytes of inputs and outputs kept from one law to the next (`output`)."""
-_KEPT: dict[tuple[int, Case], tuple[Inputs, Array]] = {}
+_KEPT: dict[tuple[int, Case], tuple[object, Inputs, Array]] = {}
 
 
 def output(target: Target, case: Case) -> tuple[Inputs, Array]:
     """The case's inputs and the target's output for them. A deterministic target's are kept for
-    the next laws of this module (the same bits: each case is called once for the forward laws),
-    up to `KEPT_BYTES` in all, the oldest let go first."""
+    the next laws of this module in the same check (the same bits: each case is called once for
+    the forward laws), up to `KEPT_BYTES` in all, the oldest let go first (`forget`)."""
     key = (id(target.fn), case)
-    if key in _KEPT and target.deterministic:
-        return _KEPT[key]
+    kept = _KEPT.get(key)
+    if kept is not None and kept[0] is target.fn and target.deterministic:
+        return kept[1], kept[2]
     inputs = inputs_of(case)
     out = call(_long(target), inputs)
     size = sum(x.nbytes for x in (inputs.q, inputs.k, inputs.v, out))
     if size <= KEPT_BYTES:
-        while _KEPT and size + sum(sum(x.nbytes for x in (i.q, i.k, i.v, o)) for i, o in _KEPT.values()) \
+        while _KEPT and size + sum(sum(x.nbytes for x in (i.q, i.k, i.v, o)) for _, i, o in _KEPT.values()) \
                 > KEPT_BYTES:
             del _KEPT[next(iter(_KEPT))]
-        _KEPT[key] = (inputs, out)
+        _KEPT[key] = (target.fn, inputs, out)  # the fn held: its id is not reused while kept
     return inputs, out
+
+
+def forget() -> None:
+    """Let go of the outputs kept (`output`): a check at this profile ends."""
+    _KEPT.clear()
 
 
 def _long(target: Target) -> Target:
@@ -542,10 +548,12 @@ def scale_gradients_match_golden(target: Target, case: Case) -> None:
 
 
 def header(target: Target) -> str:
-    """What the report's header says of a scale run: the budget and the cases not run."""
+    """What the report's header says of a scale run: the budget and the cases not run (a check at
+    this profile starts: nothing kept from another, `forget`)."""
+    forget()
     skipped = _not_run(target)
     return f"memory budget {gib(budget())}" + (f"; not run: {skipped}" if skipped else "")
 
 
-__all__ = ["SIZES", "Sizes", "budget", "default_budget", "footprint", "header", "inputs_of", "plan",
+__all__ = ["SIZES", "Sizes", "budget", "default_budget", "footprint", "forget", "header", "inputs_of", "plan",
            "scale_cases", "sized"]
