@@ -1,8 +1,9 @@
 """Targets by name — the one module of `spec` that imports `impl`.
 
 - ``reference`` — `impl.attention`; ``flash`` — `impl.flash_attention`;
-- ``torch``, ``jax``, ``torch_flex_paged`` — each framework adapter's targets (`spec.adapters`),
-  its module imported only when one is asked for, so the suite needs no framework;
+- ``torch``, ``jax``, ``mlx``, ``torch_flex_paged``, ``onnxruntime``, ``onnx_reference`` — each
+  framework adapter's targets (`spec.adapters`), its module imported only when one is asked for,
+  so the suite needs no framework;
 - ``package.module:attr`` — any importable callable or `spec.Target` (an attribute path
   such as ``pkg.mod:Class.method`` works too);
 - ``path/to/script.py:attr`` — the same from a file, imported under a module name of its own (not

@@ -104,7 +104,10 @@ def call(
     ``copy=False`` hands over the caller's arrays) and return its output as an ndarray of the
     expected shape; with ``return_lse=True`` among the keywords the result is ``(out, lse)``,
     lse checked to be float and shaped ``[..., n_q]``. ``deadline`` (seconds) as `invoke` takes
-    it. The call is recorded in the run's context for the report."""
+    it. With ``past_key=``/``past_value=`` among the keywords the result is ``(out, present_key,
+    present_value)``, each present checked to be shaped as the keys and values the call means (the
+    past's then the call's: `spec.oracle.meaning`) in the inputs' dtype. The call is recorded in
+    the run's context for the report."""
     _within_limits(target, inputs)
     args = tuple(np.array(x, copy=copy) for x in (inputs.q, inputs.k, inputs.v))
     kwargs = arguments(target, inputs, copy=copy)
@@ -113,18 +116,33 @@ def call(
                  arrangement=arranged))
     request = Request(target, "fn", args, kwargs)
     got = invoke(target, "the target", request, deadline)
-    out, lse = got if kwargs.get("return_lse") else (got, None)
+    past = kwargs.get("past_key") is not None
+    out, lse = got if kwargs.get("return_lse") else (got[0] if past else got, None)
     _check_float(out, "the target returned")
     # the output's shape is that of what k and v mean (a paged pool's shape is not the keys')
     expect_shape = oracle.meaning(inputs).out_shape if expect_shape is None else expect_shape
     if out.shape != expect_shape:
         raise TargetFailed(f"the target returned shape {out.shape}, expected {expect_shape}")
+    if past:
+        return out, *_presents(inputs, got[1:])
     if lse is None:
         return out
     _check_float(lse, "with return_lse=True the target returned lse as")
     if lse.shape != expect_shape[:-1]:
         raise TargetFailed(f"the target returned lse of shape {lse.shape}, expected {expect_shape[:-1]}")
     return out, lse
+
+
+def _presents(inputs: Inputs, presents: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``(present_key, present_value)`` as returned, each checked: a float array of the shape and
+    dtype of the keys (values) the call means, the past's then its own."""
+    meant = oracle.meaning(inputs)
+    for name, x, like in zip(("present_key", "present_value"), presents, (meant.k, meant.v), strict=True):
+        _check_float(x, f"with past_key= the target returned {name} as")
+        if x.shape != like.shape or x.dtype != like.dtype:
+            raise TargetFailed(f"the target returned {name} of shape {x.shape} and dtype {x.dtype}, expected "
+                               f"{like.shape} {like.dtype} (the past's keys then the call's)")
+    return presents[0], presents[1]
 
 
 def _within_limits(target: Target, inputs: Inputs) -> None:

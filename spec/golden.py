@@ -29,18 +29,20 @@ from typing import Literal
 import numpy as np
 
 Array = np.ndarray
-Alignment = Literal["top_left", "bottom_right", "kv_lengths"]
+Alignment = Literal["top_left", "bottom_right", "kv_lengths", "top_left_kv_lengths"]
 """``kv_lengths``: bottom-right per sequence; here, without the lengths, bottom-right (the keyword
-``kv_lengths=`` moves each batch row's diagonal: `spec.laws.lengths`)."""
+``kv_lengths=`` moves each batch row's diagonal: `spec.laws.lengths`). ``top_left_kv_lengths``:
+the same per sequence, and top-left without the lengths (ONNX's ``Attention``)."""
 Transform = Callable[[Array], Array]
 
 
 def diagonal(n_q: int, n_k: int, align: Alignment) -> Array:  # -> [n_q, 1] int
-    """Each query's diagonal key: i (top-left) or i + n_k − n_q (bottom-right; kv_lengths before
-    its lengths move it)."""
-    if align not in ("top_left", "bottom_right", "kv_lengths"):
-        raise ValueError(f"align must be 'top_left', 'bottom_right' or 'kv_lengths', got {align!r}")
-    shift = 0 if align == "top_left" else n_k - n_q
+    """Each query's diagonal key: i (top-left; top_left_kv_lengths before its lengths move it) or
+    i + n_k − n_q (bottom-right; kv_lengths before its lengths move it)."""
+    if align not in ("top_left", "bottom_right", "kv_lengths", "top_left_kv_lengths"):
+        raise ValueError(f"align must be 'top_left', 'bottom_right', 'kv_lengths' or 'top_left_kv_lengths', "
+                         f"got {align!r}")
+    shift = 0 if align in ("top_left", "top_left_kv_lengths") else n_k - n_q
     return np.arange(n_q)[:, None] + shift
 
 

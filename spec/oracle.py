@@ -73,7 +73,8 @@ def geometry(align: golden.Alignment, inputs: Inputs) -> Geometry:
 
 def _geometry(align: golden.Alignment, inputs: Inputs) -> Geometry:
     n_q, n_k = inputs.n_q, inputs.n_k
-    corner_align: golden.Alignment = "kv_lengths" if align == "kv_lengths" else "bottom_right"
+    per_row = align in ("kv_lengths", "top_left_kv_lengths")
+    corner_align: golden.Alignment = "kv_lengths" if per_row else "bottom_right"
     geo = Geometry(inputs.lead, n_q, n_k, align, golden.diagonal(n_q, n_k, align),
                    golden.diagonal(n_q, n_k, "bottom_right"))
     for _, term, values in bound(inputs):

@@ -23,7 +23,7 @@ def dtype_rows(target: Target, dtypes: tuple[str, ...], *, profile: str = "ci",
     ≤ 1 passes) over all properties that compare with the golden, failed ones included."""
     rows = []
     for dtype in dtypes:
-        report = check(target.replace(dtypes=(dtype,)), profile, max_examples=max_examples)
+        report = check(target.with_dtypes((dtype,)), profile, max_examples=max_examples)
         ratios = [value for r in report.results for key, value in r.observed.items()
                   if key.startswith("error ratio") and math.isfinite(value)]
         rows.append({
@@ -37,12 +37,14 @@ def dtype_rows(target: Target, dtypes: tuple[str, ...], *, profile: str = "ci",
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m spec.peers [torch] [jax] [torch_flex_paged] [--profile P] [--max-examples N]``:
-    the per-dtype table.
+    """``python -m spec.peers [torch] [jax] [torch_flex_paged] [mlx] [onnxruntime] [onnx_reference]
+    [--profile P] [--max-examples N]``: the per-dtype table.
 
-    torch and JAX run in float16, bfloat16, float32 and float64: float64 for JAX too, though not
-    declared, to show the recorded deviation. torch_flex_paged (FlexAttention's eager path over a
-    paged cache, minutes per dtype) runs in the dtypes it declares.
+    torch, JAX and the ONNX reference evaluator run in float16, bfloat16, float32 and float64: those
+    they do not declare too (JAX's float64, the ONNX reference's float64), to show the recorded
+    deviations; ONNX Runtime in float16, float32 and float64 (its bfloat16 Attention is refused when
+    the session is made: docs/peers.md). torch_flex_paged (FlexAttention's eager path over a paged
+    cache, minutes per dtype) and mlx run in the dtypes they declare.
     """
     import argparse
 
@@ -51,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m spec.peers", description=main.__doc__)
     every = ("float16", *bfloat16_if_installed(), "float32", "float64")
     # each peer and the dtypes it runs in (None: those it declares)
-    peers = {"torch": every, "jax": every, "torch_flex_paged": None}
+    peers = {"torch": every, "jax": every, "torch_flex_paged": None, "mlx": None,
+             "onnxruntime": ("float16", "float32", "float64"), "onnx_reference": every}
     parser.add_argument("peers", nargs="*", choices=list(peers), default=["torch", "jax"])
     parser.add_argument("--profile", choices=["quick", "ci", "thorough"], default="ci")
     parser.add_argument("--max-examples", type=int, default=None)

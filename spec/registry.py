@@ -35,6 +35,7 @@ LAW_MODULES: tuple[str, ...] = (
     "spec.laws.sinks",
     "spec.laws.lengths",
     "spec.laws.cache",
+    "spec.laws.past",
     "spec.laws.dropout",
     "spec.laws.lse",
     "spec.laws.grad_keywords",

@@ -29,13 +29,15 @@ import numpy as np
 from spec import dtypes as dt
 
 Layout = Literal["bhnd", "bnhd"]
-Alignment = Literal["top_left", "bottom_right", "square_or_decoding", "kv_lengths"]
+Alignment = Literal["top_left", "bottom_right", "square_or_decoding", "kv_lengths", "top_left_kv_lengths"]
 MaskedRows = Literal["zeros", "nan", "uniform", "unmasked", "any"]
 Arrangement = Literal["dense", "packed", "paged"]
-IN_LAYOUT: dict[str, tuple[str, ...]] = {"dense": ("q", "k", "v"), "packed": ("q", "k", "v"), "paged": ("q",)}
+IN_LAYOUT: dict[str, tuple[str, ...]] = {"dense": ("q", "k", "v", "past_key", "past_value"),
+                                         "packed": ("q", "k", "v"), "paged": ("q",)}
 """The arrays ``fn`` receives in its layout (``bnhd`` swaps their heads and positions), for each
 arrangement of the call (`spec.keywords.Keyword.arrangement`): a paged cache is
-``[num_blocks, block_size, heads_kv, d]`` in every layout, so only q (and the output) move."""
+``[num_blocks, block_size, heads_kv, d]`` in every layout, so only q (and the output) move; a past
+cache (``past_key=``, ``past_value=``) is laid out as k and v, and so are the presents returned."""
 POLICIES = ("zeros", "nan", "uniform", "unmasked", "any")
 Isolation = Literal["thread", "caller", "process"]
 EmptyKeys = Literal["compute", "raise"]
@@ -99,8 +101,11 @@ class Target:
     ``kv_lengths``: bottom-right per sequence — with ``kv_lengths=`` the diagonal of batch row b is
     i + kv_lengths[b] − n_q (FlashAttention's ``cache_seqlens`` and ``seqused_k``, ONNX's
     ``nonpad_kv_seqlen``: each row's last query sees its last key), without it i + n_k − n_q.
-    None: the target has no causal mode. A ``window=`` is aligned the same way. A paged cache
-    (``block_table=``) is aligned per sequence whatever this says (decoding and chunked prefill)."""
+    ``top_left_kv_lengths``: the same with ``kv_lengths=``, top-left without it (ONNX's
+    ``Attention``: the offset of its causal diagonal is the number of keys before the query block,
+    0 without a cache, kv_lengths[b] − n_q with ``nonpad_kv_seqlen``). None: the target has no
+    causal mode. A ``window=`` is aligned the same way. A paged cache (``block_table=``) is aligned
+    per sequence whatever this says (decoding and chunked prefill)."""
     queries_within_keys: bool = False
     """``causal`` and ``window=`` are defined only where no query comes before the first key:
     n_q ≤ n_k, and n_q ≤ kv_lengths[b] for every row of a call with ``kv_lengths=`` (mask
@@ -172,6 +177,7 @@ class Target:
     supports_alibi: bool = keyword_field()
     supports_paged_kv: bool = keyword_field()
     supports_fp8_kv: bool = keyword_field()
+    supports_past_kv: bool = keyword_field()
     returns_lse: bool = keyword_field()
     fp8_kv_paged_only: bool = False
     """``k_descale=``/``v_descale=`` are taken only with a paged cache (``block_table=``), as by
@@ -235,7 +241,8 @@ class Target:
         object.__setattr__(self, "dtypes", dtypes)
         _check_choice("layout", self.layout, ("bhnd", "bnhd"))
         _check_choice("causal_alignment", self.causal_alignment,
-                      ("top_left", "bottom_right", "square_or_decoding", "kv_lengths", None))
+                      ("top_left", "bottom_right", "square_or_decoding", "kv_lengths", "top_left_kv_lengths",
+                       None))
         object.__setattr__(self, "masked_rows", _check_masked_rows(self.masked_rows))
         object.__setattr__(self, "computes", _check_computes(self.computes, self.dtypes))
         _check_choice("isolation", self.isolation, ("thread", "caller", "process"))
@@ -267,14 +274,14 @@ class Target:
                               "(the residuals are what the forward returns with return_lse=True)")
 
     @property
-    def alignment(self) -> Literal["top_left", "bottom_right", "kv_lengths"]:
+    def alignment(self) -> Literal["top_left", "bottom_right", "kv_lengths", "top_left_kv_lengths"]:
         """The diagonal the golden uses for ``causal`` and ``window``: ``square_or_decoding`` is
-        bottom-right (top-left on square shapes, every key for one query), ``kv_lengths``
-        bottom-right per sequence, no causal mode top-left."""
+        bottom-right (top-left on square shapes, every key for one query), ``kv_lengths`` and
+        ``top_left_kv_lengths`` bottom-right per sequence with kv_lengths=, no causal mode top-left."""
         if self.causal_alignment in ("bottom_right", "square_or_decoding"):
             return "bottom_right"
-        if self.causal_alignment == "kv_lengths":
-            return "kv_lengths"
+        if self.causal_alignment in ("kv_lengths", "top_left_kv_lengths"):
+            return self.causal_alignment
         return "top_left"
 
     def causal_shape_ok(self, n_q: int, n_k: int) -> bool:
@@ -337,8 +344,9 @@ class Target:
         both ways. The calling layer (`spec.call.call`) decides what is passed: ``causal`` only
         when true, ``mask``, ``scale`` and each keyword only when given and declared. With
         ``return_lse=True`` the result is ``(out, lse)`` (lse as ``fn`` returned it; its shape is
-        checked by the caller). ``arrangement="packed"``: 3-D inputs are packed sequences
-        ``(heads, total, d)``, which ``fn`` sees as ``(total, heads, d)`` in ``bnhd``;
+        checked by the caller). With ``past_key=``/``past_value=`` it is ``(out, present_key,
+        present_value)``, the presents in the suite's layout. ``arrangement="packed"``: 3-D inputs
+        are packed sequences ``(heads, total, d)``, which ``fn`` sees as ``(total, heads, d)`` in ``bnhd``;
         ``"paged"``: k and v are paged caches, passed as they are in every layout (`IN_LAYOUT`).
         """
         axes = self._layout_axes(q.ndim, packed=arrangement == "packed")
@@ -346,7 +354,16 @@ class Target:
             moved = IN_LAYOUT[arrangement]
             q, k, v = (np.ascontiguousarray(np.swapaxes(x, *axes)) if name in moved else x
                        for name, x in zip("qkv", (q, k, v), strict=True))
+            kwargs = {name: np.ascontiguousarray(np.swapaxes(x, *axes))
+                      if name in moved and isinstance(x, np.ndarray) else x for name, x in kwargs.items()}
         got = self.fn(q, k, v, **kwargs)
+        if kwargs.get("past_key") is not None:
+            if not isinstance(got, (tuple, list)) or len(got) != 3:
+                raise TypeError(f"with past_key= and past_value= the target must return (out, present_key, "
+                                f"present_value), got {type(got).__name__}")
+            returned = (_returned(x, name, q.dtype) for x, name in zip(
+                got, ("out", "present_key", "present_value"), strict=True))
+            return tuple(self._from_layout(x, axes) for x in returned)
         if kwargs.get("return_lse"):
             if not isinstance(got, (tuple, list)) or len(got) != 2:
                 raise TypeError(f"with return_lse=True the target must return (out, lse), "

@@ -66,6 +66,8 @@ ADAPTERS: dict[str, Adapter] = {
     "torch": Adapter("spec.adapters.torch", {"torch": None, "torch_flex_paged": "spec.adapters.torch_flex"},
                      extra="torch"),
     "jax": Adapter("spec.adapters.jax", {"jax": None}, extra="jax"),
+    "mlx": Adapter("spec.adapters.mlx", {"mlx": None}, extra="mlx"),
+    "onnx": Adapter("spec.adapters.onnx", {"onnxruntime": None, "onnx_reference": None}, extra="onnx"),
 }
 """Every framework adapter, by library name: one line each."""
 
@@ -76,7 +78,6 @@ OTHER_SPELLINGS: dict[str, dict[str, str]] = {
     "vllm": {"block_table": "block_tables", "sinks": "s_aux"},
     "xformers": {"bias": "attn_bias"},
     "transformers": {"sinks": "s_aux"},
-    "onnx": {"kv_lengths": "nonpad_kv_seqlen"},
 }
 """How libraries the suite has no adapter for spell its keyword arguments (the keyword table of
 docs/targets.md, and messages)."""

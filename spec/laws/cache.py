@@ -422,7 +422,7 @@ LONG_CACHES = (255, 256, 257, 1024, 2049, 3000)
 
 def _per_sequence_contiguous(t: Target) -> bool:
     """Contiguous keys with kv_lengths= aligned per sequence (`Target.causal_alignment`)."""
-    return t.causal_alignment == "kv_lengths" and t.supports_kv_lengths
+    return t.causal_alignment in ("kv_lengths", "top_left_kv_lengths") and t.supports_kv_lengths
 
 
 aligned_per_sequence = Need(

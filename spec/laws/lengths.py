@@ -41,8 +41,9 @@ def lengths_visible(geo: Geometry, kv_lengths: Array) -> Array:  # [batch] -> [b
 def lengths_diagonal(geo: Geometry, kv_lengths: Array) -> Array:  # [batch] -> [batch, 1, n_q, 1]
     """With ``causal_alignment="kv_lengths"`` batch row b's diagonal is at i + kv_lengths[b] − n_q
     (bottom-right on each row's own keys: FlashAttention's ``cache_seqlens``); in any other
-    alignment the key lengths leave the diagonal where it is."""
-    if geo.align != "kv_lengths":
+    alignment the key lengths leave the diagonal where it is (``top_left_kv_lengths``: the same as
+    ``kv_lengths`` here)."""
+    if geo.align not in ("kv_lengths", "top_left_kv_lengths"):
         return geo.diagonal
     return per_row_diagonal(geo.n_q, kv_lengths)
 
@@ -56,6 +57,7 @@ def per_row_diagonal(n_q: int, kv_lengths: Array) -> Array:  # [batch] -> [batch
 def _causal_choices(t: Target) -> tuple[bool, ...]:
     # Truncating a row moves a bottom-right diagonal (it sits at i + n_k − n_q) unless the target
     # aligns each row on its own keys: then, as top-left, the mask is the same before and after.
+    # (top_left_kv_lengths: the row alone, without kv_lengths, is top-left, its diagonal moved.)
     return (False, True) if t.causal_alignment in ("top_left", "kv_lengths") else (False,)
 
 
@@ -190,7 +192,8 @@ def packed_diagonal(geo: Geometry, cu_q: Array, cu_k: Array) -> Array:  # -> [n_
     cu_q, cu_k = np.asarray(cu_q), np.asarray(cu_k)
     seq = _sequence_ids(cu_q, geo.n_q)
     within = np.arange(geo.n_q) - cu_q[seq]
-    shift = (cu_k[seq + 1] - cu_k[seq]) - (cu_q[seq + 1] - cu_q[seq]) if geo.align != "top_left" else 0
+    top_left = geo.align in ("top_left", "top_left_kv_lengths")
+    shift = 0 if top_left else (cu_k[seq + 1] - cu_k[seq]) - (cu_q[seq + 1] - cu_q[seq])
     return (cu_k[seq] + within + shift)[:, None]
 
 

@@ -20,6 +20,7 @@ from gallery import (
     lse,
     masks,
     pairs,
+    past,
     range_edges,
     scale,
     sinks,
@@ -28,8 +29,8 @@ from gallery import (
 )
 from gallery.base import Broken
 
-FAMILIES = (core, masks, gradients, range_edges, bias, alibi, window, softcap, sinks, lengths, cache, dropout,
-            lse, pairs, calls, edges, scale)
+FAMILIES = (core, masks, gradients, range_edges, bias, alibi, window, softcap, sinks, lengths, cache, past,
+            dropout, lse, pairs, calls, edges, scale)
 
 BROKEN: list[Broken] = [b for family in FAMILIES for b in family.BROKEN]
 CORRECT = [t for family in FAMILIES for t in family.CORRECT]
