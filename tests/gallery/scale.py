@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from gallery.base import broken, plain
-from impl import attention
+from impl import attention, flash_attention
 from impl.grad import attention_backward
 from spec.laws.scale import Sizes
 
@@ -42,9 +42,10 @@ SMALL = dict(decode_keys=2_000, square=129, slices=(3, 5), packed=(3, 20), eleme
 def packed_row_wraps(q: Array, k: Array, v: Array, *, causal: bool = False, cu_seqlens_q: Any = None,
                      cu_seqlens_k: Any = None) -> Array:
     """Packed sequences, each on its own (`impl.attention`), the key rows read at their index mod
-    2^17 (a 17-bit row index: a sequence past token 2^17 reads the first sequences' keys)."""
+    2^17 (a 17-bit row index: a sequence past token 2^17 reads the first sequences' keys); a call
+    without them tiled (`impl.flash_attention`: it holds no n × n scores, as it declares)."""
     if cu_seqlens_q is None:
-        return attention(q, k, v, causal=causal)
+        return flash_attention(q, k, v, causal=causal)
     out = np.zeros((*q.shape[:-1], v.shape[-1]), dtype=q.dtype)
     cu_q, cu_k = np.asarray(cu_seqlens_q), np.asarray(cu_seqlens_k)
     for i in range(len(cu_q) - 1):
