@@ -76,7 +76,7 @@ def _flash() -> Target:
                   # a paged cache, float8 or not, and its kv_lengths (carried by block_table): the
                   # float8 path and kv_lengths only with a block table, ALiBi only without
                   supports_paged_kv=True, supports_fp8_kv=dt.has_ml_dtypes(),
-                  fp8_kv_paged_only=dt.has_ml_dtypes())
+                  fp8_kv_paged_only=dt.has_ml_dtypes(), holds_scores=False)
 
 
 BUILTIN: dict[str, Callable[[], Target]] = {

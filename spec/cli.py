@@ -23,6 +23,7 @@ from spec.target import TargetError
 _positive = int_at_least(1)
 _seed = int_at_least(0)
 _seconds = positive_number("expected a positive number of seconds")
+_gib = positive_number("expected a positive number of GiB")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -34,7 +35,12 @@ def parser() -> argparse.ArgumentParser:
                        help=f"built-in name ({', '.join(BUILTIN)}), package.module:attr or "
                        "path/to/file.py:attr")
     check.add_argument("--profile", choices=list(PROFILES), default="ci",
-                       help="quick: 10 examples per property; ci: 40, derandomized (default); thorough: 400")
+                       help="quick: 10 examples per property; ci: 40, derandomized (default); thorough: 400; "
+                       "scale: the scale laws alone, a few calls each at the sizes where kernels overflow")
+    check.add_argument("--memory", type=_gib, metavar="GIB",
+                       help="with --profile scale: what one call may need on the target's device, in GiB "
+                       "(default: half the memory this machine has available); a case over it is not run, "
+                       "and the report says so")
     check.add_argument("--max-examples", type=_positive, metavar="N", help="examples per property")
     check.add_argument("--seed", type=_seed, metavar="N",
                        help="random seed (changes the example stream; without it ci and quick are fixed)")
@@ -93,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError("check needs a TARGET (a built-in name, package.module:attr or "
                              "path/to/file.py:attr)")
         select(args.only)  # unknown property names: exit 2 before anything runs
+        if args.memory is not None and args.profile != "scale":
+            raise UsageError("--memory is the budget of --profile scale; give --profile scale")
         target = configure(load(args.target, device=args.device), isolation=args.isolation,
                            deadline=args.deadline, expected_failures=args.expected_failures)
     except (UsageError, TargetError, ValueError) as e:
@@ -110,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     gc.freeze()
     try:
         report = check(target, profile=args.profile, max_examples=args.max_examples, seed=args.seed,
-                       only=args.only, each=progress, source=args.target)
+                       only=args.only, each=progress, source=args.target, memory=args.memory)
     except KeyboardInterrupt:  # Ctrl-C: the laws done so far were listed; every worker is reaped
         print("python -m spec: interrupted", file=sys.stderr)
         return 130  # 128 + SIGINT, as a shell reports it

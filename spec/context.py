@@ -28,9 +28,16 @@ class RunContext:
     """The calls into the target made by the example being run (`spec.call.Call`), in order."""
     observed: dict[str, float] = field(default_factory=dict)
     """The worst value of each figure the law measured (``"error ratio float32"``), over its run."""
+    notes: list[str] = field(default_factory=list)
+    """What the law says of its run beside its figures (the scale cases it did not run, and why)."""
 
     def record(self, call: Any) -> None:
         self.calls.append(call)
+
+    def note(self, text: str) -> None:
+        """Say ``text`` in the law's result (once)."""
+        if text not in self.notes:
+            self.notes.append(text)
 
     def observe(self, key: str, value: float) -> None:
         """Keep ``value`` if it is the worst (largest) seen for ``key``."""
@@ -39,6 +46,23 @@ class RunContext:
 
 
 _CURRENT: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar("RUN", default=None)
+_MEMORY: contextvars.ContextVar[float | None] = contextvars.ContextVar("MEMORY", default=None)
+
+
+def memory_budget() -> float | None:
+    """The bytes a call of this check may need on the target's device (``--memory``), or None
+    when none was given (`spec.laws.scale.default_budget` then applies)."""
+    return _MEMORY.get()
+
+
+@contextlib.contextmanager
+def memory(budget: float | None) -> Iterator[float | None]:
+    """Within: the check's memory budget is ``budget`` bytes (None: not given)."""
+    token = _MEMORY.set(budget)
+    try:
+        yield budget
+    finally:
+        _MEMORY.reset(token)
 
 
 def current() -> RunContext | None:

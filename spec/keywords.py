@@ -41,7 +41,9 @@ class Geometry:
     each query's diagonal key (``diagonal``, broadcastable to ``[*lead, n_q, 1]``): i + 0 top-left,
     i + n_k − n_q bottom-right, or per sequence where a keyword realigns it (packed sequences).
     ``bottom_right`` is the bottom-right diagonal whatever the alignment (ALiBi's distances are
-    measured from it, as FlashAttention defines them)."""
+    measured from it, as FlashAttention defines them). ``rows``: the query positions the arrays
+    are for, where a term is evaluated at some rows only (`spec.sampled`: ``diagonal`` and
+    ``bottom_right`` then hold those rows'); None: every query, 0..n_q − 1."""
 
     lead: tuple[int, ...]
     n_q: int
@@ -49,10 +51,16 @@ class Geometry:
     align: golden.Alignment
     diagonal: Array
     bottom_right: Array
+    rows: Array | None = None
 
     @property
     def ndim(self) -> int:
         return len(self.lead) + 2
+
+    @property
+    def queries(self) -> Array:  # -> [n_q] or [len(rows)] int
+        """The position of each query row the arrays are for: ``rows``, or 0..n_q − 1."""
+        return np.arange(self.n_q) if self.rows is None else np.asarray(self.rows)
 
 
 # --- terms: what a keyword does to the maths ---------------------------------------------------

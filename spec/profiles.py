@@ -18,13 +18,36 @@ class Profile:
     max_examples: int  # per property
     derandomize: bool  # the same examples every run (CI), unless a seed is given
     deadline_s: float  # per call of the target
+    family: str | None = None
+    """The law family (`spec.registry.Property.family`) this profile runs alone, each law on its
+    explicit cases only (its grid; nothing is drawn): ``scale``. Its laws run at no other profile.
+    None: every law but those of such families."""
 
 
 PROFILES = {
     "quick": Profile(max_examples=10, derandomize=True, deadline_s=5.0),
     "ci": Profile(max_examples=40, derandomize=True, deadline_s=10.0),
     "thorough": Profile(max_examples=400, derandomize=False, deadline_s=30.0),
+    "scale": Profile(max_examples=1, derandomize=True, deadline_s=900.0, family="scale"),
 }
+"""``scale``: the laws of `spec.laws.scale`, a few calls each at the sizes where kernels overflow
+(``--memory GIB`` bounds them)."""
+
+
+def exclusive_families() -> set[str]:
+    """The law families that run only at their own profile."""
+    return {p.family for p in PROFILES.values() if p.family is not None}
+
+
+def runs_at(family: str, profile: str) -> str | None:
+    """Why a law of ``family`` does not run at ``profile`` (None when it does)."""
+    own = PROFILES[profile].family
+    if own is not None and family != own:
+        ordinary = "|".join(name for name, p in PROFILES.items() if p.family is None)
+        return f"runs at --profile {ordinary} (--profile {profile} runs the {own} laws alone)"
+    if own is None and family in exclusive_families():
+        return f"runs only at --profile {family}"
+    return None
 
 
 def register_test_profiles() -> None:

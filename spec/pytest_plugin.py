@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from spec.profiles import PROFILES
+from spec.profiles import PROFILES, runs_at
 from spec.registry import PROPERTIES
 from spec.report import Result, failure
 from spec.runner import LawRun, configure, law_runs, load, run_property
@@ -110,8 +110,10 @@ class PropertySuite(pytest.Collector):
         self.fatal: Result | None = None  # a property whose failure says the signature differs
 
     def collect(self) -> list[pytest.Item | pytest.Collector]:
+        profile = self.config.getoption("attention_profile")  # its laws (the scale laws at scale alone)
         return [PropertyItem.from_parent(self, name=one.name, law_run=one, source=self.source)
-                for prop in PROPERTIES.values() for one in law_runs(prop, self.target)]
+                for prop in PROPERTIES.values() if runs_at(prop.family, profile) is None
+                for one in law_runs(prop, self.target)]
 
 
 def pytest_configure(config: pytest.Config) -> None:

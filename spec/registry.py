@@ -42,6 +42,7 @@ LAW_MODULES: tuple[str, ...] = (
     "spec.laws.pairs",
     "spec.laws.calls",
     "spec.laws.edges",
+    "spec.laws.scale",
 )
 """Every module of laws, in report order. Add a family here (one line)."""
 

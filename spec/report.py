@@ -80,6 +80,7 @@ class Report:
     results: list[Result] = field(default_factory=list)
     seconds: float = 0.0  # wall time of the whole run (for the summary line)
     limits: str = ""  # the shape limits the target declares, as the header says them
+    scale: str = ""  # at --profile scale: the memory budget and the cases not run, as the header says them
 
     @property
     def ok(self) -> bool:
@@ -100,6 +101,7 @@ class Report:
         return {
             "target": self.target, "ok": self.ok, "profile": self.profile, "seed": self.seed,
             **({"limits": self.limits} if self.limits else {}),
+            **({"scale": self.scale} if self.scale else {}),
             "results": [r.to_dict() for r in self.results],
         }
 
@@ -205,6 +207,7 @@ def render(report: Report, seconds: float | None = None) -> str:
     """The declared limits (if any), the table, each failure in full (a stale expected failure in a
     line), each expected failure compactly, and the summary line."""
     parts = [f"declared limits: {report.limits}\n"] if report.limits else []
+    parts += [f"scale: {report.scale}\n"] if report.scale else []
     parts += [table(report)]
     parts += ["\n" + (stale(r) if r.status == "xpass" else failure(r)) for r in report.failures]
     parts += ["\n" + expected_failure(r) for r in report.expected_failures]

@@ -20,12 +20,13 @@ import numpy as np
 from hypothesis import HealthCheck, Phase, Verbosity, example, given, settings
 from hypothesis.errors import Unsatisfiable
 
+from spec import context
 from spec.builtin import NoSource, load_target, source_of
 from spec.call import Call
 from spec.cases import Case, limits_text, outside_limits
 from spec.context import RunContext, running
 from spec.isolation import TargetHung, TargetStopped, run_law, workers
-from spec.profiles import PROFILES, Profile
+from spec.profiles import PROFILES, Profile, runs_at
 from spec.registry import PROPERTIES, Property
 from spec.report import Counterexample, Report, Result
 from spec.signature import SignatureMismatch
@@ -76,7 +77,8 @@ def _settings(profile: Profile, max_examples: int | None, seed: int | None) -> s
         database=None,  # a report must be a function of target, profile and seed alone
         deadline=None,  # the per-call deadline is ours (spec.isolation), not per example
         suppress_health_check=list(HealthCheck),  # slow targets are not the target's failure
-        phases=[Phase.explicit, Phase.generate, Phase.shrink],
+        # a profile that runs one family alone runs its explicit cases only (spec.profiles)
+        phases=[Phase.explicit] if profile.family else [Phase.explicit, Phase.generate, Phase.shrink],
         report_multiple_bugs=False,
         print_blob=False,
         verbosity=Verbosity.quiet,
@@ -94,7 +96,7 @@ def run_property(
     says (`spec.isolation.run_law`: in process isolation, first in the check's worker process).
     """
     chosen = PROFILES[profile]
-    reason = prop.needs(target)
+    reason = runs_at(prop.family, profile) or prop.needs(target)
     if reason:
         return Result(prop.name, "skip", 0, 0.0, reason, law=prop.law)
     run = RunContext(deadline=chosen.deadline_s)
@@ -135,7 +137,7 @@ def run_property(
             return Result(prop.name, "skip", len(calls), time.perf_counter() - start,
                           f"cannot be drawn inside the declared limits ({limited})", law=prop.law)
         if error is None:
-            return _passed(prop, len(calls), time.perf_counter() - start, crashed, run.observed)
+            return _passed(prop, len(calls), time.perf_counter() - start, crashed, run.observed, run.notes)
         message = f"the target {error}" if isinstance(error, TargetHung) else \
             str(error) if isinstance(error, (SignatureMismatch, TargetStopped, AssertionError)) else \
             f"{type(error).__name__}: {error}"
@@ -151,14 +153,14 @@ def run_property(
 
 
 def _passed(prop: Property, examples: int, seconds: float, crashed: str | None,
-            observed: dict[str, float]) -> Result:
+            observed: dict[str, float], notes: list[str] | None = None) -> Result:
     if crashed is not None:  # the worker's failure did not come back call by call: still a failure
         return Result(prop.name, "fail", examples, seconds,
                       f"the target {crashed} in a run of this law in its worker process, but not when "
                       "the law was run again with each call in a worker of its own (an intermittent "
                       "failure: no counterexample)", law=prop.law, observed=observed)
-    message = ", ".join(f"worst {key} {value:.3g}" for key, value in observed.items()
-                        if math.isfinite(value))
+    message = ", ".join([*(f"worst {key} {value:.3g}" for key, value in observed.items()
+                           if math.isfinite(value)), *(notes or [])])
     return Result(prop.name, "pass", examples, seconds, message, law=prop.law, observed=observed)
 
 
@@ -341,7 +343,7 @@ def check(
     target: str | Target | Any, profile: str = "ci", *, max_examples: int | None = None,
     seed: int | None = None, only: Iterable[str] | None = None, isolation: str | None = None,
     deadline: float | None = None, each: Callable[[Result], None] | None = None,
-    source: str | NoSource | None = None,
+    source: str | NoSource | None = None, memory: float | None = None,
 ) -> Report:
     """Run the properties against ``target`` (a built-in name, ``module:attr``, ``file.py:attr``, a
     callable or a `spec.Target`) and return the `Report`. ``isolation`` (``thread``, ``caller``,
@@ -349,21 +351,39 @@ def check(
     sees every result as it comes; ``source`` is how reproduction lines name the target (by
     default the name it was given by, or the one `spec.builtin.source_of` finds).
 
+    ``memory`` (GiB) is what a call may need on the target's device at ``profile="scale"``
+    (default: `spec.laws.scale.default_budget`). Without ``only``, a profile that runs one
+    family alone (``scale``) runs its laws, the others every law but those.
+
     Raises `spec.TargetError` when the target does not load and ValueError for an
-    unknown profile or property name.
+    unknown profile or property name, or a memory budget that is not a positive number.
     """
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}")
     if max_examples is not None and max_examples < 1:
         raise ValueError(f"max_examples must be a positive integer, got {max_examples}")
+    if memory is not None and not (isinstance(memory, (int, float)) and math.isfinite(memory) and memory > 0):
+        raise ValueError(f"memory must be a positive number of GiB, got {memory!r}")
     props = select(only)
+    if only is None:
+        props = [p for p in props if runs_at(p.family, profile) is None]
     loaded = configure(load(target), isolation=isolation, deadline=deadline)
     if source is None:
         source = target if isinstance(target, str) else source_of(target)
     report = Report(target=loaded.name, profile=profile, seed=seed, limits=limits_text(loaded))
     start = time.perf_counter()
-    report.results = run_all(props, loaded, profile=profile, max_examples=max_examples, seed=seed,
-                             source=source, each=each)
+    with context.memory(None if memory is None else float(memory) * 2**30):
+        scaled = PROFILES[profile].family == "scale"
+        if scaled:
+            from spec.laws import scale
+
+            report.scale = scale.header(loaded)
+        try:
+            report.results = run_all(props, loaded, profile=profile, max_examples=max_examples, seed=seed,
+                                     source=source, each=each)
+        finally:
+            if scaled:
+                scale.forget()
     report.seconds = time.perf_counter() - start
     return report
 

@@ -215,6 +215,11 @@ class Target:
     """Each new shape costs a compilation (``jax.jit``, ``torch.compile``, Pallas, Triton's
     autotuning): sizes are drawn from a small fixed grid (`spec.cases.SHAPE_GRID`, tile edges
     included), so a run compiles each shape once."""
+    holds_scores: bool = True
+    """A call holds every score of its slices at once (n_q × n_k each, as a plain softmax does);
+    False: it holds a tile of them (FlashAttention, `impl.flash`, PyTorch's CPU flash kernel),
+    its memory beyond the inputs and output O(n_q). Only ``--profile scale`` reads it, to estimate
+    what each of its calls needs against ``--memory`` (`spec.laws.scale.footprint`)."""
 
     def __post_init__(self) -> None:
         if not callable(self.fn):

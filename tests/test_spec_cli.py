@@ -89,6 +89,9 @@ def test_list_prints_each_law_whole_and_wrapped(capsys):
      (["check", "reference", "--max-examples", "0"], "--max-examples"),
      (["check", "reference", "--seed", "x"], "--seed"),
      (["check"], "needs a TARGET"),
+     (["check", "reference", "--profile", "scale", "--memory", "-1"], "--memory"),
+     (["check", "reference", "--profile", "scale", "--memory", "lots"], "--memory"),
+     (["check", "reference", "--memory", "4"], "give --profile scale"),
      ([], "command")],
 )
 def test_usage_errors_exit_2_with_one_line(argv, message, capsys):
@@ -252,3 +255,18 @@ def test_device_is_for_framework_targets_and_a_missing_device_is_one_line(capsys
     assert main(["check", "torch", "--device", "cuda"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cannot run on 'cuda'" in err
+
+
+def test_the_scale_profile_says_its_budget_and_the_cases_over_it(capsys):
+    from spec.laws import scale
+
+    small = scale.Sizes(decode_keys=2_000, square=200, slices=(30, 2), packed=(4, 20), elements=(2, 500, 8),
+                        width=8)
+    with scale.sized(small):
+        assert main(["check", "flash", "--profile", "scale", "--memory", "2"]) == 0
+        out = capsys.readouterr().out
+        assert "scale: memory budget 2 GiB; not run: packed: needs cu_seqlens_q=" in out
+        assert "scale_matches_golden" in out and "causal_no_leak" not in out  # the scale laws alone
+        assert main(["check", "flash", "--profile", "scale", "--memory", "0.001"]) == 0  # nothing fits
+        out = capsys.readouterr().out
+        assert "over the memory budget of 0.001 GiB (--memory)" in out and "4 skipped" in out

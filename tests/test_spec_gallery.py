@@ -4,6 +4,7 @@ law, every keyword's laws among them, has a gallery bug it catches."""
 
 from __future__ import annotations
 
+import contextlib
 import pkgutil
 
 import gallery
@@ -13,17 +14,42 @@ from gallery import BROKEN, CORRECT, FAMILIES
 import spec
 from spec.dtypes import has_ml_dtypes
 from spec.keywords import registered
+from spec.laws import scale
 from spec.report import failure
+
+
+def _sized(broken):
+    return scale.sized(broken.sizes) if broken.sizes is not None else contextlib.nullcontext()
 
 
 @pytest.mark.parametrize("broken", BROKEN, ids=[b.target.name for b in BROKEN])
 def test_broken_implementation_is_rejected_by_its_property(broken):
-    report = spec.check(broken.target, profile="ci", only=[broken.catches])
+    with _sized(broken):
+        report = spec.check(broken.target, profile=broken.profile, only=[broken.catches])
     (result,) = report.results
     assert not report.ok
     assert result.status == "fail", f"{broken.catches} did not catch: {broken.bug}"
     assert result.counterexample is not None and result.message
     assert failure(result).count("reproduce:") == 1, failure(result)  # one line that replays, once
+
+
+SCALE_BUGS = [b for b in BROKEN if b.profile == "scale"]
+
+
+@pytest.mark.parametrize("broken", SCALE_BUGS, ids=[b.target.name for b in SCALE_BUGS])
+def test_scale_bugs_pass_every_law_of_the_smaller_profiles(broken):
+    """A scale bug starts past every size the other profiles draw: at ci (its boundary grid, the
+    long causal square of 2,065 included, and drawn examples) it conforms, the scale laws not run."""
+    report = spec.check(broken.target, profile="ci", max_examples=8, seed=5)
+    assert report.ok, [(r.name, r.message) for r in report.failures]
+    assert not any(spec.PROPERTIES[r.name.split("[")[0]].family == "scale" for r in report.results)
+    assert sum(r.status == "pass" for r in report.results) >= 10
+
+
+def test_scale_laws_run_only_at_the_scale_profile():
+    """Named at another profile a scale law is skipped, saying where it runs."""
+    (result,) = spec.check("reference", profile="quick", only=["scale_matches_golden"]).results
+    assert result.status == "skip" and "--profile scale" in result.message
 
 
 @pytest.mark.parametrize("target", CORRECT, ids=[t.name for t in CORRECT])

@@ -204,6 +204,9 @@ def sdpa_target(device: str = "cpu") -> Target:
         # broadcast axes); a seeded forward drops the same weights with or without requires_grad.
         grad_fn=_on(torch_attention_grad, device),
         grad_extras=("dbias",),
+        # Measured on torch 2.13 (CPU): a causal 16,384-square in float32 and float16, 4-D, no mask,
+        # grew the process's peak memory by 5 MB (its flash kernel's tiles), not the 1 GiB of scores.
+        holds_scores=False,
     )
 
 

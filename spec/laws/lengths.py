@@ -181,8 +181,9 @@ def _sequence_ids(offsets: Array, n: int) -> Array:  # [b + 1] -> [n]: which seq
 
 
 def packed_visible(geo: Geometry, cu_q: Array, cu_k: Array) -> Array:  # -> [n_q, n_k] bool
-    """Query i sees key j only when both are in the same sequence."""
-    return _sequence_ids(cu_q, geo.n_q)[:, None] == _sequence_ids(cu_k, geo.n_k)[None, :]
+    """Query i sees key j only when both are in the same sequence (the queries of ``geo.queries``)."""
+    seq_q = np.searchsorted(np.asarray(cu_q), geo.queries, side="right") - 1
+    return seq_q[:, None] == _sequence_ids(cu_k, geo.n_k)[None, :]
 
 
 def packed_diagonal(geo: Geometry, cu_q: Array, cu_k: Array) -> Array:  # -> [n_q, 1]

@@ -22,6 +22,7 @@ from gallery import (
     pairs,
     past,
     range_edges,
+    scale,
     sinks,
     softcap,
     window,
@@ -29,7 +30,7 @@ from gallery import (
 from gallery.base import Broken
 
 FAMILIES = (core, masks, gradients, range_edges, bias, alibi, window, softcap, sinks, lengths, cache, past,
-            dropout, lse, pairs, calls, edges)
+            dropout, lse, pairs, calls, edges, scale)
 
 BROKEN: list[Broken] = [b for family in FAMILIES for b in family.BROKEN]
 CORRECT = [t for family in FAMILIES for t in family.CORRECT]

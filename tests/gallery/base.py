@@ -46,7 +46,10 @@ class Broken:
     target: Target
     catches: str  # the property that must reject it
     bug: str
+    profile: str = "ci"  # the profile it is judged at (a scale bug: "scale" alone)
+    sizes: Any = None  # at profile "scale": the sizes it is judged at (spec.laws.scale.Sizes)
 
 
-def broken(fn: Any, catches: str, bug: str, name: str = "", **declared: Any) -> Broken:
-    return Broken(Target(fn, name=name or fn.__name__, **declared), catches, bug)
+def broken(fn: Any, catches: str, bug: str, name: str = "", profile: str = "ci", sizes: Any = None,
+           **declared: Any) -> Broken:
+    return Broken(Target(fn, name=name or fn.__name__, **declared), catches, bug, profile, sizes)
