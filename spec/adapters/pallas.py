@@ -20,6 +20,9 @@ keeps the ones a new version could change. What the kernels fail is recorded in 
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -27,7 +30,7 @@ import numpy as np
 
 from spec import dtypes
 from spec.adapters import wrap
-from spec.adapters.jax import FRAMEWORK
+from spec.adapters.jax import FRAMEWORK, _jax_grad, _jax_precision
 from spec.target import Target
 
 Array = np.ndarray
@@ -105,12 +108,161 @@ def mha_target(device: str = "cpu") -> Target:
         expected_failures={
             "empty_keys": "n_k = 0 makes block_k = min(128, 0) = 0: the kernel's `kv_seq_len % block_k` "
                           "raises ZeroDivisionError, not a ValueError naming the length",
-            "large_logits[float32]": "the interpreter's XLA:CPU compilation of the kernel's tile gives NaN for "
-                                     "scores near float32's edge (~4e34); the same arithmetic run eagerly "
-                                     "is finite",
+            "large_logits[float32]": "the interpreter's XLA:CPU compilation of the kernel's tile gives NaN "
+                                     "for scores near float32's edge (~4e34); the same arithmetic run "
+                                     "eagerly is finite",
         },
     )
 
 
-TARGETS = {"pallas_mha": mha_target}
+# --- ops.gpu.decode_attention.gqa ------------------------------------------------------------------
+
+
+def pallas_decode(q: Any, k: Any, v: Any, *, sm_scale: float | None = None,
+                  kv_seq_len: Any = None) -> Any:  # [b, h, n_q, d], [b, g, n_k, d] (bhnd) -> [b, h, n_q, d]
+    """``jax.experimental.pallas.ops.gpu.decode_attention.gqa`` in interpret mode, its defaults
+    (``block_h=16``, ``block_k=128``, ``k_splits=16``).
+
+    The kernel decodes one query per sequence: q ``[batch, q_heads, head_dim]``, k and v
+    ``[batch, n_k, kv_heads, head_dim]``, query head i reading K/V head i // (q_heads/kv_heads).
+    The suite's n_q queries of a head are independent rows (there is no causal mode), so they are
+    laid out as n_q query heads of that head's group: q ``[b, h, n_q, d]`` is read as ``[b, h·n_q,
+    d]`` (a reshape, no copy), whose head h_i·n_q + i still reads K/V head h_i // (h/g)."""
+    from jax.experimental.pallas.ops.gpu import decode_attention
+
+    b, h, n_q, d = q.shape
+    out = decode_attention.gqa(q.reshape(b, h * n_q, d), k.swapaxes(1, 2), v.swapaxes(1, 2),
+                               kv_seq_len=None if kv_seq_len is None else kv_seq_len.astype("int32"),
+                               sm_scale=_scale(q, sm_scale), interpret=True)
+    return out.reshape(b, h, n_q, v.shape[-1])
+
+
+def decode_target(device: str = "cpu") -> Target:
+    """The ``pallas_decode`` built-in target: `pallas_decode` (forward only: the kernel has no
+    backward)."""
+    import jax.experimental.pallas.ops.gpu.decode_attention  # noqa: F401
+
+    return wrap(
+        FRAMEWORK, pallas_decode, name=f"jax {_version()} pallas ops.gpu.decode_attention.gqa (interpret)",
+        device=device,
+        rename={"scale": "sm_scale", "kv_lengths": "kv_seq_len"},
+        dtypes=("float16", "float32", *dtypes.bfloat16_if_installed()),
+        ndims=(4,),
+        supports_scale=True,
+        causal_alignment=None,  # a decoding step: its one query sees every key below kv_seq_len
+        supports_gqa=True,
+        supports_kv_lengths=True,
+        # a row whose kv_seq_len is 0 skips every split (lax.cond) and gets 0 / (0 + eps) = 0
+        masked_rows="zeros",
+        # v is read at k's head_dim ("v.reshape(k_splits, k_seq_len // k_splits, head_dim)")
+        equal_head_dims=True,
+        # "k_seq_len must be divisible by k_splits" (16), "k_seq_len divided by k_splits must be
+        # >= 16" and "Sequence length split by k_splits must be divisible by block_k" (min(128,
+        # n_k / 16)): n_k = 16·s with 16 ≤ s ≤ 128, or a multiple of 2048 beyond. Multiples of 256
+        # up to 2048 are the ones a declaration can say. (n_q, folded into the heads, has no limit
+        # of its own: it is held to the same multiples.)
+        seq_multiple=256,
+        max_seq=2048,
+        # n_k = 0 fails the kernel's assertion "k_seq_len divided by k_splits must be >= 16".
+        empty_keys="raise",
+        compiles_per_shape=True,
+        deadline_s=120.0,
+    )
+
+
+# --- the TPU kernels: ops.tpu.* under the TPU interpreter ---------------------------------------------
+
+
+def _tpu_interpreted(arrays: list[Array]) -> Any:
+    """The context of a call of a TPU kernel: ``pltpu.force_tpu_interpret_mode()`` (every
+    ``pallas_call`` traced within runs in TPU interpret mode, on the CPU), x64 for float64 as for
+    any JAX call."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(_jax_precision(arrays))
+    stack.enter_context(pltpu.force_tpu_interpret_mode())
+    return stack
+
+
+def _tpu_grad(fn: Any, names: dict[str, str], extras: Any, device: str = "cpu") -> Any:
+    """The jax adapter's ``grad_fn`` (``jax.vjp``), called in TPU interpret mode: the kernel's
+    backward ``pallas_call`` s are traced when the pullback runs, so the whole call is within."""
+    grad_fn = _jax_grad(fn, names, extras, device)
+
+    @functools.wraps(grad_fn)
+    def interpreted(*args: Any, **kwargs: Any) -> Any:
+        with _tpu_interpreted([]):
+            return grad_fn(*args, **kwargs)
+
+    return interpreted
+
+
+TPU = dataclasses.replace(FRAMEWORK, around=_tpu_interpreted, grad=_tpu_grad)
+"""The jax adapter's record for the TPU kernels: each call (and each backward) in TPU interpret
+mode."""
+
+
+def _with_batch(x: Any, ndim: int) -> Any:  # (n, d) | (h, n, d) | (b, h, n, d) -> (b, h, n, d)
+    return x.reshape((1,) * (4 - ndim) + x.shape)
+
+
+def pallas_tpu_flash(q: Any, k: Any, v: Any, *, causal: bool = False, sm_scale: float | None = None,
+                     cu_seqlens_q: Any = None, cu_seqlens_k: Any = None) -> Any:
+    """``jax.experimental.pallas.ops.tpu.flash_attention.flash_attention`` in TPU interpret mode,
+    its default ``BlockSizes`` (128 everywhere, ``block_b=1``), ``sm_scale`` 1/√d_k unless given
+    (its own default is 1.0). Its layout is the suite's ``bhnd``; 2-D and 3-D inputs are read
+    with leading axes of one (a reshape).
+
+    Packed sequences (``cu_seqlens_q``, ``cu_seqlens_k``: 3-D inputs ``(heads, total, d)``) are
+    passed as the kernel's ``SegmentIds(q, kv)``: each row's and each key's sequence number, which
+    is what the offsets say, in the kernel's spelling."""
+    from jax.experimental.pallas.ops.tpu import flash_attention as tpu
+
+    ndim = q.ndim
+    segments = None
+    if cu_seqlens_q is not None:
+        segments = tpu.SegmentIds(q=_sequence_ids(cu_seqlens_q, q.shape[-2])[None],
+                                  kv=_sequence_ids(cu_seqlens_k, k.shape[-2])[None])
+    out = tpu.flash_attention(*(_with_batch(x, ndim) for x in (q, k, v)), segment_ids=segments,
+                              causal=causal, sm_scale=_scale(q, sm_scale))
+    return out.reshape(q.shape[:-1] + v.shape[-1:])
+
+
+def _sequence_ids(offsets: Any, n: int) -> Any:  # [b + 1] offsets -> [n] int32: each row's sequence
+    import jax.numpy as jnp
+
+    return (jnp.searchsorted(jnp.asarray(offsets), jnp.arange(n), side="right") - 1).astype(jnp.int32)
+
+
+def tpu_flash_target(device: str = "cpu") -> Target:
+    """The ``pallas_tpu_flash`` built-in target: `pallas_tpu_flash`, forward and backward (its
+    ``custom_vjp``: the dK/dV and dQ kernels)."""
+    import jax.experimental.pallas.ops.tpu.flash_attention  # noqa: F401
+
+    return wrap(
+        TPU, pallas_tpu_flash, name=f"jax {_version()} pallas ops.tpu.flash_attention (TPU interpret)",
+        device=device, grad=True,
+        rename={"scale": "sm_scale"},
+        dtypes=("float16", "float32", *dtypes.bfloat16_if_installed()),
+        ndims=(2, 3, 4),
+        supports_scale=True,
+        causal_alignment="top_left",  # col_ids <= row_ids over the whole sequence
+        # "Head count mismatch" (a ValueError): no grouped K/V heads
+        supports_gqa=False,
+        # "V model dimension unequal to KV model dimension unsupported" (NotImplementedError)
+        equal_head_dims=True,
+        # "head_dim should be a multiple of 128 if larger" (NotImplementedError), below 128 any
+        head_dims=(*range(1, 128), 256, 384, 512),
+        # block_q = block_k_major = block_k = 128: "block_q should be smaller or equal to
+        # q_seq_len", "kv_seq_len should be divisible by block_k_major"
+        seq_multiple=128,
+        empty_keys="raise",
+        supports_varlen=True,
+        compiles_per_shape=True,
+        deadline_s=180.0,
+    )
+
+
+TARGETS = {"pallas_mha": mha_target, "pallas_decode": decode_target, "pallas_tpu_flash": tpu_flash_target}
 """The built-in targets of this module (`spec.adapters.ADAPTERS` names them under ``jax``)."""
