@@ -65,9 +65,9 @@ class Adapter:
 ADAPTERS: dict[str, Adapter] = {
     "torch": Adapter("spec.adapters.torch", {"torch": None, "torch_flex_paged": "spec.adapters.torch_flex"},
                      extra="torch"),
-    "jax": Adapter("spec.adapters.jax", {"jax": None, "pallas_mha": "spec.adapters.pallas",
-                                         "pallas_decode": "spec.adapters.pallas",
-                                         "pallas_tpu_flash": "spec.adapters.pallas"}, extra="jax"),
+    "jax": Adapter("spec.adapters.jax", {"jax": None, **dict.fromkeys(
+        ("pallas_mha", "pallas_decode", "pallas_gpu_paged", "pallas_tpu_flash", "pallas_tpu_paged",
+         "pallas_splash"), "spec.adapters.pallas")}, extra="jax"),
 }
 """Every framework adapter, by library name: one line each."""
 

@@ -50,6 +50,12 @@ def _scale(q: Any, sm_scale: float | None) -> float:
     return float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(q.shape[-1])
 
 
+LARGE_LOGITS = ("the interpreter's XLA:CPU compilation of the kernel's tile gives NaN for scores near "
+                "float32's edge (~4e34; bfloat16 computes in float32); the same arithmetic run eagerly is "
+                "finite")
+"""The reason of ``pallas_mha``'s verified ``large_logits`` failure (docs/peers.md, "Pallas")."""
+
+
 # --- ops.gpu.attention.mha -------------------------------------------------------------------------
 
 
@@ -108,9 +114,8 @@ def mha_target(device: str = "cpu") -> Target:
         expected_failures={
             "empty_keys": "n_k = 0 makes block_k = min(128, 0) = 0: the kernel's `kv_seq_len % block_k` "
                           "raises ZeroDivisionError, not a ValueError naming the length",
-            "large_logits[float32]": "the interpreter's XLA:CPU compilation of the kernel's tile gives NaN "
-                                     "for scores near float32's edge (~4e34); the same arithmetic run "
-                                     "eagerly is finite",
+            "large_logits[float32]": LARGE_LOGITS,
+            "large_logits[bfloat16]": LARGE_LOGITS,
         },
     )
 
@@ -168,6 +173,102 @@ def decode_target(device: str = "cpu") -> Target:
         compiles_per_shape=True,
         deadline_s=120.0,
     )
+
+
+# --- the paged kernels: ops.gpu.paged_attention, ops.tpu.paged_attention --------------------------------
+
+
+def _prescaled(q: Any, sm_scale: float | None) -> Any:
+    """q times the scale, in q's dtype: the paged kernels (and splash) take no scale, their
+    logits are q·kᵀ, so the caller scales q (the adapter's one product, rounded once)."""
+    import jax.numpy as jnp
+
+    return (q.astype(jnp.float32) * _scale(q, sm_scale)).astype(q.dtype)
+
+
+def _paged_arguments(q: Any, k: Any, v: Any, block_table: Any, lengths: Any) -> tuple[Any, ...]:
+    """The paged kernels' arguments: q ``[b, h, n_q, d]`` as ``[b, h·n_q, d]`` (each head's n_q
+    queries as query heads of its group, as `pallas_decode`), the pools ``[num_blocks,
+    block_size, g, d]`` as ``[g, num_blocks, block_size, d]``, the table and the lengths int32.
+    Contiguous keys ``[b, g, n_k, d]`` (no ``block_table``) are a pool of one block per batch row
+    (row b's n_k keys in block b, every row full): the same arrays, transposed."""
+    import jax.numpy as jnp
+
+    b, h, n_q, d = q.shape
+    if block_table is None:
+        if k.shape[2] == 0:
+            raise ValueError("a paged kernel needs page_size > 0: no keys (n_k = 0) cannot be paged")
+        pools = [x.transpose(1, 0, 2, 3) for x in (k, v)]  # [g, b, n_k, d]: block b is row b
+        block_table = jnp.arange(b, dtype=jnp.int32)[:, None]
+        if lengths is None:
+            lengths = jnp.full((b,), k.shape[2], dtype=jnp.int32)
+    else:
+        if lengths is None:
+            raise TypeError("kv_lengths is required with block_table")
+        pools = [x.transpose(2, 0, 1, 3) for x in (k, v)]
+    return q.reshape(b, h * n_q, d), *pools, block_table.astype(jnp.int32), lengths.astype(jnp.int32)
+
+
+def pallas_gpu_paged(q: Any, k: Any, v: Any, *, sm_scale: float | None = None, block_tables: Any = None,
+                     lengths: Any = None) -> Any:  # q [b, h, n_q, d] (bhnd), pools -> [b, h, n_q, d]
+    """``jax.experimental.pallas.ops.gpu.paged_attention.paged_attention`` in interpret mode, with
+    ``k_splits=1`` and ``pages_per_compute_block=1`` (its defaults, 16 and 8, need a table width
+    that is a multiple of 16, which no declaration of a target can say; `_paged_arguments`), q
+    scaled first (`_prescaled`)."""
+    from jax.experimental.pallas.ops.gpu import paged_attention
+
+    b, h, n_q, _ = q.shape
+    queries, k_pages, v_pages, table, kv_lengths = _paged_arguments(q, k, v, block_tables, lengths)
+    out = paged_attention.paged_attention(_prescaled(queries, sm_scale), k_pages, v_pages, table, kv_lengths,
+                                          k_splits=1, pages_per_compute_block=1, interpret=True)
+    return out.reshape(b, h, n_q, v.shape[-1])
+
+
+def pallas_tpu_paged(q: Any, k: Any, v: Any, *, sm_scale: float | None = None, page_indices: Any = None,
+                     lengths: Any = None) -> Any:  # q [b, h, n_q, d] (bhnd), pools -> [b, h, n_q, d]
+    """``jax.experimental.pallas.ops.tpu.paged_attention.paged_attention`` in TPU interpret mode,
+    ``pages_per_compute_block=1`` (it has no default; 1 divides every table width), q scaled
+    first (`_prescaled`); the arguments as `_paged_arguments`."""
+    from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention
+
+    b, h, n_q, _ = q.shape
+    queries, k_pages, v_pages, table, kv_lengths = _paged_arguments(q, k, v, page_indices, lengths)
+    out = paged_attention(_prescaled(queries, sm_scale), k_pages, v_pages, kv_lengths, table,
+                          pages_per_compute_block=1)
+    return out.reshape(b, h, n_q, v.shape[-1])
+
+
+def _paged_declarations() -> dict[str, Any]:
+    """What both paged kernels declare (read from their source, measured under the interpreters)."""
+    return dict(
+        dtypes=("float16", "float32", *dtypes.bfloat16_if_installed()),
+        ndims=(4,),
+        supports_scale=True,
+        # a decoding step: q is [batch, heads, head_dim], one query per sequence, which sees every
+        # key below its length; no causal mode
+        causal_alignment=None,
+        supports_gqa=True,  # "Number of Q heads must be divisible by number of KV heads"
+        supports_kv_lengths=True,
+        supports_paged_kv=True,
+        # "head_dim of Q must be the same as that of K/V", "k_pages and v_pages must have the
+        # same shape"
+        equal_head_dims=True,
+        # a sequence of length 0 gets zeros (measured: its pages are skipped)
+        masked_rows="zeros",
+        empty_keys="raise",
+        compiles_per_shape=True,
+        deadline_s=180.0,
+    )
+
+
+def gpu_paged_target(device: str = "cpu") -> Target:
+    """The ``pallas_gpu_paged`` built-in target: `pallas_gpu_paged` (forward only)."""
+    import jax.experimental.pallas.ops.gpu.paged_attention  # noqa: F401
+
+    return wrap(FRAMEWORK, pallas_gpu_paged,
+                name=f"jax {_version()} pallas ops.gpu.paged_attention (interpret)", device=device,
+                rename={"scale": "sm_scale", "block_table": "block_tables", "kv_lengths": "lengths"},
+                **_paged_declarations())
 
 
 # --- the TPU kernels: ops.tpu.* under the TPU interpreter ---------------------------------------------
@@ -253,7 +354,8 @@ def tpu_flash_target(device: str = "cpu") -> Target:
         # "V model dimension unequal to KV model dimension unsupported" (NotImplementedError)
         equal_head_dims=True,
         # "head_dim should be a multiple of 128 if larger" (NotImplementedError), below 128 any
-        head_dims=(*range(1, 128), 256, 384, 512),
+        # (any below 128: the widths declared are the powers of two and the multiples of 128)
+        head_dims=(1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512),
         # block_q = block_k_major = block_k = 128: "block_q should be smaller or equal to
         # q_seq_len", "kv_seq_len should be divisible by block_k_major"
         seq_multiple=128,
@@ -264,5 +366,77 @@ def tpu_flash_target(device: str = "cpu") -> Target:
     )
 
 
-TARGETS = {"pallas_mha": mha_target, "pallas_decode": decode_target, "pallas_tpu_flash": tpu_flash_target}
+def tpu_paged_target(device: str = "cpu") -> Target:
+    """The ``pallas_tpu_paged`` built-in target: `pallas_tpu_paged` (forward only)."""
+    import jax.experimental.pallas.ops.tpu.paged_attention  # noqa: F401
+
+    return wrap(TPU, pallas_tpu_paged,
+                name=f"jax {_version()} pallas ops.tpu.paged_attention (TPU interpret)", device=device,
+                rename={"scale": "sm_scale", "block_table": "page_indices", "kv_lengths": "lengths"},
+                # Its K and V pages are cast to bfloat16 as they are loaded, whatever their dtype
+                # (MultiPageAsyncCopyDescriptor.wait_and_get_loaded → _maybe_dequantize(...,
+                # dtype=jnp.bfloat16)): float16 and float32 caches get bfloat16's accuracy
+                # (measured 3.4e-3 from the golden in float32; docs/peers.md, "Pallas").
+                computes={"float16": "bfloat16", "float32": "bfloat16"},
+                **_paged_declarations())
+
+
+# --- ops.tpu.splash_attention -----------------------------------------------------------------------
+
+
+def pallas_splash(q: Any, k: Any, v: Any, *, causal: bool = False, sm_scale: float | None = None,
+                  mask: Any = None) -> Any:  # (h, n_q, d_k), (g, n_k, d_k), (g, n_k, d_v) -> (h, n_q, d_v)
+    """``jax.experimental.pallas.ops.tpu.splash_attention``'s ``make_splash_mha_single_device``
+    in TPU interpret mode, its default ``BlockSizes`` (128), q scaled first (`_prescaled`: the
+    kernel takes no scale). Its inputs are one sequence's ``[heads, n, d]`` (2-D inputs are read as
+    one head). Its mask is the kernel's own argument, ``[heads, n_q, n_k]``: ``causal`` is its
+    ``CausalMask`` (top-left), a ``mask=`` the boolean array (a dynamic mask), broadcast to the
+    heads and ANDed with the causal one when both are given."""
+    import jax.numpy as jnp
+    from jax.experimental.pallas.ops.tpu import splash_attention as splash
+
+    ndim = q.ndim
+    q, k, v = (x[None] if ndim == 2 else x for x in (q, k, v))
+    h, n_q, n_k = q.shape[0], q.shape[1], k.shape[1]
+    if mask is None:
+        shape = (n_q, n_k)
+        heads = splash.MultiHeadMask([splash.CausalMask(shape) if causal else splash.FullMask(shape)
+                                      for _ in range(h)])
+        kernel = splash.make_splash_mha_single_device(heads)
+    else:
+        keep = mask.reshape(mask.shape[-3:]) if mask.ndim > 3 else mask  # one sequence: leading axes of 1
+        keep = jnp.broadcast_to(keep, (h, n_q, n_k))
+        if causal:
+            keep = keep & jnp.tril(jnp.ones((n_q, n_k), dtype=bool))
+        kernel = splash.make_splash_mha_single_device(keep)
+    out = kernel(_prescaled(q, sm_scale), k, v)
+    return out[0] if ndim == 2 else out
+
+
+def splash_target(device: str = "cpu") -> Target:
+    """The ``pallas_splash`` built-in target: `pallas_splash`, forward and backward (its
+    ``custom_vjp``)."""
+    import jax.experimental.pallas.ops.tpu.splash_attention  # noqa: F401
+
+    return wrap(
+        TPU, pallas_splash, name=f"jax {_version()} pallas ops.tpu.splash_attention (TPU interpret)",
+        device=device, grad=True, rename={"scale": "sm_scale"},
+        dtypes=("float16", "float32", *dtypes.bfloat16_if_installed()),
+        ndims=(2, 3),  # one sequence: q [heads, n, d]
+        supports_scale=True,
+        supports_mask=True,
+        causal_alignment="top_left",  # CausalMask: q_ids >= kv_ids
+        # "expected number of 'key' heads to be a multiple of the number of 'query' heads"
+        supports_gqa=False,
+        # block_q = block_kv = block_kv_compute = 128
+        seq_multiple=128,
+        empty_keys="raise",
+        compiles_per_shape=True,
+        deadline_s=180.0,
+    )
+
+
+TARGETS = {"pallas_mha": mha_target, "pallas_decode": decode_target, "pallas_gpu_paged": gpu_paged_target,
+           "pallas_tpu_flash": tpu_flash_target, "pallas_tpu_paged": tpu_paged_target,
+           "pallas_splash": splash_target}
 """The built-in targets of this module (`spec.adapters.ADAPTERS` names them under ``jax``)."""
