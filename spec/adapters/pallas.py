@@ -261,6 +261,20 @@ def _paged_declarations() -> dict[str, Any]:
     )
 
 
+EMPTY_FLOAT16 = ("a sequence of length 0 gets 0 / (0 + eps), eps float32's cast to float16, where it is "
+                 "subnormal and XLA:CPU flushes it to zero: NaN, not the zeros float32 and bfloat16 get")
+"""The reason of ``pallas_gpu_paged``'s verified failure for an empty float16 sequence."""
+
+READS_THE_TAIL = ("it multiplies the masked weights (0) of its last page's tail into that page's values: "
+                  "a NaN value there, where no key of the sequence is, makes the output NaN")
+"""The reason of ``pallas_gpu_paged``'s verified failures of the paged laws (docs/peers.md, "Pallas")."""
+
+ADDS_ITS_MASK = ("it adds its mask (a finite -0.7·max) to the scores of its last page's tail and multiplies "
+                 "their weights into the values there: a NaN key or value where no key of the sequence "
+                 "is makes the output NaN")
+"""The reason of ``pallas_tpu_paged``'s verified failures of the paged laws (docs/peers.md, "Pallas")."""
+
+
 def gpu_paged_target(device: str = "cpu") -> Target:
     """The ``pallas_gpu_paged`` built-in target: `pallas_gpu_paged` (forward only)."""
     import jax.experimental.pallas.ops.gpu.paged_attention  # noqa: F401
@@ -268,6 +282,17 @@ def gpu_paged_target(device: str = "cpu") -> Target:
     return wrap(FRAMEWORK, pallas_gpu_paged,
                 name=f"jax {_version()} pallas ops.gpu.paged_attention (interpret)", device=device,
                 rename={"scale": "sm_scale", "block_table": "block_tables", "kv_lengths": "lengths"},
+                # Found, verified, declared (docs/peers.md, "Pallas", with the replay lines): it
+                # loads whole pages and masks the scores of the tail with jnp.where (a NaN key
+                # there is harmless) but multiplies their 0 weights into the values; and a
+                # sequence of length 0 ends as 0 / (0 + eps) with eps float32's, cast to float16,
+                # where it is subnormal and XLA:CPU flushes it to zero: NaN.
+                expected_failures={
+                    "paged_reads_only_its_keys": READS_THE_TAIL,
+                    "paged_matches_golden": READS_THE_TAIL,
+                    "paged_block_size_invariant": READS_THE_TAIL,
+                    "kv_lengths_zero_rows[float16]": EMPTY_FLOAT16,
+                },
                 **_paged_declarations())
 
 
