@@ -37,8 +37,7 @@ LIMITS = {
                          "equal_head_dims": True, "causal_alignment": None},
     "pallas_tpu_flash": {"seq_multiple": 128, "equal_head_dims": True, "supports_varlen": True,
                          "causal_alignment": "top_left"},
-    "pallas_tpu_paged": {"supports_paged_kv": True, "computes": {"float16": "bfloat16",
-                                                                 "float32": "bfloat16"}},
+    "pallas_tpu_paged": {"supports_paged_kv": True, "computes": {"float32": "bfloat16"}},
     "pallas_splash": {"seq_multiple": 128, "supports_mask": True, "ndims": (2, 3)},
 }
 

@@ -402,8 +402,20 @@ def tpu_paged_target(device: str = "cpu") -> Target:
                 # (MultiPageAsyncCopyDescriptor.wait_and_get_loaded → _maybe_dequantize(...,
                 # dtype=jnp.bfloat16)): float16 and float32 caches get bfloat16's accuracy
                 # (measured 3.4e-3 from the golden in float32; docs/peers.md, "Pallas").
-                computes={"float16": "bfloat16", "float32": "bfloat16"},
-                **_paged_declarations())
+                computes={"float32": "bfloat16"},
+                # Found, verified, declared (docs/peers.md, "Pallas", with the replay lines).
+                expected_failures={
+                    "paged_reads_only_its_keys": ADDS_ITS_MASK,
+                    "paged_matches_golden": ADDS_ITS_MASK,
+                    "paged_block_size_invariant": ADDS_ITS_MASK,
+                },
+                **(_paged_declarations() | {
+                    # Not float16: computed in bfloat16 it would be declared `computes={"float16":
+                    # "bfloat16"}`, and the laws then take bfloat16's range for float16 inputs
+                    # (large_values draws values up to bfloat16's max / 4, kv_lengths_is_truncation
+                    # scales hidden keys by bfloat16's 1e5, not float16's 10): inf inputs, a bug
+                    # of the laws (docs/peers.md, "Pallas"), so float16 waits for its fix.
+                    "dtypes": ("float32", *dtypes.bfloat16_if_installed())}))
 
 
 # --- ops.tpu.splash_attention -----------------------------------------------------------------------
@@ -451,8 +463,9 @@ def splash_target(device: str = "cpu") -> Target:
         supports_scale=True,
         supports_mask=True,
         causal_alignment="top_left",  # CausalMask: q_ids >= kv_ids
-        # "expected number of 'key' heads to be a multiple of the number of 'query' heads"
-        supports_gqa=False,
+        # grouped K/V heads: query head i reads K/V head i // (h/g) (its MHA checks that "num_q_heads
+        # % num_kv_heads" is 0, the message naming them the other way round)
+        supports_gqa=True,
         # block_q = block_kv = block_kv_compute = 128
         seq_multiple=128,
         empty_keys="raise",
