@@ -468,9 +468,19 @@ def splash_target(device: str = "cpu") -> Target:
         supports_gqa=True,
         # block_q = block_kv = block_kv_compute = 128
         seq_multiple=128,
+        # Masked scores get a finite mask_value (-0.7·float32's max), and blocks its mask leaves
+        # empty are skipped: a row with no visible key gets a mean of some values (measured: not
+        # zeros, not the mean of all), which depends on the blocks its query block visits.
+        # Nothing is promised, so nothing is checked; the gradient laws then keep off such rows.
+        masked_rows="any",
         empty_keys="raise",
         compiles_per_shape=True,
         deadline_s=180.0,
+        # Found, verified, declared (docs/peers.md, "Pallas", with the replay line).
+        expected_failures={
+            "empty_keys": "n_k = 0 fails the mask processing's `assert current_block_mask.size > 0`: an "
+                          "AssertionError with no message, not a ValueError naming the length",
+        },
     )
 
 
