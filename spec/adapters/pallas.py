@@ -142,6 +142,11 @@ def pallas_decode(q: Any, k: Any, v: Any, *, sm_scale: float | None = None,
     return out.reshape(b, h, n_q, v.shape[-1])
 
 
+DECODE_DTYPE = ("its last step, `o /= (l_next.astype(o.dtype) + eps)`, adds float32's eps as a float32 "
+                "scalar: float16 and bfloat16 outputs are promoted to float32")
+"""The reason of ``pallas_decode``'s verified ``output_shape_dtype`` failures."""
+
+
 def decode_target(device: str = "cpu") -> Target:
     """The ``pallas_decode`` built-in target: `pallas_decode` (forward only: the kernel has no
     backward)."""
@@ -172,6 +177,13 @@ def decode_target(device: str = "cpu") -> Target:
         empty_keys="raise",
         compiles_per_shape=True,
         deadline_s=120.0,
+        # Found, verified, declared (docs/peers.md, "Pallas", with the replay lines).
+        expected_failures={
+            "output_shape_dtype[float16]": DECODE_DTYPE,
+            "output_shape_dtype[bfloat16]": DECODE_DTYPE,
+            "empty_keys": "n_k = 0 fails the kernel's `assert k_seq_len // k_splits >= 16`: an "
+                          "AssertionError, not a ValueError",
+        },
     )
 
 
