@@ -4,6 +4,9 @@
 - ``torch``, ``jax``, ``mlx``, ``torch_flex_paged``, ``onnxruntime``, ``onnx_reference`` — each
   framework adapter's targets (`spec.adapters`), its module imported only when one is asked for,
   so the suite needs no framework;
+- ``pallas_mha``, ``pallas_decode``, ``pallas_gpu_paged``, ``pallas_tpu_flash``, ``pallas_tpu_paged``,
+  ``pallas_splash`` — JAX's Pallas attention kernels under the Pallas interpreters
+  (`spec.adapters.pallas`, the jax adapter's);
 - ``package.module:attr`` — any importable callable or `spec.Target` (an attribute path
   such as ``pkg.mod:Class.method`` works too);
 - ``path/to/script.py:attr`` — the same from a file, imported under a module name of its own (not

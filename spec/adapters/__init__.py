@@ -65,7 +65,9 @@ class Adapter:
 ADAPTERS: dict[str, Adapter] = {
     "torch": Adapter("spec.adapters.torch", {"torch": None, "torch_flex_paged": "spec.adapters.torch_flex"},
                      extra="torch"),
-    "jax": Adapter("spec.adapters.jax", {"jax": None}, extra="jax"),
+    "jax": Adapter("spec.adapters.jax", {"jax": None, **dict.fromkeys(
+        ("pallas_mha", "pallas_decode", "pallas_gpu_paged", "pallas_tpu_flash", "pallas_tpu_paged",
+         "pallas_splash"), "spec.adapters.pallas")}, extra="jax"),
     "mlx": Adapter("spec.adapters.mlx", {"mlx": None}, extra="mlx"),
     "onnx": Adapter("spec.adapters.onnx", {"onnxruntime": None, "onnx_reference": None}, extra="onnx"),
 }
