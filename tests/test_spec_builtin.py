@@ -55,7 +55,7 @@ def test_non_callable_attribute_is_refused():
      ("examples.my_atention:target",
       "No module named 'examples.my_atention'; did you mean 'examples.my_attention'?"),
      ("exmaples.my_attention:target", "did you mean 'examples'?"),
-     ("examples/my_atention.py:target", "; did you mean 'examples/my_attention.py'?"),
+     ("examples/my_atention.py:target", "; did you mean 'examples/my_attention.py'"),
      ("examples/my_attention:target", "give examples.my_attention:NAME or examples/my_attention.py:NAME"),
      ("impl:flash_atention", "did you mean 'flash_attention' or")],
 )
