@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from spec import dtypes, golden
+from spec import dtypes
 from spec.adapters import Framework, check_mask, differentiated, wrap
 from spec.target import Target, _callable_name
 
@@ -115,9 +115,9 @@ def _mlx_sdpa(q: Any, k: Any, v: Any, *, causal: bool, mask: Array | None, scale
               bias: Any, sinks: Any) -> Any:  # mx arrays in (mask: NumPy bool), an mx array out
     """``mx.fast.scaled_dot_product_attention`` as the suite calls it. MLX takes one ``mask``: the
     string ``"causal"`` (bottom-right), a boolean array or an additive one. So ``causal`` with a
-    mask or a bias becomes its boolean array (`spec.golden.causal_visible`, bottom-right, as MLX
-    aligns it) ANDed with the mask; a ``bias`` (in q's dtype) is the additive mask, and where keys
-    are also hidden (mask, causal) they get the dtype's finfo.min in it by ``mx.where`` (the value
+    mask or a bias becomes its boolean array (bottom-right, as MLX aligns it, built here: the golden's
+    own mask is not shared) ANDed with the mask; a ``bias`` (in q's dtype) is the additive mask, and
+    where keys are also hidden (mask, causal) they get the dtype's finfo.min in it by ``mx.where`` (the value
     MLX's own boolean mask puts in place of a hidden score; the bias gets gradient 0 there).
     ``scale`` defaults to 1/√d_k (MLX requires one). ``sinks`` go in q's dtype (MLX refuses sinks
     whose type does not promote to the output's: float32 sinks for float16 q), inside the call, so
@@ -129,7 +129,7 @@ def _mlx_sdpa(q: Any, k: Any, v: Any, *, causal: bool, mask: Array | None, scale
     if mask is not None:
         visible = mx.array(check_mask(mask))
     if causal and (mask is not None or bias is not None):
-        causal_part = mx.array(golden.causal_visible(n_q, n_k, "bottom_right"))
+        causal_part = mx.array(np.tri(n_q, n_k, n_k - n_q, dtype=bool))  # bottom-right: j ≤ i + n_k − n_q
         visible = causal_part if visible is None else mx.logical_and(visible, causal_part)
     given: Any = "causal" if causal and visible is None else visible
     if bias is not None:

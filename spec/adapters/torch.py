@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from spec import dtypes, golden
+from spec import dtypes
 from spec.adapters import Framework, check_mask, differentiated, spelled, wrap
 from spec.target import Target
 
@@ -103,7 +103,7 @@ def _sdpa(q: Any, k: Any, v: Any, *, causal: bool, mask: Array | None, scale: fl
     if mask is not None:
         attn_mask = _to_torch(check_mask(mask), q.device)  # its own memory: a read-only mask stays untouched
     if causal and (mask is not None or bias is not None):
-        causal_part = torch.from_numpy(golden.causal_visible(q.shape[-2], k.shape[-2])).to(q.device)
+        causal_part = torch.from_numpy(np.tri(q.shape[-2], k.shape[-2], dtype=bool)).to(q.device)  # top-left
         attn_mask = causal_part if attn_mask is None else attn_mask & causal_part
         causal = False
     if bias is not None:
