@@ -249,7 +249,9 @@ def _expected(target: Target, inputs: Inputs, visible: Array | None) -> Expected
     qw, kw, vw = (np.asarray(x).astype(work, copy=False) for x in (q, k, v))
     scale = inputs.scale_value
     base = tolerance.baseline(qw, kw, vw, visible=vis, scale=scale, terms=terms(inputs, geo, work))
-    floor = tolerance.floor(qw, kw, vw, scale=scale, added=terms(inputs, geo).added)
+    # off the values as they mean (k and v read from a float8 cache may lie past the range of the
+    # dtype computed in: cast there they would be inf, and so would the floor)
+    floor = tolerance.floor(q, k, v, scale=scale, added=terms(inputs, geo).added, dtype=work)
     for _, term, _ in bound(inputs):  # a kernel that may round its weights to a narrower format
         if isinstance(term, Reads) and term.weights_in is not None:
             floor += tolerance.weights_floor(weights, v, term.weights_in)

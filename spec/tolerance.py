@@ -24,6 +24,7 @@ for bfloat16, ``np.finfo`` otherwise.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -160,10 +161,13 @@ def _sum_last(x: Array) -> Array:  # [..., n] -> [..., 1], in x's dtype
     return np.sum(x, axis=-1, keepdims=True)
 
 
-def floor(q: Array, k: Array, v: Array, *, scale: float, added: tuple[Array, ...] = ()) -> float:
-    """The a-priori error of a correct computation in q's dtype (see the module docstring); each
-    ``added`` term (a bias, ALiBi) adds 2·max|added| to the score term (each biased score is
-    rounded once more, to eps·|s + bias|/2, which moves the weights by twice that)."""
+def floor(q: Array, k: Array, v: Array, *, scale: float, added: tuple[Array, ...] = (),
+          dtype: Any = None) -> float:
+    """The a-priori error of a correct computation in ``dtype`` (q's by default; see the module
+    docstring); each ``added`` term (a bias, ALiBi) adds 2·max|added| to the score term (each
+    biased score is rounded once more, to eps·|s + bias|/2, which moves the weights by twice that).
+    q, k, v may be wider than ``dtype`` (float8 caches as they mean, in float64): the floor is
+    read off their magnitudes, never off a cast that could overflow."""
     if v.size == 0 or q.size == 0 or k.size == 0:
         return 0.0
     d_k, n_k = q.shape[-1], k.shape[-2]
@@ -174,7 +178,8 @@ def floor(q: Array, k: Array, v: Array, *, scale: float, added: tuple[Array, ...
     for a in added:
         b = np.abs(np.asarray(a, dtype=np.float64))
         b_abs += float(np.max(np.where(np.isfinite(b), b, 0.0), initial=0.0))
-    return eps(q.dtype) * vmax * (4 + np.sqrt(n_k) + (d_k + 2) * s_abs + 2 * b_abs)
+    unit = eps(q.dtype if dtype is None else dtype)
+    return unit * vmax * (4 + np.sqrt(n_k) + (d_k + 2) * s_abs + 2 * b_abs)
 
 
 def weights_floor(weights: Array, v: Array, fmt: str) -> float:
@@ -338,10 +343,14 @@ class Comparison:
 
     @property
     def ratio(self) -> float:
-        """error / allowed: ≤ 1 passes."""
+        """error / allowed: ≤ 1 passes. A non-finite error (NaN or inf where the golden is finite)
+        is inf whatever is allowed: an allowance that overflows (the floor of scores at the edge of
+        the dtype's range) lets any finite error pass, never a non-finite one."""
         if self.error == 0:
             return 0.0
-        return self.error / self.allowed if self.allowed > 0 else float("inf")
+        if not math.isfinite(self.error):
+            return math.inf
+        return self.error / self.allowed if self.allowed > 0 else math.inf
 
     @property
     def ok(self) -> bool:
@@ -354,11 +363,28 @@ class Comparison:
         )
 
 
+class UnrepresentableGolden(AssertionError):
+    """A law drew a case whose correct output the dtype it is returned in cannot hold: a bug in
+    the law's draw, never the target's (`compare`)."""
+
+
+FLOATS = ("float16", BFLOAT16, "float32")
+"""The output dtypes whose range `compare` checks the golden against (float64 holds any golden)."""
+
+
 def compare(
-    out: Array, gold: Array, base: Array, *, rows: Array, tolerance: float, floor_: float
+    out: Array, gold: Array, base: Array, *, rows: Array, tolerance: float, floor_: float, dtype: Any = None,
 ) -> Comparison:
-    """Compare ``out`` with the golden on the query rows selected by ``rows`` [..., n_q] (bool)."""
+    """Compare ``out`` with the golden on the query rows selected by ``rows`` [..., n_q] (bool).
+
+    ``dtype``: the dtype the target returns ``out`` in (the inputs'; ``out`` itself may have been
+    widened to float64 for the comparison). Raises `UnrepresentableGolden` when a finite golden
+    entry on those rows lies past its largest finite value: no output in that dtype is correct
+    there (a correctly rounded one is inf), so the case is a bug of the law that drew it, and is
+    reported as one, not as an error of the target."""
     sel = np.broadcast_to(rows[..., None], gold.shape)
+    if dtype is not None:
+        _check_representable(dtypes.as_dtype(dtype), gold, sel)
     out64 = np.asarray(out, dtype=np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
         diff = np.where(sel, np.abs(out64 - gold), 0.0)
@@ -376,3 +402,17 @@ def compare(
         allowed=tolerance * base_err + floor_,
         where=tuple(int(i) for i in worst),
     )
+
+
+def _check_representable(dtype: np.dtype, gold: Array, sel: Array) -> None:
+    if dtype.name not in FLOATS or gold.size == 0:
+        return
+    top = float(dtypes.finfo(dtype).max)
+    with np.errstate(invalid="ignore"):
+        past = sel & np.isfinite(gold) & (np.abs(gold) > top)
+    if past.any():
+        at = tuple(int(i) for i in np.argwhere(past)[0])
+        raise UnrepresentableGolden(
+            f"a bug in the law, not in the target: the golden at index {list(at)} is {float(gold[at]):.6g}, "
+            f"past {dtype.name}'s largest finite value {top:.6g}, so no {dtype.name} output is correct "
+            "there (the law drew a case its output dtype cannot hold)")

@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 import pytest
+from gallery.cache import CORRECT
 
 import spec
 from impl import attention
@@ -87,3 +88,37 @@ def test_the_paged_keyword_passes_the_table_and_carries_the_lengths():
     assert kw.given({"block_table": 1, "kv_lengths": 2}) == (1, 2)
     assert kw.given({"kv_lengths": 2}) is None
     assert math.isnan(spec.laws.cache.fill_value("nan", np.dtype(np.float32)))
+
+
+# --- float8 caches whose output is float16 ------------------------------------------------------
+
+
+FLOAT64_FP8 = [t for t in CORRECT if t.name.startswith("fp8_float64")]
+FP8_LAWS = ["keyword_pairs_match_golden", *(n for n in CACHE_LAWS if n.startswith("fp8"))]
+
+
+@pytest.mark.parametrize("target", FLOAT64_FP8, ids=[t.name for t in FLOAT64_FP8])
+def test_every_pair_grid_case_is_drawn_in_its_dtype_and_its_output_fits_it(target):
+    """The pair grid takes the dtypes in turn and draws each case in its own: a float8 cache past
+    float16's range was drawn for float32 and then run as float16, whose correct output is inf."""
+    from spec import oracle
+    from spec.laws.pairs import forward_pairs, pair_grid
+
+    grid = pair_grid(target, forward_pairs)
+    assert [c.dtype for c in grid] == [target.dtypes[i % len(target.dtypes)] for i in range(len(grid))]
+    fp8 = [c for c in grid if "fp8" in c.keywords]
+    assert {c.dtype for c in fp8} >= {"float16"}
+    for case in fp8:
+        meant = oracle.meaning(case.inputs())
+        top = float(np.finfo(case.dtype).max)
+        assert float(np.max(np.abs(meant.v))) <= top, case
+
+
+@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("target", FLOAT64_FP8, ids=[t.name for t in FLOAT64_FP8])
+def test_a_float8_kernel_computing_in_float64_conforms_in_every_dtype(target, seed):
+    """The kernel of the false alarm (float64 over the dequantized cache, the output in q's dtype,
+    float16 included; contiguous and paged) conforms on the float8 laws and the keyword pairs under
+    seeds 0-19 (the whole suite: the false-alarm sweep)."""
+    report = spec.check(target, profile="ci", seed=seed, only=FP8_LAWS)
+    assert report.ok, [(r.name, r.message) for r in report.failures]

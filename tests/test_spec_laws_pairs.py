@@ -37,7 +37,7 @@ def test_pairs_that_one_call_cannot_take_are_left_out():
 def test_every_pair_has_a_grid_case_that_draws_both(name, which):
     target = load_target(name)
     drawn = which(target)
-    grid = pair_grid(target, drawn)
+    grid = pair_grid(target, which)
     assert len(grid) == len(drawn) > 0
     for (pair, _), case in zip(drawn, grid, strict=True):
         # (a paged cache carries kv_lengths)

@@ -70,6 +70,33 @@ def test_nan_where_the_golden_is_finite_always_fails():
     assert not cmp.ok and cmp.error == np.inf
 
 
+def test_a_non_finite_error_fails_with_an_infinite_ratio_whatever_is_allowed():
+    """An allowance that overflows (the floor at scores near the dtype's edge) lets a finite error
+    pass; a NaN or inf where the golden is finite still fails, with the ratio inf, never NaN."""
+    gold = np.ones((2, 3))
+    out = gold.copy()
+    out[1, 2] = np.inf
+    cmp = tolerance.compare(out, gold, gold, rows=np.ones(2, bool), tolerance=2.0, floor_=np.inf)
+    assert not cmp.ok and cmp.ratio == np.inf and "ratio inf" in cmp.explain()
+    out[1, 2] = 1.5
+    assert tolerance.compare(out, gold, gold, rows=np.ones(2, bool), tolerance=2.0, floor_=np.inf).ok
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_a_golden_past_the_output_dtypes_range_is_the_laws_bug(dtype):
+    """No output in the dtype is right where the golden lies past its largest finite value: the
+    comparison says the case is the law's bug instead of judging the target."""
+    top = float(np.finfo(dtype).max)
+    gold = np.array([[1.0, 2 * top]])
+    with np.errstate(over="ignore"):
+        out = gold.astype(dtype)  # the correctly rounded output: inf
+    with pytest.raises(tolerance.UnrepresentableGolden, match=rf"a bug in the law.*past {dtype}"):
+        tolerance.compare(out, gold, gold, rows=np.ones(1, bool), tolerance=2.0, floor_=0.0, dtype=dtype)
+    # rows left out, or a dtype that holds it, are no such case
+    tolerance.compare(out, gold, gold, rows=np.zeros(1, bool), tolerance=2.0, floor_=0.0, dtype=dtype)
+    tolerance.compare(gold, gold, gold, rows=np.ones(1, bool), tolerance=2.0, floor_=0.0, dtype="float64")
+
+
 def test_rows_left_out_are_not_compared():
     q, k, v = _inputs(np.float32)
     gold, _ = tolerance.golden(q, k, v, visible=np.ones((5, 7), bool), scale=0.5)

@@ -74,7 +74,7 @@ def assert_matches(
     want = expected(target, inputs, visible=visible)
     chosen = want.seen if rows is None else rows & want.seen
     cmp = tolerance.compare(out, want.out, want.baseline, rows=chosen, tolerance=target.tolerance,
-                            floor_=want.floor)
+                            floor_=want.floor, dtype=inputs.q.dtype)
     assert_within_tolerance(cmp, dtype=precision_text(target, inputs), what=what)
     return cmp
 

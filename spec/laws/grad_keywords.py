@@ -85,7 +85,8 @@ GRID_TRIES = 100
 def keyword_grid(target: Target) -> list[Case]:
     """One case per keyword of `differentiable`, run before the random ones in every profile: the
     first case its strategy generates, from a fixed seed (so the same every run), in which the
-    keyword changes the golden (`keyword_matters`), in the dtypes taken in turn. A keyword for
+    keyword changes the golden (`keyword_matters`), in the dtypes taken in turn (each case drawn
+    in its own: `spec.laws.pairs.pair_grid` says why). A keyword for
     which `GRID_TRIES` cases give none has no grid case (the random ones still draw it)."""
     first = settings(database=None, max_examples=GRID_TRIES, phases=[Phase.generate], deadline=None,
                      suppress_health_check=list(HealthCheck))
@@ -95,10 +96,11 @@ def keyword_grid(target: Target) -> list[Case]:
             return keyword_matters(target, case, kw)
 
         try:
-            case = find(keyword_cases(target, kw), matters, settings=first, random=random.Random(kw.name))
+            in_dtype = target.with_dtypes((target.dtypes[i % len(target.dtypes)],))
+            case = find(keyword_cases(in_dtype, kw), matters, settings=first, random=random.Random(kw.name))
         except NoSuchExample:
             continue
-        found.append(case.replace(dtype=target.dtypes[i % len(target.dtypes)]))
+        found.append(case)
     return found
 
 

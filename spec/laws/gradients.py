@@ -108,7 +108,8 @@ def assert_gradients_match(
     for name, g in ({"dq": dq, "dk": dk, "dv": dv} | extras).items():
         gold = want.golden[name]
         cmp = tolerance.compare(g, gold, want.baseline[name], rows=np.ones(gold.shape[:-1], dtype=bool),
-                                tolerance=GRAD_FACTOR * target.tolerance, floor_=want.floors[name])
+                                tolerance=GRAD_FACTOR * target.tolerance, floor_=want.floors[name],
+                                dtype=inputs.q.dtype)
         assert_within_tolerance(cmp, dtype=precision_text(target, inputs), what=f"{what}{name}",
                                 against="the float64 golden backward")
 

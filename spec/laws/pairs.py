@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Callable
 
 from hypothesis import HealthCheck, Phase, find, settings
 from hypothesis import strategies as st
@@ -68,14 +69,22 @@ def matters(target: Target, case: Case, keyword: Keyword) -> bool:
     return any(isinstance(t, Reads) for t in keyword.terms) or keyword_matters(target, case, keyword)
 
 
-def pair_grid(target: Target, drawn: list[tuple[Pair, st.SearchStrategy[Case]]]) -> list[Case]:
-    """One case per pair, run before the random ones in every profile: the first its strategy
-    generates from a fixed seed in which each keyword of the pair changes the golden (`matters`),
-    else its first case at all, so that every pair is met in every run; dtypes taken in turn."""
+def pair_grid(target: Target, drawn: Callable[[Target], list[tuple[Pair, st.SearchStrategy[Case]]]]
+              ) -> list[Case]:
+    """One case per pair of ``drawn(target)``, run before the random ones in every profile: the first
+    its strategy generates from a fixed seed in which each keyword of the pair changes the golden
+    (`matters`), else its first case at all, so that every pair is met in every run. The dtypes are
+    taken in turn, each case drawn in its own (from ``drawn`` of the target narrowed to it): a draw
+    that depends on the dtype (float8 descales past float16's range only where the output holds
+    them) is never carried into a dtype it was not drawn for."""
     first = settings(database=None, max_examples=GRID_TRIES, phases=[Phase.generate], deadline=None,
                      suppress_health_check=list(HealthCheck))
+    in_dtype = {dtype: {named(pair): s for pair, s in drawn(target.with_dtypes((dtype,)))}
+                for dtype in target.dtypes}
     found = []
-    for i, (pair, strategy) in enumerate(drawn):
+    for i, (pair, _) in enumerate(drawn(target)):
+        strategy = in_dtype[target.dtypes[i % len(target.dtypes)]][named(pair)]
+
         def both(case: Case, pair: Pair = pair) -> bool:
             return all(matters(target, case, kw) for kw in pair[:2])
 
@@ -86,7 +95,7 @@ def pair_grid(target: Target, drawn: list[tuple[Pair, st.SearchStrategy[Case]]])
                 case = find(strategy, lambda c: True, settings=first, random=random.Random(named(pair)))
             except NoSuchExample:  # the pair cannot be drawn at the sizes the law draws
                 continue
-        found.append(case.replace(dtype=target.dtypes[i % len(target.dtypes)]))
+        found.append(case)
     return found
 
 
@@ -116,7 +125,7 @@ needs_pair = Need(lambda t: None if pairs(t, forward_keywords(t)) else
                   "two keywords one call takes together")
 
 
-@law(strategy=_forward_cases, needs=needs_pair, grid=lambda t: pair_grid(t, forward_pairs(t)))
+@law(strategy=_forward_cases, needs=needs_pair, grid=lambda t: pair_grid(t, forward_pairs))
 def keyword_pairs_match_golden(target: Target, case: Case) -> None:
     """Under every two of its keywords together (each pair one case in every profile, and random
     pairs), with mask= and scale= where taken, the output matches the float64 golden, in which the
@@ -161,7 +170,7 @@ needs_gradient_pair = Need(lambda t: None if pairs(t, differentiable(t)) else
 
 
 @law(strategy=_gradient_cases, needs=_needs.gradients & needs_gradient_pair,
-     grid=lambda t: pair_grid(t, gradient_pairs(t)))
+     grid=lambda t: pair_grid(t, gradient_pairs))
 def grad_keyword_pairs_match_golden(target: Target, case: Case) -> None:
     """Under every two of its keywords that change the gradients, together (each pair one case in
     every profile, and random pairs), ``grad_fn`` given the forward's keywords returns the

@@ -449,7 +449,8 @@ def scale_matches_golden(target: Target, case: Case) -> None:
     rows = rows_of(target, case, inputs)
     want = sampled.expected_rows(target, inputs, rows, baseline_in=accumulator(target, inputs))
     cmp = tolerance.compare(out[..., rows, :], want.out, want.baseline, rows=want.seen,
-                            tolerance=target.tolerance, floor_=long_row_floor(target, inputs, rows))
+                            tolerance=target.tolerance, floor_=long_row_floor(target, inputs, rows),
+                            dtype=inputs.q.dtype)
     assert_within_tolerance(cmp, dtype=precision_text(target, inputs),
                             what=f"at {name_of(target, case)} ({len(rows)} sampled rows: "
                                  f"{sampled.short(rows)}), the output")
@@ -541,7 +542,7 @@ def scale_gradients_match_golden(target: Target, case: Case) -> None:
         gold = want.golden[name]
         floor = float(np.max(want.floors[name], initial=0.0))
         cmp = tolerance.compare(got, gold, want.baseline[name], rows=np.ones(gold.shape[:-1], dtype=bool),
-                                tolerance=GRAD_FACTOR * target.tolerance, floor_=floor)
+                                tolerance=GRAD_FACTOR * target.tolerance, floor_=floor, dtype=inputs.q.dtype)
         assert_within_tolerance(cmp, dtype=precision_text(target, inputs),
                                 what=f"at {name_of(target, case)}, {name}",
                                 against="the float64 golden backward")

@@ -264,12 +264,45 @@ def weights_in_float8(q: Array, k: Array, v: Array, *, causal: bool = False, sca
     return (rounded @ values / p.sum(axis=-1, keepdims=True)).astype(q.dtype)
 
 
+def float64_over_dequantized(*, per_sequence: bool) -> Any:
+    """A float8 kernel as the plainest correct one is written: the cache gathered (when paged) and
+    dequantized, everything computed in float64, the output returned in q's dtype — float16
+    included, so the suite may draw only float8 caches whose output float16 can hold (a cache past
+    float16's range once gave this kernel a correctly rounded inf, which a law called a failure).
+    ``per_sequence``: causal aligned on each sequence's key length (bottom-right without them), as
+    a paged kernel aligns; else top-left."""
+
+    def fn(q: Array, k: Array, v: Array, *, causal: bool = False, scale: Any = None, kv_lengths: Any = None,
+           block_table: Any = None, k_descale: Any = None, v_descale: Any = None) -> Array:
+        lengths = None if kv_lengths is None else np.asarray(kv_lengths)
+        if block_table is not None:
+            k, _ = read_pages(k, np.asarray(block_table), lengths)
+            v, _ = read_pages(v, np.asarray(block_table), lengths)
+        k, v = k.astype(np.float64), v.astype(np.float64)
+        if k_descale is not None:
+            k = k * np.asarray(k_descale, np.float64)[:, :, None, None]
+            v = v * np.asarray(v_descale, np.float64)[:, :, None, None]
+        align = None if not per_sequence else "kv_lengths" if lengths is not None else "bottom_right"
+        out = attention(q.astype(np.float64), k, v, causal=causal, scale=scale, kv_lengths=lengths,
+                        align=align)
+        return out.astype(q.dtype)
+
+    return fn
+
+
+FLOAT64_FP8 = {"supports_fp8_kv": FLOAT8, "supports_kv_lengths": True, "supports_scale": True,
+               "supports_gqa": True, "dtypes": ("float16", "float32", "float64")}
+"""What a float8 kernel computing in float64 declares: its output in q's dtype, float16 included."""
+
 CORRECT = [
     Target(joined_blocks, name="cache_joined_blocks", causal_alignment="kv_lengths", supports_kv_lengths=True,
            supports_window=True, supports_mask=True, supports_scale=True, supports_gqa=True, ndims=(2, 3, 4),
            dtypes=("float16", "float32", "float64"), supports_paged_kv=True, supports_fp8_kv=FLOAT8),
     Target(one_block_at_a_time, name="cache_one_block_at_a_time", supports_scale=True, supports_gqa=True,
            ndims=(2, 3, 4), supports_paged_kv=True, supports_fp8_kv=FLOAT8, fp8_kv_paged_only=FLOAT8),
+    Target(float64_over_dequantized(per_sequence=False), name="fp8_float64_contiguous", **FLOAT64_FP8),
+    Target(float64_over_dequantized(per_sequence=True), name="fp8_float64_paged", supports_paged_kv=True,
+           causal_alignment="kv_lengths", **FLOAT64_FP8),
     *([Target(weights_in_float8, name="weights_in_float8", supports_scale=True, supports_gqa=True,
               ndims=(2, 3, 4), supports_fp8_kv=True)] if FLOAT8 else []),
 ]
