@@ -6,7 +6,20 @@ wheel, as a user installs it: Hypothesis draws constants from the source of the 
 counts as local, so an editable checkout and an installed package draw other examples). The
 ``default`` column is the run without a seed, the derandomized one a user gets first.
 
+A target is a name ``spec check`` takes, or a group of every correct target the project has:
+
+- ``builtins`` — ``reference``, ``flash`` and each framework built-in whose library is installed
+  (`spec.adapters.ADAPTERS`), those run under an interpreter aside;
+- ``gallery`` — every correct variant of the suite's gallery (``tests/gallery``: each family's
+  ``CORRECT``, the declarations the built-ins do not make among them), loaded from the checkout
+  as ``gallery:CORRECT_BY_NAME.<name>`` beside the installed package;
+- ``examples`` — the example targets (``examples/my_attention.py:target``);
+- ``interpreted`` — the built-ins that run a kernel under an interpreter or eagerly traced
+  (the Pallas kernels, FlexAttention over a paged cache): minutes a run, so at ``--slow-profile``;
+- ``all`` — builtins, gallery and examples.
+
     python tools/sweep.py                                  # reference, flash, torch; seeds 0-19
+    python tools/sweep.py --targets builtins gallery examples --seeds default 0-19
     python tools/sweep.py --targets reference flash --seeds 0-4
     python tools/sweep.py --seeds 3 7 --only large_values  # any spec check option after --only
 
@@ -19,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import importlib.util
 import json
 import os
 import subprocess
@@ -31,6 +45,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = ("reference", "flash", "torch")
 DEFAULT = "default"  # the column of the run without --seed
+INTERPRETED = ("torch_flex_paged", "pallas_mha", "pallas_decode", "pallas_gpu_paged", "pallas_tpu_flash",
+               "pallas_tpu_paged", "pallas_splash")
+"""Built-ins that take minutes a run (an interpreter, an eager trace): the group ``interpreted``."""
+LIBRARY = {"onnxruntime": "onnxruntime", "onnx_reference": "onnx"}
+"""The library a framework built-in needs, where it is not its adapter's name (`spec.adapters.ADAPTERS`)."""
+EXAMPLES = ("examples/my_attention.py:target",)
+GALLERY = ROOT / "tests"
+"""Where the gallery package is (``tests/gallery``), put on the cells' path for its targets."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +63,69 @@ class Cell:
     seconds: float
     failed: bool
     error: bool
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One target of the sweep: its label in the table, what ``spec check`` is given, and the
+    folders its process needs on its path (the gallery's)."""
+
+    label: str
+    target: str
+    path: tuple[str, ...] = ()
+    slow: bool = False
+
+
+def installed_builtins() -> list[str]:
+    """``reference``, ``flash`` and each framework built-in whose library imports here, in the order
+    of `spec.adapters.ADAPTERS`."""
+    from spec.adapters import ADAPTERS
+
+    names = ["reference", "flash"]
+    for library, adapter in ADAPTERS.items():
+        names += [name for name in adapter.targets
+                  if importlib.util.find_spec(LIBRARY.get(name, library)) is not None]
+    return names
+
+
+def gallery_names() -> list[str]:
+    """The names of the gallery's correct variants (`tests/gallery`), read in a process of its own
+    with the gallery on its path, as the cells load them."""
+    listing = "import gallery; print('\\n'.join(vars(gallery.CORRECT_BY_NAME)))"
+    done = subprocess.run([sys.executable, "-c", listing], cwd=tempfile.gettempdir(), capture_output=True,
+                          text=True, check=False, env=_env((str(GALLERY),)))
+    if done.returncode != 0:
+        said = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        raise argparse.ArgumentTypeError(f"--targets gallery: the gallery does not load: {said}")
+    return done.stdout.split("\n")[:-1]
+
+
+def entries(words: list[str]) -> list[Entry]:
+    """The targets named by ``words``: groups expanded (module docstring), names as they are."""
+    groups = {"all": ["builtins", "gallery", "examples"]}
+    found: list[Entry] = []
+    for word in words:
+        for item in groups.get(word, [word]):
+            if item == "builtins":
+                found += [Entry(n, n) for n in installed_builtins() if n not in INTERPRETED]
+            elif item == "interpreted":
+                found += [Entry(n, n, slow=True) for n in installed_builtins() if n in INTERPRETED]
+            elif item == "gallery":
+                found += [Entry(f"gallery/{n}", f"gallery:CORRECT_BY_NAME.{n}", (str(GALLERY),))
+                          for n in gallery_names()]
+            elif item == "examples":
+                found += [Entry(e, str(ROOT / e)) for e in EXAMPLES]
+            else:
+                found.append(Entry(item, item, slow=item in INTERPRETED))
+    return list(dict.fromkeys(found))
+
+
+def _env(path: tuple[str, ...]) -> dict[str, str]:
+    """This process's environment with ``path`` before its PYTHONPATH."""
+    env = dict(os.environ)
+    if path:
+        env["PYTHONPATH"] = os.pathsep.join([*path, *filter(None, [env.get("PYTHONPATH")])])
+    return env
 
 
 def seeds(words: list[str]) -> list[str]:
@@ -59,20 +144,23 @@ def seeds(words: list[str]) -> list[str]:
     return out
 
 
-def run_cell(target: str, seed: str, profile: str, extra: list[str], workdir: str) -> Cell:
+def run_cell(entry: Entry, seed: str, profile: str, extra: list[str], workdir: str) -> Cell:
     """One ``spec check`` in its own process, from ``workdir``; its JSON report decides the cell."""
-    report = Path(workdir) / f"{target.replace(':', '_').replace('/', '_')}-{seed}.json"
-    command = [sys.executable, "-m", "spec", "check", target, "--profile", profile, "--json", str(report),
-               *([] if seed == DEFAULT else ["--seed", seed]), *extra]
+    stem = "".join(c if c.isalnum() else "_" for c in entry.label)
+    report = Path(workdir) / f"{stem}-{seed}.json"
+    command = [sys.executable, "-m", "spec", "check", entry.target, "--profile", profile,
+               "--json", str(report), *([] if seed == DEFAULT else ["--seed", seed]), *extra]
     start = time.perf_counter()
-    done = subprocess.run(command, cwd=workdir, capture_output=True, text=True, check=False)
+    done = subprocess.run(command, cwd=workdir, capture_output=True, text=True, check=False,
+                          env=_env(entry.path))
     seconds = time.perf_counter() - start
     if done.returncode not in (0, 1) or not report.exists():
         said = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
-        return Cell(target, seed, f"error: {said}", seconds, failed=True, error=True)
+        return Cell(entry.label, seed, f"error: {said}", seconds, failed=True, error=True)
     results = json.loads(report.read_text(encoding="utf-8"))["results"]
     failing = [r["name"] for r in results if r["status"] == "fail"]
-    return Cell(target, seed, ", ".join(failing) or "conforms", seconds, failed=bool(failing), error=False)
+    return Cell(entry.label, seed, ", ".join(failing) or "conforms", seconds, failed=bool(failing),
+                error=False)
 
 
 def where_spec_is() -> str:
@@ -97,10 +185,13 @@ def table(cells: list[Cell], targets: list[str], columns: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python tools/sweep.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--targets", nargs="+", default=list(TARGETS), metavar="TARGET")
+    parser.add_argument("--targets", nargs="+", default=list(TARGETS), metavar="TARGET",
+                        help="targets spec check takes, or the groups builtins, gallery, examples, "
+                             "interpreted, all")
     parser.add_argument("--seeds", nargs="+", default=["0-19"], metavar="SEED",
                         help=f"seeds, ranges A-B, and {DEFAULT!r} for the run without a seed (default 0-19)")
     parser.add_argument("--profile", default="ci")
+    parser.add_argument("--slow-profile", default="quick", help="the profile of the interpreted built-ins")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="cells run at once")
     parser.add_argument("--json", metavar="FILE", help="also write every cell as JSON")
     parser.add_argument("--allow-checkout", action="store_true",
@@ -108,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     try:
         columns = seeds(args.seeds)
+        targets = entries(args.targets)
     except argparse.ArgumentTypeError as e:
         print(f"python tools/sweep.py: error: {e}", file=sys.stderr)
         return 2
@@ -116,20 +208,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"python tools/sweep.py: error: spec is {source}; the sweep checks the package as a user "
               "installs it (pip install a wheel; tox -e sweep), or pass --allow-checkout", file=sys.stderr)
         return 2
-    print(f"spec: {source}; profile {args.profile}; {len(args.targets)} targets x {len(columns)} seeds",
+    print(f"spec: {source}; profile {args.profile}; {len(targets)} targets x {len(columns)} seeds",
           file=sys.stderr, flush=True)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as workdir, \
             concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        jobs = [pool.submit(run_cell, t, s, args.profile, extra, workdir)
-                for t in args.targets for s in columns]
+        jobs = [pool.submit(run_cell, t, s, args.slow_profile if t.slow else args.profile, extra, workdir)
+                for t in targets for s in columns]
         cells = []
         for job in concurrent.futures.as_completed(jobs):
             cell = job.result()
             cells.append(cell)
             print(f"  {cell.target} seed {cell.seed}: {cell.verdict} ({cell.seconds:.1f} s)", file=sys.stderr,
                   flush=True)
-    print(table(cells, args.targets, columns))
+    print(table(cells, [t.label for t in targets], columns))
     bad = [c for c in cells if c.failed]
     print(f"\n{len(cells) - len(bad)} of {len(cells)} runs conform ({time.perf_counter() - start:.0f} s, "
           f"{args.jobs} at once)")

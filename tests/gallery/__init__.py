@@ -7,6 +7,8 @@ A new family of laws adds one module here and one name to `FAMILIES`.
 
 from __future__ import annotations
 
+import types
+
 from gallery import (
     alibi,
     bias,
@@ -34,5 +36,8 @@ FAMILIES = (core, masks, gradients, range_edges, bias, alibi, window, softcap, s
 
 BROKEN: list[Broken] = [b for family in FAMILIES for b in family.BROKEN]
 CORRECT = [t for family in FAMILIES for t in family.CORRECT]
+CORRECT_BY_NAME = types.SimpleNamespace(**{t.name: t for t in CORRECT})
+"""The correct variants by name, each a target ``spec check`` loads: ``gallery:CORRECT_BY_NAME.tiled``
+(the false-alarm sweep's, tools/sweep.py, with ``tests`` on the path)."""
 
-__all__ = ["BROKEN", "CORRECT", "FAMILIES", "Broken"]
+__all__ = ["BROKEN", "CORRECT", "CORRECT_BY_NAME", "FAMILIES", "Broken"]
