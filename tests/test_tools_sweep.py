@@ -3,6 +3,7 @@ outside the checkout; a failing law fails the sweep."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -49,3 +50,34 @@ def test_seed_ranges(words, seeds):
 def test_a_bad_seed_is_refused(capsys):
     assert sweep.main(["--seeds", "two"]) == 2
     assert "--seeds: 'two'" in capsys.readouterr().err
+
+
+def test_the_gallery_group_is_every_correct_variant_each_loadable(on_path):
+    from gallery import CORRECT
+
+    import spec
+
+    found = sweep.entries(["gallery"])
+    assert [e.label for e in found] == [f"gallery/{t.name}" for t in CORRECT]
+    assert all(e.path == (str(ROOT / "tests"),) for e in found)
+    assert {spec.load_target(e.target).name for e in found} == {t.name for t in CORRECT}  # names unique
+
+
+def test_the_builtins_group_leaves_the_interpreted_ones_aside():
+    builtins, interpreted = sweep.entries(["builtins"]), sweep.entries(["interpreted"])
+    assert [e.label for e in builtins][:2] == ["reference", "flash"]
+    assert not {e.label for e in builtins} & set(sweep.INTERPRETED)
+    assert all(e.slow and e.label in sweep.INTERPRETED for e in interpreted)
+    torch = importlib.util.find_spec("torch") is not None
+    assert ("torch" in [e.label for e in builtins]) == torch
+    assert [e.label for e in sweep.entries(["all"])][-1] == "examples/my_attention.py:target"
+
+
+def test_a_gallery_variant_is_swept_from_outside_the_checkout(on_path, capsys):
+    code = sweep.main(["--targets", "gallery/fp8_float64_paged", "examples", "--seeds", "0",
+                       "--profile", "quick", "--allow-checkout",
+                       "--only", "rows_sum_to_one", "--only", "fp8_matches_golden"])
+    table = capsys.readouterr().out
+    assert code == 0, table
+    assert "| gallery/fp8_float64_paged | conforms |" in table
+    assert "| examples/my_attention.py:target | conforms |" in table

@@ -12,7 +12,7 @@ A target is a name ``spec check`` takes, or a group of every correct target the 
   (`spec.adapters.ADAPTERS`), those run under an interpreter aside;
 - ``gallery`` — every correct variant of the suite's gallery (``tests/gallery``: each family's
   ``CORRECT``, the declarations the built-ins do not make among them), loaded from the checkout
-  as ``gallery:CORRECT_BY_NAME.<name>`` beside the installed package;
+  as ``gallery:CORRECT_BY_NAME.<name>`` beside the installed package (``gallery/<name>``: one);
 - ``examples`` — the example targets (``examples/my_attention.py:target``);
 - ``interpreted`` — the built-ins that run a kernel under an interpreter or eagerly traced
   (the Pallas kernels, FlexAttention over a paged cache): minutes a run, so at ``--slow-profile``;
@@ -113,6 +113,9 @@ def entries(words: list[str]) -> list[Entry]:
             elif item == "gallery":
                 found += [Entry(f"gallery/{n}", f"gallery:CORRECT_BY_NAME.{n}", (str(GALLERY),))
                           for n in gallery_names()]
+            elif item.startswith("gallery/"):  # one variant, as the table names it
+                found.append(Entry(item, f"gallery:CORRECT_BY_NAME.{item.removeprefix('gallery/')}",
+                                   (str(GALLERY),)))
             elif item == "examples":
                 found += [Entry(e, str(ROOT / e)) for e in EXAMPLES]
             else:
