@@ -25,9 +25,9 @@ Speed in NumPy comes from doing as little per score as possible outside BLAS:
   shift is 0 (no pass) whenever every row max of the tile is small, and the row sums come from a
   matrix-vector product;
 * row blocks are independent, so each core takes its own, in a thread running a single-threaded
-  BLAS (through threadpoolctl when installed): NumPy's ufuncs and BLAS release the GIL, so one
-  thread's exp overlaps another's matmul, and no core is shared by two busy threads (``threads=``
-  caps the count, and ``threads=1`` keeps the whole call in the caller's thread).
+  BLAS (through threadpoolctl): NumPy's ufuncs and BLAS release the GIL, so one thread's exp
+  overlaps another's matmul, and no core is shared by two busy threads (``threads=`` caps the
+  count, and ``threads=1`` keeps the whole call in the caller's thread).
 
 What remains is BLAS time plus about one exp per visible score: ``python -m impl.bench``
 measures it against PyTorch, JAX and the sgemm floor, and ``--profile`` shows it line by line
@@ -294,11 +294,9 @@ def _cores() -> int:
 
 @functools.cache
 def _blas_controller() -> Any:
-    """threadpoolctl's handle on the loaded BLAS (found once: the search takes a millisecond), or None."""
-    try:
-        from threadpoolctl import ThreadpoolController
-    except ImportError:  # then BLAS keeps its own threads and row blocks run in turn
-        return None
+    """threadpoolctl's handle on the loaded BLAS (found once: the search takes a millisecond)."""
+    from threadpoolctl import ThreadpoolController
+
     return ThreadpoolController()
 
 
@@ -317,10 +315,9 @@ def _check_threads(threads: Any) -> int | None:
 
 
 def _threads(n_jobs: int, n_scores: int, most: int | None) -> int:
-    """Threads to run ``n_jobs`` on: for big calls when BLAS can be made single-threaded, one per
-    core (``most`` None) or at most ``most``."""
+    """Threads to run ``n_jobs`` on: for big calls, one per core (``most`` None) or at most ``most``."""
     threads = min(_cores() if most is None else most, n_jobs)
-    if threads > 1 and n_scores >= _THREADED_MIN_SCORES and _blas_controller() is not None:
+    if threads > 1 and n_scores >= _THREADED_MIN_SCORES:
         return threads
     return 1
 
