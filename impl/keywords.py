@@ -11,8 +11,9 @@ and take the keywords of the groups they understand as ``**keywords: Unpack[...]
                         dropout_p seed
     CacheKeywords     block_table k_descale v_descale                       attention, flash
 
-so adding a keyword is one line here, its maths, and its line in `impl.attention`'s docstring
-(which says what each one means). The typed variants of a call — ``return_lse=True`` returns
+(and `impl.flash.Tiling`, flash's ``block`` and ``threads``), so adding a keyword is one line
+here, its maths, its line in `impl.attention`'s docstring (which says what each one means) and in
+docs/impl.md's list of them. The typed variants of a call — ``return_lse=True`` returns
 ``(out, lse)`` — are these groups joined with one of `WithLse`, `WithoutLse`, `WithWeights`,
 `WithoutWeights`, for mypy's overloads. `takes` gives each function the signature that
 ``inspect.signature`` and ``help()`` show, every keyword by name with its default, and `given`
@@ -31,7 +32,7 @@ from impl.masks import Align
 
 
 class CommonKeywords(TypedDict, total=False):
-    """The keywords every attention function of impl takes, `impl.flash_attention` included."""
+    """The keywords `impl.attention`, `impl.attention_backward` and `impl.flash_attention` all take."""
 
     causal: bool
     scale: float | None
