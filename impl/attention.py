@@ -13,7 +13,8 @@ and with every keyword, in this order: ``s = scale·q·kᵀ`` → softcap ``c·t
 and ALiBi's ``−slope·|i + n_k − n_q − j|`` → ``-inf`` where hidden (causal ∧ window ∧ mask ∧
 kv_lengths ∧ same packed sequence) → softmax with the sinks in its denominator → dropout → ``@ v``.
 Three layers, as JAX's: `attention` validates (through ``_checked``, which the backward in
-``impl.grad`` shares), `_grouped` maps grouped K/V heads, `_core` is the maths.
+``impl.grad`` shares), `_grouped` maps grouped K/V heads, `_core` is the maths. The keywords are
+declared once, in `impl.keywords`, for `attention`, its backward and `impl.flash_attention` alike.
 
 Numerics: scores, softmax and the weighted sum run in float64 for float64 inputs and in float32
 for float32, float16 and bfloat16-like inputs (as JAX does); the result is cast back to the input
@@ -26,11 +27,21 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from functools import reduce
-from typing import Any, Literal, overload
+from typing import Any, Unpack, overload
 
 import numpy as np
 
 from impl.cache import read_cache
+from impl.keywords import (
+    CacheKeywords,
+    Keywords,
+    WithLse,
+    WithoutLse,
+    WithoutWeights,
+    WithWeights,
+    given,
+    takes,
+)
 from impl.masks import (
     ALIGNMENTS,
     Align,
@@ -472,105 +483,70 @@ def _grouped(core: Callable[..., tuple[Array, ...]], q: Array, k: Array, v: Arra
 
 
 def _checked(
-    q: Any, k: Any, v: Any, *, causal: bool, mask: Any, scale: Any, bias: Any, window: Any, align: Any,
-    softcap: Any, sinks: Any, kv_lengths: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, dropout_p: Any,
-    seed: Any, alibi_slopes: Any,
+    q: Any, k: Any, v: Any, keywords: Keywords,
 ) -> tuple[Array, Array, Array, tuple[int, ...], dict[str, Any]]:
-    """Every argument of ``attention`` validated: q, k, v as arrays, their leading shape, and the
-    keyword arguments of ``_core`` (in the compute dtype). Shared with the backward, so both
-    refuse the same input with the same words."""
+    """q, k, v and every keyword of the maths (`impl.keywords.Keywords`, each one given or at its
+    default) validated: q, k, v as arrays, their leading shape, and the keyword arguments of
+    ``_core`` (in the compute dtype). Shared with the backward, so both refuse the same input with
+    the same words."""
     q, k, v, batch = check_qkv(q, k, v, grouped=True)
     n_q, d_k = q.shape[-2:]
     n_k = k.shape[-2]
     shape = (*batch, n_q, n_k)
     work = compute_dtype(q.dtype)
-    packed = check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, batch, n_q, n_k)
-    align = check_align(align, kv_lengths)
+    packed = check_cu_seqlens(keywords["cu_seqlens_q"], keywords["cu_seqlens_k"], batch, n_q, n_k)
+    kv_lengths, window, mask = keywords["kv_lengths"], keywords["window"], keywords["mask"]
+    align = check_align(keywords["align"], kv_lengths)
     padding = check_kv_lengths(kv_lengths, batch, n_k)
     lengths = None if kv_lengths is None else np.asarray(kv_lengths)
     keep = visible(
-        n_q, n_k, causal=causal, align=align,
+        n_q, n_k, causal=keywords["causal"], align=align,
         window=None if window is None else check_window(window),
         mask=None if mask is None else check_mask(mask, shape),
         kv_lengths=padding, packed=packed, lengths=lengths,
     )
-    bias = check_bias(bias, shape, work)
-    slopes = check_alibi_slopes(alibi_slopes, batch, work)
+    bias = check_bias(keywords["bias"], shape, work)
+    slopes = check_alibi_slopes(keywords["alibi_slopes"], batch, work)
     if slopes is not None:  # ALiBi joins the bias: added after the softcap, before the masks
         alibi = alibi_bias(slopes, n_q, n_k, packed, lengths if align == "kv_lengths" else None)
         bias = alibi if bias is None else bias + alibi
-    core = dict(scale=check_scale(scale, d_k), softcap=check_softcap(softcap), bias=bias, keep=keep,
-                sinks=check_sinks(sinks, batch, work), dropout=check_dropout(dropout_p, seed))
+    core = dict(scale=check_scale(keywords["scale"], d_k), softcap=check_softcap(keywords["softcap"]),
+                bias=bias, keep=keep, sinks=check_sinks(keywords["sinks"], batch, work),
+                dropout=check_dropout(keywords["dropout_p"], keywords["seed"]))
     return q, k, v, batch, core
+
+
+class AttentionKeywords(Keywords, CacheKeywords, total=False):
+    """Every keyword of `attention` but the two that choose what it returns."""
+
+
+class _Out(AttentionKeywords, WithoutWeights, WithoutLse): ...  # -> out
+
+
+class _OutWeights(AttentionKeywords, WithWeights, WithoutLse): ...  # -> (out, weights)
+
+
+class _OutLse(AttentionKeywords, WithoutWeights, WithLse): ...  # -> (out, lse)
+
+
+class _OutWeightsLse(AttentionKeywords, WithWeights, WithLse): ...  # -> (out, weights, lse)
 
 
 _Results = Array | tuple[Array, Array] | tuple[Array, Array, Array]
 
 
 @overload
-def attention(
-    q: Any, k: Any, v: Any, *, causal: bool = ..., mask: Any = ..., scale: float | None = ...,
-    bias: Any = ..., window: tuple[int, int] | None = ..., align: Align | None = ...,
-    softcap: float | None = ..., sinks: Any = ..., kv_lengths: Any = ...,
-    cu_seqlens_q: Any = ..., cu_seqlens_k: Any = ...,
-    dropout_p: float = ..., seed: int | None = ...,
-    return_weights: Literal[False] = ..., return_lse: Literal[False] = ...,
-    alibi_slopes: Any = ..., block_table: Any = ..., k_descale: Any = ..., v_descale: Any = ...,
-) -> Array: ...
+def attention(q: Any, k: Any, v: Any, **keywords: Unpack[_Out]) -> Array: ...
 @overload
-def attention(
-    q: Any, k: Any, v: Any, *, causal: bool = ..., mask: Any = ..., scale: float | None = ...,
-    bias: Any = ..., window: tuple[int, int] | None = ..., align: Align | None = ...,
-    softcap: float | None = ..., sinks: Any = ..., kv_lengths: Any = ...,
-    cu_seqlens_q: Any = ..., cu_seqlens_k: Any = ...,
-    dropout_p: float = ..., seed: int | None = ...,
-    return_weights: Literal[True], return_lse: Literal[False] = ...,
-    alibi_slopes: Any = ..., block_table: Any = ..., k_descale: Any = ..., v_descale: Any = ...,
-) -> tuple[Array, Array]: ...
+def attention(q: Any, k: Any, v: Any, **keywords: Unpack[_OutWeights]) -> tuple[Array, Array]: ...
 @overload
-def attention(
-    q: Any, k: Any, v: Any, *, causal: bool = ..., mask: Any = ..., scale: float | None = ...,
-    bias: Any = ..., window: tuple[int, int] | None = ..., align: Align | None = ...,
-    softcap: float | None = ..., sinks: Any = ..., kv_lengths: Any = ...,
-    cu_seqlens_q: Any = ..., cu_seqlens_k: Any = ...,
-    dropout_p: float = ..., seed: int | None = ...,
-    return_weights: Literal[False] = ..., return_lse: Literal[True],
-    alibi_slopes: Any = ..., block_table: Any = ..., k_descale: Any = ..., v_descale: Any = ...,
-) -> tuple[Array, Array]: ...
+def attention(q: Any, k: Any, v: Any, **keywords: Unpack[_OutLse]) -> tuple[Array, Array]: ...
 @overload
+def attention(q: Any, k: Any, v: Any, **keywords: Unpack[_OutWeightsLse]) -> tuple[Array, Array, Array]: ...
+@takes(AttentionKeywords)
 def attention(
-    q: Any, k: Any, v: Any, *, causal: bool = ..., mask: Any = ..., scale: float | None = ...,
-    bias: Any = ..., window: tuple[int, int] | None = ..., align: Align | None = ...,
-    softcap: float | None = ..., sinks: Any = ..., kv_lengths: Any = ...,
-    cu_seqlens_q: Any = ..., cu_seqlens_k: Any = ...,
-    dropout_p: float = ..., seed: int | None = ...,
-    return_weights: Literal[True], return_lse: Literal[True],
-    alibi_slopes: Any = ..., block_table: Any = ..., k_descale: Any = ..., v_descale: Any = ...,
-) -> tuple[Array, Array, Array]: ...
-def attention(
-    q: Any,
-    k: Any,
-    v: Any,
-    *,
-    causal: bool = False,
-    mask: Any = None,
-    scale: float | None = None,
-    bias: Any = None,
-    window: tuple[int, int] | None = None,
-    align: Align | None = None,
-    softcap: float | None = None,
-    sinks: Any = None,
-    kv_lengths: Any = None,
-    cu_seqlens_q: Any = None,
-    cu_seqlens_k: Any = None,
-    dropout_p: float = 0.0,
-    seed: int | None = None,
-    return_weights: bool = False,
-    return_lse: bool = False,
-    alibi_slopes: Any = None,
-    block_table: Any = None,
-    k_descale: Any = None,
-    v_descale: Any = None,
+    q: Any, k: Any, v: Any, *, return_weights: bool = False, return_lse: bool = False,
+    **keywords: Unpack[AttentionKeywords],
 ) -> _Results:
     """Scaled dot-product attention, ``softmax(q kᵀ · scale) v``, with the keywords real kernels take.
 
@@ -635,16 +611,15 @@ def attention(
     >>> out, lse  # the sink takes 1/5 of the weight: (3·10 + 20)/5; lse = log(3 + 1 + 1)
     (array([[10.]]), array([1.60943791]))
     """
+    keywords = given(attention, keywords)
     q = _as_float_array("q", q)
     dtype = q.dtype  # the output's, even where a float8 cache widens q to the compute dtype
-    q, k, v, kv_lengths, align = read_cache(
-        q, k, v, block_table=block_table, kv_lengths=kv_lengths, k_descale=k_descale, v_descale=v_descale,
-        align=align, work=compute_dtype(dtype))
-    q, k, v, _, core = _checked(
-        q, k, v, causal=causal, mask=mask, scale=scale, bias=bias, window=window, align=align,
-        softcap=softcap, sinks=sinks, kv_lengths=kv_lengths, cu_seqlens_q=cu_seqlens_q,
-        cu_seqlens_k=cu_seqlens_k, dropout_p=dropout_p, seed=seed, alibi_slopes=alibi_slopes,
-    )
+    # A cache read into contiguous keys: its lengths and their alignment are then the maths' own.
+    q, k, v, keywords["kv_lengths"], keywords["align"] = read_cache(
+        q, k, v, block_table=keywords["block_table"], kv_lengths=keywords["kv_lengths"],
+        k_descale=keywords["k_descale"], v_descale=keywords["v_descale"], align=keywords["align"],
+        work=compute_dtype(dtype))
+    q, k, v, _, core = _checked(q, k, v, keywords)
     work = compute_dtype(q.dtype)
     out, weights, lse = _grouped(_core, *(x.astype(work, copy=False) for x in (q, k, v)), **core)
     out = out.astype(dtype, copy=False)

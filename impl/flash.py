@@ -25,9 +25,9 @@ Speed in NumPy comes from doing as little per score as possible outside BLAS:
   shift is 0 (no pass) whenever every row max of the tile is small, and the row sums come from a
   matrix-vector product;
 * row blocks are independent, so each core takes its own, in a thread running a single-threaded
-  BLAS (through threadpoolctl when installed): NumPy's ufuncs and BLAS release the GIL, so one
-  thread's exp overlaps another's matmul, and no core is shared by two busy threads (``threads=``
-  caps the count, and ``threads=1`` keeps the whole call in the caller's thread).
+  BLAS (through threadpoolctl): NumPy's ufuncs and BLAS release the GIL, so one thread's exp
+  overlaps another's matmul, and no core is shared by two busy threads (``threads=`` caps the
+  count, and ``threads=1`` keeps the whole call in the caller's thread).
 
 What remains is BLAS time plus about one exp per visible score: ``python -m impl.bench``
 measures it against PyTorch, JAX and the sgemm floor, and ``--profile`` shows it line by line
@@ -46,7 +46,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
-from typing import Any, Literal, overload
+from typing import Any, TypedDict, Unpack, overload
 
 import numpy as np
 
@@ -61,6 +61,7 @@ from impl.attention import (
     compute_dtype,
 )
 from impl.grad import _check_d_out, _unbroadcast
+from impl.keywords import CacheKeywords, CommonKeywords, WithLse, WithoutLse, given, takes
 from impl.masks import _diagonal, check_window
 
 # Query rows × keys per tile. A 256 × 2048 float32 score tile is 2 MiB: big enough that each matmul
@@ -293,11 +294,9 @@ def _cores() -> int:
 
 @functools.cache
 def _blas_controller() -> Any:
-    """threadpoolctl's handle on the loaded BLAS (found once: the search takes a millisecond), or None."""
-    try:
-        from threadpoolctl import ThreadpoolController
-    except ImportError:  # then BLAS keeps its own threads and row blocks run in turn
-        return None
+    """threadpoolctl's handle on the loaded BLAS (found once: the search takes a millisecond)."""
+    from threadpoolctl import ThreadpoolController
+
     return ThreadpoolController()
 
 
@@ -316,10 +315,9 @@ def _check_threads(threads: Any) -> int | None:
 
 
 def _threads(n_jobs: int, n_scores: int, most: int | None) -> int:
-    """Threads to run ``n_jobs`` on: for big calls when BLAS can be made single-threaded, one per
-    core (``most`` None) or at most ``most``."""
+    """Threads to run ``n_jobs`` on: for big calls, one per core (``most`` None) or at most ``most``."""
     threads = min(_cores() if most is None else most, n_jobs)
-    if threads > 1 and n_scores >= _THREADED_MIN_SCORES and _blas_controller() is not None:
+    if threads > 1 and n_scores >= _THREADED_MIN_SCORES:
         return threads
     return 1
 
@@ -362,39 +360,30 @@ def _alibi(alibi_slopes: Any, batch: tuple[int, ...], n_q: int, n_k: int, work: 
     return None if slopes is None else Alibi(slopes, batch, n_q, n_k)
 
 
+class Tiling(TypedDict, total=False):
+    """How `flash_attention` tiles its work: ``block`` (query rows, keys) and ``threads``."""
+
+    block: int | tuple[int, int]
+    threads: int | None
+
+
+class FlashKeywords(CommonKeywords, CacheKeywords, Tiling, total=False):
+    """Every keyword of `flash_attention` but ``return_lse``."""
+
+
+class _Out(FlashKeywords, WithoutLse): ...  # -> out
+
+
+class _OutLse(FlashKeywords, WithLse): ...  # -> (out, lse)
+
+
 @overload
-def flash_attention(
-    q: Any, k: Any, v: Any, *, causal: bool = ..., scale: float | None = ...,
-    block: int | tuple[int, int] = ..., window: tuple[int, int] | None = ...,
-    softcap: float | None = ..., return_lse: Literal[False] = ...,
-    alibi_slopes: Any = ..., block_table: Any = ..., kv_lengths: Any = ..., k_descale: Any = ...,
-    v_descale: Any = ..., threads: int | None = ...,
-) -> Array: ...
+def flash_attention(q: Any, k: Any, v: Any, **keywords: Unpack[_Out]) -> Array: ...
 @overload
+def flash_attention(q: Any, k: Any, v: Any, **keywords: Unpack[_OutLse]) -> tuple[Array, Array]: ...
+@takes(FlashKeywords, block=DEFAULT_BLOCK)
 def flash_attention(
-    q: Any, k: Any, v: Any, *, causal: bool = ..., scale: float | None = ...,
-    block: int | tuple[int, int] = ..., window: tuple[int, int] | None = ...,
-    softcap: float | None = ..., return_lse: Literal[True],
-    alibi_slopes: Any = ..., block_table: Any = ..., kv_lengths: Any = ..., k_descale: Any = ...,
-    v_descale: Any = ..., threads: int | None = ...,
-) -> tuple[Array, Array]: ...
-def flash_attention(
-    q: Any,
-    k: Any,
-    v: Any,
-    *,
-    causal: bool = False,
-    scale: float | None = None,
-    block: int | tuple[int, int] = DEFAULT_BLOCK,
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    return_lse: bool = False,
-    alibi_slopes: Any = None,
-    block_table: Any = None,
-    kv_lengths: Any = None,
-    k_descale: Any = None,
-    v_descale: Any = None,
-    threads: int | None = None,
+    q: Any, k: Any, v: Any, *, return_lse: bool = False, **keywords: Unpack[FlashKeywords],
 ) -> Array | tuple[Array, Array]:  # [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v] -> [..., n_q, d_v]
     """Attention computed tile by tile; equal to `impl.attention` up to float rounding.
 
@@ -431,22 +420,22 @@ def flash_attention(
     Numerics follow `impl.attention`: float64 stays float64, narrower floats compute in
     float32 and are cast back; NaN and Inf propagate. No keys (n_k = 0) gives zeros.
     """
-    if block_table is not None:
-        return _paged(q, k, v, block_table=block_table, kv_lengths=kv_lengths, k_descale=k_descale,
-                      v_descale=v_descale, causal=bool(causal), scale=scale, block=block, window=window,
-                      softcap=softcap, alibi_slopes=alibi_slopes, return_lse=return_lse, threads=threads)
-    for name, given in (("kv_lengths", kv_lengths), ("k_descale", k_descale), ("v_descale", v_descale)):
-        if given is not None:
+    keywords = given(flash_attention, keywords)
+    if keywords["block_table"] is not None:
+        return _paged(q, k, v, keywords, return_lse=return_lse)
+    for name in ("kv_lengths", "k_descale", "v_descale"):
+        if keywords.get(name) is not None:
             raise ValueError(f"flash_attention takes {name} only with a paged cache (block_table); "
                              "impl.attention takes it for contiguous keys")
-    qs, ks, vs, batch, scale = _prepare(q, k, v, scale)
-    block_q, block_k = _tile_shape(block)
-    seen = Visibility(causal=bool(causal), window=None if window is None else check_window(window))
+    causal, window, softcap = bool(keywords["causal"]), keywords["window"], keywords["softcap"]
+    qs, ks, vs, batch, scale = _prepare(q, k, v, keywords["scale"])
+    block_q, block_k = _tile_shape(keywords["block"])
+    seen = Visibility(causal=causal, window=None if window is None else check_window(window))
     softcap = check_softcap(softcap)
-    most = _check_threads(threads)
+    most = _check_threads(keywords["threads"])
     n_q, n_k, d_v = qs.shape[-2], ks.shape[-2], vs.shape[-1]
     work = qs.dtype
-    alibi = _alibi(alibi_slopes, batch, n_q, n_k, work)
+    alibi = _alibi(keywords["alibi_slopes"], batch, n_q, n_k, work)
     out = np.empty((*batch, n_q, d_v), dtype=work)
     lse = np.empty((*batch, n_q), dtype=work) if return_lse else None
     heads = list(np.ndindex(*batch))
@@ -463,16 +452,14 @@ def flash_attention(
                    head=idx, seen=seen, scale=scale, softcap=softcap, alibi=alibi, block_k=block_k,
                    skip_hidden=skip_hidden, shift_free=skip_hidden)
 
-    jobs = list(_jobs(len(heads), n_q, block_q, bool(causal)))
+    jobs = list(_jobs(len(heads), n_q, block_q, causal))
     _in_parallel(run, jobs, _threads(len(jobs), len(heads) * n_q * n_k, most))
     result = out.astype(np.asarray(q).dtype, copy=False)
     return (result, lse) if lse is not None else result
 
 
 def _paged(
-    q: Any, k: Any, v: Any, *, block_table: Any, kv_lengths: Any, k_descale: Any, v_descale: Any,
-    causal: bool, scale: Any, block: Any, window: Any, softcap: Any, alibi_slopes: Any, return_lse: bool,
-    threads: Any,
+    q: Any, k: Any, v: Any, keywords: FlashKeywords, *, return_lse: bool
 ) -> Array | tuple[Array, Array]:  # [b, h, n_q, d_k], pools [blocks, size, g, d] -> [b, h, n_q, d_v]
     """`flash_attention` over a paged (and perhaps float8) cache.
 
@@ -484,7 +471,8 @@ def _paged(
     """
     q = _as_float_array("q", q)
     work = compute_dtype(q.dtype)
-    table, lengths = cache.check_pages(q.shape, k, v, block_table, kv_lengths)
+    k_descale, v_descale = keywords["k_descale"], keywords["v_descale"]
+    table, lengths = cache.check_pages(q.shape, k, v, keywords["block_table"], keywords["kv_lengths"])
     float8 = cache.check_float8(k, v, k_descale, v_descale)
     if not float8 and not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k and v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
@@ -495,20 +483,22 @@ def _paged(
     shape = (batch, g)
     k_scale = cache.check_descale("k_descale", k_descale, shape) if float8 else None
     v_scale = cache.check_descale("v_descale", v_descale, shape) if float8 else None
-    scale = check_scale(scale, d_k)
-    block_q, block_k = _tile_shape(block)
+    scale = check_scale(keywords["scale"], d_k)
+    block_q, block_k = _tile_shape(keywords["block"])
+    causal, window = bool(keywords["causal"]), keywords["window"]
     window = None if window is None else check_window(window)
-    softcap = check_softcap(softcap)
-    most = _check_threads(threads)
+    softcap = check_softcap(keywords["softcap"])
+    most = _check_threads(keywords["threads"])
     qs = q.astype(work, copy=False)
     out = np.empty((batch, heads, n_q, d_v), dtype=work)
     lse = np.empty((batch, heads, n_q), dtype=work) if return_lse else None
+    slopes = keywords["alibi_slopes"]
     keys, values, seen, alibi = [], [], [], []
     for b, length in enumerate(lengths.tolist()):  # [g, length, d_k], [g, length, d_v] in work
         keys.append(cache.sequence(k, table[b], length, None if k_scale is None else k_scale[b], work))
         values.append(cache.sequence(v, table[b], length, None if v_scale is None else v_scale[b], work))
         seen.append(Visibility(causal=causal, window=window, offset=length - n_q))
-        alibi.append(_alibi(alibi_slopes, (batch, heads), n_q, length, work))  # its diagonal: length − n_q
+        alibi.append(_alibi(slopes, (batch, heads), n_q, length, work))  # its diagonal: length − n_q
     finite = [_all_finite(x) for x in values]  # as in flash_attention: skip only when exact
 
     def run(job: tuple[int, int, int, int]) -> None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
@@ -40,7 +40,7 @@ from impl.attention import (
     _weights,
     compute_dtype,
 )
-from impl.masks import Align
+from impl.keywords import Keywords, given, takes
 
 
 def _swap(x: Array) -> Array:  # [..., a, b] -> [..., b, a]
@@ -97,27 +97,9 @@ def _core_backward(
     return _unbroadcast(dq, q.shape), _unbroadcast(dk, k.shape), _unbroadcast(dv, v.shape), ds, d_sinks
 
 
+@takes(Keywords, align="top_left")
 def attention_backward(
-    q: Any,
-    k: Any,
-    v: Any,
-    d_out: Any,
-    *,
-    causal: bool = False,
-    mask: Any = None,
-    scale: float | None = None,
-    bias: Any = None,
-    window: tuple[int, int] | None = None,
-    align: Align = "top_left",
-    softcap: float | None = None,
-    sinks: Any = None,
-    kv_lengths: Any = None,
-    cu_seqlens_q: Any = None,
-    cu_seqlens_k: Any = None,
-    dropout_p: float = 0.0,
-    seed: int | None = None,
-    alibi_slopes: Any = None,
-    return_extras: bool = False,
+    q: Any, k: Any, v: Any, d_out: Any, *, return_extras: bool = False, **keywords: Unpack[Keywords],
 ) -> Any:  # [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v], [..., n_q, d_v]
     """Gradients ``(dq, dk, dv)`` of ``attention(q, k, v, ...)`` for the upstream gradient ``d_out``.
 
@@ -148,11 +130,8 @@ def attention_backward(
     >>> extras["dsinks"]  # the sink takes 1/3 of the row: dσ = −(1/3)·D, D = dO·O = 4/3
     array([-0.44444444])
     """
-    q, k, v, batch, core = _checked(
-        q, k, v, causal=causal, mask=mask, scale=scale, bias=bias, window=window, align=align,
-        softcap=softcap, sinks=sinks, kv_lengths=kv_lengths, cu_seqlens_q=cu_seqlens_q,
-        cu_seqlens_k=cu_seqlens_k, dropout_p=dropout_p, seed=seed, alibi_slopes=alibi_slopes,
-    )
+    keywords = given(attention_backward, keywords)
+    q, k, v, batch, core = _checked(q, k, v, keywords)
     d_out = _check_d_out(d_out, q.dtype, (*batch, q.shape[-2], v.shape[-1]))
     work = compute_dtype(q.dtype)
     dq, dk, dv, d_scores, d_sinks = _grouped(
@@ -163,6 +142,7 @@ def attention_backward(
     if not return_extras:
         return grads
     extras = {}
+    bias, sinks = keywords["bias"], keywords["sinks"]
     if bias is not None:
         extras["dbias"] = _unbroadcast(d_scores, np.shape(bias)).astype(np.asarray(bias).dtype, copy=False)
     if sinks is not None:  # per head: [h, 1, 1] ([1, 1] for 2-D inputs) -> [h]

@@ -3,6 +3,8 @@ argument checks and tilings at their edges (the first value past each boundary).
 
 import concurrent.futures
 import contextlib
+import os
+import sys
 import threading
 import time
 import tracemalloc
@@ -10,6 +12,7 @@ import warnings
 
 import numpy as np
 import pytest
+import threadpoolctl
 
 import impl.flash
 from impl import (
@@ -32,17 +35,51 @@ def qkv(rng, n_q, n_k, d_k=16, d_v=8, *, lead_q=(), lead_kv=(), dtype=np.float64
     return q, k, v
 
 
-@pytest.fixture
-def threaded(monkeypatch):
-    """Make every call big enough for the threaded path (on a machine with more than one CPU)."""
-    monkeypatch.setattr(impl.flash, "_THREADED_MIN_SCORES", 0)
-    monkeypatch.setattr(impl.flash, "_cores", lambda: 2)
+def big(rng, *, lead=(2,), n=512, d_k=16, d_v=8, dtype=np.float64):
+    """q, k, v with ``lead + (n, n)`` scores, at least 512² in all: a call past the size below which
+    flash_attention keeps its row blocks in the caller's thread (a pool costs more than it saves)."""
+    return qkv(rng, n, n, d_k, d_v, lead_q=lead, lead_kv=lead, dtype=dtype)
 
 
-@pytest.fixture
-def serial(monkeypatch):
-    """Row blocks in turn, as without threadpoolctl."""
-    monkeypatch.setattr(impl.flash, "_blas_controller", lambda: None)
+def blas_threads():
+    """The thread counts of the BLAS libraries loaded, as threadpoolctl reports them."""
+    return {lib["num_threads"] for lib in threadpoolctl.threadpool_info() if lib["user_api"] == "blas"}
+
+
+@contextlib.contextmanager
+def new_threads(*, meet=0, pause=0.0, blas=False):
+    """What each thread started inside the block saw as it started (``threading.setprofile`` runs
+    in each new thread before its first call): its name, with ``blas`` the BLAS thread counts, and
+    after ``pause`` seconds the names of the threads alive. With ``meet``, each waits (2 s at most)
+    until ``meet`` threads have started, so that a pool starts every worker it may have instead of
+    handing the work to an idle one."""
+    seen = []
+    started = threading.Condition()
+
+    def hook(frame, event, arg):
+        sys.setprofile(None)  # once, as the thread starts
+        me = dict(name=threading.current_thread().name)
+        try:  # an exception here would end the thread before its work: recorded instead
+            me["blas"] = blas_threads() if blas else None
+            with started:
+                seen.append(me)
+                started.notify_all()
+                started.wait_for(lambda: len(seen) >= meet, timeout=2)
+            time.sleep(pause)
+            me["alive"] = {t.name for t in threading.enumerate()}
+        except BaseException as e:
+            me["error"] = e
+
+    previous = threading.getprofile()
+    threading.setprofile(hook)
+    try:
+        yield seen
+    finally:
+        threading.setprofile(previous)
+
+
+def pool_of(name):  # a pool worker's thread name -> its pool's: "ThreadPoolExecutor-3_1" -> "...-3"
+    return name.rsplit("_", 1)[0]
 
 
 # --- equal to the reference ---------------------------------------------------------------------
@@ -200,67 +237,59 @@ def test_inputs_are_not_mutated():
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_threaded_row_blocks_equal_the_reference(threaded, causal):
-    q, k, v = qkv(np.random.default_rng(9), 100, 90, lead_q=(2, 2), lead_kv=(2, 1), dtype=np.float32)
-    out = flash_attention(q, k, v, causal=causal, block=(16, 32))
+def test_threaded_row_blocks_equal_the_reference(causal):
+    q, k, v = qkv(np.random.default_rng(9), 256, 256, lead_q=(2, 2), lead_kv=(2, 1), dtype=np.float32)
+    with new_threads(meet=2) as pool:
+        out = flash_attention(q, k, v, causal=causal, block=(16, 32), threads=2)
+    assert len(pool) == 2
     np.testing.assert_allclose(out, attention(q, k, v, causal=causal), **TOL[np.float32])
 
 
-def test_threaded_path_gives_blas_its_threads_back(threaded):
-    threadpoolctl = pytest.importorskip("threadpoolctl")
-
-    def blas_threads():
-        return {lib["num_threads"] for lib in threadpoolctl.threadpool_info() if lib["user_api"] == "blas"}
-
-    q, k, v = qkv(np.random.default_rng(10), 64, 64, dtype=np.float32)
+def test_row_blocks_run_on_a_one_thread_blas_and_the_callers_count_comes_back():
+    q, k, v = big(np.random.default_rng(10), dtype=np.float32)
     with threadpoolctl.threadpool_limits(3, user_api="blas"):  # a count no default would give
-        flash_attention(q, k, v, block=16)
+        with new_threads(meet=2, blas=True) as pool:
+            flash_attention(q, k, v, block=64, threads=2)
         assert blas_threads() == {3}
+    assert [thread["blas"] for thread in pool] == [{1}, {1}]
 
 
-def test_concurrent_calls_take_turns_with_the_blas_thread_count(threaded, monkeypatch):
-    # Each call lowers BLAS to one thread and restores it after; two calls overlapping would
-    # restore each other's lowered count. They must not overlap.
-    if impl.flash._blas_controller() is None:
-        pytest.skip("the threaded path needs threadpoolctl")
-    log = []
-
-    @contextlib.contextmanager
-    def recorded():
-        log.append("lower")
-        time.sleep(0.05)  # time enough for the other call to overlap, if it may
-        yield
-        log.append("restore")
-
-    monkeypatch.setattr(impl.flash, "_one_thread_blas", recorded)
-    q, k, v = qkv(np.random.default_rng(18), 64, 64, dtype=np.float32)
+def test_concurrent_calls_take_turns_with_the_blas_thread_count():
+    # Each call lowers BLAS to one thread and restores the count it found. Two calls overlapping
+    # would restore each other's lowered count: the second finds 1 and, finishing last, leaves 1.
+    # They take turns: no worker of one call's pool ever sees a worker of the other's alive.
+    q, k, v = big(np.random.default_rng(18), dtype=np.float32)
     start = threading.Barrier(2)
 
-    def call():
+    def call(_):
         start.wait()
-        return flash_attention(q, k, v, block=16)
+        return flash_attention(q, k, v, block=64, threads=2)
 
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        outs = list(pool.map(lambda _: call(), range(2)))
-    assert log == ["lower", "restore", "lower", "restore"]
+    with threadpoolctl.threadpool_limits(3, user_api="blas"):
+        with new_threads(pause=0.02) as workers, concurrent.futures.ThreadPoolExecutor(
+                2, thread_name_prefix="caller") as callers:
+            outs = list(callers.map(call, range(2)))
+        assert blas_threads() == {3}
+    pools = [thread for thread in workers if not thread["name"].startswith("caller")]
+    assert len({pool_of(thread["name"]) for thread in pools}) == 2  # each call ran its own pool
+    for thread in pools:
+        others = {pool_of(name) for name in thread["alive"] & {t["name"] for t in pools}}
+        assert others == {pool_of(thread["name"])}, f"{thread['name']} ran beside {others}"
     np.testing.assert_array_equal(outs[0], outs[1])
 
 
-def test_a_failing_row_block_raises_in_the_caller(threaded, monkeypatch):
-    def broken(*args, **kwargs):
-        raise RuntimeError("row block failed")
-
-    monkeypatch.setattr(impl.flash, "_row_block", broken)
-    q, k, v = qkv(np.random.default_rng(11), 64, 64)
-    with pytest.raises(RuntimeError, match="row block failed"):
-        flash_attention(q, k, v, block=16)
-
-
-def test_serial_path_without_threadpoolctl_equals_the_reference(threaded, serial):
-    q, k, v = qkv(np.random.default_rng(12), 70, 70, lead_q=(3,), lead_kv=(3,))
-    np.testing.assert_allclose(
-        flash_attention(q, k, v, causal=True, block=16), attention(q, k, v, causal=True), **TOL[np.float64]
-    )
+def test_a_failing_row_block_raises_in_the_caller():
+    # Values +Inf at the first key and -Inf at the last, in two key tiles: each row's running sum
+    # meets Inf + -Inf, and NumPy warns in the thread that adds them. As an error, that warning
+    # must reach the caller, from a pool's worker as from the caller's own thread.
+    q, k, v = big(np.random.default_rng(11))
+    v[:, 0], v[:, -1] = np.inf, -np.inf
+    for threads in (1, 2):
+        with warnings.catch_warnings(), new_threads() as pool:
+            warnings.simplefilter("error")
+            with pytest.raises(RuntimeWarning, match="invalid value"):
+                flash_attention(q, k, v, block=64, threads=threads)
+        assert bool(pool) == (threads > 1)  # the second call ran in a pool
 
 
 def test_costliest_row_blocks_are_handed_out_first_under_the_causal_mask():
@@ -272,61 +301,55 @@ def test_costliest_row_blocks_are_handed_out_first_under_the_causal_mask():
 # --- threads= -------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def pools(threaded, monkeypatch):
-    """The size of every thread pool flash starts, on the threaded path (two cores)."""
-    if impl.flash._blas_controller() is None:
-        pytest.skip("the threaded path needs threadpoolctl")
-    sizes = []
-    real = impl.flash.ThreadPoolExecutor
-
-    def counted(threads):
-        sizes.append(threads)
-        return real(threads)
-
-    monkeypatch.setattr(impl.flash, "ThreadPoolExecutor", counted)
-    return sizes
-
-
-def test_threads_caps_the_pool_and_1_keeps_the_call_in_the_callers_thread(pools):
-    import threadpoolctl
-
-    q, k, v = qkv(np.random.default_rng(70), 64, 64, lead_q=(2,), lead_kv=(2,))
-    default = flash_attention(q, k, v, causal=True, block=16)
-    three = flash_attention(q, k, v, causal=True, block=16, threads=3)
-    with threadpoolctl.threadpool_limits(1, user_api="blas"):  # BLAS as the pool's threads have it
-        one = flash_attention(q, k, v, causal=True, block=16, threads=1)
-    assert pools == [2, 3]  # one per core by default; none at all for threads=1
+def test_threads_caps_the_pool_and_1_keeps_the_call_in_the_callers_thread():
+    q, k, v = big(np.random.default_rng(70))  # 2 heads × 32 row blocks of 16
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    one_per_core = 0 if cores == 1 else min(cores, 64)
+    with new_threads(meet=one_per_core) as default_pool:
+        default = flash_attention(q, k, v, causal=True, block=16)
+    with new_threads(meet=3) as pool_of_three:
+        three = flash_attention(q, k, v, causal=True, block=16, threads=3)
+    with threadpoolctl.threadpool_limits(1, user_api="blas"), new_threads() as no_pool:
+        one = flash_attention(q, k, v, causal=True, block=16, threads=1)  # BLAS as the pool's threads have it
+    assert (len(default_pool), len(pool_of_three), len(no_pool)) == (one_per_core, 3, 0)
     np.testing.assert_array_equal(one, default)
     np.testing.assert_array_equal(three, default)
 
 
-def test_backward_on_one_thread_is_the_one_core_path_bit_for_bit(pools, monkeypatch):
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs os.sched_setaffinity (Linux)")
+def test_backward_on_one_thread_is_the_one_core_path_bit_for_bit():
     rng = np.random.default_rng(71)
-    q, k, v = qkv(rng, 64, 64, lead_q=(2,), lead_kv=(2,))
+    q, k, v = big(rng)
     out, lse = flash_attention(q, k, v, causal=True, return_lse=True)
     d_out = rng.standard_normal(out.shape)
-    pools.clear()  # the forward's
-    one = flash_attention_backward(q, k, v, out, lse, d_out, causal=True, block=16, threads=1)
-    assert pools == []
-    monkeypatch.setattr(impl.flash, "_cores", lambda: 1)
-    alone = flash_attention_backward(q, k, v, out, lse, d_out, causal=True, block=16)
+    with new_threads() as pool:
+        one = flash_attention_backward(q, k, v, out, lse, d_out, causal=True, block=16, threads=1)
+    cpus = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cpus)})  # this thread, as flash sees it: a one-CPU machine
+    try:
+        with new_threads() as one_cpu_pool:
+            alone = flash_attention_backward(q, k, v, out, lse, d_out, causal=True, block=16)
+    finally:
+        os.sched_setaffinity(0, cpus)
+    assert pool == one_cpu_pool == []
     for got, want in zip(one, alone, strict=True):
         np.testing.assert_array_equal(got, want)
 
 
-def test_paged_calls_take_threads_too(pools):
+def test_paged_calls_take_threads_too():
     from paged_caches import draw_seqs, lengths_of, paged
 
     rng = np.random.default_rng(72)
-    k_seqs, v_seqs = draw_seqs(rng, [40, 64], 1, 8), draw_seqs(rng, [40, 64], 1, 8)
+    k_seqs, v_seqs = draw_seqs(rng, [400, 512], 1, 8), draw_seqs(rng, [400, 512], 1, 8)
     k_pool, v_pool, table = paged(k_seqs, v_seqs, 16, rng)
-    q = rng.standard_normal((2, 2, 64, 8))
+    q = rng.standard_normal((2, 2, 256, 8))  # 2 heads × 256 queries × 912 keys: past 512² scores
     options = dict(block_table=table, kv_lengths=lengths_of(k_seqs), causal=True, block=16)
-    default = flash_attention(q, k_pool, v_pool, **options)
-    one = flash_attention(q, k_pool, v_pool, **options, threads=1)
-    assert pools == [2]
-    np.testing.assert_allclose(one, default, rtol=1e-12, atol=1e-12)
+    with new_threads(meet=2) as two_pool:
+        two = flash_attention(q, k_pool, v_pool, **options, threads=2)
+    with new_threads() as no_pool:
+        one = flash_attention(q, k_pool, v_pool, **options, threads=1)
+    assert (len(two_pool), len(no_pool)) == (2, 0)
+    np.testing.assert_allclose(one, two, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("threads", [0, -1, 1.5, True, "2"])
@@ -343,15 +366,14 @@ def test_bad_threads_is_refused_and_named(threads):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_memory_grows_with_the_tile_not_with_n_squared(causal, monkeypatch):
+def test_memory_grows_with_the_tile_not_with_n_squared(causal):
     # The n × n float32 pattern at n = 4096 is 64 MiB. The tiled call holds the output
-    # (4096 × 16 × 4 B = 256 KiB) and one 256 × 2048 float32 tile (2 MiB) per thread.
-    monkeypatch.setattr(impl.flash, "_cores", lambda: 2)
+    # (4096 × 16 × 4 B = 256 KiB) and one 256 × 2048 float32 tile (2 MiB) per thread, of two.
     n = 4096
     q, k, v = qkv(np.random.default_rng(13), n, n, 16, 16, dtype=np.float32)
     tracemalloc.start()
     try:
-        flash_attention(q, k, v, causal=causal)
+        flash_attention(q, k, v, causal=causal, threads=2)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -603,14 +625,15 @@ def test_huge_values_force_the_shifted_path_and_stay_finite():
     np.testing.assert_allclose(out / 1e36, golden(q, k, v / 1e36, scale=1.0)[0], rtol=1e-5, atol=1e-6)
 
 
-def test_threaded_window_softcap_and_lse_equal_the_golden(threaded):
-    q, k, v = qkv(np.random.default_rng(34), 70, 90, lead_q=(3,), lead_kv=(3,))
-    for h in range(3):
-        out, lse = flash_attention(q[h], k[h], v[h], causal=True, window=(20, 0), softcap=2.0, block=(16, 8),
-                                   return_lse=True)
-        want_out, want_lse = golden(q[h], k[h], v[h], causal=True, window=(20, 0), softcap=2.0)
-        np.testing.assert_allclose(out, want_out, **TOL[np.float64])
-        np.testing.assert_allclose(lse, want_lse, **TOL[np.float64])
+def test_threaded_window_softcap_and_lse_equal_the_golden():
+    q, k, v = big(np.random.default_rng(34), n=384)
+    with new_threads(meet=2) as pool:
+        out, lse = flash_attention(q, k, v, causal=True, window=(20, 0), softcap=2.0, block=(16, 8),
+                                   return_lse=True, threads=2)
+    assert len(pool) == 2
+    want_out, want_lse = golden(q, k, v, causal=True, window=(20, 0), softcap=2.0)
+    np.testing.assert_allclose(out, want_out, **TOL[np.float64])
+    np.testing.assert_allclose(lse, want_lse, **TOL[np.float64])
 
 
 @pytest.mark.parametrize("amplitude", ["scores", "values"])
@@ -804,13 +827,20 @@ def test_backward_of_rows_that_see_nothing_and_of_no_keys_is_zero():
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_threaded_backward_equals_the_reference_and_is_deterministic(threaded, causal):
+def test_threaded_backward_equals_the_reference_and_is_deterministic(causal):
     rng = np.random.default_rng(45)
-    q, k, v = qkv(rng, 100, 90, lead_q=(2, 2), lead_kv=(2, 1), dtype=np.float32)
+    q, k, v = qkv(rng, 256, 256, lead_q=(2, 2), lead_kv=(2, 1), dtype=np.float32)  # 4 × 256² scores
     out, lse = flash_attention(q, k, v, return_lse=True, causal=causal)
     d_out = rng.standard_normal(out.shape).astype(np.float32)
-    first, again = (flash_attention_backward(q, k, v, out, lse, d_out, causal=causal, block=(16, 8))
-                    for _ in range(2))
+
+    def on_two_threads():
+        with new_threads(meet=2) as pool:
+            grads = flash_attention_backward(q, k, v, out, lse, d_out, causal=causal, block=(16, 8),
+                                             threads=2)
+        assert len(pool) == 2
+        return grads
+
+    first, again = on_two_threads(), on_two_threads()
     for g, a, want in zip(first, again, attention_backward(q, k, v, d_out, causal=causal), strict=True):
         np.testing.assert_allclose(g, want, **GRAD_TOL[np.float32])
         np.testing.assert_array_equal(g, a)
@@ -828,11 +858,10 @@ def test_backward_lets_nan_through_where_the_reference_has_it():
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_backward_memory_grows_with_the_tile_not_with_n_squared(causal, monkeypatch):
+def test_backward_memory_grows_with_the_tile_not_with_n_squared(causal):
     # At n = 4096 the float32 pattern is 64 MiB. The backward holds dq, dk, dv, one more dq per
     # extra thread, q·scale and [dO, −D] (each 4096 × 16 or 17 × 4 B ≈ 0.27 MiB), lse and three
-    # 1024 × 256 float32 tiles (1 MiB each) per thread.
-    monkeypatch.setattr(impl.flash, "_cores", lambda: 2)
+    # 1024 × 256 float32 tiles (1 MiB each) per thread, of two.
     n = 4096
     rng = np.random.default_rng(47)
     q, k, v = qkv(rng, n, n, 16, 16, dtype=np.float32)
@@ -840,7 +869,7 @@ def test_backward_memory_grows_with_the_tile_not_with_n_squared(causal, monkeypa
     d_out = rng.standard_normal(out.shape).astype(np.float32)
     tracemalloc.start()
     try:
-        flash_attention_backward(q, k, v, out, lse, d_out, causal=causal)
+        flash_attention_backward(q, k, v, out, lse, d_out, causal=causal, threads=2)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

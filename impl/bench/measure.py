@@ -139,10 +139,8 @@ def _blas_name() -> str:
 
 def blas_runtime() -> list[dict[str, Any]]:
     """What threadpoolctl sees of the loaded BLAS: library, version, kernel architecture, threads."""
-    try:
-        from threadpoolctl import threadpool_info
-    except ImportError:
-        return []
+    from threadpoolctl import threadpool_info
+
     keys = ("internal_api", "version", "architecture", "threading_layer", "num_threads", "filepath")
     return [{key: lib.get(key) for key in keys} for lib in threadpool_info() if lib["user_api"] == "blas"]
 
