@@ -63,11 +63,11 @@ def test_the_gallery_group_is_every_correct_variant_each_loadable(on_path):
     assert {spec.load_target(e.target).name for e in found} == {t.name for t in CORRECT}  # names unique
 
 
-def test_the_builtins_group_leaves_the_interpreted_ones_aside():
-    builtins, interpreted = sweep.entries(["builtins"]), sweep.entries(["interpreted"])
+def test_the_builtins_group_leaves_the_slow_ones_aside():
+    builtins, slow = sweep.entries(["builtins"]), sweep.entries(["slow"])
     assert [e.label for e in builtins][:2] == ["reference", "flash"]
-    assert not {e.label for e in builtins} & set(sweep.INTERPRETED)
-    assert all(e.slow and e.label in sweep.INTERPRETED for e in interpreted)
+    assert not {e.label for e in builtins} & set(sweep.SLOW)
+    assert all(e.slow and e.label in sweep.SLOW for e in slow)
     torch = importlib.util.find_spec("torch") is not None
     assert ("torch" in [e.label for e in builtins]) == torch
     assert [e.label for e in sweep.entries(["all"])][-1] == "examples/my_attention.py:target"

@@ -9,13 +9,14 @@ counts as local, so an editable checkout and an installed package draw other exa
 A target is a name ``spec check`` takes, or a group of every correct target the project has:
 
 - ``builtins`` — ``reference``, ``flash`` and each framework built-in whose library is installed
-  (`spec.adapters.ADAPTERS`), those run under an interpreter aside;
+  (`spec.adapters.ADAPTERS`), the slow ones aside;
 - ``gallery`` — every correct variant of the suite's gallery (``tests/gallery``: each family's
   ``CORRECT``, the declarations the built-ins do not make among them), loaded from the checkout
   as ``gallery:CORRECT_BY_NAME.<name>`` beside the installed package (``gallery/<name>``: one);
 - ``examples`` — the example targets (``examples/my_attention.py:target``);
-- ``interpreted`` — the built-ins that run a kernel under an interpreter or eagerly traced
-  (the Pallas kernels, FlexAttention over a paged cache): minutes a run, so at ``--slow-profile``;
+- ``slow`` — the built-ins that take minutes a run (`SLOW`: JAX's, which compiles each shape,
+  the Pallas kernels under their interpreters, FlexAttention over a paged cache eagerly), run at
+  ``--slow-profile``;
 - ``all`` — builtins, gallery and examples.
 
     python tools/sweep.py                                  # reference, flash, torch; seeds 0-19
@@ -45,9 +46,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = ("reference", "flash", "torch")
 DEFAULT = "default"  # the column of the run without --seed
-INTERPRETED = ("torch_flex_paged", "pallas_mha", "pallas_decode", "pallas_gpu_paged", "pallas_tpu_flash",
-               "pallas_tpu_paged", "pallas_splash")
-"""Built-ins that take minutes a run (an interpreter, an eager trace): the group ``interpreted``."""
+SLOW = ("jax", "torch_flex_paged", "pallas_mha", "pallas_decode", "pallas_gpu_paged", "pallas_tpu_flash",
+        "pallas_tpu_paged", "pallas_splash")
+"""Built-ins that take minutes a run (a compilation per shape, an interpreter, an eager trace; jax's
+takes 7 minutes at profile ci on two shared cores): the group ``slow``."""
 LIBRARY = {"onnxruntime": "onnxruntime", "onnx_reference": "onnx"}
 """The library a framework built-in needs, where it is not its adapter's name (`spec.adapters.ADAPTERS`)."""
 EXAMPLES = ("examples/my_attention.py:target",)
@@ -107,9 +109,9 @@ def entries(words: list[str]) -> list[Entry]:
     for word in words:
         for item in groups.get(word, [word]):
             if item == "builtins":
-                found += [Entry(n, n) for n in installed_builtins() if n not in INTERPRETED]
-            elif item == "interpreted":
-                found += [Entry(n, n, slow=True) for n in installed_builtins() if n in INTERPRETED]
+                found += [Entry(n, n) for n in installed_builtins() if n not in SLOW]
+            elif item == "slow":
+                found += [Entry(n, n, slow=True) for n in installed_builtins() if n in SLOW]
             elif item == "gallery":
                 found += [Entry(f"gallery/{n}", f"gallery:CORRECT_BY_NAME.{n}", (str(GALLERY),))
                           for n in gallery_names()]
@@ -119,7 +121,7 @@ def entries(words: list[str]) -> list[Entry]:
             elif item == "examples":
                 found += [Entry(e, str(ROOT / e)) for e in EXAMPLES]
             else:
-                found.append(Entry(item, item, slow=item in INTERPRETED))
+                found.append(Entry(item, item, slow=item in SLOW))
     return list(dict.fromkeys(found))
 
 
@@ -190,11 +192,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python tools/sweep.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--targets", nargs="+", default=list(TARGETS), metavar="TARGET",
                         help="targets spec check takes, or the groups builtins, gallery, examples, "
-                             "interpreted, all")
+                             "slow, all")
     parser.add_argument("--seeds", nargs="+", default=["0-19"], metavar="SEED",
                         help=f"seeds, ranges A-B, and {DEFAULT!r} for the run without a seed (default 0-19)")
     parser.add_argument("--profile", default="ci")
-    parser.add_argument("--slow-profile", default="quick", help="the profile of the interpreted built-ins")
+    parser.add_argument("--slow-profile", default="quick", help="the profile of the slow built-ins (SLOW)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="cells run at once")
     parser.add_argument("--json", metavar="FILE", help="also write every cell as JSON")
     parser.add_argument("--allow-checkout", action="store_true",
