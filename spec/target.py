@@ -27,6 +27,7 @@ from typing import Any, Literal
 import numpy as np
 
 from spec import dtypes as dt
+from spec.keywords import CAUSES
 
 Layout = Literal["bhnd", "bnhd"]
 Alignment = Literal["top_left", "bottom_right", "square_or_decoding", "kv_lengths", "top_left_kv_lengths"]
@@ -43,13 +44,6 @@ Isolation = Literal["thread", "caller", "process"]
 EmptyKeys = Literal["compute", "raise"]
 
 FLOAT_DTYPES = ("float16", "float32", "float64", "bfloat16")
-
-CAUSES = ("causal", "window", "mask", "bias", "kv_lengths", "varlen", "no_keys")
-"""Why a query row sees no key, in the order the causes are checked: a row's cause is the first
-restriction after which, ANDed with those before it, the row sees nothing (the order of
-FlashAttention's reference: its causal and window mask before key padding). ``no_keys`` is a
-call with n_k = 0. A target may declare a masked-row policy per cause (``masked_rows``)."""
-
 
 class TargetError(ValueError):
     """A target that cannot be loaded or is declared inconsistently (the CLI's exit 2)."""
@@ -165,8 +159,8 @@ class Target:
     forward's ``out`` and ``softmax_lse``. Called without them it recomputes them. Needs
     ``returns_lse`` and a ``grad_fn``."""
     # --- the keywords of real kernels: each passed to fn only when its field is True. What each
-    # means, how it is drawn and checked is its declaration's (spec.keywords.Keyword, in its law
-    # module); the docs read it there.
+    # means, how it is drawn and checked is its declaration's (spec.keywords.Keyword, in its own
+    # module of spec.keywords); the docs read it there.
     supports_bias: bool = keyword_field()
     supports_window: bool = keyword_field()
     supports_softcap: bool = keyword_field()
@@ -454,7 +448,7 @@ def _check_grad_extras(target: Target) -> tuple[str, ...]:
         raise TargetError(f"Target grad_extras={tuple(given)!r} needs a grad_fn to return them")
     if not given:
         return ()
-    from spec.keywords import gradient_extras  # the keywords' records, which import this module
+    from spec.keywords import gradient_extras  # the keywords' records
 
     known = gradient_extras()
     for name in given:
