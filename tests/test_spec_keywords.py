@@ -12,7 +12,7 @@ from impl import attention
 from spec import Target, keywords
 from spec.cases import Case, cases
 from spec.keywords import Keyword, Leaves, Reads, Transforms, gradient_extras, registered
-from spec.target import keyword_fields
+from spec.target import TargetError, capability_names
 
 
 def _keyword(**changes):
@@ -56,10 +56,41 @@ def test_keywords_are_declared_in_the_order_draws_depend_on():
         "dropout"]
 
 
-def test_every_keyword_field_is_declared_by_one_keyword():
-    """A keyword field of Target that no keyword declares would be a flag no law reads."""
-    fields = [kw.field for kw in registered().values()]
-    assert sorted(fields) == sorted(keyword_fields(Target))
+def test_a_target_takes_every_keywords_capability_and_no_other():
+    """A target's keyword capabilities are the keywords' own (no list of flags in Target to keep in
+    step): each is a constructor keyword and an attribute, False unless declared."""
+    assert list(capability_names()) == [kw.field for kw in registered().values()]
+    plain = Target(attention)
+    assert plain.capabilities == () and not any(getattr(plain, kw.field) for kw in registered().values())
+    with pytest.raises(TypeError, match="unexpected keyword argument 'supports_windows'"):
+        Target(attention, supports_windows=True)
+    with pytest.raises(AttributeError, match="supports_windows"):
+        plain.supports_windows  # noqa: B018
+    with pytest.raises(TargetError, match="capabilities names 'supports_windows'"):
+        Target(attention, capabilities=("supports_windows",))
+
+
+def test_a_capability_is_declared_read_and_replaced_as_a_field():
+    import dataclasses
+
+    target = Target(attention, supports_window=True, returns_lse=True, supports_bias=False)
+    assert target.supports_window and target.returns_lse and not target.supports_bias
+    assert target.capabilities == ("supports_window", "returns_lse")  # in declaration order
+    assert Target(attention, returns_lse=True, supports_window=True) == target
+    changed = target.replace(supports_window=False, supports_bias=True)
+    assert (changed.supports_window, changed.supports_bias, changed.returns_lse) == (False, True, True)
+    assert dataclasses.replace(target, supports_sinks=True).capabilities == (
+        "supports_window", "returns_lse", "supports_sinks")
+    assert dataclasses.replace(target, name="x").capabilities == target.capabilities
+
+
+def test_a_keyword_capability_cannot_be_a_field_of_target():
+    """``supports_mask`` is a core flag of Target, not a keyword's: a keyword named so is refused."""
+    clash = _keyword(field="supports_mask")
+    with pytest.raises(ValueError, match="'supports_mask', which is a field of Target"):
+        with keywords.declared(clash):
+            Target(attention)
+    assert Target(attention, supports_mask=True).supports_mask
 
 
 def test_two_declarations_of_one_argument_are_refused(tmp_path, monkeypatch):

@@ -62,7 +62,8 @@ def law_reference() -> str:
 
 def target_fields() -> list[tuple[str, str, str, str]]:
     """``(name, type, default, docstring)`` of every `spec.Target` field, from the source
-    (the string after each field is its docstring)."""
+    (the string after each field is its docstring), and after ``capabilities`` each keyword's
+    capability, from its declaration."""
     from spec.target import Target
 
     tree = ast.parse((ROOT / "spec" / "target.py").read_text(encoding="utf-8"))
@@ -83,6 +84,8 @@ def target_fields() -> list[tuple[str, str, str, str]]:
     for f in dataclasses.fields(Target):
         default = "required" if f.default is dataclasses.MISSING else repr(f.default)
         rows.append((f.name, str(f.type), default, docs.get(f.name, "")))
+        if f.name == "capabilities":  # each keyword's capability, a constructor keyword of its own
+            rows += [(kw.field, "bool", "False", docs[kw.field]) for kw in registered().values()]
     return rows
 
 
