@@ -20,10 +20,11 @@ the keys mean ``k.astype(float32) · k_descale[b, g]``, the values likewise. The
 scales log-uniform over a factor of 64, per row and head, apart for K and V — and, where the
 case's dtype can hold them, caches whose keys and values leave float16's range (`WIDE_RANGE`).
 
-The declarations (`PAGED`, `FP8`) say how a case writes its keys into a cache (``writes``) and
-how the oracle reads them back (their `spec.keywords.Reads` terms): the golden owes nothing to
-any kernel's gather. ``causal_alignment="kv_lengths"`` (`spec.Target`) is the same per-sequence
-alignment for contiguous keys with ``kv_lengths=`` (`spec.laws.lengths`).
+The declarations (`PAGED`, `FP8`, in `spec.keywords.paged` and `spec.keywords.fp8`) say how a
+case writes its keys into a cache (``writes``) and how the oracle reads them back (their
+`spec.keywords.Reads` terms): the golden owes nothing to any kernel's gather.
+``causal_alignment="kv_lengths"`` (`spec.Target`) is the same per-sequence alignment for
+contiguous keys with ``kv_lengths=`` (`spec.laws.lengths`).
 """
 
 from __future__ import annotations
@@ -53,9 +54,7 @@ from spec.target import Target
 
 Array = np.ndarray
 
-# --- paged caches: the declaration ---------------------------------------------------------------
-
-# --- float8 caches: the declaration --------------------------------------------------------------
+# --- the declarations are spec.keywords.paged's (PAGED) and spec.keywords.fp8's (FP8) -------------
 
 needs_paged = _needs.keyword(PAGED) & _needs.ndim(4)
 needs_fp8 = _needs.ml_dtypes & _needs.keyword(FP8) & _needs.ndim(4)

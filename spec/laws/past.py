@@ -13,9 +13,9 @@ j ≤ n_past + i (ONNX's offset-aligned causal mask, whatever the target's align
 a bottom-right target agrees whenever the new keys are the queries' own, n_k = n_q, as in
 decoding and chunked prefill — the laws draw causal calls only so).
 
-The declaration (`PAST`) says how a case splits its keys into a past and a call (``writes``) and
-how the oracle joins them again (its `spec.keywords.Reads` term), so the golden is the
-concatenation's. It draws no cases of its own for other laws: a target returns a tuple with a
+The declaration (`PAST`, in `spec.keywords.past`) says how a case splits its keys into a past and
+a call (``writes``) and how the oracle joins them again (its `spec.keywords.Reads` term), so the
+golden is the concatenation's. It draws no cases of its own for other laws: a target returns a tuple with a
 past, so only these laws pass one.
 """
 
