@@ -34,7 +34,7 @@ def logit_dtype(case: Case) -> type:
 @functools.cache
 def sink_values(heads: int, low: float = -4.0, high: float = 4.0) -> st.SearchStrategy[tuple[float, ...]]:
     """One sink logit per head, in [low, high] (by default a sink that takes from 2% to 98% of a
-    short row; made once per arguments: see `spec.cases.choice`)."""
+    short row; made once per arguments: see `spec.draws.choice`)."""
     return st.lists(st.floats(low, high, allow_nan=False), min_size=heads, max_size=heads).map(tuple)
 
 

@@ -34,7 +34,7 @@ def window_visible(geo: Geometry, window: tuple[int, int]) -> Array:  # -> broad
 @functools.cache
 def sides(n: int) -> tuple[st.SearchStrategy[int], ...]:
     """One side of a window: mostly small (0..4, where off-by-ones live), sometimes up to n + 2
-    (branches for `spec.cases.one_of`, made once per n: see `spec.cases.choice`)."""
+    (branches for `spec.draws.one_of`, made once per n: see `spec.draws.choice`)."""
     return (st.integers(0, 4), st.integers(0, n + 2))
 
 
