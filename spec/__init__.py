@@ -2,8 +2,9 @@
 implementation.
 
 Importing ``spec`` (or any of its modules below the laws: ``spec.golden``, ``spec.target``, ...)
-loads nothing else: the names below are loaded when first used, and the laws and keyword
-declarations are collected from `spec.registry.LAW_MODULES` when first asked for. The modules,
+loads nothing else: the names below are loaded when first used, the laws are collected from
+`spec.registry.LAW_MODULES` and the keyword declarations from `spec.keywords.KEYWORD_MODULES` when
+first asked for (a target loads the declarations, never a law). The modules,
 each with one job (its docstring's first line), are mapped in docs/architecture.md.
 
 >>> import spec

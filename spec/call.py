@@ -17,8 +17,8 @@ from spec.cases import outside_limits
 from spec.golden import GRADS
 from spec.inputs import Inputs
 from spec.isolation import Request, TargetHung, TargetStopped, call_in
-from spec.keywords import arrangement, by_argument, carried, gradient_extras
-from spec.target import IN_LAYOUT, NotAnArray, Target, TargetError, TargetFailed
+from spec.keywords import arrangement, asked_outputs, by_argument, carried, gradient_extras, in_layout
+from spec.target import NotAnArray, Target, TargetError, TargetFailed
 
 
 def invoke(target: Target, what: str, fn: Callable[[], Any], deadline: float | None = None) -> Any:
@@ -46,7 +46,7 @@ class Call:
     its inputs and, for a gradient, the upstream gradient, in the suite's layout; ``axes``: the
     two axes of q, k, v (and d_out) that ``fn`` received swapped (its ``bnhd`` layout), or None;
     ``arrangement``: the call's (`spec.keywords.arrangement`), which says which of them moved
-    (`spec.target.IN_LAYOUT`: a paged cache's k and v never do)."""
+    (`spec.keywords.in_layout`: a paged cache's k and v never do)."""
 
     which: str
     inputs: Inputs
@@ -60,7 +60,7 @@ class Call:
         ``[num_blocks, block_size, heads_kv, d]``)."""
         found = self.inputs.arrays() | ({} if self.d_out is None else {"d_out": self.d_out})
         if self.axes is not None:
-            moved = (*IN_LAYOUT[self.arrangement], "d_out")
+            moved = (*in_layout(self.arrangement), "d_out")
             found |= {name: np.swapaxes(found[name], *self.axes) for name in moved if name in found}
         return found
 
@@ -73,10 +73,11 @@ def _record(call: Call) -> None:
 
 def arguments(target: Target, inputs: Inputs, *, copy: bool = True) -> dict[str, Any]:
     """The keyword arguments ``fn`` receives for ``inputs``: ``causal`` only when true, ``mask`` and
-    ``scale`` when given, each keyword argument when given (``return_lse=False`` is not given), on
-    copies when ``copy``. A keyword the target does not declare is a `TargetError` (a law asked
-    for something the target cannot do: a bug in the law's needs), unless another keyword it
-    declares carries it (``kv_lengths`` with ``block_table``: `spec.keywords.Keyword.carries`)."""
+    ``scale`` when given, each keyword argument when given (a switch's False, ``return_lse=False``,
+    is not given: `spec.keywords.Keyword.switch`), on copies when ``copy``. A keyword the target
+    does not declare is a `TargetError` (a law asked for something the target cannot do: a bug in
+    the law's needs), unless another keyword it declares carries it (``kv_lengths`` with
+    ``block_table``: `spec.keywords.Keyword.carries`)."""
     kwargs: dict[str, Any] = {"causal": True} if inputs.causal else {}
     if inputs.mask is not None:
         kwargs["mask"] = np.array(inputs.mask, copy=copy)
@@ -87,7 +88,7 @@ def arguments(target: Target, inputs: Inputs, *, copy: bool = True) -> dict[str,
         kw = table.get(name)
         if kw is None:
             raise TargetError(f"unknown keyword {name!r}; the keywords are {', '.join(table)}")
-        if value is None or (name == "return_lse" and value is False):
+        if value is None or (kw.switch and value is False):
             continue
         if not getattr(target, kw.field) and not carried(target, name, inputs.keywords):
             raise TargetError(f"keyword {name}= needs {kw.field}=True, which target {target.name!r} "
@@ -102,12 +103,13 @@ def call(
 ) -> Any:  # [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v] -> [..., n_q, d_v] (, lse [..., n_q])
     """Call the target on copies of ``inputs`` (so a mutating target cannot corrupt the check;
     ``copy=False`` hands over the caller's arrays) and return its output as an ndarray of the
-    expected shape; with ``return_lse=True`` among the keywords the result is ``(out, lse)``,
-    lse checked to be float and shaped ``[..., n_q]``. ``deadline`` (seconds) as `invoke` takes
-    it. With ``past_key=``/``past_value=`` among the keywords the result is ``(out, present_key,
-    present_value)``, each present checked to be shaped as the keys and values the call means (the
-    past's then the call's: `spec.oracle.meaning`) in the inputs' dtype. The call is recorded in
-    the run's context for the report."""
+    expected shape. ``deadline`` (seconds) as `invoke` takes it. A keyword among the arguments
+    that makes the call return more (`spec.keywords.Returns`) makes the result ``(out, *extras)``,
+    each extra checked by its declaration: with ``return_lse=True`` ``(out, lse)``, lse float and
+    shaped ``[..., n_q]``; with ``past_key=``/``past_value=`` ``(out, present_key,
+    present_value)``, each present shaped as the keys and values the call means (the past's then
+    the call's: `spec.oracle.meaning`) in the inputs' dtype. The call is recorded in the run's
+    context for the report."""
     _within_limits(target, inputs)
     args = tuple(np.array(x, copy=copy) for x in (inputs.q, inputs.k, inputs.v))
     kwargs = arguments(target, inputs, copy=copy)
@@ -116,33 +118,23 @@ def call(
                  arrangement=arranged))
     request = Request(target, "fn", args, kwargs)
     got = invoke(target, "the target", request, deadline)
-    past = kwargs.get("past_key") is not None
-    out, lse = got if kwargs.get("return_lse") else (got[0] if past else got, None)
+    extras = asked_outputs(kwargs)
+    out = got[0] if extras else got
     _check_float(out, "the target returned")
     # the output's shape is that of what k and v mean (a paged pool's shape is not the keys')
-    expect_shape = oracle.meaning(inputs).out_shape if expect_shape is None else expect_shape
+    meant = oracle.meaning(inputs) if expect_shape is None or extras else inputs  # the call as it means
+    expect_shape = meant.out_shape if expect_shape is None else expect_shape
     if out.shape != expect_shape:
         raise TargetFailed(f"the target returned shape {out.shape}, expected {expect_shape}")
-    if past:
-        return out, *_presents(inputs, got[1:])
-    if lse is None:
+    if not extras:
         return out
-    _check_float(lse, "with return_lse=True the target returned lse as")
-    if lse.shape != expect_shape[:-1]:
-        raise TargetFailed(f"the target returned lse of shape {lse.shape}, expected {expect_shape[:-1]}")
-    return out, lse
-
-
-def _presents(inputs: Inputs, presents: Any) -> tuple[np.ndarray, np.ndarray]:
-    """``(present_key, present_value)`` as returned, each checked: a float array of the shape and
-    dtype of the keys (values) the call means, the past's then its own."""
-    meant = oracle.meaning(inputs)
-    for name, x, like in zip(("present_key", "present_value"), presents, (meant.k, meant.v), strict=True):
-        _check_float(x, f"with past_key= the target returned {name} as")
-        if x.shape != like.shape or x.dtype != like.dtype:
-            raise TargetFailed(f"the target returned {name} of shape {x.shape} and dtype {x.dtype}, expected "
-                               f"{like.shape} {like.dtype} (the past's keys then the call's)")
-    return presents[0], presents[1]
+    returned, at = tuple(got[1:]), 0
+    for returns in extras:
+        wrong = returns.check(meant, returned[at:at + len(returns.names)], expect_shape)
+        if wrong is not None:
+            raise TargetFailed(wrong)
+        at += len(returns.names)
+    return (out, *returned)
 
 
 def _within_limits(target: Target, inputs: Inputs) -> None:
@@ -164,9 +156,9 @@ def call_grad(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     # -> dq [.., n_q, d_k], dk [.., n_k, d_k], dv [.., n_k, d_v], extras
     """``target.grad_fn(q, k, v, d_out, **keywords)`` on copies, with exactly the keywords the
-    forward would receive for ``inputs`` (`arguments`, without ``return_lse``), in the target's
-    layout (packed sequences too), through `invoke` (so with the same guarantees as a forward
-    call). ``residuals``: the forward's ``(out, lse)`` (suite layout), passed as ``out=`` and
+    forward would receive for ``inputs`` (`arguments`, without a switch: ``return_lse``), in the
+    target's layout (packed sequences too), through `invoke` (so with the same guarantees as a
+    forward call). ``residuals``: the forward's ``(out, lse)`` (suite layout), passed as ``out=`` and
     ``lse=`` (`Target.grad_takes_residuals`). ``deadline`` as `invoke` takes it.
 
     Returns ``(dq, dk, dv, extras)``, each gradient checked for shape and dtype; ``extras`` holds
@@ -178,12 +170,13 @@ def call_grad(
         raise TargetError(f"target {target.name!r} declares no grad_fn")
     _within_limits(target, inputs)
     q, k, v = inputs.q, inputs.k, inputs.v
-    kwargs = arguments(target, inputs)
-    kwargs.pop("return_lse", None)
+    table = by_argument()  # a switch asks the forward for an output: never the backward's
+    kwargs = {name: x for name, x in arguments(target, inputs).items()
+              if name not in table or not table[name].switch}
     arranged = arrangement(kwargs)
     axes = target._layout_axes(q.ndim, packed=arranged == "packed")
     _record(Call("grad_fn", inputs, d_out, axes, arranged))
-    moved = (*IN_LAYOUT[arranged], "d_out")
+    moved = (*in_layout(arranged), "d_out")
 
     def given(name: str, x: np.ndarray) -> np.ndarray:  # a copy, in the target's layout
         if axes and name in moved:

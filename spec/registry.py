@@ -1,11 +1,11 @@
 """The registry: what a law is (`Property`), the ``@law`` decorator, what a law needs (`Need`),
-and the explicit list of the modules that hold laws and keyword declarations.
+and the explicit list of the modules that hold laws.
 
 ``@law`` only marks a function (it sets ``fn.__spec_law__``); nothing registers by the side
 effect of an import. `PROPERTIES` is built from `LAW_MODULES`, in that order and, within a
-module, in the order of definition; `keywords()` collects the `spec.keywords.Keyword` records
-those modules declare. A new family of laws — a new keyword with its laws — is one new module
-under `spec.laws` plus one line in `LAW_MODULES`.
+module, in the order of definition. A new family of laws is one new module under `spec.laws`
+plus one line in `LAW_MODULES`; the keywords they test are declared below them, one module each
+(`spec.keywords.KEYWORD_MODULES`), and `keywords()` reads those.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from spec.cases import Case, cases
-from spec.keywords import Keyword, Sinks
+from spec.keywords import Keyword, registered
 from spec.target import Target
 
 Check = Callable[[Target, Case], None]
@@ -144,44 +144,7 @@ def collect(modules: tuple[str, ...] = LAW_MODULES) -> dict[str, Property]:
     return found
 
 
-def collect_keywords(modules: tuple[str, ...] = LAW_MODULES) -> dict[str, Keyword]:
-    """The keywords ``modules`` declare (module attributes that are `Keyword` records), by name,
-    checked together (`check_keywords`). Two declarations of one name, or of one argument, are
-    refused."""
-    found: dict[str, Keyword] = {}
-    arguments: dict[str, str] = {}
-    for name in modules:
-        for value in vars(importlib.import_module(name)).values():
-            if not isinstance(value, Keyword) or found.get(value.name) is value:
-                continue
-            if value.name in found:
-                raise ValueError(f"keyword {value.name!r} is declared twice (in {name} and before)")
-            for arg in value.passes:
-                if arg in arguments:
-                    raise ValueError(f"argument {arg!r} is passed by both keyword {arguments[arg]!r} "
-                                     f"and {value.name!r}")
-                arguments[arg] = value.name
-            found[value.name] = value
-    return check_keywords(found)
-
-
-def check_keywords(found: dict[str, Keyword]) -> dict[str, Keyword]:
-    """``found``, if its keywords can be declared together: one `Sinks` term at most (the golden
-    and the backward hold one sink logit per row), and every argument a keyword carries passed by
-    another. Raises ValueError naming what is wrong."""
-    sinks = [kw.name for kw in found.values() for term in kw.terms if isinstance(term, Sinks)]
-    if len(sinks) > 1:
-        raise ValueError(f"keywords {', '.join(map(repr, sinks))} each declare a Sinks term; one may")
-    passed = {arg for kw in found.values() for arg in kw.passes}
-    for kw in found.values():
-        if set(kw.carries) - passed:
-            raise ValueError(f"keyword {kw.name!r} carries {sorted(set(kw.carries) - passed)}, which no "
-                             "declared keyword passes")
-    return found
-
-
 _LAWS: dict[str, Property] = {}
-_KEYWORDS: dict[str, Keyword] = {}
 
 
 def laws() -> dict[str, Property]:
@@ -194,11 +157,9 @@ def laws() -> dict[str, Property]:
 
 
 def keywords() -> dict[str, Keyword]:
-    """Every keyword the law modules declare, by name, in declaration order (collected once, as
-    `laws`); `spec.keywords.registered` reads it."""
-    if not _KEYWORDS:
-        _KEYWORDS.update(collect_keywords())
-    return _KEYWORDS
+    """Every declared keyword, by name, in declaration order: `spec.keywords.registered` (the
+    keywords are declared below the laws, and collecting them loads no law)."""
+    return registered()
 
 
 PROPERTIES: dict[str, Property]  # annotation only: the value comes from __getattr__ below

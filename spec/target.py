@@ -18,38 +18,26 @@ Targets by name are resolved by `spec.builtin.load_target`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 
 from spec import dtypes as dt
+from spec.keywords import CAUSES, Arrangement, Keyword, asked_outputs, gradient_extras, in_layout, registered
 
 Layout = Literal["bhnd", "bnhd"]
 Alignment = Literal["top_left", "bottom_right", "square_or_decoding", "kv_lengths", "top_left_kv_lengths"]
 MaskedRows = Literal["zeros", "nan", "uniform", "unmasked", "any"]
-Arrangement = Literal["dense", "packed", "paged"]
-IN_LAYOUT: dict[str, tuple[str, ...]] = {"dense": ("q", "k", "v", "past_key", "past_value"),
-                                         "packed": ("q", "k", "v"), "paged": ("q",)}
-"""The arrays ``fn`` receives in its layout (``bnhd`` swaps their heads and positions), for each
-arrangement of the call (`spec.keywords.Keyword.arrangement`): a paged cache is
-``[num_blocks, block_size, heads_kv, d]`` in every layout, so only q (and the output) move; a past
-cache (``past_key=``, ``past_value=``) is laid out as k and v, and so are the presents returned."""
 POLICIES = ("zeros", "nan", "uniform", "unmasked", "any")
 Isolation = Literal["thread", "caller", "process"]
 EmptyKeys = Literal["compute", "raise"]
 
 FLOAT_DTYPES = ("float16", "float32", "float64", "bfloat16")
-
-CAUSES = ("causal", "window", "mask", "bias", "kv_lengths", "varlen", "no_keys")
-"""Why a query row sees no key, in the order the causes are checked: a row's cause is the first
-restriction after which, ANDed with those before it, the row sees nothing (the order of
-FlashAttention's reference: its causal and window mask before key padding). ``no_keys`` is a
-call with n_k = 0. A target may declare a masked-row policy per cause (``masked_rows``)."""
-
 
 class TargetError(ValueError):
     """A target that cannot be loaded or is declared inconsistently (the CLI's exit 2)."""
@@ -57,11 +45,6 @@ class TargetError(ValueError):
 
 class TargetFailed(AssertionError):
     """The target raised, returned something that is not an array, or returned the wrong shape."""
-
-
-def keyword_field() -> Any:
-    """A keyword's capability field: False by default, marked as a keyword's (`keyword_fields`)."""
-    return dataclasses.field(default=False, metadata={"keyword": True})
 
 
 @dataclass(frozen=True)
@@ -164,21 +147,14 @@ class Target:
     and then uses them instead of recomputing them, as FlashAttention's backward takes the
     forward's ``out`` and ``softmax_lse``. Called without them it recomputes them. Needs
     ``returns_lse`` and a ``grad_fn``."""
-    # --- the keywords of real kernels: each passed to fn only when its field is True. What each
-    # means, how it is drawn and checked is its declaration's (spec.keywords.Keyword, in its law
-    # module); the docs read it there.
-    supports_bias: bool = keyword_field()
-    supports_window: bool = keyword_field()
-    supports_softcap: bool = keyword_field()
-    supports_sinks: bool = keyword_field()
-    supports_kv_lengths: bool = keyword_field()
-    supports_varlen: bool = keyword_field()
-    supports_dropout: bool = keyword_field()
-    supports_alibi: bool = keyword_field()
-    supports_paged_kv: bool = keyword_field()
-    supports_fp8_kv: bool = keyword_field()
-    supports_past_kv: bool = keyword_field()
-    returns_lse: bool = keyword_field()
+    capabilities: tuple[str, ...] = ()
+    """The keywords of real kernels ``fn`` takes, each by its capability (``supports_window``,
+    ``returns_lse``: the ``field`` of its declaration, `spec.keywords.Keyword`), and passed to
+    ``fn`` only when declared here. Given as keyword arguments, ``Target(fn, supports_window=True)``
+    (or as this tuple), read as attributes, ``target.supports_window``, changed as any field,
+    ``target.replace(supports_window=False)``. What each keyword means, how it is drawn and checked
+    is its declaration's (one module of `spec.keywords`); the docs read it there. A new keyword adds
+    nothing here."""
     fp8_kv_paged_only: bool = False
     """``k_descale=``/``v_descale=`` are taken only with a paged cache (``block_table=``), as by
     ``impl.flash_attention`` and vLLM's float8 caches: the float8 laws then draw only paged caches.
@@ -257,21 +233,16 @@ class Target:
         if self.deadline_s is not None and not self.deadline_s > 0:
             raise TargetError(f"Target deadline_s must be positive or None, got {self.deadline_s}")
         object.__setattr__(self, "grad_extras", _check_grad_extras(self))
-        if self.supports_fp8_kv and not dt.has_ml_dtypes():
-            raise TargetError("Target supports_fp8_kv=True needs ml_dtypes (float8_e4m3fn), which is not "
-                              "installed: pip install ml-dtypes")
-        if self.fp8_kv_paged_only and not (self.supports_fp8_kv and self.supports_paged_kv):
-            raise TargetError("Target fp8_kv_paged_only=True needs supports_fp8_kv=True and "
-                              "supports_paged_kv=True (it says the float8 cache comes only paged)")
+        for keyword in registered().values():  # what each keyword needs of the other declarations
+            wrong = keyword.check_target(self) if keyword.check_target is not None else None
+            if wrong:
+                raise TargetError(wrong)
         _check_limits(self)
         if not isinstance(self.empty_lse, (int, float)) or math.isnan(self.empty_lse):
             raise TargetError(f"Target empty_lse must be a float (-inf, +inf or finite), "
                               f"got {self.empty_lse!r}")
         object.__setattr__(self, "empty_lse", float(self.empty_lse))
         object.__setattr__(self, "expected_failures", _check_expected(self.expected_failures, self.dtypes))
-        if self.grad_takes_residuals and (self.grad_fn is None or not self.returns_lse):
-            raise TargetError("Target grad_takes_residuals=True needs a grad_fn and returns_lse=True "
-                              "(the residuals are what the forward returns with return_lse=True)")
 
     @property
     def alignment(self) -> Literal["top_left", "bottom_right", "kv_lengths", "top_left_kv_lengths"]:
@@ -336,41 +307,49 @@ class Target:
             return frozenset({self.masked_rows})
         return frozenset({"zeros", *self.masked_rows.values()})
 
+    if TYPE_CHECKING:  # the constructor takes each keyword's capability besides the fields (below)
+        def __init__(self, fn: Callable[..., Any], *args: Any, **declared: Any) -> None: ...
+
+    def __getattr__(self, name: str) -> bool:
+        """A keyword's capability (``target.supports_window``): whether ``capabilities`` holds it."""
+        if name.startswith("_") or "capabilities" not in self.__dict__ or name not in capability_names():
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return name in self.capabilities
+
     def __call__(
         self, q: np.ndarray, k: np.ndarray, v: np.ndarray, *, arrangement: Arrangement = "dense",
         **kwargs: Any,
-    ) -> Any:  # [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v] -> [..., n_q, d_v] (, lse [..., n_q])
+    ) -> Any:  # [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v] -> [..., n_q, d_v] (, extras)
         """Call ``fn`` on ``(..., n, d)`` arrays with ``kwargs`` as given, translating the layout
         both ways. The calling layer (`spec.call.call`) decides what is passed: ``causal`` only
-        when true, ``mask``, ``scale`` and each keyword only when given and declared. With
-        ``return_lse=True`` the result is ``(out, lse)`` (lse as ``fn`` returned it; its shape is
-        checked by the caller). With ``past_key=``/``past_value=`` it is ``(out, present_key,
+        when true, ``mask``, ``scale`` and each keyword only when given and declared. A keyword
+        that makes a call return more than its output (`spec.keywords.Returns`) makes the result
+        ``(out, *extras)``: ``return_lse=True`` ``(out, lse)``, lse as ``fn`` returned it (its shape
+        is checked by the caller); ``past_key=``/``past_value=`` ``(out, present_key,
         present_value)``, the presents in the suite's layout. ``arrangement="packed"``: 3-D inputs
-        are packed sequences ``(heads, total, d)``, which ``fn`` sees as ``(total, heads, d)`` in ``bnhd``;
-        ``"paged"``: k and v are paged caches, passed as they are in every layout (`IN_LAYOUT`).
+        are packed sequences ``(heads, total, d)``, which ``fn`` sees as ``(total, heads, d)`` in
+        ``bnhd``; ``"paged"``: k and v are paged caches, passed as they are in every layout
+        (`spec.keywords.in_layout`).
         """
         axes = self._layout_axes(q.ndim, packed=arrangement == "packed")
         if axes:
-            moved = IN_LAYOUT[arrangement]
+            moved = in_layout(arrangement)
             q, k, v = (np.ascontiguousarray(np.swapaxes(x, *axes)) if name in moved else x
                        for name, x in zip("qkv", (q, k, v), strict=True))
             kwargs = {name: np.ascontiguousarray(np.swapaxes(x, *axes))
                       if name in moved and isinstance(x, np.ndarray) else x for name, x in kwargs.items()}
         got = self.fn(q, k, v, **kwargs)
-        if kwargs.get("past_key") is not None:
-            if not isinstance(got, (tuple, list)) or len(got) != 3:
-                raise TypeError(f"with past_key= and past_value= the target must return (out, present_key, "
-                                f"present_value), got {type(got).__name__}")
-            returned = (_returned(x, name, q.dtype) for x, name in zip(
-                got, ("out", "present_key", "present_value"), strict=True))
-            return tuple(self._from_layout(x, axes) for x in returned)
-        if kwargs.get("return_lse"):
-            if not isinstance(got, (tuple, list)) or len(got) != 2:
-                raise TypeError(f"with return_lse=True the target must return (out, lse), "
-                                f"got {type(got).__name__}")
-            out, lse = _returned(got[0], "out", q.dtype), _returned(got[1], "lse", q.dtype)
-            return self._from_layout(out, axes), lse
-        return self._from_layout(_returned(got, "its output", q.dtype), axes)
+        extras = asked_outputs(kwargs)
+        if not extras:
+            return self._from_layout(_returned(got, "its output", q.dtype), axes)
+        names = tuple(name for returns in extras for name in returns.names)
+        if not isinstance(got, (tuple, list)) or len(got) != 1 + len(names):
+            raise TypeError(f"{' and '.join(r.asked for r in extras)} the target must return "
+                            f"(out, {', '.join(names)}), got {type(got).__name__}")
+        returned = [_returned(x, name, q.dtype) for x, name in zip(got, ("out", *names), strict=True)]
+        laid_out = (True, *(returns.in_layout for returns in extras for _ in returns.names))
+        return tuple(self._from_layout(x, axes) if moves else x
+                     for x, moves in zip(returned, laid_out, strict=True))
 
     def _layout_axes(self, ndim: int, *, packed: bool) -> tuple[int, int] | None:
         """The axes swapped between the suite's ``(..., heads, n, d)`` and ``bnhd``."""
@@ -394,9 +373,57 @@ def capability_fields(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls) if f.type in ("bool", bool))
 
 
-def keyword_fields(cls: type) -> tuple[str, ...]:
-    """The fields that say ``fn`` takes a keyword: each is named by one keyword's declaration."""
-    return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("keyword"))
+class _Capabilities:
+    """The capability names of the keywords `spec.keywords.registered` holds, read again when it
+    holds others (`spec.keywords.declared`)."""
+
+    table: ClassVar[dict[str, Keyword] | None] = None
+    names: ClassVar[dict[str, Keyword]] = {}
+
+
+def capability_names() -> dict[str, Keyword]:
+    """Every declared keyword by its capability (``supports_window``: its ``field``), in declaration
+    order: the names `Target` takes and reads besides its fields. A capability that is a field of
+    Target is refused (ValueError): it would be two declarations of one thing."""
+    table = registered()
+    if _Capabilities.table is not table:
+        found = {kw.field: kw for kw in table.values()}
+        taken = sorted(set(found) & {f.name for f in dataclasses.fields(Target)})
+        if taken:
+            raise ValueError(f"keyword {found[taken[0]].name!r} names its capability {taken[0]!r}, which is "
+                             "a field of Target: name it after the keyword")
+        _Capabilities.table, _Capabilities.names = table, found
+    return _Capabilities.names
+
+
+def _taking_capabilities(init: Callable[..., None]) -> Callable[..., None]:
+    """The dataclass's ``__init__``, taking each keyword's capability as a keyword argument too
+    (``supports_window=True``): they are gathered into ``capabilities``, in declaration order, a
+    capability given by name overriding the tuple (``dataclasses.replace`` passes both)."""
+
+    @functools.wraps(init)
+    def __init__(self: Target, *args: Any, **given: Any) -> None:
+        known = capability_names()
+        named = {name: given.pop(name) for name in [n for n in given if n in known]}
+        for name, value in named.items():
+            if not isinstance(value, bool):
+                raise TargetError(f"Target {name} must be True or False, got {value!r}")
+        held = given.pop("capabilities", ())
+        if isinstance(held, str) or not all(isinstance(name, str) for name in held):
+            raise TargetError(f"Target capabilities must be a tuple of names such as ('supports_window',), "
+                              f"got {held!r}")
+        unknown = [name for name in held if name not in known]
+        if unknown:
+            raise TargetError(f"Target capabilities names {unknown[0]!r}; the keywords' capabilities are "
+                              f"{', '.join(known)}")
+        declared = {*held} - {name for name, value in named.items() if not value}
+        declared |= {name for name, value in named.items() if value}
+        init(self, *args, capabilities=tuple(name for name in known if name in declared), **given)
+
+    return __init__
+
+
+setattr(Target, "__init__", _taking_capabilities(Target.__init__))  # noqa: B010 (mypy: no assigning a method)
 
 
 FINITE_FILL = 1e10
@@ -454,8 +481,6 @@ def _check_grad_extras(target: Target) -> tuple[str, ...]:
         raise TargetError(f"Target grad_extras={tuple(given)!r} needs a grad_fn to return them")
     if not given:
         return ()
-    from spec.keywords import gradient_extras  # the keywords' records, which import this module
-
     known = gradient_extras()
     for name in given:
         if name not in known:

@@ -70,11 +70,15 @@ def test_a_law_without_catches_is_visible_in_the_reference():
     assert not re.search(r"^\*\*Catches\S*\*\* (\S.*)$", entry, re.MULTILINE)
 
 
-def test_every_target_field_is_on_the_targets_page_with_a_docstring():
+def test_every_target_field_and_capability_is_on_the_targets_page_with_a_docstring():
+    from spec.keywords import registered
     from spec.target import Target
 
     fields = {name: doc for name, _, _, doc in docgen.target_fields()}
-    assert list(fields) == [f.name for f in dataclasses.fields(Target)]
+    assert [n for n in fields if n in {f.name for f in dataclasses.fields(Target)}] == [
+        f.name for f in dataclasses.fields(Target)]
+    capabilities = [n for n in fields if n not in {f.name for f in dataclasses.fields(Target)}]
+    assert capabilities == [kw.field for kw in registered().values()]
     assert not [n for n, doc in fields.items() if not doc], "Target fields without a docstring"
     page = docgen.expand((ROOT / "docs" / "targets.md").read_text(encoding="utf-8"))
     assert not [n for n in fields if f"### `{n}`" not in page]

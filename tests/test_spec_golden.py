@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from spec import golden
-from spec.laws.softcap import capped, capped_derivative
+from spec.keywords.softcap import capped, capped_derivative
 
 
 def sinks(*logits: float) -> golden.Terms:

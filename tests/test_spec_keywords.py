@@ -1,7 +1,7 @@
-"""A keyword is declared once (spec.keywords.Keyword, in its law module) and everything reads the
-declaration: what a declaration must hold, the table of declared keywords, and what the rest of the
-suite reads from it (the gradient extras, the ranks a keyword is drawn at, the capability a law of
-the keyword needs)."""
+"""A keyword is declared once (spec.keywords.Keyword, in its own module of spec.keywords) and
+everything reads the declaration: what a declaration must hold, the table of declared keywords (in
+the order draws and reports depend on), and what the rest of the suite reads from it (the gradient
+extras, the ranks a keyword is drawn at, the capability a law of the keyword needs)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pytest
 
 import spec
 from impl import attention
-from spec import Target, registry
+from spec import Target, keywords
 from spec.cases import Case, cases
 from spec.keywords import Keyword, Leaves, Reads, Transforms, gradient_extras, registered
-from spec.target import keyword_fields
+from spec.target import TargetError, capability_names
 
 
 def _keyword(**changes):
@@ -35,17 +35,62 @@ def test_a_transform_cannot_be_declared_without_its_baseline():
         Leaves(" ")
 
 
-def test_a_keyword_names_a_capability_field_of_target():
-    with pytest.raises(ValueError, match="no keyword field 'supports_nothing'"):
-        _keyword(field="supports_nothing")
-    with pytest.raises(ValueError, match="no keyword field 'supports_mask'"):  # a core flag, not a keyword's
-        _keyword(field="supports_mask")
+def test_a_keyword_names_its_capability_supports_or_returns():
+    for field in ("window", "supports_", "Supports_window", "supports window"):
+        with pytest.raises(ValueError, match="must be named supports_… or returns_…"):
+            _keyword(field=field)
+    assert _keyword(field="returns_extra").field == "returns_extra"
 
 
-def test_every_keyword_field_is_declared_by_one_keyword():
-    """A keyword field of Target that no keyword declares would be a flag no law reads."""
-    fields = [kw.field for kw in registered().values()]
-    assert sorted(fields) == sorted(keyword_fields(Target))
+DECLARATION_ORDER = ["bias", "alibi", "kv_lengths", "window", "softcap", "lse", "sinks", "varlen", "paged",
+                     "fp8", "past_kv", "dropout"]
+"""The keywords in the order they were declared when the law modules declared them (the base of
+the one-module-per-keyword move): the cases draw, write and the oracle reads them in this order,
+so a change of it changes every run's draws."""
+
+
+def test_keywords_are_declared_in_the_order_draws_depend_on():
+    assert list(registered()) == DECLARATION_ORDER
+    assert [m.rsplit(".", 1)[1] for m in keywords.KEYWORD_MODULES] == [
+        "bias", "alibi", "kv_lengths", "window", "softcap", "lse", "sinks", "varlen", "paged", "fp8", "past",
+        "dropout"]
+
+
+def test_a_target_takes_every_keywords_capability_and_no_other():
+    """A target's keyword capabilities are the keywords' own (no list of flags in Target to keep in
+    step): each is a constructor keyword and an attribute, False unless declared."""
+    assert list(capability_names()) == [kw.field for kw in registered().values()]
+    plain = Target(attention)
+    assert plain.capabilities == () and not any(getattr(plain, kw.field) for kw in registered().values())
+    with pytest.raises(TypeError, match="unexpected keyword argument 'supports_windows'"):
+        Target(attention, supports_windows=True)
+    with pytest.raises(AttributeError, match="supports_windows"):
+        plain.supports_windows  # noqa: B018
+    with pytest.raises(TargetError, match="capabilities names 'supports_windows'"):
+        Target(attention, capabilities=("supports_windows",))
+
+
+def test_a_capability_is_declared_read_and_replaced_as_a_field():
+    import dataclasses
+
+    target = Target(attention, supports_window=True, returns_lse=True, supports_bias=False)
+    assert target.supports_window and target.returns_lse and not target.supports_bias
+    assert target.capabilities == ("supports_window", "returns_lse")  # in declaration order
+    assert Target(attention, returns_lse=True, supports_window=True) == target
+    changed = target.replace(supports_window=False, supports_bias=True)
+    assert (changed.supports_window, changed.supports_bias, changed.returns_lse) == (False, True, True)
+    assert dataclasses.replace(target, supports_sinks=True).capabilities == (
+        "supports_window", "returns_lse", "supports_sinks")
+    assert dataclasses.replace(target, name="x").capabilities == target.capabilities
+
+
+def test_a_keyword_capability_cannot_be_a_field_of_target():
+    """``supports_mask`` is a core flag of Target, not a keyword's: a keyword named so is refused."""
+    clash = _keyword(field="supports_mask")
+    with pytest.raises(ValueError, match="'supports_mask', which is a field of Target"):
+        with keywords.declared(clash):
+            Target(attention)
+    assert Target(attention, supports_mask=True).supports_mask
 
 
 def test_two_declarations_of_one_argument_are_refused(tmp_path, monkeypatch):
@@ -55,7 +100,7 @@ def test_two_declarations_of_one_argument_are_refused(tmp_path, monkeypatch):
         "            terms=(Leaves('x'),), received=lambda case, p: (p,))\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(ValueError, match="'bias' is passed by both keyword 'bias' and 'a'"):
-        registry.collect_keywords(("spec.laws.bias", "twice"))
+        keywords.collect_keywords(("spec.keywords.bias", "twice"))
 
 
 def test_two_keywords_with_sink_logits_are_refused():
@@ -65,7 +110,7 @@ def test_two_keywords_with_sink_logits_are_refused():
     before = dict(registered())
     twin = sinks.replace(name="more_sinks", passes=("more_sinks",))
     with pytest.raises(ValueError, match="'sinks', 'more_sinks' each declare a Sinks term"):
-        registry.check_keywords(before | {"more_sinks": twin})
+        keywords.check_keywords(before | {"more_sinks": twin})
     assert registered() == before
 
 
@@ -76,12 +121,10 @@ def test_a_keyword_that_reads_k_and_v_and_draws_cases_must_write_them():
 
 
 def test_a_carried_argument_must_be_passed_by_a_keyword():
-    from spec import registry
-
     before = dict(registered())
     odd = before["paged"].replace(name="odd", passes=("odd_table",), carries=("nothing_passes_this",))
     with pytest.raises(ValueError, match=r"carries \['nothing_passes_this'\], which no declared keyword"):
-        registry.check_keywords(before | {"odd": odd})
+        keywords.check_keywords(before | {"odd": odd})
     assert registered() == before
 
 

@@ -14,7 +14,7 @@ from spec import oracle
 from spec.call import call
 from spec.cases import Case
 from spec.inputs import Inputs
-from spec.laws.past import PAST, joined
+from spec.keywords.past import PAST, joined
 from spec.target import Target, TargetFailed
 
 PAST_LAWS = ["past_kv_matches_concatenation", "present_kv_is_concatenation"]

@@ -62,7 +62,8 @@ def law_reference() -> str:
 
 def target_fields() -> list[tuple[str, str, str, str]]:
     """``(name, type, default, docstring)`` of every `spec.Target` field, from the source
-    (the string after each field is its docstring)."""
+    (the string after each field is its docstring), and after ``capabilities`` each keyword's
+    capability, from its declaration."""
     from spec.target import Target
 
     tree = ast.parse((ROOT / "spec" / "target.py").read_text(encoding="utf-8"))
@@ -83,6 +84,8 @@ def target_fields() -> list[tuple[str, str, str, str]]:
     for f in dataclasses.fields(Target):
         default = "required" if f.default is dataclasses.MISSING else repr(f.default)
         rows.append((f.name, str(f.type), default, docs.get(f.name, "")))
+        if f.name == "capabilities":  # each keyword's capability, a constructor keyword of its own
+            rows += [(kw.field, "bool", "False", docs[kw.field]) for kw in registered().values()]
     return rows
 
 
@@ -123,7 +126,7 @@ def keyword_reference() -> str:
     """Markdown: every declared keyword (`spec.keywords.registered`), read from its declaration:
     the arguments, the Target field, what it does to the maths, how libraries spell it (their
     adapters' spellings, `spec.adapters`), and the
-    law module that declares it (the module its ``received`` is written in)."""
+    keyword module that declares it (the module its ``received`` is written in)."""
     from spec.adapters import every_spelling
     from spec.keywords import registered
 
@@ -187,17 +190,36 @@ def _is_module(name: str) -> bool:
 
 def imports(path: Path, *, lazy: bool = True) -> set[str]:
     """The project modules ``path`` imports anywhere (with ``lazy``, imports inside functions
-    included; without, only those run when the module itself is imported); ``from spec import
-    golden`` counts as ``spec.golden`` when that is a module."""
+    included; without, only those run when the module itself is imported; never those of an ``if
+    TYPE_CHECKING:`` block, which no run makes); ``from spec import golden`` counts as
+    ``spec.golden`` when that is a module."""
     found: set[str] = set()
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    for node in ast.walk(tree) if lazy else _module_level(tree):
+    for node in _anywhere(tree) if lazy else _module_level(tree):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             subs = {f"{node.module}.{a.name}" for a in node.names if _is_module(f"{node.module}.{a.name}")}
             found |= subs or {node.module}
     return {m for m in found if m.split(".")[0] in PACKAGES}
+
+
+def _type_checking(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+
+
+def _anywhere(tree: ast.Module) -> list[ast.AST]:
+    """Every node of the module, functions' bodies included, ``if TYPE_CHECKING:`` blocks left out."""
+    found: list[ast.AST] = []
+    todo: list[ast.AST] = [tree]
+    while todo:
+        node = todo.pop()
+        found.append(node)
+        if isinstance(node, ast.If) and _type_checking(node):
+            todo += node.orelse
+        else:
+            todo += ast.iter_child_nodes(node)
+    return found
 
 
 def _module_level(tree: ast.Module) -> list[ast.stmt]:
@@ -208,8 +230,7 @@ def _module_level(tree: ast.Module) -> list[ast.stmt]:
     while todo:
         node = todo.pop()
         found.append(node)
-        if isinstance(node, ast.If) and not (isinstance(node.test, ast.Name)
-                                             and node.test.id == "TYPE_CHECKING"):
+        if isinstance(node, ast.If) and not _type_checking(node):
             todo += [*node.body, *node.orelse]
         elif isinstance(node, ast.Try):
             todo += [*node.body, *node.orelse, *node.finalbody, *(s for h in node.handlers for s in h.body)]

@@ -20,25 +20,26 @@ the keys mean ``k.astype(float32) · k_descale[b, g]``, the values likewise. The
 scales log-uniform over a factor of 64, per row and head, apart for K and V — and, where the
 case's dtype can hold them, caches whose keys and values leave float16's range (`WIDE_RANGE`).
 
-The declarations (`PAGED`, `FP8`) say how a case writes its keys into a cache (``writes``) and
-how the oracle reads them back (their `spec.keywords.Reads` terms): the golden owes nothing to
-any kernel's gather. ``causal_alignment="kv_lengths"`` (`spec.Target`) is the same per-sequence
-alignment for contiguous keys with ``kv_lengths=`` (`spec.laws.lengths`).
+The declarations (`PAGED`, `FP8`, in `spec.keywords.paged` and `spec.keywords.fp8`) say how a
+case writes its keys into a cache (``writes``) and how the oracle reads them back (their
+`spec.keywords.Reads` terms): the golden owes nothing to any kernel's gather.
+``causal_alignment="kv_lengths"`` (`spec.Target`) is the same per-sequence alignment for
+contiguous keys with ``kv_lengths=`` (`spec.laws.lengths`).
 """
 
 from __future__ import annotations
-
-import functools
-import math
 
 import numpy as np
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from spec import dtypes, oracle
-from spec.cases import BOOLEANS, Case, between, cases, one_of, pick
+from spec import oracle
+from spec.cases import BOOLEANS, Case, between, cases, pick
 from spec.inputs import Inputs
-from spec.keywords import Geometry, Keyword, Reads, Realigns
+from spec.keywords.fp8 import FP8, SCALE_RANGE, draw_scales
+from spec.keywords.kv_lengths import draw_lengths
+from spec.keywords.paged import BLOCK_SIZES, FILLS, PAGED, _lengths, fill_value, owned
+from spec.keywords.window import draw as draw_window
 from spec.laws import _needs
 from spec.laws._helpers import (
     assert_empty_rows_follow_policy,
@@ -48,225 +49,12 @@ from spec.laws._helpers import (
     run,
     same_bits,
 )
-from spec.laws.lengths import draw_lengths, per_row_diagonal
-from spec.laws.window import draw as draw_window
 from spec.registry import Need, law
 from spec.target import Target
 
 Array = np.ndarray
 
-# --- paged caches: the declaration ---------------------------------------------------------------
-
-BLOCK_SIZES = (1, 2, 3, 4, 5, 8, 16)
-"""Block sizes drawn besides any up to n_k + 1: 1 (a block per key), and sizes that divide few
-lengths (3, 5) next to the powers of two kernels use (16 is vLLM's default)."""
-FILLS = ("nan", "huge")
-"""What the cases put where nothing may be read: NaN, or the dtype's largest value over four."""
-PAGES = 60  # the random stream of a case's block placement (Case.rng)
-
-
-def fill_value(fill: str, dtype: np.dtype) -> float:
-    """The poison of an unowned pool position: NaN, or a quarter of the dtype's largest value (a
-    key that dominates every score, a value that dominates every output, if either is read)."""
-    return math.nan if fill == "nan" else float(dtypes.finfo(dtype).max) / 4
-
-
-def placement(case: Case, block_size: int, lengths: tuple[int, ...],
-              stream: int = PAGES) -> tuple[Array, int]:  # -> block_table [batch, max_blocks], num_blocks
-    """Where each sequence's blocks sit: its ceil(L_b / block_size) blocks at shuffled physical
-    places of a pool with one or two blocks nobody owns, ``max_blocks`` = ceil(n_k / block_size);
-    the entries past a sequence's last block name random blocks (another's, or nobody's)."""
-    rng = case.rng(stream)
-    counts = [-(-n // block_size) for n in lengths]
-    max_blocks = max(1, -(-case.n_k // block_size))
-    num_blocks = sum(counts) + int(rng.integers(1, 3))
-    physical = iter(rng.permutation(num_blocks).tolist())
-    table = rng.integers(0, num_blocks, size=(len(lengths), max_blocks))
-    for b, count in enumerate(counts):
-        table[b, :count] = [next(physical) for _ in range(count)]
-    return table.astype(np.int32), num_blocks
-
-
-def owned(table: Array, lengths: Array, num_blocks: int, block_size: int) -> Array:
-    # -> [num_blocks, block_size] bool: the pool positions some sequence's keys are at
-    """The positions of the pool that hold a sequence's key: key j < kv_lengths[b] of each b."""
-    found = np.zeros((num_blocks, block_size), dtype=bool)
-    for b, n in enumerate(np.asarray(lengths).tolist()):
-        j = np.arange(n)
-        found[table[b, j // block_size], j % block_size] = True
-    return found
-
-
-def scatter(contiguous: Array, table: Array, lengths: Array, num_blocks: int, block_size: int,
-            fill: float) -> Array:  # [batch, g, n_k, d] -> [num_blocks, block_size, g, d]
-    """A pool holding each sequence's first kv_lengths[b] keys where the table says, ``fill``
-    everywhere else."""
-    g, d = contiguous.shape[1], contiguous.shape[3]
-    pool = np.full((num_blocks, block_size, g, d), fill, dtype=np.float64).astype(contiguous.dtype)
-    for b, n in enumerate(np.asarray(lengths).tolist()):
-        j = np.arange(n)
-        pool[table[b, j // block_size], j % block_size] = np.swapaxes(contiguous[b, :, :n], 0, 1)
-    return pool
-
-
-def gather(pool: Array, table: Array, lengths: Array) -> Array:
-    # [num_blocks, block_size, g, d], [batch, max_blocks], [batch] -> [batch, g, max_blocks·block_size, d]
-    """Each sequence's keys in order, read position by position from the definition: key j of
-    sequence b is pool[table[b, j // block_size], j % block_size] for j < kv_lengths[b]; zeros
-    after (hidden by kv_lengths, never read from the pool)."""
-    block_size = pool.shape[1]
-    table, lengths = np.asarray(table), np.asarray(lengths)
-    capacity = table.shape[1] * block_size
-    out = np.zeros((len(lengths), pool.shape[2], capacity, pool.shape[3]), dtype=pool.dtype)
-    for b, n in enumerate(lengths.tolist()):
-        j = np.arange(n)  # every key position of sequence b, each read where the table says
-        out[b, :, :n] = np.swapaxes(pool[table[b, j // block_size], j % block_size], 0, 1)
-    return out
-
-
-def read_pages(k: Array, v: Array, block_table: Array, kv_lengths: Array) -> tuple[Array, Array]:
-    """The paged cache's keys and values as contiguous ``[batch, heads_kv, n_k, d]`` (`gather`)."""
-    if k.ndim != 4 or v.ndim != 4:
-        raise ValueError(f"a paged cache is [num_blocks, block_size, heads_kv, d], got k {k.shape}, "
-                         f"v {v.shape}")
-    return gather(k, block_table, kv_lengths), gather(v, block_table, kv_lengths)
-
-
-def pages_diagonal(geo: Geometry, block_table: Array, kv_lengths: Array) -> Array:  # -> [batch, 1, n_q, 1]
-    """Over a paged cache every alignment is per sequence: row b's diagonal is i + kv_lengths[b] − n_q."""
-    return per_row_diagonal(geo.n_q, kv_lengths)
-
-
-def _lengths(case: Case) -> tuple[int, ...]:
-    return tuple(case.param("kv_lengths"))
-
-
-def write_pages(case: Case, paged: tuple[int, str], k: Array, v: Array) -> tuple[Array, Array]:
-    """The case's contiguous keys and values scattered into a pool (`placement`), poisoned
-    (``paged = (block_size, fill)``) wherever no sequence's key is."""
-    block_size, fill = paged
-    table, num_blocks = placement(case, block_size, _lengths(case))
-    lengths = np.asarray(_lengths(case))
-    return tuple(scatter(x, table, lengths, num_blocks, block_size, fill_value(fill, x.dtype))  # type: ignore[return-value]
-                 for x in (k, v))
-
-
-def draw_paged(draw: st.DrawFn, target: Target, case: Case) -> Case:
-    """Two or three sequences with their own lengths (`spec.laws.lengths.draw_lengths`), a
-    block size (1, one that does not divide the lengths, or any up to n_k + 1) and a poison."""
-    case = draw_lengths(draw, target, case)
-    block_size = one_of(draw, _block_sizes(case.n_k))
-    return case.with_keyword("paged", (block_size, pick(draw, FILLS)))
-
-
-@functools.cache
-def _block_sizes(n_k: int) -> tuple[st.SearchStrategy[int], ...]:
-    return (st.sampled_from(BLOCK_SIZES), st.integers(1, n_k + 1))
-
-
-PAGED = Keyword(
-    name="paged",
-    field="supports_paged_kv",
-    passes=("block_table",),
-    carries=("kv_lengths",),
-    meaning="int32 [batch, max_blocks], 4-D q: k and v are paged caches "
-            "[num_blocks, block_size, heads_kv, d] "
-            "whatever the layout, and key j of sequence b is k[block_table[b, j // block_size], "
-            "j % block_size] for j < kv_lengths[b] (kv_lengths always comes with it); nothing else in "
-            "the pool is read (other sequences' blocks, unowned blocks, the tail of the last block, table "
-            "entries past it). Causal, windows and ALiBi are aligned per sequence: "
-            "diag = i + kv_lengths[b] - n_q.",
-    terms=(Reads(read_pages), Realigns(pages_diagonal)),
-    received=lambda case, paged: (placement(case, paged[0], _lengths(case))[0],),
-    draw=draw_paged,
-    reshapes=True,
-    excludes=("mask", "bias"),
-    writes=write_pages,
-    arrangement="paged",
-    ndims=(4,),
-)
-
-# --- float8 caches: the declaration --------------------------------------------------------------
-
-FLOAT8 = dtypes.FLOAT8
-SCALE_RANGE = (-4.0, 2.0)
-"""log₂ of the descales drawn: from 1/16 to 4, a factor of 64, per row and K/V head."""
-EXPONENTS = st.floats(*SCALE_RANGE)
-WIDE_RANGE = (8.0, 9.0)
-"""log₂ of the descales of a cache past float16's range (`beyond_float16`): 256 to 512, with the
-largest codes at `FILLED` of e4m3's 448, so the dequantized keys and values reach 86,016 to
-229,376 — past float16's 65,504, where a kernel that dequantizes in float16 saturates or
-overflows while the float32 it computes in holds them."""
-WIDE_EXPONENTS = st.floats(*WIDE_RANGE)
-FILLED = (0.75, 1.0)
-"""The fractions of e4m3's largest code that the largest key and value codes reach, past float16."""
-
-
-def descales(case: Case, scales: tuple) -> tuple[Array, Array]:  # -> k_descale, v_descale [batch, g] float32
-    k_scales, v_scales = scales
-    return np.asarray(k_scales, dtype=np.float32), np.asarray(v_scales, dtype=np.float32)
-
-
-def quantize(case: Case, scales: tuple, k: Array, v: Array) -> tuple[Array, Array]:
-    """The case's keys and values as float8 codes, ``x / descale`` rounded to e4m3 (clipped to its
-    ±448: e4m3 has no infinity), so that the keys they mean are the case's, to 3 bits."""
-    f8 = dtypes.as_dtype(FLOAT8)
-    top = float(dtypes.finfo(f8).max)
-    out = []
-    for x, scale in zip((k, v), descales(case, scales), strict=True):
-        codes = np.asarray(x, dtype=np.float64) / scale.astype(np.float64)[:, :, None, None]
-        out.append(np.clip(codes, -top, top).astype(f8))
-    return out[0], out[1]
-
-
-def dequantize(k: Array, v: Array, k_descale: Array, v_descale: Array) -> tuple[Array, Array]:
-    # [batch, g, n_k, d] float8, [batch, g] -> float64, exactly (a 4-bit code times a float32 scale)
-    """What float8 codes mean: ``codes.astype(float32) · descale[b, g]``, in float64 (exact)."""
-    def mean(codes: Array, scale: Array) -> Array:
-        if codes.dtype.name != FLOAT8:
-            raise ValueError(f"k_descale/v_descale come with {FLOAT8} k and v, got {codes.dtype}")
-        return codes.astype(np.float64) * np.asarray(scale, dtype=np.float64)[:, :, None, None]
-
-    return mean(k, k_descale), mean(v, v_descale)
-
-
-def beyond_float16(target: Target, case: Case) -> bool:
-    """Whether the case may hold dequantized keys and values past float16's range: its dtype, which
-    the output has, and the dtype the target computes it in both reach further."""
-    edge = float(dtypes.finfo("float16").max)
-    return all(float(dtypes.finfo(d).max) > edge for d in (case.dtype, target.precision(case.dtype)))
-
-
-def draw_scales(draw: st.DrawFn, target: Target, case: Case, *, wide: bool = True) -> Case:
-    """A K and a V descale per batch row and K/V head, log-uniform over `SCALE_RANGE`; with
-    ``wide``, half the cases that may (`beyond_float16`) take them from `WIDE_RANGE` instead, with
-    keys and values scaled so the largest codes fill e4m3's range (`FILLED`)."""
-    g = case.kv_heads or case.heads
-    past = wide and beyond_float16(target, case) and draw(BOOLEANS)
-    exponents = WIDE_EXPONENTS if past else EXPONENTS
-    rows = [[tuple(float(np.float32(2.0 ** draw(exponents))) for _ in range(g)) for _ in range(case.batch)]
-            for _ in range(2)]
-    case = case.with_keyword("fp8", (tuple(rows[0]), tuple(rows[1])))
-    if not past:
-        return case
-    top, fill = float(dtypes.finfo(FLOAT8).max), pick(draw, FILLED)
-    k_least, v_least = (min(min(row) for row in scales) for scales in rows)
-    return case.replace(k_max=fill * top * k_least, v_max=fill * top * v_least)  # no code past ±448
-
-
-FP8 = Keyword(
-    name="fp8",
-    field="supports_fp8_kv",
-    passes=("k_descale", "v_descale"),
-    meaning="float32 [batch, heads_kv] each, 4-D inputs: k and v arrive as float8_e4m3fn codes (ml_dtypes), "
-            "contiguous or paged, and mean k.astype(float32) · k_descale[b, g] (v likewise); the tolerance "
-            "allows a kernel that rounds its weights to e4m3 for the P·V product (FlashAttention 3).",
-    terms=(Reads(dequantize, weights_in=FLOAT8),),
-    received=descales,
-    draw=draw_scales,
-    writes=quantize,
-    ndims=(4,),
-)
+# --- the declarations are spec.keywords.paged's (PAGED) and spec.keywords.fp8's (FP8) -------------
 
 needs_paged = _needs.keyword(PAGED) & _needs.ndim(4)
 needs_fp8 = _needs.ml_dtypes & _needs.keyword(FP8) & _needs.ndim(4)

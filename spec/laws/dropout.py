@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from spec import tolerance
 from spec.cases import Case, cases
-from spec.keywords import Keyword, Leaves
+from spec.keywords.dropout import DROPOUT
 from spec.laws import _needs
 from spec.laws._helpers import differs_at, expected, observe, pattern_inputs, run, run_pattern, slack
 from spec.registry import law
@@ -27,8 +27,6 @@ Array = np.ndarray
 
 FALSE_ALARM = 1e-9
 """δ: the probability that a correct target fails one example of a statistical dropout law."""
-DROP_RATES = (0.1, 0.2, 0.3, 0.7, 0.8, 0.9)
-"""p drawn by the laws; not 0.5, where dropping with p and keeping with p cannot be told apart."""
 SEEDS = 32
 """Seeds averaged by `dropout_unbiased`."""
 PATTERN_ENTRIES = 2048
@@ -36,23 +34,6 @@ PATTERN_ENTRIES = 2048
 OUTPUT_ENTRIES = 512
 """Output entries (at least) averaged by `dropout_unbiased`."""
 
-
-def draw(draw: st.DrawFn, target: Target, case: Case) -> Case:
-    """A drop rate from `DROP_RATES` and a seed."""
-    return case.with_keyword("dropout", (draw(st.sampled_from(DROP_RATES)), draw(st.integers(0, 2**31 - 1))))
-
-
-DROPOUT = Keyword(
-    name="dropout",
-    field="supports_dropout",
-    passes=("dropout_p", "seed"),
-    meaning="dropout_p=, seed=: dropout on the attention weights after the softmax, kept weights scaled "
-            "by 1/(1 - p); the same seed gives the same output.",
-    terms=(Leaves("the kept set is the target's own random draw: the golden is the undropped output, and "
-                  "the dropout laws read the kept set through V = I"),),
-    received=lambda case, drawn: (float(drawn[0]), int(drawn[1])),
-    draw=draw,
-)
 
 needs_dropout = _needs.keyword(DROPOUT)
 

@@ -22,10 +22,11 @@ from spec.call import call_grad
 from spec.cases import Case, cases, one_of
 from spec.inputs import Inputs
 from spec.keywords import Keyword, Restricts
+from spec.keywords.bias import BIAS
+from spec.keywords.dropout import DROPOUT
+from spec.keywords.sinks import SINKS
 from spec.laws import _needs
 from spec.laws._helpers import pattern_inputs, run_pattern, visible
-from spec.laws.bias import BIAS
-from spec.laws.dropout import DROPOUT
 from spec.laws.gradients import (
     N_MAX,
     assert_gradients_match,
@@ -36,7 +37,6 @@ from spec.laws.gradients import (
     upstream,
     zero_rows_only,
 )
-from spec.laws.sinks import SINKS
 from spec.registry import Need, law
 from spec.target import Target
 

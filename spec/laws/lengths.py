@@ -8,13 +8,12 @@ judged against itself, and against the float64 golden of the whole call.
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 from hypothesis import strategies as st
 
-from spec.cases import Case, admissible_lengths, between, cases
-from spec.keywords import Geometry, Keyword, Realigns, Restricts
+from spec.cases import Case, cases
+from spec.keywords.kv_lengths import KV_LENGTHS
+from spec.keywords.varlen import VARLEN
 from spec.laws import _needs
 from spec.laws._helpers import (
     assert_empty_rows_follow_policy,
@@ -29,80 +28,12 @@ from spec.target import Target
 Array = np.ndarray
 
 
-def lengths_visible(geo: Geometry, kv_lengths: Array) -> Array:  # [batch] -> [batch, 1, 1, n_k] bool
-    """Batch row b sees keys j < kv_lengths[b] (broadcasts over heads and queries)."""
-    lengths = np.asarray(kv_lengths)
-    if lengths.ndim != 1 or lengths.dtype.kind not in "iu":
-        raise ValueError(f"kv_lengths must be a 1-D integer array [batch], "
-                         f"got {lengths.dtype} {lengths.shape}")
-    return (np.arange(geo.n_k) < lengths[:, None])[:, None, None, :]
-
-
-def lengths_diagonal(geo: Geometry, kv_lengths: Array) -> Array:  # [batch] -> [batch, 1, n_q, 1]
-    """With ``causal_alignment="kv_lengths"`` batch row b's diagonal is at i + kv_lengths[b] − n_q
-    (bottom-right on each row's own keys: FlashAttention's ``cache_seqlens``); in any other
-    alignment the key lengths leave the diagonal where it is (``top_left_kv_lengths``: the same as
-    ``kv_lengths`` here)."""
-    if geo.align not in ("kv_lengths", "top_left_kv_lengths"):
-        return geo.diagonal
-    return per_row_diagonal(geo.n_q, kv_lengths)
-
-
-def per_row_diagonal(n_q: int, kv_lengths: Array) -> Array:  # [batch] -> [batch, 1, n_q, 1]
-    """i + kv_lengths[b] − n_q: the last query of batch row b is aligned with its last key."""
-    lengths = np.asarray(kv_lengths).astype(np.int64)
-    return np.arange(n_q)[None, None, :, None] + (lengths - n_q)[:, None, None, None]
-
-
 def _causal_choices(t: Target) -> tuple[bool, ...]:
     # Truncating a row moves a bottom-right diagonal (it sits at i + n_k − n_q) unless the target
     # aligns each row on its own keys: then, as top-left, the mask is the same before and after.
     # (top_left_kv_lengths: the row alone, without kv_lengths, is top-left, its diagonal moved.)
     return (False, True) if t.causal_alignment in ("top_left", "kv_lengths") else (False,)
 
-
-def length_range(target: Target, case: Case) -> tuple[int, int]:
-    """The key lengths a case may draw: [0, n_k], or [n_q, n_k] for a target whose causal mode
-    and windows need every row to hold at least n_q keys (`Target.queries_within_keys`)."""
-    low = case.n_q if target.queries_within_keys and case.n_q <= case.n_k else 0
-    return low, case.n_k
-
-
-def draw_lengths(draw: st.DrawFn, target: Target, case: Case) -> Case:
-    """Two or three batch rows, each with a key length in [0, n_k] (some short, sometimes 0; at
-    least n_q for a target that declares ``queries_within_keys``)."""
-    batch = draw(between(2, 3))
-    low, high = length_range(target, case)
-    allowed = admissible_lengths(target, low, high)
-    if allowed is None:
-        lengths = draw(_length_lists(low, high, batch))
-    else:  # within the target's limits (multiples of seq_multiple, at most n_k)
-        lengths = draw(st.lists(st.sampled_from((0, *allowed) if low == 0 else allowed or (high,)),
-                                min_size=batch, max_size=batch))
-        lengths = [min(n, high) for n in lengths]
-    return case.replace(batch=batch).with_keyword("kv_lengths", tuple(lengths))
-
-
-@functools.cache
-def _length_lists(low: int, n_k: int, batch: int) -> st.SearchStrategy[list[int]]:
-    one = st.one_of(st.integers(low, n_k), st.sampled_from((low, min(low + 1, n_k), n_k)))
-    return st.lists(one, min_size=batch, max_size=batch)
-
-
-KV_LENGTHS = Keyword(
-    name="kv_lengths",
-    field="supports_kv_lengths",
-    passes=("kv_lengths",),
-    meaning="An int array [batch] (4-D inputs): keys at positions >= kv_lengths[b] are hidden for "
-            "batch row b; for a target with causal_alignment='kv_lengths' it also puts row b's diagonal "
-            "at i + kv_lengths[b] - n_q.",
-    terms=(Restricts(lengths_visible, cause="kv_lengths"), Realigns(lengths_diagonal)),
-    received=lambda case, lengths: (np.asarray(lengths, dtype=np.int64),),
-    draw=draw_lengths,
-    lengths=lambda n_q, lengths: ([n_q] * len(lengths), [int(n) for n in lengths]),
-    reshapes=True,
-    ndims=(4,),
-)
 
 needs_kv_lengths = _needs.keyword(KV_LENGTHS) & _needs.ndim(4)
 
@@ -171,62 +102,6 @@ def kv_lengths_zero_rows(target: Target, case: Case) -> None:
 
 # --- packed sequences --------------------------------------------------------------------------
 
-
-def _offsets(lengths: list[int]) -> tuple[int, ...]:
-    return tuple(int(x) for x in np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]))
-
-
-def _sequence_ids(offsets: Array, n: int) -> Array:  # [b + 1] -> [n]: which sequence each row is in
-    return np.searchsorted(np.asarray(offsets), np.arange(n), side="right") - 1
-
-
-def packed_visible(geo: Geometry, cu_q: Array, cu_k: Array) -> Array:  # -> [n_q, n_k] bool
-    """Query i sees key j only when both are in the same sequence (the queries of ``geo.queries``)."""
-    seq_q = np.searchsorted(np.asarray(cu_q), geo.queries, side="right") - 1
-    return seq_q[:, None] == _sequence_ids(cu_k, geo.n_k)[None, :]
-
-
-def packed_diagonal(geo: Geometry, cu_q: Array, cu_k: Array) -> Array:  # -> [n_q, 1]
-    """Each query's diagonal within its own sequence: its position in the sequence, moved to the
-    sequence's keys, plus the sequence's own n_k − n_q where the alignment is bottom-right."""
-    cu_q, cu_k = np.asarray(cu_q), np.asarray(cu_k)
-    seq = _sequence_ids(cu_q, geo.n_q)
-    within = np.arange(geo.n_q) - cu_q[seq]
-    top_left = geo.align in ("top_left", "top_left_kv_lengths")
-    shift = 0 if top_left else (cu_k[seq + 1] - cu_k[seq]) - (cu_q[seq + 1] - cu_q[seq])
-    return (cu_k[seq] + within + shift)[:, None]
-
-
-def draw_packing(draw: st.DrawFn, target: Target, case: Case) -> Case:
-    """1–4 packed sequences, each with its own query and key count (0 allowed, not all 0; with
-    ``queries_within_keys`` and causal, no sequence has more queries than keys)."""
-    count = draw(st.integers(1, 4))
-    allowed = admissible_lengths(target, 0, 12)
-    each = st.integers(0, 12) if allowed is None else st.sampled_from((0, *allowed[:2]))  # within the limits
-    n_qs = draw(st.lists(each, min_size=count, max_size=count))
-    n_ks = draw(st.lists(each, min_size=count, max_size=count))
-    if target.queries_within_keys and case.causal:
-        n_ks = [max(n, m) for n, m in zip(n_ks, n_qs, strict=True)]
-    one = 1 if allowed is None else allowed[0]  # the smallest sequence the limits admit
-    n_qs[0], n_ks[0] = max(n_qs[0], one if sum(n_qs) == 0 else 0), max(n_ks[0], one if sum(n_ks) == 0 else 0)
-    return case.replace(n_q=sum(n_qs), n_k=sum(n_ks)).with_keyword("varlen", (_offsets(n_qs), _offsets(n_ks)))
-
-
-VARLEN = Keyword(
-    name="varlen",
-    field="supports_varlen",
-    passes=("cu_seqlens_q", "cu_seqlens_k"),
-    meaning="Int arrays of length b + 1 (0 first, non-decreasing): packed sequences; inputs are 3-D "
-            "(heads, total, d) in bhnd ((total, heads, d) in bnhd); attention only within a sequence; "
-            "causal alignment per sequence.",
-    terms=(Restricts(packed_visible, cause="varlen"), Realigns(packed_diagonal)),
-    received=lambda case, packing: tuple(np.asarray(offsets, dtype=np.int64) for offsets in packing),
-    draw=draw_packing,
-    lengths=lambda n_q, cu_q, cu_k: ([int(n) for n in np.diff(cu_q)], [int(n) for n in np.diff(cu_k)]),
-    reshapes=True,
-    arrangement="packed",
-    ndims=(3,),
-)
 
 needs_varlen = _needs.keyword(VARLEN) & _needs.ndim(3)
 

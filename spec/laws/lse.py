@@ -11,24 +11,13 @@ from hypothesis import strategies as st
 from spec import dtypes, golden, oracle
 from spec.cases import Case, cases, split_point
 from spec.inputs import Inputs
-from spec.keywords import Keyword, Leaves
+from spec.keywords.lse import LSE
 from spec.laws import _needs
 from spec.laws._helpers import assert_matches, assert_same, expected, observe, run, run_lse, visible
 from spec.registry import Need, law
 from spec.target import Target
 
 Array = np.ndarray
-
-LSE = Keyword(
-    name="lse",
-    field="returns_lse",
-    passes=("return_lse",),
-    meaning="return_lse=True: the target returns (out, lse), lse [..., n_q] the natural-log logsumexp of "
-            "each row's final scores (sinks included), -inf for a row that sees nothing; float32 for "
-            "float16/bfloat16/float32 inputs, float64 for float64.",
-    terms=(Leaves("it asks for an output beside the attention, and changes no number of it"),),
-    received=lambda case, asked: (bool(asked),),
-)
 
 needs_lse = _needs.keyword(LSE)
 

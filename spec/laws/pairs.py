@@ -26,9 +26,10 @@ from hypothesis.errors import NoSuchExample
 from spec.call import call_grad
 from spec.cases import Case, cases, one_of
 from spec.keywords import Keyword, Leaves, Reads, registered
+from spec.keywords.fp8 import FP8
+from spec.keywords.paged import PAGED
 from spec.laws import _needs
 from spec.laws._helpers import assert_matches, run
-from spec.laws.cache import FP8, PAGED
 from spec.laws.grad_keywords import GRID_TRIES, keyword_matters
 from spec.laws.gradients import assert_gradients_match, differentiable, grad_cases, upstream
 from spec.registry import Need, law

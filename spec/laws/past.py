@@ -13,9 +13,9 @@ j ≤ n_past + i (ONNX's offset-aligned causal mask, whatever the target's align
 a bottom-right target agrees whenever the new keys are the queries' own, n_k = n_q, as in
 decoding and chunked prefill — the laws draw causal calls only so).
 
-The declaration (`PAST`) says how a case splits its keys into a past and a call (``writes``) and
-how the oracle joins them again (its `spec.keywords.Reads` term), so the golden is the
-concatenation's. It draws no cases of its own for other laws: a target returns a tuple with a
+The declaration (`PAST`, in `spec.keywords.past`) says how a case splits its keys into a past and
+a call (``writes``) and how the oracle joins them again (its `spec.keywords.Reads` term), so the
+golden is the concatenation's. It draws no cases of its own for other laws: a target returns a tuple with a
 past, so only these laws pass one.
 """
 
@@ -28,7 +28,7 @@ from spec import oracle
 from spec.call import call
 from spec.cases import Case, between, cases, pick
 from spec.inputs import Inputs
-from spec.keywords import Geometry, Keyword, Reads, Realigns
+from spec.keywords.past import PAST
 from spec.laws import _needs
 from spec.laws._helpers import assert_empty_rows_follow_policy, assert_matches, assert_same, run, visible
 from spec.registry import law
@@ -36,47 +36,6 @@ from spec.target import Target
 
 Array = np.ndarray
 
-
-def joined(k: Array, v: Array, past_key: Array, past_value: Array) -> tuple[Array, Array]:
-    # [..., g, n_k, d], [..., g, n_past, d] -> [..., g, n_past + n_k, d]
-    """The keys and values a call with a past cache attends to: the past's, then its own."""
-    for name, past, new in (("past_key", past_key, k), ("past_value", past_value, v)):
-        past = np.asarray(past)
-        if past.shape[:-2] != new.shape[:-2] or past.shape[-1] != new.shape[-1] or past.dtype != new.dtype:
-            raise ValueError(f"{name} must be [..., heads_kv, n_past, d] in the keys' dtype, as the keys "
-                             f"{new.dtype} {new.shape}; got {past.dtype} {past.shape}")
-    return np.concatenate([past_key, k], axis=-2), np.concatenate([past_value, v], axis=-2)
-
-
-def past_diagonal(geo: Geometry, past_key: Array, past_value: Array) -> Array:  # -> [n_q, 1]
-    """The queries continue the past: query i's diagonal key is n_past + i."""
-    return np.arange(geo.n_q)[:, None] + np.asarray(past_key).shape[-2]
-
-
-def split(case: Case, n_past: int) -> tuple[Array, Array]:  # -> past_key, past_value [..., g, n_past, d]
-    """The case's first ``n_past`` keys and values: the past cache."""
-    _, k, v = case.arrays()
-    return np.ascontiguousarray(k[..., :n_past, :]), np.ascontiguousarray(v[..., :n_past, :])
-
-
-def after_past(case: Case, n_past: int, k: Array, v: Array) -> tuple[Array, Array]:
-    """The call's own keys and values: the case's after the first ``n_past``."""
-    return np.ascontiguousarray(k[..., n_past:, :]), np.ascontiguousarray(v[..., n_past:, :])
-
-
-PAST = Keyword(
-    name="past_kv",
-    field="supports_past_kv",
-    passes=("past_key", "past_value"),
-    meaning="past_key [..., heads_kv, n_past, d_k] and past_value [..., heads_kv, n_past, d_v], in the keys' "
-            "layout and dtype: the call attends to concat(past, k) and concat(past, v) along the key axis, "
-            "and returns (out, present_key, present_value), the presents exactly those concatenations. "
-            "With causal=True query i sees keys j <= n_past + i (it continues the past).",
-    terms=(Reads(joined), Realigns(past_diagonal)),
-    received=split,
-    writes=after_past,
-    excludes=("kv_lengths", "block_table"),
-)
 
 needs_past = _needs.keyword(PAST)
 

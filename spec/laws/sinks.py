@@ -5,14 +5,13 @@ weights sum to 1 − the sink's weight.
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 from hypothesis import strategies as st
 
 from spec.cases import Case, cases
 from spec.dtypes import finfo
-from spec.keywords import Geometry, Keyword, Sinks
+from spec.keywords.lse import LSE
+from spec.keywords.sinks import SINKS
 from spec.laws import _needs
 from spec.laws._helpers import (
     assert_empty_rows_follow_policy,
@@ -25,46 +24,12 @@ from spec.laws._helpers import (
     sees_any,
     slack,
 )
-from spec.laws.lse import LSE, assert_lse_close
+from spec.laws.lse import assert_lse_close
 from spec.registry import law
 from spec.target import Target
 
 Array = np.ndarray
 
-
-def per_row(geo: Geometry, sinks: Array) -> Array:  # [heads] ([1] for 2-D) -> broadcastable to [*lead, n_q]
-    """Each row's sink logit: the head's, broadcast over the batch and the queries."""
-    s = np.asarray(sinks, dtype=np.float64)
-    return s[:, None] if geo.ndim >= 3 else s
-
-
-def logit_dtype(case: Case) -> type:
-    """Sinks are float32 logits (float64 for float64 cases), as kernels take them."""
-    return np.float64 if case.dtype == "float64" else np.float32
-
-
-@functools.cache
-def sink_values(heads: int, low: float = -4.0, high: float = 4.0) -> st.SearchStrategy[tuple[float, ...]]:
-    """One sink logit per head, in [low, high] (by default a sink that takes from 2% to 98% of a
-    short row; made once per arguments: see `spec.cases.choice`)."""
-    return st.lists(st.floats(low, high, allow_nan=False), min_size=heads, max_size=heads).map(tuple)
-
-
-def draw(draw: st.DrawFn, target: Target, case: Case) -> Case:
-    """One sink logit per query head (one for 2-D inputs), in [−4, 4]."""
-    return case.with_keyword("sinks", draw(sink_values(case.heads if case.ndim >= 3 else 1)))
-
-
-SINKS = Keyword(
-    name="sinks",
-    field="supports_sinks",
-    passes=("sinks",),
-    meaning="A float array [heads] ([1] for 2-D inputs): one extra logit per query head that joins every "
-            "row's softmax denominator and carries no value; a row's weights then sum to less than 1.",
-    terms=(Sinks(per_row, grad="dsinks"),),
-    received=lambda case, sinks: (np.asarray(sinks, dtype=logit_dtype(case)),),
-    draw=draw,
-)
 
 needs_sinks = _needs.keyword(SINKS)
 

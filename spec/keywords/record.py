@@ -1,10 +1,12 @@
-"""The keywords real kernels take, each declared once, as one `Keyword` record.
+"""What a keyword is: the `Keyword` record and the terms it declares (what it does to the maths),
+with everything else a keyword may declare (the extra outputs a call given it returns, the
+arguments laid out as k and v, what it needs of a target's other declarations).
 
-A keyword (``bias=``, ``window=``, ``alibi_slopes=`` ...) is declared in its own law module, next
-to its laws, and everything else reads the declaration (as PyTorch's ``OpInfo`` describes an
+A keyword (``bias=``, ``window=``, ``alibi_slopes=`` ...) is declared in its own module of
+`spec.keywords`, and everything else reads the declaration (as PyTorch's ``OpInfo`` describes an
 operator once):
 
-- **capability** — the `Target` field that says ``fn`` takes it (``supports_window``);
+- **capability** — the name a `spec.target.Target` declares it by (``supports_window``);
 - **arguments** — the keyword arguments ``fn`` receives (``passes``; how each framework spells
   them is its adapter's, `spec.adapters`);
 - **drawing** — how a `Case` draws it (``draw``) and turns the drawn parameter into the values
@@ -12,27 +14,37 @@ operator once):
 - **terms** — what it does to the maths, for the golden (float64) *and* the baseline (the
   target's dtype): a restriction of what each query sees, a transform of the scores, an
   added term, a sink logit, a moved diagonal, another representation of the keys and values
-  (a paged cache, float8), or an explicit statement that it leaves the maths alone.
+  (a paged cache, float8), or an explicit statement that it leaves the maths alone;
+- **outputs** — what a call given it returns beside the output (`Returns`: an LSE, the presents
+  of a past cache), how they are laid out and checked.
 
 The golden (`spec.golden`), the baseline and floor (`spec.tolerance`, composed in `spec.oracle`),
-the cases, the calling layer and the docs all read these records. A record cannot be made
-without terms, and each kind of term supplies the golden and the baseline together, so a
+the cases, the target, the calling layer and the docs all read these records. A record cannot be
+made without terms, and each kind of term supplies the golden and the baseline together, so a
 keyword cannot quietly loosen the tolerance by being forgotten in one of them.
+
+This module imports no other part of the suite but `spec.golden`: the target imports it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import numpy as np
 
 from spec import golden
-from spec.target import CAUSES, Target, keyword_fields
 
 Array = np.ndarray
+
+CAUSES = ("causal", "window", "mask", "bias", "kv_lengths", "varlen", "no_keys")
+"""Why a query row sees no key, in the order the causes are checked: a row's cause is the first
+restriction after which, ANDed with those before it, the row sees nothing (the order of
+FlashAttention's reference: its causal and window mask before key padding). ``no_keys`` is a
+call with n_k = 0. A target may declare a masked-row policy per cause (``masked_rows``)."""
 
 
 @dataclass(frozen=True)
@@ -159,6 +171,35 @@ class Leaves:
             raise ValueError("Leaves needs the reason the keyword leaves the golden as it is")
 
 
+@dataclass(frozen=True)
+class Returns:
+    """What a call given the keyword returns beside its output: ``fn`` returns ``(out, *names)``
+    (``return_lse=True``: ``(out, lse)``; a past cache: ``(out, present_key, present_value)``), and
+    `spec.call.call` returns them after the output, checked.
+
+    ``asked``: how a call asks for them, as messages say it (``"with return_lse=True"``);
+    ``in_layout``: they are laid out as the output (in the target's layout, moved back as it is),
+    else returned as they are; ``check(meant, returned, out_shape)``: what is wrong with them (a
+    message, the target's failure) or None, ``meant`` the call's `spec.inputs.Inputs` as the
+    maths reads them (`spec.oracle.meaning`), ``returned`` the arrays as read (`numpy.ndarray`,
+    in the suite's layout), ``out_shape`` the output's expected shape."""
+
+    names: tuple[str, ...]
+    asked: str
+    check: Callable[[Any, tuple[Array, ...], tuple[int, ...]], str | None]
+    in_layout: bool = False
+
+
+def not_floats(x: Any, said: str) -> str | None:
+    """Why ``x`` is not an array of numbers (``said`` opens the message), or None."""
+    if not isinstance(x, np.ndarray) or x.dtype.kind not in "fiuVc":
+        return f"{said} {type(x).__name__} of dtype {getattr(x, 'dtype', None)}, not floats"
+    return None
+
+
+CAPABILITY = re.compile(r"(supports|returns)_[a-z0-9_]+")
+"""How a keyword's capability is named: ``supports_window``, ``returns_lse``."""
+
 Term = Restricts | Transforms | Adds | Sinks | Realigns | Reads | Leaves
 TERMS = (Restricts, Transforms, Adds, Sinks, Realigns, Reads, Leaves)
 
@@ -172,7 +213,9 @@ class Keyword:
     name: str
     """Short name, the key of a case's drawn parameter: ``window``, ``varlen``, ``alibi``."""
     field: str
-    """The `Target` field that declares ``fn`` takes it: ``supports_window``."""
+    """The capability a target declares it by, ``supports_…`` or ``returns_…`` (``supports_window``):
+    ``Target(fn, supports_window=True)``, read as ``target.supports_window`` (`spec.target.Target`
+    keeps every keyword's capability in one mapping, so a new keyword adds no field there)."""
     passes: tuple[str, ...]
     """The keyword arguments ``fn`` receives, in order: ``("cu_seqlens_q", "cu_seqlens_k")``."""
     meaning: str
@@ -181,13 +224,13 @@ class Keyword:
     """What it does to the maths (at least one; `Leaves` says it does nothing, and why)."""
     received: Callable[[Any, Any], tuple[Any, ...]]
     """``received(case, parameter)``: the values passed, in ``passes`` order (None: not passed)."""
-    draw: Callable[[Any, Target, Any], Any] | None = None
+    draw: Callable[[Any, Any, Any], Any] | None = None
     """``draw(draw_fn, target, case)``: the case with a parameter for this keyword (and whatever it
     needs: a batch, a rank); None when its laws build the case themselves."""
     arrangement: Arrangement = "dense"
     """``packed``: 3-D inputs are packed sequences, ``(heads, total, d)`` (``(total, heads, d)``
     in ``bnhd``); ``paged``: k and v are paged caches ``[num_blocks, block_size, heads_kv, d]`` in
-    every layout (`spec.target.IN_LAYOUT`: only q and the output follow the target's layout)."""
+    every layout (``moves``: only q and the output follow the target's layout)."""
     carries: tuple[str, ...] = ()
     """Arguments of other keywords passed with this one whenever it is given (``block_table``
     carries ``kv_lengths``): its values are ``passes`` then these (`given`), and a target that
@@ -209,6 +252,22 @@ class Keyword:
     """Its ``draw`` changes the case's batch or sizes (key lengths draw batch rows; packed sequences
     their totals): `spec.cases.cases` draws it before the keywords whose parameters are sized by
     the case (ALiBi's slopes per batch row, float8 scales per row and K/V head)."""
+    moves: tuple[str, ...] = ("q", "k", "v")
+    """In a call this keyword arranges (``arrangement`` not dense), which of q, k, v ``fn`` receives
+    in its layout (``bnhd`` swaps their heads and positions): a paged cache is
+    ``[num_blocks, block_size, heads_kv, d]`` in every layout, so only ``("q",)`` (`in_layout`)."""
+    in_layout: tuple[str, ...] = ()
+    """Arguments it passes that are laid out as k and v, in the target's layout (a past cache:
+    ``past_key``, ``past_value``): they move with q, k and v in a dense call (`in_layout`)."""
+    switch: bool = False
+    """Its one argument is a switch (``return_lse``): False is the same as not giving it, and is
+    never passed; it asks the forward for something, so ``grad_fn`` never receives it."""
+    returns: Returns | None = None
+    """What a call given it returns beside the output (`Returns`), or None: the output alone."""
+    check_target: Callable[[Any], str | None] | None = None
+    """``check_target(target)``: what is inconsistent in a target's declarations about this
+    keyword (a message, which refuses the target: `spec.target.TargetError`), or None. Run on
+    every target, declaring it or not (float8 caches need ml_dtypes)."""
     excludes: tuple[str, ...] = ()
     """Arguments that have no meaning beside it, never passed with it: a paged cache's keys are its
     table's, not the ``n_k`` a ``mask=`` or ``bias=`` is shaped by. A case that draws it draws no
@@ -219,9 +278,9 @@ class Keyword:
             raise ValueError(f"keyword {self.name!r} needs its terms (Restricts, Transforms, Adds, Sinks, "
                              f"Realigns, Reads or Leaves): the golden and the baseline read them, "
                              f"got {self.terms!r}")
-        if self.field not in keyword_fields(Target):
-            raise ValueError(f"keyword {self.name!r}: Target has no keyword field {self.field!r} "
-                             f"(add `{self.field}: bool = keyword_field()` to spec.target.Target)")
+        if not CAPABILITY.fullmatch(self.field):
+            raise ValueError(f"keyword {self.name!r}: its capability must be named supports_… or returns_… "
+                             f"(a lower-case identifier), got {self.field!r}")
         if not self.passes:
             raise ValueError(f"keyword {self.name!r} passes no argument")
         if not self.ndims or any(r not in (2, 3, 4) for r in self.ndims):
@@ -230,6 +289,12 @@ class Keyword:
         if set(self.carries) & set(self.passes):
             raise ValueError(f"keyword {self.name!r} both passes and carries "
                              f"{sorted(set(self.carries) & set(self.passes))}")
+        if self.switch and len(self.passes) != 1:
+            raise ValueError(f"keyword {self.name!r} is a switch: it passes one argument, "
+                             f"got {self.passes!r}")
+        if set(self.in_layout) - set(self.passes) or set(self.moves) - {"q", "k", "v"}:
+            raise ValueError(f"keyword {self.name!r}: in_layout names arguments it passes, moves some of "
+                             f"q, k, v; got {self.in_layout!r}, {self.moves!r}")
         if self.draw is not None and self.writes is None and any(isinstance(t, Reads) for t in self.terms):
             raise ValueError(f"keyword {self.name!r} reads k and v in another representation (a Reads "
                              f"term) and draws cases: it needs writes=, which puts a case's keys into it")
@@ -259,64 +324,11 @@ class Keyword:
             return None
         return tuple(arguments.get(name) for name in (*self.passes, *self.carries))
 
+    def asked(self, arguments: Mapping[str, Any]) -> bool:
+        """Whether ``arguments`` give this keyword: one of its arguments is given (not None; a
+        switch, true)."""
+        return any(arguments.get(name) is not None and (not self.switch or bool(arguments[name]))
+                   for name in self.passes)
+
     def replace(self, **changes: Any) -> Keyword:
         return dataclasses.replace(self, **changes)
-
-
-class _Tables:
-    """The declared keywords, by name and by argument, read once from `spec.registry` (which
-    collects them from the law modules) the first time any is asked for: nothing is registered
-    by importing a module, and asking twice reads the same tables."""
-
-    by_name: ClassVar[dict[str, Keyword] | None] = None
-    by_argument: ClassVar[dict[str, Keyword]] = {}
-
-
-def registered() -> dict[str, Keyword]:
-    """Every declared keyword, by name, in declaration order (`spec.registry.keywords`)."""
-    if _Tables.by_name is None:
-        from spec import registry  # the law modules that declare them import this one
-
-        found = registry.keywords()
-        _Tables.by_argument = {arg: kw for kw in found.values() for arg in kw.passes}
-        _Tables.by_name = found
-    return _Tables.by_name
-
-
-def by_argument() -> dict[str, Keyword]:
-    """Every keyword by each argument it passes (``cu_seqlens_k`` -> the varlen keyword)."""
-    registered()
-    return _Tables.by_argument
-
-
-def declares(target: Target, keyword: str) -> bool:
-    """Whether ``target`` takes this keyword (by name or by an argument it passes)."""
-    found = registered().get(keyword) or by_argument().get(keyword)
-    if found is None:
-        raise KeyError(f"unknown keyword {keyword!r}")
-    return bool(getattr(target, found.field))
-
-
-def gradient_extras() -> dict[str, Keyword]:
-    """Each gradient a backward may return beside dq, dk, dv (the ``grad`` of an `Adds` or `Sinks`
-    term: ``dbias``, ``dsinks``), with the keyword whose first value it is the gradient of."""
-    return {term.grad: kw for kw in registered().values() for term in kw.terms
-            if isinstance(term, (Adds, Sinks)) and term.grad is not None}
-
-
-def carried(target: Target, name: str, arguments: Mapping[str, Any]) -> bool:
-    """Whether ``name`` reaches ``target`` with another keyword among ``arguments`` that carries it
-    and that the target declares (``kv_lengths`` with ``block_table``)."""
-    table = by_argument()
-    givers = [table[arg] for arg, value in arguments.items() if value is not None and arg in table]
-    return any(name in kw.carries and getattr(target, kw.field) for kw in givers)
-
-
-def arrangement(arguments: Mapping[str, Any]) -> Arrangement:
-    """How the arrays are arranged for these keyword arguments (packed sequences or dense)."""
-    table = by_argument()
-    for name, value in arguments.items():
-        kw = table.get(name)
-        if kw is not None and value is not None and kw.arrangement != "dense":
-            return kw.arrangement
-    return "dense"

@@ -1,0 +1,60 @@
+"""Logit soft-capping (``softcap=c``): the scaled scores become c·tanh(s / c).
+
+Its declaration (`SOFTCAP`) and the functions it is made of; its laws are `spec.laws.softcap`'s.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+from hypothesis import strategies as st
+
+from spec.keywords.record import Keyword, Transforms
+
+if TYPE_CHECKING:
+    from spec.cases import Case
+    from spec.target import Target
+
+Array = np.ndarray
+
+
+CAPS = (1.0, 5.0, 20.0, 50.0)  # Gemma 2 caps attention logits at 50
+
+
+def capped(s: Array, c: float) -> Array:
+    """c·tanh(s / c) in float64."""
+    return c * np.tanh(s / c)
+
+
+def capped_in(s: Array, dtype: np.dtype, c: float) -> Array:
+    """c·tanh(s / c) with every step rounded to ``dtype``, as a kernel in that dtype computes it."""
+    cap = dtype.type(c)
+
+    def rounded(x: Array) -> Array:
+        return np.asarray(x).astype(dtype, copy=False)
+
+    return rounded(cap * rounded(np.tanh(rounded(s / cap))))
+
+
+def capped_derivative(s: Array, c: float) -> Array:
+    """d(c·tanh(s/c))/ds = 1 − tanh²(s/c)."""
+    return 1.0 - np.tanh(s / c) ** 2
+
+
+def draw(draw: st.DrawFn, target: Target, case: Case) -> Case:
+    """A cap c from `CAPS`, with scores of magnitude ~c (amplitude 1, c or 4c), so the cap bends them."""
+    c = draw(st.sampled_from(CAPS))
+    return case.replace(amplitude=draw(st.sampled_from((1.0, c, 4 * c)))).with_keyword("softcap", c)
+
+
+SOFTCAP = Keyword(
+    name="softcap",
+    field="supports_softcap",
+    passes=("softcap",),
+    meaning="softcap=c, a float > 0: the scaled scores s become c·tanh(s / c), then the bias, then the "
+            "masks (a hidden key stays hidden).",
+    terms=(Transforms(golden=capped, baseline=capped_in, derivative=capped_derivative),),
+    received=lambda case, c: (float(c),),
+    draw=draw,
+)
