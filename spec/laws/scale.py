@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 from hypothesis import strategies as st
 
-from spec import context, dtypes, sampled, tolerance
+from spec import context, dtypes, oracle, sampled, tolerance
 from spec.call import call, call_grad
 from spec.cases import Case
 from spec.inputs import Inputs
@@ -503,7 +503,7 @@ def scale_hidden_keys_unmoved(target: Target, case: Case) -> None:
     inputs, before = output(target, case)
     rows = rows_of(target, case, inputs)
     changed = _changed(case, inputs)
-    vis = sampled.visible_rows(target.alignment, inputs, rows)  # [*lead, r, n_k]
+    vis = oracle.visibility(target.alignment, inputs, rows)  # [*lead, r, n_k]
     blind = ~(vis & changed).any(axis=-1)
     assert blind.any(), f"no sampled row of {name_of(target, case)} is blind to the changed keys"
     after = call(_long(target), perturbed(target, case, inputs, changed))
