@@ -54,11 +54,6 @@ def sample_rows(n_q: int, *, limits: Sequence[int] = (), extra: Sequence[int] = 
     return np.array(sorted(int(i) for i in picks if 0 <= i < n_q), dtype=np.int64)
 
 
-def short(rows: Array) -> str:
-    items = np.asarray(rows).tolist()
-    return str(items) if len(items) <= 8 else str(items[:8])[:-1] + ", …]"
-
-
 def _count(lead: tuple[int, ...]) -> int:
     return int(np.prod(lead, dtype=np.int64)) if lead else 1
 

@@ -28,7 +28,7 @@ from spec.call import call, call_grad
 from spec.cases import Case
 from spec.inputs import Inputs
 from spec.laws import _needs
-from spec.laws._helpers import assert_within_tolerance, perturbed, precision_text, same_bits
+from spec.laws._helpers import assert_within_tolerance, perturbed, precision_text, same_bits, short
 from spec.laws.gradients import GRAD_FACTOR
 from spec.registry import Need, law
 from spec.scale_plan import inputs_of, name_of, output, patient, plan, rows_of
@@ -115,7 +115,7 @@ def scale_matches_golden(target: Target, case: Case) -> None:
                             dtype=inputs.q.dtype)
     assert_within_tolerance(cmp, dtype=precision_text(target, inputs),
                             what=f"at {name_of(target, case)} ({len(rows)} sampled rows: "
-                                 f"{sampled.short(rows)}), the output")
+                                 f"{short(rows)}), the output")
 
 
 @law(strategy=_strategy(), grid=_grid(), needs=_needs_cases())
@@ -173,7 +173,7 @@ def scale_hidden_keys_unmoved(target: Target, case: Case) -> None:
     if bad.any():
         at = tuple(int(i) for i in np.argwhere(bad)[0])
         row = int(rows[at[-2]])
-        keys = sampled.short(np.flatnonzero(changed))
+        keys = short(np.flatnonzero(changed))
         raise AssertionError(f"at {name_of(target, case)}, changing keys {keys} "
                              f"moved output row {row} (entry {[*at[:-2], row, at[-1]]}) from "
                              f"{float(before[..., rows, :][at])!r} to {float(after[..., rows, :][at])!r}, "
