@@ -51,7 +51,7 @@ _MEMORY: contextvars.ContextVar[float | None] = contextvars.ContextVar("MEMORY",
 
 def memory_budget() -> float | None:
     """The bytes a call of this check may need on the target's device (``--memory``), or None
-    when none was given (`spec.laws.scale.default_budget` then applies)."""
+    when none was given (`spec.scale_plan.default_budget` then applies)."""
     return _MEMORY.get()
 
 

@@ -130,22 +130,54 @@ def _normalise(s: Array, terms: Terms) -> tuple[Array, Array]:  # final scores -
     return weights, lse
 
 
+def at_rows(q: Array, rows: Array | None) -> Array:  # [..., n_q, d] -> [..., r, d]
+    """The query ``rows`` of ``q`` (every row when None): row i of attention reads q_i alone
+    among the queries, so the golden of some rows is that of a call with only those queries,
+    given what the keywords make of those rows (``visible`` and ``terms`` at them)."""
+    return q if rows is None else np.asarray(q)[..., np.asarray(rows, dtype=np.int64), :]
+
+
 def forward(
     q: Array, k: Array, v: Array, *, visible: Array, scale: float, terms: Terms = PLAIN,
+    rows: Array | None = None,
 ) -> tuple[Array, Array, Array]:
     """float64 ``(out, weights, lse)``; a row that sees nothing gives zeros and lse = −inf.
 
     [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v], visible [..., n_q, n_k]
     -> out [..., n_q, d_v], weights [..., n_q, n_k], lse [..., n_q]
 
+    ``rows`` (``[r]`` int, None: every row): only those query rows are evaluated; ``visible``
+    and ``terms`` are then those rows' (``[..., r, n_k]``, as `spec.oracle` evaluates them
+    there), and so are the results (``[..., r, ...]``).
+
     With sinks a row's weights sum to 1 − its sink's weight; a row that sees no key but has a
     finite sink has lse = sink, out = 0. ``weights`` are the softmax's, before ``terms.keep``;
     ``out`` uses the kept weights.
     """
+    q = at_rows(q, rows)
     weights, lse = _normalise(scores(q, k, visible=visible, scale=scale, terms=terms), terms)
     used = weights if terms.keep is None else weights * terms.keep
     v64 = with_kv_heads(np.asarray(q), np.asarray(v, dtype=np.float64))
     return used @ v64, weights, lse
+
+
+JACOBIAN_ENTRIES = 2**25
+"""The most entries of the softmax's Jacobians (n_k² a row) that `jacobian_product` forms at once."""
+
+
+def jacobian_product(p: Array, dp: Array) -> Array:  # [..., n_q, n_k], [..., n_q, n_k] -> [..., n_q, n_k]
+    """Row i of ``dS = J_i dP_i``, ``J_i = diag(p_i) − p_i p_iᵀ`` the Jacobian of row i's softmax.
+
+    J is formed in full where its n_k² entries a row, over every row, are at most
+    `JACOBIAN_ENTRIES` (every backward of the laws' drawn cases: n ≤ 64). Past that (350,000
+    keys: 10¹¹ entries a row) it is applied without being formed, ``p_i ∘ dP_i − p_i (p_i · dP_i)``:
+    the same product, its sum over the keys taken once instead of once per entry of the row. Both
+    read P and dP alone, never the forward's output (the D = rowsum(dO ∘ O) of FlashAttention)."""
+    if p.size * p.shape[-1] <= JACOBIAN_ENTRIES:
+        eye = np.eye(p.shape[-1])
+        jac = p[..., :, None] * eye - p[..., :, None] * p[..., None, :]  # [..., n_q, n_k, n_k]
+        return np.einsum("...ij,...ijl->...il", dp, jac)  # J is symmetric: J dP = dP J
+    return p * (dp - np.sum(p * dp, axis=-1, keepdims=True))
 
 
 GRADS = ("dq", "dk", "dv")
@@ -168,21 +200,29 @@ class Gradients:
 
 def backward(
     q: Array, k: Array, v: Array, d_out: Array, *, visible: Array, scale: float, terms: Terms = PLAIN,
+    rows: Array | None = None,
 ) -> Gradients:
     """float64 gradients of ``L = Σ out ∘ d_out`` through the explicit softmax Jacobian.
 
     [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v], [..., n_q, d_v], [..., n_q, n_k] -> Gradients
 
+    ``rows`` (``[r]`` int, None: every row): the upstream gradient is zero off those query rows,
+    and ``d_out``, ``visible`` and ``terms`` are given at them (``[..., r, ...]``); then dq is zero
+    off them and is given at them (``[..., r, d_k]``), as are the added terms' and sinks'
+    gradients and the weights, while dk and dv are sums over those rows alone: the whole backward,
+    exact, at the cost of those rows.
+
     With P the weights and K = keep (1 without dropout), ``out = (P ∘ K) v``, so ``dv = (P ∘ K)ᵀ dO``
     and ``dP = (dO vᵀ) ∘ K``. Row i of ``dS`` is ``J_i dP_i`` with ``J_i = diag(p_i) − p_i p_iᵀ``
-    formed in full (n_q·n_k² entries per slice: keep n ≤ 64); a sink takes part in the softmax
+    (`jacobian_product`: formed in full where its n_k² entries a row fit, keep n ≤ 64; past that
+    applied without being formed); a sink takes part in the softmax
     without a value, so its own entry of J is not formed: ``dσ_i = −p_σ,i · (p_i · dP_i)``. Hidden
     keys have p = 0, so their row and column of J are zero and they get no gradient. ``dS`` then
     flows back through each transform (times its derivative, last first) to ``dq = dS k · scale``,
     ``dk = dSᵀ q · scale``; each added term's gradient is ``dS`` itself. No
-    ``D = rowsum(dO ∘ O)`` shortcut is used.
+    ``D = rowsum(dO ∘ O)`` shortcut is used: nothing here reads the forward's output.
     """
-    q64, k64, v64, do64 = (np.asarray(x, dtype=np.float64) for x in (q, k, v, d_out))
+    q64, k64, v64, do64 = (np.asarray(x, dtype=np.float64) for x in (at_rows(q, rows), k, v, d_out))
     raw = _raw_scores(q64, k64, scale)
     stages = [raw]
     for f, _ in terms.transforms:
@@ -192,8 +232,7 @@ def backward(
     keep = 1.0 if terms.keep is None else np.asarray(terms.keep, dtype=np.float64)
     kv = with_kv_heads(q64, v64)
     dp = (do64 @ np.swapaxes(kv, -1, -2)) * keep  # [..., n_q, n_k]
-    jac = p[..., :, None] * np.eye(p.shape[-1]) - p[..., :, None] * p[..., None, :]  # [..., n_q, n_k, n_k]
-    ds = np.einsum("...ij,...ijl->...il", dp, jac)  # J is symmetric: J dP = dP J
+    ds = jacobian_product(p, dp)
     d_sinks = None
     if terms.sinks is not None:
         sink = np.broadcast_to(np.asarray(terms.sinks, np.float64), lse.shape)

@@ -1,16 +1,23 @@
 """Every Hypothesis profile in one place.
 
 `PROFILES` are the suite's (``python -m spec check --profile``, ``spec.check(profile=)``,
-``--attention-profile``): examples per law, derandomization, the per-call deadline.
-`register_test_profiles` registers the settings profiles of this repository's own tests
+``--attention-profile``): examples per law, derandomization, the per-call deadline, and what a
+check at the profile sets up (`checking`: the one set-up of `spec.check`, the CLI and the pytest
+door). `register_test_profiles` registers the settings profiles of this repository's own tests
 (``pytest --hypothesis-profile=ci|dev|thorough``); ``tests/conftest.py`` calls it.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from hypothesis import HealthCheck, settings
+
+from spec import context, scale_plan
+from spec.target import Target
 
 
 @dataclass(frozen=True)
@@ -22,16 +29,37 @@ class Profile:
     """The law family (`spec.registry.Property.family`) this profile runs alone, each law on its
     explicit cases only (its grid; nothing is drawn): ``scale``. Its laws run at no other profile.
     None: every law but those of such families."""
+    setup: Callable[[Target], AbstractContextManager[str]] | None = None
+    """What a check of a target at this profile runs within, giving the report's header line for
+    the profile (`spec.scale_plan.checking`: the outputs its laws share, the cases not run);
+    None: nothing."""
 
 
 PROFILES = {
     "quick": Profile(max_examples=10, derandomize=True, deadline_s=5.0),
     "ci": Profile(max_examples=40, derandomize=True, deadline_s=10.0),
     "thorough": Profile(max_examples=400, derandomize=False, deadline_s=30.0),
-    "scale": Profile(max_examples=1, derandomize=True, deadline_s=900.0, family="scale"),
+    "scale": Profile(max_examples=1, derandomize=True, deadline_s=900.0, family="scale",
+                     setup=scale_plan.checking),
 }
 """``scale``: the laws of `spec.laws.scale`, a few calls each at the sizes where kernels overflow
-(``--memory GIB`` bounds them)."""
+(``--memory GIB`` bounds them: `spec.scale_plan`)."""
+
+
+@contextlib.contextmanager
+def checking(profile: str, target: Target, *, memory: float | None = None) -> Iterator[str]:
+    """Within: a check of ``target`` at ``profile`` is set up, the same way for `spec.check` (and
+    so the CLI) and for the pytest door: ``memory`` (GiB; None: not given, the profile's default)
+    is the check's memory budget (`spec.context.memory`), and the profile's own set-up
+    (`Profile.setup`) runs within it. Gives the report's header line for the profile ("" when it
+    has none)."""
+    with context.memory(None if memory is None else float(memory) * 2**30):
+        setup = PROFILES[profile].setup
+        if setup is None:
+            yield ""
+            return
+        with setup(target) as header:
+            yield header
 
 
 def exclusive_families() -> set[str]:

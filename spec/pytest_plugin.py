@@ -12,25 +12,34 @@ target's declaration; ``process`` turns a crash or a call stuck in C into that l
 ``--attention-deadline SECONDS`` (per call; overrides the profile's and the target's),
 ``--attention-expected-failures FILE`` (one ``law[dtype]  # reason`` a line, added to the target's
 ``expected_failures``: each such law is marked ``xfail(strict=True)``, so its failure is XFAIL and
-a pass fails the run, as a stale declaration). A law whose expected failures name some dtypes is
-one test per such dtype (``law[float16]``) and one of the rest. A failing property's short summary
-line (``-ra``) carries what broke.
+a pass fails the run, as a stale declaration), ``--attention-memory GIB`` (with
+``--attention-profile scale``: the memory budget, as the CLI's ``--memory``). A law whose expected
+failures name some dtypes is one test per such dtype (``law[float16]``) and one of the rest. A
+failing property's short summary line (``-ra``) carries what broke.
+
+The check is set up as `spec.check` sets one up (`spec.profiles.checking`: the memory budget and
+the profile's own set-up), from collection to the end of the session; the profile's header line
+(at ``scale``: the budget and the cases not run) is printed after the collection.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 from typing import Any
 
 import pytest
 
-from spec.profiles import PROFILES, runs_at
+from spec.profiles import PROFILES, checking, runs_at
 from spec.registry import PROPERTIES
 from spec.report import Result, failure
 from spec.runner import LawRun, configure, law_runs, load, run_property
 from spec.target import Target, TargetError
 
 ENV = "ATTENTION_TARGET"
+HEADER = pytest.StashKey[str]()
+"""The profile's header line of the check (`spec.profiles.checking`), once it is set up."""
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -55,6 +64,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--attention-expected-failures", metavar="FILE", default=None,
                     help="known deviations, one 'law[dtype]  # reason' a line: each is marked "
                     "xfail(strict=True)")
+    group.addoption("--attention-memory", type=float, default=None, metavar="GIB",
+                    help="with --attention-profile scale: what one call may need on the target's device, "
+                    "in GiB (default: half the memory this machine has available); a case over it is "
+                    "not run, and the header and the laws' notes say so")
 
 
 class PropertyFailed(Exception):
@@ -120,6 +133,12 @@ def pytest_configure(config: pytest.Config) -> None:
     has_target = config.getoption("attention_target") or os.environ.get(ENV)
     if config.getoption("attention_only") and not has_target:
         raise pytest.UsageError(f"--attention-only needs a target: --attention-target=TARGET or {ENV}")
+    memory = config.getoption("attention_memory")
+    if memory is not None and not (math.isfinite(memory) and memory > 0):
+        raise pytest.UsageError(f"--attention-memory must be a positive number of GiB, got {memory}")
+    if memory is not None and config.getoption("attention_profile") != "scale":
+        raise pytest.UsageError("--attention-memory is the budget of --attention-profile scale; "
+                                "give --attention-profile scale")
 
 
 def pytest_ignore_collect(collection_path: Any, config: pytest.Config) -> bool | None:
@@ -138,9 +157,19 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
                            expected_failures=config.getoption("attention_expected_failures"))
     except TargetError as e:
         raise pytest.UsageError(f"--attention-target: {e}") from None
+    set_up = contextlib.ExitStack()  # the check's set-up, as spec.check's, until the session ends
+    config.add_cleanup(set_up.close)
+    config.stash[HEADER] = set_up.enter_context(checking(config.getoption("attention_profile"), target,
+                                                         memory=config.getoption("attention_memory")))
     suite = PropertySuite.from_parent(session, name="attention-spec", nodeid="attention-spec",
                                       target=target, source=source)
     collected = suite.collect()
     # Tell the reporters, so that "collected N items" counts the properties too.
     config.hook.pytest_collectreport(report=pytest.CollectReport(suite.nodeid, "passed", None, collected))
     items.extend(collected)
+
+
+def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
+    """The profile's header line, as the CLI's report prints it (``scale: memory budget ...``)."""
+    header = config.stash.get(HEADER, "")
+    return [f"scale: {header}"] if header else []

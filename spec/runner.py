@@ -20,13 +20,12 @@ import numpy as np
 from hypothesis import HealthCheck, Phase, Verbosity, example, given, settings
 from hypothesis.errors import Unsatisfiable
 
-from spec import context
 from spec.builtin import NoSource, load_target, source_of
 from spec.call import Call
 from spec.cases import Case, limits_text, outside_limits
 from spec.context import RunContext, running
 from spec.isolation import TargetHung, TargetStopped, run_law, workers
-from spec.profiles import PROFILES, Profile, runs_at
+from spec.profiles import PROFILES, Profile, checking, runs_at
 from spec.registry import PROPERTIES, Property
 from spec.report import Counterexample, Report, Result
 from spec.signature import SignatureMismatch
@@ -352,7 +351,7 @@ def check(
     default the name it was given by, or the one `spec.builtin.source_of` finds).
 
     ``memory`` (GiB) is what a call may need on the target's device at ``profile="scale"``
-    (default: `spec.laws.scale.default_budget`). Without ``only``, a profile that runs one
+    (default: `spec.scale_plan.default_budget`). Without ``only``, a profile that runs one
     family alone (``scale``) runs its laws, the others every law but those.
 
     Raises `spec.TargetError` when the target does not load and ValueError for an
@@ -372,18 +371,10 @@ def check(
         source = target if isinstance(target, str) else source_of(target)
     report = Report(target=loaded.name, profile=profile, seed=seed, limits=limits_text(loaded))
     start = time.perf_counter()
-    with context.memory(None if memory is None else float(memory) * 2**30):
-        scaled = PROFILES[profile].family == "scale"
-        if scaled:
-            from spec.laws import scale
-
-            report.scale = scale.header(loaded)
-        try:
-            report.results = run_all(props, loaded, profile=profile, max_examples=max_examples, seed=seed,
-                                     source=source, each=each)
-        finally:
-            if scaled:
-                scale.forget()
+    with checking(profile, loaded, memory=memory) as header:
+        report.scale = header
+        report.results = run_all(props, loaded, profile=profile, max_examples=max_examples, seed=seed,
+                                 source=source, each=each)
     report.seconds = time.perf_counter() - start
     return report
 

@@ -195,7 +195,7 @@ class Target:
     """A call holds every score of its slices at once (n_q × n_k each, as a plain softmax does);
     False: it holds a tile of them (FlashAttention, `impl.flash`, PyTorch's CPU flash kernel),
     its memory beyond the inputs and output O(n_q). Only ``--profile scale`` reads it, to estimate
-    what each of its calls needs against ``--memory`` (`spec.laws.scale.footprint`)."""
+    what each of its calls needs against ``--memory`` (`spec.scale_plan.footprint`)."""
 
     def __post_init__(self) -> None:
         if not callable(self.fn):

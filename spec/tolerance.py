@@ -182,6 +182,43 @@ def floor(q: Array, k: Array, v: Array, *, scale: float, added: tuple[Array, ...
     return unit * vmax * (4 + np.sqrt(n_k) + (d_k + 2) * s_abs + 2 * b_abs)
 
 
+def accumulator(dtype: str) -> str:
+    """The dtype a correct kernel sums a row in when it computes in ``dtype``: float32 for float16
+    and bfloat16, ``dtype`` itself otherwise (FlashAttention, PyTorch's CPU kernels, XLA and
+    `impl` all accumulate a 16-bit row in float32). A textbook softmax in float16 sums a diffuse
+    row of 350,000 keys to inf (its denominator is past 65,504): a baseline in float16 would
+    excuse the very overflow the long rows of ``--profile scale`` look for."""
+    return "float32" if dtypes.as_dtype(dtype).itemsize < 4 else dtype
+
+
+def long_row_floor(q: Array, k: Array, v: Array, *, scale: float, dtype: str) -> float:
+    """`floor` with the weighted sum of the n_k values counted in the accumulator a correct kernel
+    keeps (`accumulator`): float32 for float16 and bfloat16, ``dtype`` itself otherwise.
+
+    [..., r, d_k], [..., n_k, d_k], [..., n_k, d_v] -> float (q: the rows judged)
+
+    `floor` counts √n_k·eps of the dtype for that sum (a sum in the dtype), which past a few
+    thousand keys exceeds the output itself for the 16-bit dtypes (at 350,000 keys in float16,
+    √n_k·eps ≈ 0.58 times max|V|) and would excuse exactly the float16 running sum the long rows
+    exist to catch; a float32 accumulator's √n_k·eps is 7·10⁻⁵ at 350,000 keys. The scores'
+    rounding, (d_k + 2)·S·eps of ``dtype``, stays as it is (S taken a block of keys at a time, the
+    K/V heads repeated as `spec.golden.with_kv_heads` reads them)."""
+    eps, acc = dtypes.eps(dtype), dtypes.eps(accumulator(dtype))
+    q64 = np.abs(q.astype(np.float64))
+    k64 = golden_oracle.with_kv_heads(q64, np.abs(k.astype(np.float64)))
+    s_abs = scale * _max_products(q64, k64)
+    vmax = float(np.max(np.abs(v.astype(np.float32)), initial=0.0))
+    return eps * vmax * (4 + (q.shape[-1] + 2) * s_abs) + acc * vmax * math.sqrt(k.shape[-2])
+
+
+def _max_products(q: Array, k: Array) -> float:
+    """max_ij Σ_l |q_il|·|k_jl| over every slice, a block of keys at a time."""
+    top = 0.0
+    for start in range(0, k.shape[-2], 2**16):
+        top = max(top, float(np.max(q @ np.swapaxes(k[..., start:start + 2**16, :], -1, -2), initial=0.0)))
+    return top
+
+
 def weights_floor(weights: Array, v: Array, fmt: str) -> float:
     """The error of a correct kernel that rounds its unnormalised weights to the float format
     ``fmt`` before the P·V product, as FlashAttention 3's float8 path does (P to

@@ -258,11 +258,11 @@ def test_device_is_for_framework_targets_and_a_missing_device_is_one_line(capsys
 
 
 def test_the_scale_profile_says_its_budget_and_the_cases_over_it(capsys):
-    from spec.laws import scale
+    from spec import scale_plan
 
-    small = scale.Sizes(decode_keys=2_000, square=200, slices=(30, 2), packed=(4, 20), elements=(2, 500, 8),
-                        width=8)
-    with scale.sized(small):
+    small = scale_plan.Sizes(decode_keys=2_000, square=200, slices=(30, 2), packed=(4, 20),
+                             elements=(2, 500, 8), width=8)
+    with scale_plan.sized(small):
         assert main(["check", "flash", "--profile", "scale", "--memory", "2"]) == 0
         out = capsys.readouterr().out
         assert "scale: memory budget 2 GiB; not run: packed: needs cu_seqlens_q=" in out

@@ -12,14 +12,14 @@ import pytest
 from gallery import BROKEN, CORRECT, FAMILIES
 
 import spec
+from spec import scale_plan
 from spec.dtypes import has_ml_dtypes
 from spec.keywords import registered
-from spec.laws import scale
 from spec.report import failure
 
 
 def _sized(broken):
-    return scale.sized(broken.sizes) if broken.sizes is not None else contextlib.nullcontext()
+    return scale_plan.sized(broken.sizes) if broken.sizes is not None else contextlib.nullcontext()
 
 
 @pytest.mark.parametrize("broken", BROKEN, ids=[b.target.name for b in BROKEN])

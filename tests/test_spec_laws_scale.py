@@ -1,7 +1,8 @@
-"""spec.laws.scale and --profile scale: the cases at the reports' shapes (planned, not run: the
-real sizes take minutes), composed with the target's capabilities, limits and memory budget;
-their inputs; the tolerance for long 16-bit rows; the profile running only its laws, and they
-only there; and the laws run at small sizes (`scale.sized`) against the built-in targets."""
+"""spec.laws.scale, spec.scale_plan and --profile scale: the cases at the reports' shapes (planned,
+not run: the real sizes take minutes), composed with the target's capabilities, limits and memory
+budget; their inputs; the tolerance for long 16-bit rows; the profile running only its laws, and
+they only there; and the laws run at small sizes (`scale_plan.sized`) against the built-in
+targets."""
 
 from __future__ import annotations
 
@@ -9,20 +10,20 @@ import numpy as np
 import pytest
 
 import spec
-from spec import context, tolerance
+from spec import context, scale_plan, tolerance
 from spec.builtin import load_target
 from spec.inputs import Inputs
 from spec.laws import scale
 from spec.profiles import PROFILES, runs_at
 
-SMALL = scale.Sizes(decode_keys=3_000, square=300, slices=(40, 3), packed=(6, 33), elements=(2, 700, 8),
-                    width=8)
+SMALL = scale_plan.Sizes(decode_keys=3_000, square=300, slices=(40, 3), packed=(6, 33), elements=(2, 700, 8),
+                         width=8)
 REFERENCE, FLASH = load_target("reference"), load_target("flash")
 
 
 def planned(target, gib=8.0):
     with context.memory(gib * 2**30):
-        return {p.name: p for p in scale.plan(target)}
+        return {p.name: p for p in scale_plan.plan(target)}
 
 
 def test_the_cases_have_the_reports_shapes():
@@ -45,7 +46,8 @@ def test_a_case_over_the_budget_is_not_run_naming_it():
     assert plan["decode"].case is not None and plan["slices"].case is not None
     tiled = planned(FLASH, 8)  # impl.flash holds a tile of scores, not the square
     assert tiled["causal_square"].case is not None and tiled["elements_2^31"].case is None
-    assert scale.footprint(REFERENCE, plan["decode"].case) > scale.footprint(FLASH, plan["decode"].case)
+    decode = plan["decode"].case
+    assert scale_plan.footprint(REFERENCE, decode) > scale_plan.footprint(FLASH, decode)
     nothing = planned(REFERENCE, 1e-3)
     assert all(p.case is None for p in nothing.values())
 
@@ -65,10 +67,10 @@ def test_the_cases_follow_the_targets_limits_and_capabilities():
 
 
 def test_inputs_are_drawn_in_blocks_with_a_weight_sum_column():
-    with scale.sized(SMALL), context.memory(2**30):
-        case = scale.plan(REFERENCE)[0].case
-        inputs = scale.inputs_of(case)
-        again = scale.inputs_of(case)
+    with scale_plan.sized(SMALL), context.memory(2**30):
+        case = scale_plan.plan(REFERENCE)[0].case
+        inputs = scale_plan.inputs_of(case)
+        again = scale_plan.inputs_of(case)
     assert inputs.q.dtype == np.float16 and inputs.k.shape[-2] == 3_000
     assert np.all(inputs.v[..., -1] == 1) and np.array_equal(again.k, inputs.k)
     assert float(np.std(inputs.k.astype(np.float64))) == pytest.approx(0.25, rel=0.05)  # √(1/16)
@@ -97,7 +99,7 @@ def test_the_scale_profile_runs_its_laws_alone_and_they_run_nowhere_else():
     assert runs_at("scale", "ci") == "runs only at --profile scale"
     assert "--profile quick|ci|thorough" in runs_at("core", "scale")
     assert runs_at("core", "ci") is None and runs_at("scale", "scale") is None
-    with scale.sized(SMALL):
+    with scale_plan.sized(SMALL):
         report = spec.check("reference", profile="scale", memory=1, only=["matches_golden",
                                                                           "scale_finite_everywhere"])
     status = {r.name: r for r in report.results}
@@ -109,7 +111,7 @@ def test_the_scale_profile_runs_its_laws_alone_and_they_run_nowhere_else():
 
 @pytest.mark.parametrize("name", ["reference", "flash"])
 def test_the_builtin_targets_conform_at_small_scale_sizes(name):
-    with scale.sized(SMALL):
+    with scale_plan.sized(SMALL):
         report = spec.check(name, profile="scale", memory=2)
     assert report.ok, [(r.name, r.message) for r in report.failures]
     assert [r.name for r in report.results] == ["scale_matches_golden", "scale_finite_everywhere",
@@ -123,7 +125,7 @@ def test_the_builtin_targets_conform_at_small_scale_sizes(name):
 
 def test_torch_conforms_at_small_scale_sizes():
     pytest.importorskip("torch")
-    with scale.sized(SMALL):
+    with scale_plan.sized(SMALL):
         report = spec.check("torch", profile="scale", memory=2)
     assert report.ok, [(r.name, r.message) for r in report.failures]
     assert sum(r.status == "pass" for r in report.results) == 4
@@ -137,7 +139,7 @@ def test_a_wrong_row_past_the_sampled_edges_fails_at_scale():
         return out
 
     target = spec.Target(last_row_off, name="last_row_off", holds_scores=False)
-    with scale.sized(SMALL):
+    with scale_plan.sized(SMALL):
         report = spec.check(target, profile="scale", memory=2, only=["scale_matches_golden",
                                                                      "scale_finite_everywhere"])
     status = {r.name: r for r in report.results}
@@ -147,6 +149,35 @@ def test_a_wrong_row_past_the_sampled_edges_fails_at_scale():
 
 
 def test_the_default_budget_is_half_the_available_memory():
-    assert 0 < scale.default_budget() < 2**50
+    assert 0 < scale_plan.default_budget() < 2**50
     with context.memory(None):
-        assert scale.budget() == scale.default_budget()
+        assert scale_plan.budget() == scale_plan.default_budget()
+
+
+def test_outputs_are_kept_within_a_check_for_the_very_fn_that_gave_them():
+    """`scale_plan.output` keeps a deterministic target's output for the next laws of one check
+    only (`scale_plan.checking`), for that very ``fn`` (held, compared by identity: never a new
+    function's), and nothing outside a check or from one check to the next."""
+    calls = []
+
+    def counted(q, k, v, causal=False):
+        calls.append(1)
+        return FLASH.fn(q, k, v, causal=causal)
+
+    target = spec.Target(counted, name="counted", holds_scores=False)
+    with scale_plan.sized(SMALL), context.memory(2**30):
+        case = {p.name: p.case for p in scale_plan.plan(target)}["decode"]
+        scale_plan.output(target, case)
+        scale_plan.output(target, case)
+        assert len(calls) == 2  # outside a check: nothing kept
+        with scale_plan.checking(target):
+            _, first = scale_plan.output(target, case)
+            _, again = scale_plan.output(target, case)
+            assert len(calls) == 3 and again is first
+            other = target.replace(fn=lambda q, k, v, causal=False: counted(q, k, v, causal=causal))
+            assert scale_plan.output(other, case)[1] is not first and len(calls) == 4  # another fn
+            scale_plan.output(target.replace(deterministic=False), case)
+            assert len(calls) == 5  # a target that may differ from call to call is called again
+        with scale_plan.checking(target):
+            scale_plan.output(target, case)
+            assert len(calls) == 6  # a new check keeps nothing of the last

@@ -148,3 +148,20 @@ def test_the_pytest_door_marks_expected_failures_strict(tmp_path):
     assert "XFAIL attention-spec::matches_golden" in run.stdout, run.stdout[-2000:]
     assert "FAILED attention-spec::rows_sum_to_one" in run.stdout and "XPASS(strict)" in run.stdout
     assert run.returncode == 1
+
+
+def test_the_pytest_door_at_profile_scale_applies_the_memory_budget(tmp_path):
+    """``--attention-memory`` is the scale profile's budget, as the CLI's ``--memory`` (the one
+    set-up of both, `spec.profiles.checking`): with a tiny one every case is over it, named in the
+    header line the CLI prints and in each law's skip; at another profile it is a usage error."""
+    run = _pytest(tmp_path, "--attention-target=reference", "--attention-only", "--attention-profile=scale",
+                  "--attention-memory=0.001", "-rs", env=WIDE)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "scale: memory budget 0.001 GiB; not run: decode: needs about" in run.stdout, run.stdout
+    assert "4 skipped" in run.stdout
+    skips = [s for s in run.stdout.splitlines() if s.startswith("SKIPPED")]
+    assert len(skips) == 4 and all("over the memory budget of 0.001 GiB" in s for s in skips), skips
+    report = spec.check("reference", profile="scale", memory=0.001)
+    assert f"scale: {report.scale}" in run.stdout  # the CLI's header, word for word
+    run = _pytest(tmp_path, "--attention-target=reference", "--attention-memory=1")
+    assert run.returncode == 4 and "give --attention-profile scale" in run.stderr

@@ -1,23 +1,18 @@
-"""spec.sampled: the golden at chosen query rows equals the full golden on those rows for every
-keyword the suite declares (drawn as the laws draw them), in each causal alignment; its expected
-baseline and floor and its backward agree with spec.oracle's; the rows sampled are the edges
-promised; and mutants of it (rows read one off, the wrong alignment) are told apart."""
+"""spec.sampled: the rows sampled are the edges promised; the oracle at those rows taken a block of
+rows and slices at a time and put together (golden, expectation, backward) agrees with
+spec.oracle's whole call, whatever the blocks. The oracle at rows itself, for every keyword:
+tests/test_spec_oracle_rows.py."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from spec import oracle, sampled
 from spec.builtin import load_target
-from spec.cases import cases
 from spec.inputs import Inputs
-from spec.keywords import registered
 
 REFERENCE = load_target("reference")
-ALIGNMENTS = ("top_left", "bottom_right", "kv_lengths")
 
 
 def assert_rows_match(inputs: Inputs, rows: np.ndarray, align: str) -> None:
@@ -27,64 +22,6 @@ def assert_rows_match(inputs: Inputs, rows: np.ndarray, align: str) -> None:
     np.testing.assert_array_equal(np.isneginf(got_lse), np.isneginf(lse[..., rows]))
     finite = np.isfinite(lse[..., rows])
     np.testing.assert_allclose(got_lse[finite], lse[..., rows][finite], rtol=1e-12, atol=1e-14)
-
-
-def _rows(n_q: int, data: st.DataObject) -> np.ndarray:
-    extra = data.draw(st.lists(st.integers(0, max(0, n_q - 1)), max_size=3))
-    return sampled.sample_rows(n_q, extra=extra, random=2, seed=data.draw(st.integers(0, 9)))
-
-
-DRAWN = sorted(name for name, kw in registered().items() if kw.draw is not None)
-"""Every keyword a case draws (``return_lse``'s laws build their own cases; it changes no number)."""
-
-
-@pytest.mark.parametrize("keyword", DRAWN)
-@pytest.mark.parametrize("align", ALIGNMENTS)
-@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-@given(data=st.data())
-def test_sampled_rows_equal_the_full_golden_for_every_keyword(keyword, align, data):
-    target = REFERENCE.replace(causal_alignment=align)
-    kw = registered()[keyword]
-    case = data.draw(cases(target, n_max=40, masks=("none", "random", "rows"), keywords=(kw,), scale=True))
-    inputs = case.inputs()
-    assert_rows_match(inputs, _rows(inputs.n_q, data), align)
-
-
-@pytest.mark.parametrize("align", ALIGNMENTS)
-@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-@given(data=st.data())
-def test_sampled_rows_with_several_keywords_and_grouped_heads(align, data):
-    target = REFERENCE.replace(causal_alignment=align)
-    kws = tuple(registered()[n] for n in ("window", "softcap", "sinks", "kv_lengths", "alibi", "bias"))
-    case = data.draw(cases(target, ndims=(4,), n_max=30, gqa=True, masks=("none", "random"), keywords=kws))
-    inputs = case.inputs()
-    assert_rows_match(inputs, _rows(inputs.n_q, data), align)
-
-
-def _packed() -> Inputs:
-    """Three packed sequences (5, 0 and 4 queries over 3, 2 and 6 keys), two heads."""
-    rng = np.random.default_rng(3)
-    q, k, v = (rng.standard_normal((2, n, 3)) for n in (9, 11, 11))
-    return Inputs(q, k, v, causal=True, keywords={"cu_seqlens_q": np.array([0, 5, 5, 9]),
-                                                    "cu_seqlens_k": np.array([0, 3, 5, 11])})
-
-
-def test_the_rows_mutants_are_told_apart(monkeypatch):
-    """Reading each term one row off, or cutting the diagonals to the wrong rows, or taking the other
-    alignment, no longer equals the full golden."""
-    inputs, rows = _packed(), np.array([0, 4, 5, 8])
-    assert_rows_match(inputs, rows, "bottom_right")
-    with pytest.raises(AssertionError):  # the other alignment
-        np.testing.assert_allclose(sampled.golden_rows(inputs, rows, "top_left")[0],
-                                   oracle.golden_of(inputs, "bottom_right")[0][..., rows, :])
-    real = sampled.row_geometry
-
-    def off_by_one(align, inputs, rows):
-        return real(align, inputs, (np.asarray(rows) + 1) % inputs.n_q)
-
-    monkeypatch.setattr(sampled, "row_geometry", off_by_one)
-    with pytest.raises(AssertionError):
-        assert_rows_match(inputs, rows, "bottom_right")
 
 
 def test_sample_rows_has_the_first_last_tile_edges_and_powers_of_two():
@@ -128,7 +65,8 @@ def test_the_sampled_backward_equals_the_full_one_for_an_upstream_zero_off_the_r
     for name in ("dq", "dk", "dv"):
         np.testing.assert_allclose(got.golden[name], want.golden[name], rtol=1e-10, atol=1e-13, err_msg=name)
         np.testing.assert_allclose(got.baseline[name], want.baseline[name], rtol=1e-12, atol=1e-14)
-        assert np.all(got.floors[name] <= np.broadcast_to(want.floors[name], got.floors[name].shape) + 1e-18)
+        assert np.all(got.entry_floors[name] <= want.entry_floors[name] + 1e-18)
+        assert got.floors[name] == np.max(got.entry_floors[name], initial=0.0) <= want.floors[name] + 1e-18
     with pytest.raises(ValueError, match="zero outside"):
         sampled.gradients_rows(REFERENCE, inputs, rows, np.ones_like(d_out))
 
@@ -144,7 +82,7 @@ def test_blocks_of_a_few_rows_and_slices_give_the_same_rows(monkeypatch):
     d_out = sampled.upstream(inputs, rows)
     grads = sampled.gradients_rows(REFERENCE, inputs, rows, d_out)
     monkeypatch.setattr(sampled, "BLOCK_ENTRIES", 64)
-    assert len(list(sampled.blocks(inputs, "top_left", rows))) > 6
+    assert len(list(sampled.blocks(inputs, rows))) > 6
     assert_rows_match(inputs, rows, "bottom_right")
     small = sampled.expected_rows(REFERENCE, inputs, rows)
     np.testing.assert_allclose(small.out, whole.out, rtol=1e-13, atol=1e-15)  # BLAS's order may differ

@@ -4,8 +4,8 @@ time per call beside the target's own, as n grows.
 For a causal square of n queries and keys (one head, d = 32, float32: the scale profile's
 ``causal_square``), each size is timed for: ``flash`` (`impl.flash_attention`, the built-in
 target) on the call; the suite's judgement of that call at the sampled rows — the inputs
-(`spec.laws.scale.inputs_of`), the rows (`rows_of`), the golden, baseline and floor there
-(`spec.sampled.expected_rows`, `long_row_floor`) and the comparison — which is what
+(`spec.scale_plan.inputs_of`), the rows (`rows_of`), the golden, baseline and floor there
+(`spec.sampled.expected_rows`, `spec.laws.scale.long_row_floor`) and the comparison — which is what
 ``scale_matches_golden`` adds to the call; and the full golden (`spec.oracle.golden_of`: every
 row, the n × n pattern in float64) up to ``--full-max``. A second table fixes n and varies the
 rows checked, to show the golden's cost linear in rows × n_k.
@@ -40,6 +40,7 @@ from spec import oracle, sampled, tolerance  # noqa: E402
 from spec.builtin import load_target  # noqa: E402
 from spec.cases import Case  # noqa: E402
 from spec.laws import scale  # noqa: E402
+from spec.scale_plan import inputs_of, rows_of  # noqa: E402
 from tools.docs_outputs import machine  # noqa: E402
 
 SIZES = (1_024, 2_048, 4_096, 8_192, 16_384, 32_768, 65_536)
@@ -66,8 +67,8 @@ def case_of(n: int) -> Case:
 
 def judge(target: Any, case: Case, out: np.ndarray) -> float:
     """What ``scale_matches_golden`` does beside the call, timed once: the ratio it finds."""
-    inputs = scale.inputs_of(case)
-    rows = scale.rows_of(target, case, inputs)
+    inputs = inputs_of(case)
+    rows = rows_of(target, case, inputs)
     want = sampled.expected_rows(target, inputs, rows, baseline_in=scale.accumulator(target, inputs))
     cmp = tolerance.compare(out[..., rows, :], want.out, want.baseline, rows=want.seen,
                             tolerance=target.tolerance, floor_=scale.long_row_floor(target, inputs, rows))
@@ -82,8 +83,8 @@ def by_size(sizes: tuple[int, ...], full_max: int, repeat: int,
     found = []
     for n in sizes:
         case = case_of(n)
-        inputs = scale.inputs_of(case)
-        rows = scale.rows_of(target, case, inputs)
+        inputs = inputs_of(case)
+        rows = rows_of(target, case, inputs)
         times = repeat if n <= flash_repeat_max else 1
         out_box: list[np.ndarray] = []
 
@@ -105,7 +106,7 @@ def by_size(sizes: tuple[int, ...], full_max: int, repeat: int,
 
 
 def by_rows(n: int, counts: tuple[int, ...], repeat: int) -> list[dict[str, Any]]:
-    inputs = scale.inputs_of(case_of(n))
+    inputs = inputs_of(case_of(n))
     found = []
     for count in counts:
         rows = np.unique(np.linspace(0, n - 1, count).astype(np.int64))

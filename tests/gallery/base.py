@@ -47,7 +47,7 @@ class Broken:
     catches: str  # the property that must reject it
     bug: str
     profile: str = "ci"  # the profile it is judged at (a scale bug: "scale" alone)
-    sizes: Any = None  # at profile "scale": the sizes it is judged at (spec.laws.scale.Sizes)
+    sizes: Any = None  # at profile "scale": the sizes it is judged at (spec.scale_plan.Sizes)
 
 
 def broken(fn: Any, catches: str, bug: str, name: str = "", profile: str = "ci", sizes: Any = None,

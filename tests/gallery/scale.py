@@ -21,7 +21,7 @@ import numpy as np
 from gallery.base import broken, plain
 from impl import attention, flash_attention
 from impl.grad import attention_backward
-from spec.laws.scale import Sizes
+from spec.scale_plan import Sizes
 
 Array = np.ndarray
 
