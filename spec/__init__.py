@@ -23,7 +23,7 @@ _WHERE = {
     "BUILTIN": "spec.builtin", "as_target": "spec.builtin", "load_target": "spec.builtin",
     "from_torch": "spec.adapters.torch", "from_jax": "spec.adapters.jax", "from_mlx": "spec.adapters.mlx",
     "PROFILES": "spec.profiles",
-    "LAW_MODULES": "spec.registry", "PROPERTIES": "spec.registry", "Property": "spec.registry",
+    "LAW_MODULES": "spec.registry", "LAWS": "spec.registry", "Law": "spec.registry",
     "Report": "spec.report", "Result": "spec.report", "Counterexample": "spec.report",
     "check": "spec.runner", "replay": "spec.runner",
     "Target": "spec.target", "TargetError": "spec.target",
@@ -33,6 +33,9 @@ which imports this package first — needs NumPy alone."""
 
 __all__ = sorted(_WHERE)
 
+_DEPRECATED = {"PROPERTIES": "LAWS", "Property": "Law"}
+"""Old names, kept for one release: each warns (DeprecationWarning) and gives the new one."""
+
 if TYPE_CHECKING:  # the names, for type checkers and editors
     from spec import golden  # noqa: F401
     from spec.adapters.jax import from_jax  # noqa: F401
@@ -40,13 +43,19 @@ if TYPE_CHECKING:  # the names, for type checkers and editors
     from spec.adapters.torch import from_torch  # noqa: F401
     from spec.builtin import BUILTIN, as_target, load_target  # noqa: F401
     from spec.profiles import PROFILES  # noqa: F401
-    from spec.registry import LAW_MODULES, PROPERTIES, Property  # noqa: F401
+    from spec.registry import LAW_MODULES, LAWS, Law  # noqa: F401
     from spec.report import Counterexample, Report, Result  # noqa: F401
     from spec.runner import check, replay  # noqa: F401
     from spec.target import Target, TargetError  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:
+    if name in _DEPRECATED:
+        import warnings
+
+        warnings.warn(f"spec.{name} is deprecated: use spec.{_DEPRECATED[name]}", DeprecationWarning,
+                      stacklevel=2)
+        return __getattr__(_DEPRECATED[name])
     if name not in _WHERE:
         raise AttributeError(f"module 'spec' has no attribute {name!r}")
     module = importlib.import_module(_WHERE[name])

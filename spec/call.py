@@ -140,7 +140,7 @@ def call(
 def _within_limits(target: Target, inputs: Inputs) -> None:
     """A call a law derives (one query alone, a truncated row, a slice) that breaks the target's
     declared shape limits is not made: the example is rejected, and a law all of whose examples
-    would break them is skipped, naming them (`spec.runner.run_property`)."""
+    would break them is skipped, naming them (`spec.runner.check_law`)."""
     if outside_limits(target, inputs) is not None:
         reject()
 

@@ -1,4 +1,4 @@
-"""Test cases: a few small numbers that determine every array a property feeds a target.
+"""Test cases: a few small numbers that determine every array a law feeds a target.
 
 A `Case` holds shapes, dtype, flags and a seed; `Case.arrays` turns it into q, k, v
 deterministically. Hypothesis searches and shrinks over cases, so a counterexample is a short,

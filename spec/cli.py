@@ -1,6 +1,6 @@
 """``python -m spec check TARGET``: the conformance suite from the command line.
 
-Exit 0: the target conforms. Exit 1: at least one property failed. Exit 2: usage error or a
+Exit 0: the target conforms. Exit 1: at least one law failed. Exit 2: usage error or a
 target that does not load — one line on stderr, never a traceback.
 """
 
@@ -15,7 +15,7 @@ from tabulate import tabulate
 from cmdline import Parser, UsageError, fail, int_at_least, positive_number
 from spec.builtin import BUILTIN
 from spec.profiles import PROFILES
-from spec.registry import PROPERTIES
+from spec.registry import LAWS
 from spec.report import LOUD, Result, render
 from spec.runner import check, configure, load, select
 from spec.target import TargetError
@@ -35,13 +35,13 @@ def parser() -> argparse.ArgumentParser:
                        help=f"built-in name ({', '.join(BUILTIN)}), package.module:attr or "
                        "path/to/file.py:attr")
     check.add_argument("--profile", choices=list(PROFILES), default="ci",
-                       help="quick: 10 examples per property; ci: 40, derandomized (default); thorough: 400; "
+                       help="quick: 10 examples per law; ci: 40, derandomized (default); thorough: 400; "
                        "scale: the scale laws alone, a few calls each at the sizes where kernels overflow")
     check.add_argument("--memory", type=_gib, metavar="GIB",
                        help="with --profile scale: what one call may need on the target's device, in GiB "
                        "(default: half the memory this machine has available); a case over it is not run, "
                        "and the report says so")
-    check.add_argument("--max-examples", type=_positive, metavar="N", help="examples per property")
+    check.add_argument("--max-examples", type=_positive, metavar="N", help="examples per law")
     check.add_argument("--seed", type=_seed, metavar="N",
                        help="random seed (changes the example stream; without it ci and quick are fixed)")
     check.add_argument("--only", nargs="+", action="extend", metavar="NAME",
@@ -72,20 +72,20 @@ def parser() -> argparse.ArgumentParser:
 def list_properties(target_spec: str | None) -> str:
     target = load(target_spec) if target_spec else None
     rows = []
-    for name, prop in PROPERTIES.items():
+    for name, prop in LAWS.items():
         skip = prop.needs(target) if target else None
-        rows.append([name, ("skipped: " + skip) if skip else prop.law.replace("``", "")])
-    return tabulate(rows, headers=["property", "law"], tablefmt="simple", maxcolwidths=[None, 80])
+        rows.append([name, ("skipped: " + skip) if skip else prop.statement.replace("``", "")])
+    return tabulate(rows, headers=["law", "statement"], tablefmt="simple", maxcolwidths=[None, 80])
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     """The command line, options before or after TARGET: ``--only NAME... TARGET`` gives the
-    last name to TARGET when it is not a property (``--only`` takes several names)."""
+    last name to TARGET when it is not a law (``--only`` takes several names)."""
     args = parser().parse_args(argv)
-    if args.target is None and args.only and args.only[-1] not in PROPERTIES:
+    if args.target is None and args.only and args.only[-1] not in LAWS:
         args.target = args.only.pop()
         if not args.only:
-            raise UsageError("--only needs at least one property NAME before TARGET")
+            raise UsageError("--only needs at least one law NAME before TARGET")
     return args
 
 
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.target:
             raise UsageError("check needs a TARGET (a built-in name, package.module:attr or "
                              "path/to/file.py:attr)")
-        select(args.only)  # unknown property names: exit 2 before anything runs
+        select(args.only)  # unknown law names: exit 2 before anything runs
         if args.memory is not None and args.profile != "scale":
             raise UsageError("--memory is the budget of --profile scale; give --profile scale")
         target = configure(load(args.target, device=args.device), isolation=args.isolation,

@@ -50,7 +50,7 @@ def _interrupt(thread: threading.Thread) -> None:
 
 class _CallThread:
     """A daemon thread that runs the jobs handed to it, one at a time — single calls
-    (`with_deadline`) or whole property runs (`watched`) — kept for the next job: a job costs a
+    (`with_deadline`) or whole law runs (`watched`) — kept for the next job: a job costs a
     hand-off through two locks, not the start of a thread. ``go`` is released by the caller when
     ``job`` is set, ``done`` by this thread when ``box`` holds the job's value or error; a lock's
     acquire with a timeout waits in C, without the Python-level condition variable an event or
@@ -217,7 +217,7 @@ def watched(fn: Callable[[], Any], deadline: float) -> Any:
 
 
 MAX_CRASHES = 20
-"""Crashes of one target's worker within one property run before the suite stops shrinking
+"""Crashes of one target's worker within one law run before the suite stops shrinking
 (each crash restarts the worker; Hypothesis would otherwise call the crashing case many times)."""
 
 
@@ -433,7 +433,7 @@ def in_run_worker() -> bool:
 
 
 class _RunWorker(_Worker):
-    """A forked child that runs whole jobs for one target — a property's Hypothesis run — and
+    """A forked child that runs whole jobs for one target — a law's Hypothesis run — and
     calls the target directly inside them, each call timed by a shared `_Clock`. The
     alternative, a round trip to a `_Worker` per call (pickling, a pipe and two wake-ups of a
     process on the other core), costs more than most calls take (docs/performance.md has the

@@ -18,7 +18,7 @@ from spec.target import Target
 
 def dtype_rows(target: Target, dtypes: tuple[str, ...], *, profile: str = "ci",
                max_examples: int | None = None) -> list[dict[str, Any]]:
-    """Run every property once per dtype (``target`` restricted to it) and summarise: how many
+    """Run every law once per dtype (``target`` restricted to it) and summarise: how many
     passed, which failed, and the worst error ratio (error / allowed of the tolerance policy;
     ≤ 1 passes) over all properties that compare with the golden, failed ones included."""
     rows = []

@@ -22,11 +22,11 @@ from spec.target import Target
 
 @dataclass(frozen=True)
 class Profile:
-    max_examples: int  # per property
+    max_examples: int  # per law
     derandomize: bool  # the same examples every run (CI), unless a seed is given
     deadline_s: float  # per call of the target
     family: str | None = None
-    """The law family (`spec.registry.Property.family`) this profile runs alone, each law on its
+    """The law family (`spec.registry.Law.family`) this profile runs alone, each law on its
     explicit cases only (its grid; nothing is drawn): ``scale``. Its laws run at no other profile.
     None: every law but those of such families."""
     setup: Callable[[Target], AbstractContextManager[str]] | None = None

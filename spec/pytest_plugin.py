@@ -2,7 +2,7 @@
 
     pytest --attention-target=mypackage.kernels:attention        # or ATTENTION_TARGET=...
 
-adds one test per property, ``attention-spec::<property>``, to whatever else is collected
+adds one test per law, ``attention-spec::<law>``, to whatever else is collected
 (``-k`` selects among them; pytest-xdist spreads them over workers); with ``--attention-only``
 they are all that is collected (the project's own test files are not even imported). Registered
 through the ``pytest11`` entry point, so installing the package is enough; without a target the
@@ -15,7 +15,7 @@ target's declaration; ``process`` turns a crash or a call stuck in C into that l
 a pass fails the run, as a stale declaration), ``--attention-memory GIB`` (with
 ``--attention-profile scale``: the memory budget, as the CLI's ``--memory``). A law whose expected
 failures name some dtypes is one test per such dtype (``law[float16]``) and one of the rest. A
-failing property's short summary line (``-ra``) carries what broke.
+failing law's short summary line (``-ra``) carries what broke.
 
 The check is set up as `spec.check` sets one up (`spec.profiles.checking`: the memory budget and
 the profile's own set-up), from collection to the end of the session; the profile's header line
@@ -32,9 +32,9 @@ from typing import Any
 import pytest
 
 from spec.profiles import PROFILES, checking, runs_at
-from spec.registry import PROPERTIES
+from spec.registry import LAWS
 from spec.report import Result, failure
-from spec.runner import LawRun, configure, law_runs, load, run_property
+from spec.runner import LawRun, check_law, configure, law_runs, load
 from spec.target import Target, TargetError
 
 ENV = "ATTENTION_TARGET"
@@ -50,10 +50,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--attention-only", action="store_true", default=False,
                     help="collect only the laws (none of the project's own tests)")
     group.addoption("--attention-profile", choices=list(PROFILES), default="ci",
-                    help="examples per property: quick, ci (default, derandomized) or thorough")
+                    help="examples per law: quick, ci (default, derandomized) or thorough")
     group.addoption("--attention-seed", type=int, default=None, metavar="N", help="random seed")
     group.addoption("--attention-max-examples", type=int, default=None, metavar="N",
-                    help="examples per property")
+                    help="examples per law")
     group.addoption("--attention-isolation", choices=["thread", "caller", "process"], default=None,
                     help="where each call runs (overrides the target's declaration); process: a "
                     "forked worker, so a crash or a hang in C is the law's failure (fork copies one "
@@ -76,8 +76,8 @@ class PropertyFailed(Exception):
         self.result = result
 
 
-class PropertyItem(pytest.Item):
-    """One property run against the target."""
+class LawItem(pytest.Item):
+    """One law run against the target."""
 
     def __init__(self, *, law_run: LawRun, source: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -89,16 +89,16 @@ class PropertyItem(pytest.Item):
         opt = self.config.getoption
         suite = self.parent
         fatal = suite.fatal if isinstance(suite, PropertySuite) else None
-        if fatal is not None:  # the target's signature differs: said once, at that property
+        if fatal is not None:  # the target's signature differs: said once, at that law
             raise pytest.skip.Exception(f"not run: see {fatal.name} (the target's signature)",
                                         _use_item_location=True)
-        result = run_property(self.prop, self.target, profile=opt("attention_profile"),
+        result = check_law(self.prop, self.target, profile=opt("attention_profile"),
                               max_examples=opt("attention_max_examples"), seed=opt("attention_seed"),
                               source=self.source)
         if result.fatal and isinstance(suite, PropertySuite):
             suite.fatal = result
         if result.status == "skip":
-            # Reported at the property (the item), not at this line of the plugin.
+            # Reported at the law (the item), not at this line of the plugin.
             raise pytest.skip.Exception(result.message, _use_item_location=True)
         if result.status == "fail":
             raise PropertyFailed(result)
@@ -109,7 +109,7 @@ class PropertyItem(pytest.Item):
         return super().repr_failure(excinfo)
 
     def reportinfo(self) -> tuple[str, int | None, str]:
-        """Where the property is written (skips and failures point there)."""
+        """Where the law is written (skips and failures point there)."""
         code = self.prop.check.__code__
         return code.co_filename, code.co_firstlineno - 1, f"{self.prop.name} [{self.target.name}]"
 
@@ -120,12 +120,12 @@ class PropertySuite(pytest.Collector):
     def __init__(self, *, target: Target, source: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.target, self.source = target, source
-        self.fatal: Result | None = None  # a property whose failure says the signature differs
+        self.fatal: Result | None = None  # a law whose failure says the signature differs
 
     def collect(self) -> list[pytest.Item | pytest.Collector]:
         profile = self.config.getoption("attention_profile")  # its laws (the scale laws at scale alone)
-        return [PropertyItem.from_parent(self, name=one.name, law_run=one, source=self.source)
-                for prop in PROPERTIES.values() if runs_at(prop.family, profile) is None
+        return [LawItem.from_parent(self, name=one.name, law_run=one, source=self.source)
+                for prop in LAWS.values() if runs_at(prop.family, profile) is None
                 for one in law_runs(prop, self.target)]
 
 
@@ -173,3 +173,14 @@ def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
     """The profile's header line, as the CLI's report prints it (``scale: memory budget ...``)."""
     header = config.stash.get(HEADER, "")
     return [f"scale: {header}"] if header else []
+
+
+def __getattr__(name: str) -> Any:
+    """``PropertyItem``, deprecated: `LawItem`."""
+    if name == "PropertyItem":
+        import warnings
+
+        warnings.warn("spec.pytest_plugin.PropertyItem is deprecated: use LawItem", DeprecationWarning,
+                      stacklevel=2)
+        return LawItem
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,8 +1,8 @@
-"""The registry: what a law is (`Property`), the ``@law`` decorator, what a law needs (`Need`),
+"""The registry: what a law is (`Law`), the ``@law`` decorator, what a law needs (`Need`),
 and the explicit list of the modules that hold laws.
 
 ``@law`` only marks a function (it sets ``fn.__spec_law__``); nothing registers by the side
-effect of an import. `PROPERTIES` is built from `LAW_MODULES`, in that order and, within a
+effect of an import. `LAWS` is built from `LAW_MODULES`, in that order and, within a
 module, in the order of definition. A new family of laws is one new module under `spec.laws`
 plus one line in `LAW_MODULES`; the keywords they test are declared below them, one module each
 (`spec.keywords.KEYWORD_MODULES`), and `keywords()` reads those.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -67,7 +68,9 @@ NOTHING = Need(lambda t: None, "")
 
 
 @dataclass(frozen=True)
-class Property:
+class Law:
+    """A law as the registry holds it: its name, its check, its cases and what it needs."""
+
     name: str
     check: Check
     strategy: Callable[[Target], st.SearchStrategy[Case]]
@@ -90,8 +93,15 @@ class Property:
         return self.needs.text
 
     @property
-    def law(self) -> str:
+    def statement(self) -> str:
+        """What the law says: its docstring's first paragraph."""
         return _paragraphs(self.check)[0]
+
+    @property
+    def law(self) -> str:
+        """Deprecated: `statement`."""
+        warnings.warn("Law.law is deprecated: use Law.statement", DeprecationWarning, stacklevel=2)
+        return self.statement
 
     @property
     def catches(self) -> str:
@@ -117,7 +127,7 @@ def law(
         raise TypeError(f"needs must be a Need (see spec.laws._needs), got {type(needs).__name__}")
 
     def mark(fn: Check) -> Check:
-        fn.__spec_law__ = Property(  # type: ignore[attr-defined]
+        fn.__spec_law__ = Law(  # type: ignore[attr-defined]
             name=fn.__name__,
             check=fn,
             strategy=strategy or (lambda t: cases(t)),
@@ -130,13 +140,13 @@ def law(
     return mark
 
 
-def collect(modules: tuple[str, ...] = LAW_MODULES) -> dict[str, Property]:
+def collect(modules: tuple[str, ...] = LAW_MODULES) -> dict[str, Law]:
     """The laws of ``modules``, by name, in module order then definition order."""
-    found: dict[str, Property] = {}
+    found: dict[str, Law] = {}
     for name in modules:
         module = importlib.import_module(name)
         marked = [p for _, fn in inspect.getmembers(module, inspect.isfunction)
-                  if isinstance(p := getattr(fn, "__spec_law__", None), Property) and fn.__module__ == name]
+                  if isinstance(p := getattr(fn, "__spec_law__", None), Law) and fn.__module__ == name]
         for prop in sorted(marked, key=lambda p: p.check.__code__.co_firstlineno):
             if prop.name in found:
                 raise ValueError(f"law {prop.name!r} is defined in both {found[prop.name].module} and {name}")
@@ -144,10 +154,10 @@ def collect(modules: tuple[str, ...] = LAW_MODULES) -> dict[str, Property]:
     return found
 
 
-_LAWS: dict[str, Property] = {}
+_LAWS: dict[str, Law] = {}
 
 
-def laws() -> dict[str, Property]:
+def laws() -> dict[str, Law]:
     """Every law, by name, in report order: collected from `LAW_MODULES` the first time it is
     asked for (after the law modules, which import this one for ``@law``, have loaded), the same
     dict after that."""
@@ -162,11 +172,20 @@ def keywords() -> dict[str, Keyword]:
     return registered()
 
 
-PROPERTIES: dict[str, Property]  # annotation only: the value comes from __getattr__ below
+LAWS: dict[str, Law]  # annotation only: the value comes from __getattr__ below
+
+DEPRECATED = {"PROPERTIES": "LAWS", "Property": "Law"}
+"""Old names kept for one release, each with a DeprecationWarning naming the new one."""
 
 
 def __getattr__(name: str) -> Any:
-    """``PROPERTIES``: every law (`laws`)."""
-    if name == "PROPERTIES":
+    """``LAWS``: every law (`laws`); the deprecated names of `DEPRECATED`."""
+    if name in DEPRECATED:
+        warnings.warn(f"spec.registry.{name} is deprecated: use {DEPRECATED[name]}", DeprecationWarning,
+                      stacklevel=2)
+        name = DEPRECATED[name]
+    if name == "LAWS":
         return laws()
+    if name == "Law":
+        return Law
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -84,7 +84,7 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        """True when no property failed and no expected failure passed (skips and expected
+        """True when no law failed and no expected failure passed (skips and expected
         failures do not count against conformance; a stale declaration does)."""
         return all(r.status not in ("fail", "xpass") for r in self.results)
 
@@ -143,7 +143,7 @@ LOUD = ("fail", "xfail", "xpass")  # statuses the table shows in capitals
 def table(report: Report) -> str:
     rows = [[r.name, r.status.upper() if r.status in LOUD else r.status, r.examples, f"{r.seconds:.2f}",
              _note(r)] for r in report.results]
-    return tabulate(rows, headers=["property", "status", "examples", "seconds", "note"],
+    return tabulate(rows, headers=["law", "status", "examples", "seconds", "note"],
                     tablefmt="simple", colalign=("left", "left", "right", "right", "left"),
                     maxcolwidths=[None, None, None, None, 60])
 

@@ -1,7 +1,7 @@
 """Running properties against a target with Hypothesis, and the report that comes out.
 
 ``check(target, profile="ci")`` is the Python door; the CLI and the pytest plugin call
-`run_property` and read the same `Result` objects.
+`check_law` and read the same `Result` objects.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from spec.cases import Case, limits_text, outside_limits
 from spec.context import RunContext, running
 from spec.isolation import TargetHung, TargetStopped, run_law, workers
 from spec.profiles import PROFILES, Profile, checking, runs_at
-from spec.registry import PROPERTIES, Property
+from spec.registry import LAWS, Law
 from spec.report import Counterexample, Report, Result
 from spec.signature import SignatureMismatch
 from spec.target import Target, TargetError, expected_failure, parse_expected_failures, split_dtypes
@@ -54,19 +54,19 @@ def one_thread_blas() -> Iterator[None]:
         yield
 
 
-def select(only: Iterable[str] | None = None) -> list[Property]:
+def select(only: Iterable[str] | None = None) -> list[Law]:
     """The properties named in ``only`` (all when None), in registry order.
 
     Raises ValueError naming the unknown names.
     """
     if only is None:
-        return list(PROPERTIES.values())
+        return list(LAWS.values())
     wanted = list(only)
-    unknown = [n for n in wanted if n not in PROPERTIES]
+    unknown = [n for n in wanted if n not in LAWS]
     if unknown:
-        raise ValueError(f"unknown property {', '.join(map(repr, unknown))}; "
+        raise ValueError(f"unknown law {', '.join(map(repr, unknown))}; "
                          "see python -m spec check --list")
-    return [p for name, p in PROPERTIES.items() if name in wanted]
+    return [p for name, p in LAWS.items() if name in wanted]
 
 
 def _settings(profile: Profile, max_examples: int | None, seed: int | None) -> settings:
@@ -84,11 +84,11 @@ def _settings(profile: Profile, max_examples: int | None, seed: int | None) -> s
     )
 
 
-def run_property(
-    prop: Property, target: Target, *, profile: str = "ci", max_examples: int | None = None,
+def check_law(
+    prop: Law, target: Target, *, profile: str = "ci", max_examples: int | None = None,
     seed: int | None = None, source: str | NoSource | None = None,
 ) -> Result:
-    """Run one property with Hypothesis; every outcome, however the target misbehaves, is a Result.
+    """Run one law with Hypothesis; every outcome, however the target misbehaves, is a Result.
 
     ``source`` is how the target was named (for the reproduction line; a `NoSource` says
     why no line can name it); defaults to its name. The run goes where the target's isolation
@@ -97,7 +97,7 @@ def run_property(
     chosen = PROFILES[profile]
     reason = runs_at(prop.family, profile) or prop.needs(target)
     if reason:
-        return Result(prop.name, "skip", 0, 0.0, reason, law=prop.law)
+        return Result(prop.name, "skip", 0, 0.0, reason, law=prop.statement)
     run = RunContext(deadline=chosen.deadline_s)
     last: list[Case] = []  # the example being run; after a failure, the shrunk one
     made = run.calls  # the calls into the target of that example
@@ -111,7 +111,7 @@ def run_property(
         calls.append(1)
         prop.check(target, case)
 
-    test.__name__ = test.__qualname__ = prop.name  # derandomized streams differ per property
+    test.__name__ = test.__qualname__ = prop.name  # derandomized streams differ per law
     strategy, grid = prop.strategy(target), prop.grid(target) if prop.grid else []
     limited = limits_text(target)
     if limited:  # within the declared limits only: a law drawn outside them is skipped, naming them
@@ -134,7 +134,7 @@ def run_property(
     def conclude(error: BaseException | None, crashed: str | None) -> Result:
         if isinstance(error, Unsatisfiable) and limited:
             return Result(prop.name, "skip", len(calls), time.perf_counter() - start,
-                          f"cannot be drawn inside the declared limits ({limited})", law=prop.law)
+                          f"cannot be drawn inside the declared limits ({limited})", law=prop.statement)
         if error is None:
             return _passed(prop, len(calls), time.perf_counter() - start, crashed, run.observed, run.notes)
         message = f"the target {error}" if isinstance(error, TargetHung) else \
@@ -145,32 +145,32 @@ def run_property(
         return failed
 
     # the law's run in the check's worker process when the target's calls must run in one (the
-    # property found again there by name: only a registered law can go)
+    # law found again there by name: only a registered law can go)
     remote = (_run_in_worker, (prop.name, {"profile": profile, "max_examples": max_examples, "seed": seed,
-                                           "source": source})) if PROPERTIES.get(prop.name) is prop else None
+                                           "source": source})) if LAWS.get(prop.name) is prop else None
     return run_law(target, attempt, conclude, remote=remote, deadline=target.call_deadline(chosen.deadline_s))
 
 
-def _passed(prop: Property, examples: int, seconds: float, crashed: str | None,
+def _passed(prop: Law, examples: int, seconds: float, crashed: str | None,
             observed: dict[str, float], notes: list[str] | None = None) -> Result:
     if crashed is not None:  # the worker's failure did not come back call by call: still a failure
         return Result(prop.name, "fail", examples, seconds,
                       f"the target {crashed} in a run of this law in its worker process, but not when "
                       "the law was run again with each call in a worker of its own (an intermittent "
-                      "failure: no counterexample)", law=prop.law, observed=observed)
+                      "failure: no counterexample)", law=prop.statement, observed=observed)
     message = ", ".join([*(f"worst {key} {value:.3g}" for key, value in observed.items()
                            if math.isfinite(value)), *(notes or [])])
-    return Result(prop.name, "pass", examples, seconds, message, law=prop.law, observed=observed)
+    return Result(prop.name, "pass", examples, seconds, message, law=prop.statement, observed=observed)
 
 
 def _run_in_worker(target: Target, job: tuple[str, dict[str, Any]]) -> Result:
-    """`run_property` inside the check's worker process (`spec.isolation.run_law`)."""
+    """`check_law` inside the check's worker process (`spec.isolation.run_law`)."""
     name, options = job
-    return run_property(PROPERTIES[name], target, **options)
+    return check_law(LAWS[name], target, **options)
 
 
 def _failure(
-    prop: Property, target: Target, last: list[Case], made: list[Call], examples: int, start: float,
+    prop: Law, target: Target, last: list[Case], made: list[Call], examples: int, start: float,
     message: str, source: str | NoSource | None, observed: dict[str, float],
 ) -> Result:
     case = last[0] if last else None
@@ -178,10 +178,10 @@ def _failure(
                                                        source or target.name)
     first_line = message.strip().splitlines()[0] if message.strip() else "failed"
     return Result(prop.name, "fail", examples, time.perf_counter() - start, first_line, example,
-                  law=prop.law, observed=observed)
+                  law=prop.statement, observed=observed)
 
 
-def counterexample(prop: Property, case: Case, received: Call | None,
+def counterexample(prop: Law, case: Case, received: Call | None,
                    source: str | NoSource) -> Counterexample:
     """The shrunk case as plain values; what the target received in the law's last call (every
     argument: shapes and dtypes, small arrays in full); and a reproduction line (or, for a target
@@ -227,7 +227,7 @@ def _quote(code: str) -> str:
 
 
 def replay(target: str | Target | Any, name: str, **case: Any) -> None:
-    """Run property ``name`` on one case (the fields of a counterexample); raises AssertionError
+    """Run law ``name`` on one case (the fields of a counterexample); raises AssertionError
     if the law is broken, returns None if it holds."""
     (prop,) = select([name])
     loaded = load(target)
@@ -262,7 +262,7 @@ def check_expected(target: Target) -> None:
     """Every law the target's expected failures name exists. Raises TargetError naming one that does not."""
     for key in target.expected_failures:
         law = key.split("[", 1)[0]
-        if law not in PROPERTIES:
+        if law not in LAWS:
             raise TargetError(f"expected failure {key!r} names no law; see python -m spec check --list")
 
 
@@ -279,11 +279,11 @@ def load(source: str | Target | Any, *, device: str | None = None) -> Target:
 
 
 def run_all(
-    props: Iterable[Property], target: Target, *, profile: str = "ci", max_examples: int | None = None,
+    props: Iterable[Law], target: Target, *, profile: str = "ci", max_examples: int | None = None,
     seed: int | None = None, source: str | NoSource | None = None,
     each: Callable[[Result], None] | None = None,
 ) -> list[Result]:
-    """Each property in turn (``each`` sees every result as it comes). After a result that is
+    """Each law in turn (``each`` sees every result as it comes). After a result that is
     ``fatal`` (the target's signature differs from its declaration) the rest are skipped with a
     pointer to it, so the mismatch is reported once, not once per law."""
     results: list[Result] = []
@@ -291,10 +291,10 @@ def run_all(
     with workers():  # process isolation: one worker for the whole run (a fresh one after a crash)
         for law_run in (one for prop in props for one in law_runs(prop, target)):
             if fatal is not None:
-                result = Result(law_run.name, "skip", 0, 0.0,
-                                f"not run: see {fatal.name} (the target's signature)", law=law_run.prop.law)
+                result = Result(law_run.name, "skip", 0, 0.0, f"not run: see {fatal.name} (the target's "
+                                "signature)", law=law_run.prop.statement)
             else:
-                result = judged(law_run, run_property(law_run.prop, law_run.target, profile=profile,
+                result = judged(law_run, check_law(law_run.prop, law_run.target, profile=profile,
                                                       max_examples=max_examples, seed=seed, source=source))
                 fatal = result if result.fatal else None
             results.append(result)
@@ -309,12 +309,12 @@ class LawRun:
     declares the law expected to fail there (None if it does not)."""
 
     name: str  # the law's, with [dtype] when the expected failures give that dtype a run of its own
-    prop: Property
+    prop: Law
     target: Target
     expected: str | None
 
 
-def law_runs(prop: Property, target: Target) -> list[LawRun]:
+def law_runs(prop: Law, target: Target) -> list[LawRun]:
     """The runs of ``prop``: one, unless the target's expected failures name some of its dtypes
     (``law[float16]``): then one per dtype named, and one of the rest."""
     runs = []
@@ -355,7 +355,7 @@ def check(
     family alone (``scale``) runs its laws, the others every law but those.
 
     Raises `spec.TargetError` when the target does not load and ValueError for an
-    unknown profile or property name, or a memory budget that is not a positive number.
+    unknown profile or law name, or a memory budget that is not a positive number.
     """
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}")
@@ -379,5 +379,16 @@ def check(
     return report
 
 
-__all__ = ["PROFILES", "Report", "Result", "TargetError", "check", "configure", "load", "replay", "run_all",
-           "run_property", "select"]
+__all__ = ["PROFILES", "Report", "Result", "TargetError", "check", "check_law", "configure", "load", "replay",
+           "run_all", "select"]
+
+
+def __getattr__(name: str) -> Any:
+    """``run_property``, deprecated: `check_law`."""
+    if name == "run_property":
+        import warnings
+
+        warnings.warn("spec.runner.run_property is deprecated: use spec.runner.check_law", DeprecationWarning,
+                      stacklevel=2)
+        return check_law
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -47,24 +47,24 @@ def test_law_reference_names_every_listed_law_with_its_law_and_catches():
 
 
 def test_law_reference_groups_laws_by_family_in_report_order():
-    from spec.registry import LAW_MODULES, PROPERTIES
+    from spec.registry import LAW_MODULES, LAWS
 
     page = docgen.law_reference()
     families = re.findall(r"^## (\w+)$", page, re.MULTILINE)
     assert families == [m.rsplit(".", 1)[-1] for m in LAW_MODULES]
-    assert list(law_entries(page)) == list(PROPERTIES)
+    assert list(law_entries(page)) == list(LAWS)
 
 
 def test_a_law_without_catches_is_visible_in_the_reference():
     """The check above fails on a law whose docstring lacks its "Catches" paragraph."""
-    from spec.registry import PROPERTIES, Property
+    from spec.registry import LAWS, Law
 
-    prop = next(iter(PROPERTIES.values()))
+    prop = next(iter(LAWS.values()))
 
     def bare(target, case):
         """A law with a statement and nothing else."""
 
-    broken = Property(name="bare", check=bare, strategy=prop.strategy, needs=prop.needs)
+    broken = Law(name="bare", check=bare, strategy=prop.strategy, needs=prop.needs)
     assert broken.catches == ""
     entry = docgen._catches(broken.catches)
     assert not re.search(r"^\*\*Catches\S*\*\* (\S.*)$", entry, re.MULTILINE)

@@ -69,22 +69,22 @@ def test_list_shows_every_property_and_what_a_target_would_skip(capsys):
 def test_list_prints_each_law_whole_and_wrapped(capsys):
     """--list prints each law whole, wrapped to fit, not cut at its first sentence (large_logits'
     goes on past "derived from finfo.")."""
-    from spec.registry import PROPERTIES
+    from spec.registry import LAWS
 
     assert main(["check", "--list"]) == 0
     out = capsys.readouterr().out
     assert max(len(line) for line in out.splitlines()) <= 120
     column = out.splitlines()[0].index("law")
     laws = "".join("".join(line[column:].split()) for line in out.splitlines()[2:])  # wraps break at hyphens
-    for prop in PROPERTIES.values():
-        assert "".join(prop.law.replace("``", "").split()) in laws, prop.name
+    for prop in LAWS.values():
+        assert "".join(prop.statement.replace("``", "").split()) in laws, prop.name
 
 
 @pytest.mark.parametrize(
     ("argv", "message"),
     [(["check", "nope"], "unknown target 'nope'"),
      (["check", "impl:nope"], "no attribute"),
-     (["check", "reference", "--only", "rows"], "unknown property 'rows'"),
+     (["check", "reference", "--only", "rows"], "unknown law 'rows'"),
      (["check", "reference", "--profile", "fast"], "--profile"),
      (["check", "reference", "--max-examples", "0"], "--max-examples"),
      (["check", "reference", "--seed", "x"], "--seed"),

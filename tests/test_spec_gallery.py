@@ -42,7 +42,7 @@ def test_scale_bugs_pass_every_law_of_the_smaller_profiles(broken):
     long causal square of 2,065 included, and drawn examples) it conforms, the scale laws not run."""
     report = spec.check(broken.target, profile="ci", max_examples=8, seed=5)
     assert report.ok, [(r.name, r.message) for r in report.failures]
-    assert not any(spec.PROPERTIES[r.name.split("[")[0]].family == "scale" for r in report.results)
+    assert not any(spec.LAWS[r.name.split("[")[0]].family == "scale" for r in report.results)
     assert sum(r.status == "pass" for r in report.results) >= 10
 
 
@@ -66,12 +66,12 @@ def test_builtin_targets_conform(name):
     assert report.ok, [(r.name, r.message, r.counterexample) for r in report.failures]
 
 
-@pytest.mark.parametrize("law", list(spec.PROPERTIES))
+@pytest.mark.parametrize("law", list(spec.LAWS))
 def test_every_law_has_a_gallery_bug_it_catches(law):
     """Every registered law, whatever module it lives in: some gallery bug is paired with it, and
     test_broken_implementation_is_rejected_by_its_property checks that the law rejects it."""
-    module = spec.PROPERTIES[law].check.__module__
-    if "ml_dtypes" in spec.PROPERTIES[law].requires and not has_ml_dtypes():
+    module = spec.LAWS[law].check.__module__
+    if "ml_dtypes" in spec.LAWS[law].requires and not has_ml_dtypes():
         pytest.skip(f"{law} needs ml_dtypes, and so do its gallery bugs (float8 caches)")
     assert any(b.catches == law for b in BROKEN), (
         f"no gallery bug for {law} ({module}): add a broken implementation it must reject to "
@@ -84,13 +84,13 @@ def test_every_gallery_module_is_a_family():
     modules = {m.name for m in pkgutil.iter_modules(gallery.__path__)
                if not m.name.startswith("_")} - {"base"}
     assert modules == {family.__name__.rsplit(".", 1)[1] for family in FAMILIES}
-    assert all(b.catches in spec.PROPERTIES for b in BROKEN), [b.catches for b in BROKEN
-                                                               if b.catches not in spec.PROPERTIES]
+    assert all(b.catches in spec.LAWS for b in BROKEN), [b.catches for b in BROKEN
+                                                               if b.catches not in spec.LAWS]
 
 
 def test_every_property_states_its_law_and_a_bug():
-    for prop in spec.PROPERTIES.values():
-        assert prop.law and prop.catches.startswith("Catches"), prop.name
+    for prop in spec.LAWS.values():
+        assert prop.statement and prop.catches.startswith("Catches"), prop.name
 
 
 KEYWORDS = sorted(registered())
@@ -98,7 +98,7 @@ KEYWORDS = sorted(registered())
 
 def _laws(keyword: str) -> list[str]:
     field = registered()[keyword].field
-    return [name for name, p in spec.PROPERTIES.items() if f"({field})" in p.requires]
+    return [name for name, p in spec.LAWS.items() if f"({field})" in p.requires]
 
 
 @pytest.mark.parametrize("keyword", KEYWORDS)

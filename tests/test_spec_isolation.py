@@ -394,7 +394,7 @@ def test_deadline_works_off_the_main_thread():
 def _called_from_a_law() -> bool:
     """Whether a law's own code is on the stack of this call: the call was made in the thread
     running the law, not handed to another thread."""
-    laws = {p.check.__code__ for p in spec.PROPERTIES.values()}
+    laws = {p.check.__code__ for p in spec.LAWS.values()}
     frame = inspect.currentframe()
     while frame is not None and frame.f_code not in laws:
         frame = frame.f_back

@@ -17,8 +17,8 @@ from spec.cases import Case, cases
 from spec.keywords import Adds, Keyword
 from spec.laws import _needs
 from spec.laws._helpers import assert_matches, run
-from spec.registry import PROPERTIES, law
-from spec.runner import run_property
+from spec.registry import LAWS, law
+from spec.runner import check_law
 from spec.target import Target
 
 AMPLITUDES = (0.5, 2.0, 8.0)
@@ -91,19 +91,19 @@ def test_the_oracle_applies_its_term(key_bias):
 def test_a_law_of_the_test_holds_for_a_target_that_takes_it_and_fails_one_that_ignores_it(key_bias):
     prop = key_bias_matches_golden.__spec_law__  # type: ignore[attr-defined]
     good = Target(with_key_bias, supports_key_bias=True, supports_mask=True)
-    assert run_property(prop, good, profile="quick").status == "pass"
-    broken = run_property(prop, Target(ignoring_key_bias, supports_key_bias=True, supports_mask=True),
+    assert check_law(prop, good, profile="quick").status == "pass"
+    broken = check_law(prop, Target(ignoring_key_bias, supports_key_bias=True, supports_mask=True),
                           profile="quick")
     assert broken.status == "fail" and "with key_bias=, the output" in broken.message
-    skipped = run_property(prop, Target(with_key_bias), profile="quick")
+    skipped = check_law(prop, Target(with_key_bias), profile="quick")
     assert skipped.status == "skip" and "supports_key_bias" in skipped.message
 
 
 def test_the_built_in_pair_law_pairs_it_with_the_keywords_it_meets(key_bias):
     """`keyword_pairs_match_golden` reads the declarations: the new keyword drawn with a window, the
     golden of both applied, for a target that takes both."""
-    pairs = PROPERTIES["keyword_pairs_match_golden"]
+    pairs = LAWS["keyword_pairs_match_golden"]
     good = Target(with_key_bias, supports_key_bias=True, supports_window=True)
-    assert run_property(pairs, good, profile="quick").status == "pass"
+    assert check_law(pairs, good, profile="quick").status == "pass"
     broken = Target(ignoring_key_bias, supports_key_bias=True, supports_window=True)
-    assert run_property(pairs, broken, profile="quick").status == "fail"
+    assert check_law(pairs, broken, profile="quick").status == "fail"

@@ -157,7 +157,7 @@ KEYWORDS = sorted(registered())
 
 def _laws(keyword: str) -> list[str]:
     field = registered()[keyword].field
-    return [name for name, p in spec.PROPERTIES.items() if f"({field})" in p.requires]
+    return [name for name, p in spec.LAWS.items() if f"({field})" in p.requires]
 
 
 @pytest.mark.parametrize("keyword", KEYWORDS)

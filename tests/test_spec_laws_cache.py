@@ -19,7 +19,7 @@ from spec.keywords import registered
 from spec.target import Target
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
-CACHE_LAWS = [name for name, p in spec.PROPERTIES.items() if p.family == "cache"]
+CACHE_LAWS = [name for name, p in spec.LAWS.items() if p.family == "cache"]
 
 
 # --- what a target receives ------------------------------------------------------------------------

@@ -175,8 +175,8 @@ def test_target_without_gradients_is_skipped_with_the_reason() -> None:
 
 def test_gradient_laws_are_registered_with_the_suite() -> None:
     for law in (LAW, "grad_causal_no_leak"):
-        assert law in spec.PROPERTIES
-        assert spec.PROPERTIES[law].catches.startswith("Catches")
+        assert law in spec.LAWS
+        assert spec.LAWS[law].catches.startswith("Catches")
 
 
 def _textbook(q: Array, k: Array, v: Array, d_out: Array, causal: bool) -> tuple[Array, Array, Array]:

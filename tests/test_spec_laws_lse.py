@@ -50,7 +50,7 @@ def test_a_finite_fill_target_is_not_held_to_an_empty_rows_lse_of_minus_inf():
     """lse_matches_golden holds a row that the mask and the causal mask empty together to the lse
     of its masked-row policy: −∞ for zeros, not for a finite fill (masked_rows="uniform", as JAX's),
     where requiring −∞ would be a false alarm."""
-    law = registry.PROPERTIES["lse_matches_golden"]
+    law = registry.LAWS["lse_matches_golden"]
     target = Target(_finite_fill, supports_mask=True, returns_lse=True, masked_rows="uniform")
     case = next(c for seed in range(100) if not (c := Case(  # query 0 sees key 0 alone, masked out
         dtype="float64", ndim=2, batch=1, heads=1, n_q=2, n_k=3, d_k=2, d_v=2, seed=seed, causal=True,

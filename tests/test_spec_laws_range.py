@@ -40,11 +40,11 @@ def tiny_case(dtype: str = "float64") -> Case:
 @pytest.mark.parametrize("name", list(TARGETS))
 def test_cases_drawn_at_the_edge_are_finite(law, name):
     target = TARGETS[name]
-    assert spec.PROPERTIES[law].needs(target) is None
+    assert spec.LAWS[law].needs(target) is None
 
     @settings(max_examples=150, database=None, derandomize=True, deadline=None,
               suppress_health_check=list(HealthCheck))
-    @given(spec.PROPERTIES[law].strategy(target))
+    @given(spec.LAWS[law].strategy(target))
     def finite(case):
         inputs = case.inputs()
         for which, x in (("q", inputs.q), ("k", inputs.k), ("v", inputs.v)):

@@ -482,7 +482,7 @@ def test_an_example_builds_its_arrays_and_its_expectation_once():
 
     case = Counted(dtype="float32", ndim=3, batch=1, heads=2, n_q=5, n_k=7, d_k=4, d_v=3, seed=1, causal=True)
     with running(RunContext()) as run:
-        spec.PROPERTIES["matches_golden"].check(Target(attention), case)
+        spec.LAWS["matches_golden"].check(Target(attention), case)
     assert run.calls and all(made.inputs is case.inputs() for made in run.calls)
     assert [type(x) for x in case.inputs().memo.values()].count(oracle.Expected) == 1
     assert case.arrays() is case.arrays() and case.inputs().q is case.arrays()[0]

@@ -47,7 +47,7 @@ def test_the_readmes_pytest_line_collects_the_laws_alone():
     """The README's pytest line, run from a checkout, collects the laws alone (those of its profile,
     ci: every law but the scale ones), not the project's own tests beside them."""
     from spec.profiles import runs_at
-    from spec.registry import PROPERTIES
+    from spec.registry import LAWS
 
     readme = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
     (line,) = [s for s in readme if s.startswith("python -m pytest --attention-target=")]
@@ -57,9 +57,9 @@ def test_the_readmes_pytest_line_collects_the_laws_alone():
                          timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     collected = [s for s in run.stdout.splitlines() if "::" in s]
-    laws = [name for name, prop in PROPERTIES.items() if runs_at(prop.family, "ci") is None]
+    laws = [name for name, prop in LAWS.items() if runs_at(prop.family, "ci") is None]
     assert collected == [f"attention-spec::{name}" for name in laws], run.stdout[-2000:]
-    assert len(laws) < len(PROPERTIES)
+    assert len(laws) < len(LAWS)
 
 
 def test_attention_only_leaves_the_projects_own_tests_out(tmp_path):
@@ -99,7 +99,7 @@ def test_pytest_plugin_under_xdist(tmp_path):
     from spec.profiles import runs_at
 
     words = ("shape", "scale", "mask")
-    chosen = [name for name, law in spec.PROPERTIES.items()
+    chosen = [name for name, law in spec.LAWS.items()
               if any(w in name for w in words) and runs_at(law.family, "quick") is None]  # those collected
     report = spec.check("flash", "quick", only=chosen)
     passed = 1 + sum(r.status == "pass" for r in report.results)  # test_own too

@@ -9,7 +9,7 @@ from spec import registry
 
 
 def test_properties_come_from_the_explicit_module_list_in_order():
-    families = [p.family for p in spec.PROPERTIES.values()]
+    families = [p.family for p in spec.LAWS.values()]
     order = ["core", "masks", "gradients", "bias", "alibi", "window", "softcap", "sinks",
              "lengths", "cache", "past", "dropout", "lse", "grad_keywords", "pairs", "calls", "edges",
              "scale"]
@@ -18,7 +18,7 @@ def test_properties_come_from_the_explicit_module_list_in_order():
     per_module = {module: list(registry.collect((module,))) for module in registry.LAW_MODULES}
     assert all(per_module.values()), [module for module, found in per_module.items() if not found]
     # the registry is every module's laws, module after module, none lost, doubled or reordered
-    assert list(spec.PROPERTIES) == [name for found in per_module.values() for name in found]
+    assert list(spec.LAWS) == [name for found in per_module.values() for name in found]
 
 
 def test_collecting_one_module_gives_only_its_laws():
@@ -36,13 +36,13 @@ def test_a_law_module_not_in_the_list_registers_nothing(tmp_path, monkeypatch):
 
     assert "extra" not in registry.collect()  # imported, yet not in LAW_MODULES: not collected
     found = registry.collect(("extra_laws",))
-    assert found["extra"].law == "A law." and found["extra"].catches == "Catches: x."
+    assert found["extra"].statement == "A law." and found["extra"].catches == "Catches: x."
     with pytest.raises(ValueError, match="defined in both"):
         registry.collect(("extra_laws", "extra_laws"))
 
 
 def test_property_says_what_a_generated_reference_needs():
-    prop = spec.PROPERTIES["mask_semantics"]
+    prop = spec.LAWS["mask_semantics"]
     assert (prop.name, prop.family, prop.module) == ("mask_semantics", "core", "spec.laws.core")
     assert prop.requires == "mask= (supports_mask)" and prop.catches.startswith("Catches")
 
@@ -50,3 +50,24 @@ def test_property_says_what_a_generated_reference_needs():
 def test_a_law_states_its_needs_one_way():
     with pytest.raises(TypeError, match="needs must be a Need"):
         registry.law(needs=lambda t: None)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("module", "old", "new"), [
+    ("spec", "PROPERTIES", "LAWS"), ("spec", "Property", "Law"),
+    ("spec.registry", "PROPERTIES", "LAWS"), ("spec.registry", "Property", "Law"),
+    ("spec.runner", "run_property", "check_law"), ("spec.pytest_plugin", "PropertyItem", "LawItem"),
+])
+def test_the_old_names_of_laws_still_work_with_a_deprecation_warning(module, old, new):
+    import importlib
+
+    where = importlib.import_module(module)
+    with pytest.warns(DeprecationWarning, match=f"{old} is deprecated: use .*{new}"):
+        value = getattr(where, old)
+    assert value is getattr(where, new)
+
+
+def test_a_law_says_its_statement_and_the_old_attribute_warns():
+    law = spec.LAWS["rows_sum_to_one"]
+    assert law.statement.startswith("Every query row that sees a key")
+    with pytest.warns(DeprecationWarning, match="Law.law is deprecated"):
+        assert law.law == law.statement

@@ -54,10 +54,10 @@ def test_a_failure_carries_a_counterexample_that_replays():
     spec.replay("reference", "scale_is_inv_sqrt_dk", **example["case"])  # the law holds for impl
 
 
-def test_unknown_profile_and_property_are_value_errors():
+def test_unknown_profile_and_law_are_value_errors():
     with pytest.raises(ValueError, match="profile"):
         spec.check("reference", profile="fast")
-    with pytest.raises(ValueError, match="unknown property 'rows'"):
+    with pytest.raises(ValueError, match="unknown law 'rows'"):
         spec.check("reference", only=["rows"])
     with pytest.raises(ValueError, match="max_examples"):
         spec.check("reference", max_examples=0)
@@ -184,12 +184,12 @@ def test_a_non_finite_field_is_written_as_a_literal_that_replays():
     import ast
 
     from spec.cases import Case
-    from spec.registry import PROPERTIES
+    from spec.registry import LAWS
     from spec.runner import counterexample
 
     case = Case(dtype="float64", ndim=2, batch=1, heads=1, n_q=1, n_k=2, d_k=1, d_v=1, seed=3,
                 amplitude=float("inf"), keywords={"sinks": (float("-inf"),)})
-    line = counterexample(PROPERTIES["matches_golden"], case, None, "reference").reproduce
+    line = counterexample(LAWS["matches_golden"], case, None, "reference").reproduce
     code = shlex.split(line)[2]
     (call,) = [n for n in ast.walk(ast.parse(code))
                if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "replay"]

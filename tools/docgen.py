@@ -2,7 +2,7 @@
 
 ``docs/hooks.py`` (an MkDocs hook) replaces a marker line in a page with the text made here:
 
-    <!-- generate: laws -->      every registered law, by family (spec.registry.PROPERTIES)
+    <!-- generate: laws -->      every registered law, by family (spec.registry.LAWS)
     <!-- generate: targets -->   every Target field with its type, default and docstring
     <!-- generate: keywords -->  every declared keyword: arguments, field, terms, spellings, module
     <!-- generate: api impl -->  a mkdocstrings entry (``::: impl.name``) per name of ``impl.__all__``
@@ -37,12 +37,12 @@ def _catches(text: str) -> str:
 
 
 def law_reference() -> str:
-    """Markdown: every law of `spec.registry.PROPERTIES`, grouped by family, in report order."""
-    from spec.registry import LAW_MODULES, PROPERTIES
+    """Markdown: every law of `spec.registry.LAWS`, grouped by family, in report order."""
+    from spec.registry import LAW_MODULES, LAWS
 
     lines: list[str] = []
     for module in LAW_MODULES:
-        laws = [p for p in PROPERTIES.values() if p.module == module]
+        laws = [p for p in LAWS.values() if p.module == module]
         family = module.rsplit(".", 1)[-1]
         lines += [f"## {family}", "", f"{len(laws)} laws in `{module}`.", ""]
         for prop in laws:
@@ -50,7 +50,7 @@ def law_reference() -> str:
             lines += [
                 f"### `{prop.name}`",
                 "",
-                f"**Law.** {_markdown(prop.law)}",
+                f"**Law.** {_markdown(prop.statement)}",
                 "",
                 _catches(prop.catches),
                 "",

@@ -35,11 +35,11 @@ def spec_check(target: str) -> Callable[[], bool]:
 
     def check() -> bool:
         from spec.builtin import load_target
-        from spec.runner import run_property, select
+        from spec.runner import check_law, select
 
         loaded = load_target(target)
         for prop in select():
-            result = run_property(prop, loaded, profile=SUITE_PROFILE, source=target)
+            result = check_law(prop, loaded, profile=SUITE_PROFILE, source=target)
             if result.status == "fail":
                 print(f"{target}: {prop.name} fails: {result.message}")
                 return False
