@@ -25,9 +25,9 @@ Speed in NumPy comes from doing as little per score as possible outside BLAS:
   shift is 0 (no pass) whenever every row max of the tile is small, and the row sums come from a
   matrix-vector product;
 * row blocks are independent, so each core takes its own, in a thread running a single-threaded
-  BLAS (through threadpoolctl when installed): NumPy's ufuncs and BLAS release the GIL, so one
-  thread's exp overlaps another's matmul, and no core is shared by two busy threads (``threads=``
-  caps the count, and ``threads=1`` keeps the whole call in the caller's thread).
+  BLAS (through threadpoolctl): NumPy's ufuncs and BLAS release the GIL, so one thread's exp
+  overlaps another's matmul, and no core is shared by two busy threads (``threads=`` caps the
+  count, and ``threads=1`` keeps the whole call in the caller's thread).
 
 What remains is BLAS time plus about one exp per visible score: ``python -m impl.bench``
 measures it against PyTorch, JAX and the sgemm floor, and ``--profile`` shows it line by line
@@ -45,11 +45,11 @@ import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager
 from typing import Any, Literal, overload
 
 import numpy as np
 
+from cmdline.blas import one_thread_blas
 from impl import cache
 from impl.attention import (
     Array,
@@ -291,21 +291,6 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-@functools.cache
-def _blas_controller() -> Any:
-    """threadpoolctl's handle on the loaded BLAS (found once: the search takes a millisecond), or None."""
-    try:
-        from threadpoolctl import ThreadpoolController
-    except ImportError:  # then BLAS keeps its own threads and row blocks run in turn
-        return None
-    return ThreadpoolController()
-
-
-def _one_thread_blas() -> AbstractContextManager[Any]:
-    """A context in which BLAS runs single-threaded; needs threadpoolctl (``_blas_controller()``)."""
-    return _blas_controller().limit(limits=1, user_api="blas")
-
-
 def _check_threads(threads: Any) -> int | None:
     """``threads`` as the flash functions take it: None (one per core) or an integer ≥ 1."""
     if threads is None:
@@ -316,10 +301,9 @@ def _check_threads(threads: Any) -> int | None:
 
 
 def _threads(n_jobs: int, n_scores: int, most: int | None) -> int:
-    """Threads to run ``n_jobs`` on: for big calls when BLAS can be made single-threaded, one per
-    core (``most`` None) or at most ``most``."""
+    """Threads to run ``n_jobs`` on: for big calls, one per core (``most`` None) or at most ``most``."""
     threads = min(_cores() if most is None else most, n_jobs)
-    if threads > 1 and n_scores >= _THREADED_MIN_SCORES and _blas_controller() is not None:
+    if threads > 1 and n_scores >= _THREADED_MIN_SCORES:
         return threads
     return 1
 
@@ -335,7 +319,7 @@ def _in_parallel(run: Callable[[Any], None], items: Sequence[Any], threads: int)
         for item in items:
             run(item)
         return
-    with _blas_turn, _one_thread_blas(), ThreadPoolExecutor(threads) as pool:
+    with _blas_turn, one_thread_blas(), ThreadPoolExecutor(threads) as pool:
         list(pool.map(run, items))  # list() re-raises a worker's exception here
 
 

@@ -39,12 +39,6 @@ def threaded(monkeypatch):
     monkeypatch.setattr(impl.flash, "_cores", lambda: 2)
 
 
-@pytest.fixture
-def serial(monkeypatch):
-    """Row blocks in turn, as without threadpoolctl."""
-    monkeypatch.setattr(impl.flash, "_blas_controller", lambda: None)
-
-
 # --- equal to the reference ---------------------------------------------------------------------
 
 
@@ -221,8 +215,6 @@ def test_threaded_path_gives_blas_its_threads_back(threaded):
 def test_concurrent_calls_take_turns_with_the_blas_thread_count(threaded, monkeypatch):
     # Each call lowers BLAS to one thread and restores it after; two calls overlapping would
     # restore each other's lowered count. They must not overlap.
-    if impl.flash._blas_controller() is None:
-        pytest.skip("the threaded path needs threadpoolctl")
     log = []
 
     @contextlib.contextmanager
@@ -232,7 +224,7 @@ def test_concurrent_calls_take_turns_with_the_blas_thread_count(threaded, monkey
         yield
         log.append("restore")
 
-    monkeypatch.setattr(impl.flash, "_one_thread_blas", recorded)
+    monkeypatch.setattr(impl.flash, "one_thread_blas", recorded)
     q, k, v = qkv(np.random.default_rng(18), 64, 64, dtype=np.float32)
     start = threading.Barrier(2)
 
@@ -256,13 +248,6 @@ def test_a_failing_row_block_raises_in_the_caller(threaded, monkeypatch):
         flash_attention(q, k, v, block=16)
 
 
-def test_serial_path_without_threadpoolctl_equals_the_reference(threaded, serial):
-    q, k, v = qkv(np.random.default_rng(12), 70, 70, lead_q=(3,), lead_kv=(3,))
-    np.testing.assert_allclose(
-        flash_attention(q, k, v, causal=True, block=16), attention(q, k, v, causal=True), **TOL[np.float64]
-    )
-
-
 def test_costliest_row_blocks_are_handed_out_first_under_the_causal_mask():
     jobs = list(impl.flash._jobs(2, 10, 4, causal=True))
     assert [q0 for _, q0, _ in jobs] == [8, 8, 4, 4, 0, 0]
@@ -275,8 +260,6 @@ def test_costliest_row_blocks_are_handed_out_first_under_the_causal_mask():
 @pytest.fixture
 def pools(threaded, monkeypatch):
     """The size of every thread pool flash starts, on the threaded path (two cores)."""
-    if impl.flash._blas_controller() is None:
-        pytest.skip("the threaded path needs threadpoolctl")
     sizes = []
     real = impl.flash.ThreadPoolExecutor
 
