@@ -29,19 +29,13 @@ from typing import Any
 import numpy as np
 
 from spec import dtypes
-from spec.adapters import wrap
+from spec.adapters import installed_version, wrap
 from spec.adapters.jax import FRAMEWORK, _jax_grad, _jax_precision
 from spec.target import Target
 
 Array = np.ndarray
 
 LN2 = math.log(2.0)
-
-
-def _version() -> str:
-    import jax
-
-    return str(jax.__version__)
 
 
 def _scale(q: Any, sm_scale: float | None) -> float:
@@ -84,7 +78,8 @@ def mha_target(device: str = "cpu") -> Target:
     import jax.experimental.pallas.ops.gpu.attention  # noqa: F401  (a missing module is said at once)
 
     return wrap(
-        FRAMEWORK, pallas_mha, name=f"jax {_version()} pallas ops.gpu.attention.mha (interpret)",
+        FRAMEWORK, pallas_mha,
+        name=f"jax {installed_version('jax')} pallas ops.gpu.attention.mha (interpret)",
         device=device, grad=True,
         rename={"scale": "sm_scale", "return_lse": "return_residuals"},
         # Measured under the interpreter (jax 0.10.2): float16 and bfloat16 accumulate in float32.
@@ -153,7 +148,8 @@ def decode_target(device: str = "cpu") -> Target:
     import jax.experimental.pallas.ops.gpu.decode_attention  # noqa: F401
 
     return wrap(
-        FRAMEWORK, pallas_decode, name=f"jax {_version()} pallas ops.gpu.decode_attention.gqa (interpret)",
+        FRAMEWORK, pallas_decode,
+        name=f"jax {installed_version('jax')} pallas ops.gpu.decode_attention.gqa (interpret)",
         device=device,
         rename={"scale": "sm_scale", "kv_lengths": "kv_seq_len"},
         dtypes=("float16", "float32", *dtypes.bfloat16_if_installed()),
@@ -292,7 +288,8 @@ def gpu_paged_target(device: str = "cpu") -> Target:
     import jax.experimental.pallas.ops.gpu.paged_attention  # noqa: F401
 
     return wrap(FRAMEWORK, pallas_gpu_paged,
-                name=f"jax {_version()} pallas ops.gpu.paged_attention (interpret)", device=device,
+                name=f"jax {installed_version('jax')} pallas ops.gpu.paged_attention (interpret)",
+                device=device,
                 rename={"scale": "sm_scale", "block_table": "block_tables", "kv_lengths": "lengths"},
                 # Found, verified, declared (docs/peers.md, "Pallas", with the replay lines): it
                 # loads whole pages and masks the scores of the tail with jnp.where (a NaN key
@@ -379,7 +376,8 @@ def tpu_flash_target(device: str = "cpu") -> Target:
     import jax.experimental.pallas.ops.tpu.flash_attention  # noqa: F401
 
     return wrap(
-        TPU, pallas_tpu_flash, name=f"jax {_version()} pallas ops.tpu.flash_attention (TPU interpret)",
+        TPU, pallas_tpu_flash,
+        name=f"jax {installed_version('jax')} pallas ops.tpu.flash_attention (TPU interpret)",
         device=device, grad=True,
         rename={"scale": "sm_scale"},
         dtypes=("float16", "float32", *dtypes.bfloat16_if_installed()),
@@ -412,7 +410,8 @@ def tpu_paged_target(device: str = "cpu") -> Target:
     import jax.experimental.pallas.ops.tpu.paged_attention  # noqa: F401
 
     return wrap(TPU, pallas_tpu_paged,
-                name=f"jax {_version()} pallas ops.tpu.paged_attention (TPU interpret)", device=device,
+                name=f"jax {installed_version('jax')} pallas ops.tpu.paged_attention (TPU interpret)",
+                device=device,
                 rename={"scale": "sm_scale", "block_table": "page_indices", "kv_lengths": "lengths"},
                 # Its K and V pages are cast to bfloat16 as they are loaded, whatever their dtype
                 # (MultiPageAsyncCopyDescriptor.wait_and_get_loaded → _maybe_dequantize(...,
@@ -472,7 +471,8 @@ def splash_target(device: str = "cpu") -> Target:
     import jax.experimental.pallas.ops.tpu.splash_attention  # noqa: F401
 
     return wrap(
-        TPU, pallas_splash, name=f"jax {_version()} pallas ops.tpu.splash_attention (TPU interpret)",
+        TPU, pallas_splash,
+        name=f"jax {installed_version('jax')} pallas ops.tpu.splash_attention (TPU interpret)",
         device=device, grad=True, rename={"scale": "sm_scale"},
         dtypes=("float16", "float32", *dtypes.bfloat16_if_installed()),
         ndims=(2, 3),  # one sequence: q [heads, n, d]
