@@ -146,6 +146,29 @@ def test_the_adapters_spell_keywords_as_each_adapter_declares_and_rename_overrid
         spec.from_torch(_recorder(seen), rename={"mask": "x", "bias": "x"})
 
 
+def test_from_onnx_spells_keywords_as_the_operator_does_and_passes_copies():
+    """spec.from_onnx needs no onnx to wrap a function (ONNX's arrays are NumPy's): its keywords are
+    spelled as the Attention operator spells them, rename overrides, and fn gets copies."""
+    from spec.adapters.onnx import from_onnx
+
+    assert spec.from_onnx is from_onnx
+    seen: dict = {}
+    q = np.zeros((2, 1, 3, 4), dtype=np.float32)
+    bias = np.zeros((2, 1, 3, 3), dtype=np.float32)
+    target = spec.from_onnx(_recorder(seen), supports_bias=True, supports_kv_lengths=True, ndims=(4,))
+    assert target.name.endswith("_recorder.<locals>.fn")
+    out = target(q, q, q, bias=bias, kv_lengths=np.array([3, 2]))
+    assert set(seen) == {"attn_mask", "nonpad_kv_seqlen"}
+    assert not np.shares_memory(seen["attn_mask"], bias) and not np.shares_memory(out, q)
+    kept = spec.from_onnx(_recorder(seen), rename={"bias": "bias"}, supports_bias=True, ndims=(4,))
+    kept(q, q, q, bias=bias)
+    assert set(seen) == {"bias"}
+    with pytest.raises(TypeError, match="fn must be callable"):
+        spec.from_onnx(3)
+    with pytest.raises(ValueError, match="rename names 'nope'"):
+        spec.from_onnx(_recorder(seen), rename={"nope": "x"})
+
+
 def test_from_jax_spells_keywords_as_jax_does():
     pytest.importorskip("jax")
     seen: dict = {}

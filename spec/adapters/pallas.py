@@ -1,5 +1,10 @@
-"""JAX's Pallas attention kernels, run by the Pallas interpreter (``interpret=True``), as built-in
-targets: ``pallas_mha`` (``ops.gpu.attention.mha``, forward and backward).
+"""JAX's Pallas attention kernels (``ops.gpu``, ``ops.tpu``) as six built-in targets, under interpreters.
+
+Run by the Pallas interpreter (``interpret=True``): ``pallas_mha`` (``ops.gpu.attention.mha``,
+forward and backward), ``pallas_decode`` (``ops.gpu.decode_attention.gqa``), ``pallas_gpu_paged``
+(``ops.gpu.paged_attention``); by the TPU interpreter: ``pallas_tpu_flash``
+(``ops.tpu.flash_attention``), ``pallas_tpu_paged`` (``ops.tpu.paged_attention``) and
+``pallas_splash`` (``ops.tpu.splash_attention``).
 
 Each kernel is called as JAX ships it, with its default block sizes (its recommended ones), its
 own keyword names and its own layout; the targets declare the kernel's limits instead of padding
