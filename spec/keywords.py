@@ -25,12 +25,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import numpy as np
 
 from spec import golden
-from spec.target import CAUSES, Target, keyword_fields
+from spec.target import CAUSES, Arrangement, Target, keyword_fields
 
 Array = np.ndarray
 
@@ -161,8 +161,6 @@ class Leaves:
 
 Term = Restricts | Transforms | Adds | Sinks | Realigns | Reads | Leaves
 TERMS = (Restricts, Transforms, Adds, Sinks, Realigns, Reads, Leaves)
-
-Arrangement = Literal["dense", "packed", "paged"]
 
 
 @dataclass(frozen=True)

@@ -5,11 +5,14 @@ the keyword needs)."""
 
 from __future__ import annotations
 
+import typing
+
 import pytest
 
 import spec
 from impl import attention
 from spec import Target, registry
+from spec import target as target_module
 from spec.cases import Case, cases
 from spec.keywords import Keyword, Leaves, Reads, Transforms, gradient_extras, registered
 from spec.target import keyword_fields
@@ -125,3 +128,10 @@ def test_keyword_laws_skip_a_target_without_the_capability(keyword):
     target = Target(attention, ndims=(2, 3, 4), supports_mask=True, **others)
     report = spec.check(target, profile="quick", only=_laws(keyword))
     assert report.results and all(r.status == "skip" and field in r.message for r in report.results)
+
+
+def test_one_arrangement_names_each_layout_of_a_call():
+    """Each arrangement of a call (`spec.target.Arrangement`, which `spec.keywords` imports) has its row
+    in `spec.target.IN_LAYOUT` (the arrays that move with the layout), and every keyword's is one."""
+    assert typing.get_args(target_module.Arrangement) == tuple(target_module.IN_LAYOUT)
+    assert {k.arrangement for k in registered().values()} <= set(target_module.IN_LAYOUT)
