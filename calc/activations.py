@@ -62,8 +62,6 @@ ACTIVATIONS: dict[str, tuple[int, str]] = {
 # PyTorch; fp16 would follow bf16's formulas, but is not measured)
 DTYPES = {"fp32": (4, 0), "bf16": (2, 1)}
 ATTENTIONS = ("eager", "flash")
-MIXERS = ("attention", "mamba")
-MLPS = ("dense", "moe")
 
 
 def layout(config: Config) -> Layout | None:

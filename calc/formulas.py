@@ -127,7 +127,6 @@ mla_q = d * r_q + r_q * h * d_k
 mla_q_full = d * h * d_k  # no query compression (DeepSeek-V2-Lite: q_lora_rank null)
 mla_kv = d * (r_kv + d_r) + r_kv * h * (d_k - d_r + d_v)
 mla_o = h * d_v * d
-mla_per_layer = mla_q + mla_kv + mla_o
 mla_norms = L_a * (r_q + r_kv)
 
 # Gated DeltaNet (Qwen3-Next's linear attention, per layer): the fused input projection to q, k (h_lk heads
@@ -153,7 +152,6 @@ mamba_state = d_in * d_st + (K - 1) * d_in
 
 # --- Attention pattern: memory and FLOPs ----------------------------------------------------------
 entries_per_head = n**2
-entries_per_layer = h * n**2
 # A query of a sliding-window layer sees at most w keys (Mistral; Gemma 2/3's local layers).
 windowed_entries_per_head = n * Min(n, w)
 # A query of a chunked layer sees only its own chunk of C tokens (Llama 4): the pattern is block-diagonal,

@@ -5,6 +5,10 @@ build their parsers from `Parser` and their argument types from the builders her
 catches `UsageError`, prints ``<prog>: error: <message>`` to stderr and returns 2 (`fail`) —
 never a usage dump or a traceback.
 
+It also holds the one BLAS limiter (`cmdline.blas.one_thread_blas`: BLAS on one thread, for a
+while), which `spec`'s runner, `impl.flash`'s worker threads and `impl.bench`'s one-thread timings
+share; it imports threadpoolctl only when first used.
+
 A package of its own that imports only the standard library, so that every package may import it
 at no cost: `spec` may not import `impl`, and ``python -m calc`` starts without NumPy (``import
 impl`` imports NumPy, ``import spec`` NumPy and Hypothesis).

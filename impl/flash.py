@@ -45,11 +45,11 @@ import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager
 from typing import Any, TypedDict, Unpack, overload
 
 import numpy as np
 
+from cmdline.blas import one_thread_blas
 from impl import cache
 from impl.attention import (
     Array,
@@ -292,19 +292,6 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-@functools.cache
-def _blas_controller() -> Any:
-    """threadpoolctl's handle on the loaded BLAS (found once: the search takes a millisecond)."""
-    from threadpoolctl import ThreadpoolController
-
-    return ThreadpoolController()
-
-
-def _one_thread_blas() -> AbstractContextManager[Any]:
-    """A context in which BLAS runs single-threaded; needs threadpoolctl (``_blas_controller()``)."""
-    return _blas_controller().limit(limits=1, user_api="blas")
-
-
 def _check_threads(threads: Any) -> int | None:
     """``threads`` as the flash functions take it: None (one per core) or an integer ≥ 1."""
     if threads is None:
@@ -333,7 +320,7 @@ def _in_parallel(run: Callable[[Any], None], items: Sequence[Any], threads: int)
         for item in items:
             run(item)
         return
-    with _blas_turn, _one_thread_blas(), ThreadPoolExecutor(threads) as pool:
+    with _blas_turn, one_thread_blas(), ThreadPoolExecutor(threads) as pool:
         list(pool.map(run, items))  # list() re-raises a worker's exception here
 
 

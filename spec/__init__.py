@@ -22,6 +22,7 @@ _WHERE = {
     "golden": "spec.golden",
     "BUILTIN": "spec.builtin", "as_target": "spec.builtin", "load_target": "spec.builtin",
     "from_torch": "spec.adapters.torch", "from_jax": "spec.adapters.jax", "from_mlx": "spec.adapters.mlx",
+    "from_onnx": "spec.adapters.onnx",
     "PROFILES": "spec.profiles",
     "LAW_MODULES": "spec.registry", "LAWS": "spec.registry", "Law": "spec.registry",
     "Report": "spec.report", "Result": "spec.report", "Counterexample": "spec.report",
@@ -40,6 +41,7 @@ if TYPE_CHECKING:  # the names, for type checkers and editors
     from spec import golden  # noqa: F401
     from spec.adapters.jax import from_jax  # noqa: F401
     from spec.adapters.mlx import from_mlx  # noqa: F401
+    from spec.adapters.onnx import from_onnx  # noqa: F401
     from spec.adapters.torch import from_torch  # noqa: F401
     from spec.builtin import BUILTIN, as_target, load_target  # noqa: F401
     from spec.profiles import PROFILES  # noqa: F401

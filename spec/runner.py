@@ -6,12 +6,10 @@
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import math
 import shlex
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +18,7 @@ import numpy as np
 from hypothesis import HealthCheck, Phase, Verbosity, example, given, settings
 from hypothesis.errors import Unsatisfiable
 
+from cmdline.blas import one_thread_blas
 from spec.builtin import NoSource, load_target, source_of
 from spec.call import Call
 from spec.cases import Case, limits_text, outside_limits
@@ -32,26 +31,6 @@ from spec.signature import SignatureMismatch
 from spec.target import Target, TargetError, expected_failure, parse_expected_failures, split_dtypes
 
 SMALL_ARRAY = 48  # counterexample arrays with at most this many entries are printed in full
-
-
-@functools.cache
-def _blas_controller() -> Any:
-    """threadpoolctl's handle on the BLAS libraries loaded when first asked (a search that takes
-    milliseconds, so done once)."""
-    from threadpoolctl import ThreadpoolController
-
-    return ThreadpoolController()
-
-
-@contextlib.contextmanager
-def one_thread_blas() -> Iterator[None]:
-    """Within: BLAS runs on one thread, for the suite's own float64 computations and for the
-    target's calls alike (process workers inherit it through the fork). The suite's arrays are
-    small, where BLAS's threads only cost: after each call they spin, waiting for the next, which
-    took about a third of the CPU time of ``spec check reference`` on a two-core machine. A
-    target's own threads (OpenMP, a framework's pool) are left as they are."""
-    with _blas_controller().limit(limits=1, user_api="blas"):
-        yield
 
 
 def select(only: Iterable[str] | None = None) -> list[Law]:
@@ -128,6 +107,10 @@ def check_law(
     start = time.perf_counter()
 
     def attempt() -> None:
+        # BLAS on one thread, for the suite's own float64 computations and the target's calls
+        # alike (process workers inherit it through the fork): the suite's arrays are small, where
+        # BLAS's threads only cost (spinning after each call, waiting for the next, they took about
+        # a third of the CPU time of ``spec check reference`` on two cores)
         with running(run), one_thread_blas():
             runner()
 

@@ -37,11 +37,6 @@ from spec.dtypes import BFLOAT16, eps
 Array = np.ndarray
 
 
-def repeat_kv(x: Array, heads: int) -> Array:  # [..., g, n, d] -> [..., h, n, d]
-    """K/V heads repeated so that query head i reads K/V head i // (h // g)."""
-    return np.repeat(x, heads // x.shape[-3], axis=-3)
-
-
 def golden(q: Array, k: Array, v: Array, *, visible: Array, scale: float) -> tuple[Array, Array]:
     """Attention in float64 and its pattern (`spec.golden.forward` without the lse).
 

@@ -1,4 +1,5 @@
-"""cmdline: the one copy of what the command lines share, and each command's one-line errors."""
+"""cmdline: the one copy of what the command lines share, each command's one-line errors, and the one
+BLAS limiter."""
 
 from __future__ import annotations
 
@@ -9,14 +10,20 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import threadpoolctl
 
 import calc.cli
 import cmdline
 import impl.__main__
 import impl.bench
+import impl.bench.measure
+import impl.bench.profiling
+import impl.flash
 import impl.recall
 import spec.cli
+import spec.runner
 from cmdline import Parser, UsageError, check_output_dir, fail, int_at_least, positive_number, seconds_between
+from cmdline.blas import one_thread_blas
 
 
 def refusal(parse: Callable[[str], object], text: str) -> str:
@@ -79,6 +86,26 @@ def test_every_command_line_uses_the_one_copy():
         assert module.UsageError is cmdline.UsageError and module.Parser is cmdline.Parser, module.__name__
 
 
+def blas_threads() -> set[int]:
+    """The thread counts of the loaded BLAS libraries, as threadpoolctl reports them."""
+    return {lib["num_threads"] for lib in threadpoolctl.threadpool_info() if lib["user_api"] == "blas"}
+
+
+def test_one_thread_blas_lowers_blas_to_one_thread_within_and_restores_it_after():
+    with threadpoolctl.threadpool_limits(3, user_api="blas"):  # a count no default would give
+        assert blas_threads() == {3}
+        with one_thread_blas():
+            assert blas_threads() == {1}
+        assert blas_threads() == {3}
+
+
+def test_every_blas_limiter_is_the_one_copy():
+    """The suite's runner, flash's worker threads and the bench's one-thread timings limit BLAS with
+    the one limiter (`spec` may not import `impl`, so it lives in cmdline)."""
+    for module in (spec.runner, impl.flash, impl.bench.measure, impl.bench.profiling):
+        assert module.one_thread_blas is one_thread_blas, module.__name__
+
+
 @pytest.mark.parametrize(
     ("main", "argv", "err"),
     [
@@ -127,7 +154,7 @@ def new_modules(*args: str) -> tuple[subprocess.CompletedProcess[str], set[str]]
 
 
 def test_cmdline_imports_only_the_standard_library():
-    done, names = new_modules("-c", "import cmdline")
+    done, names = new_modules("-c", "import cmdline, cmdline.blas")
     assert done.returncode == 0 and "cmdline" in names
     assert names - {"cmdline"} <= set(sys.stdlib_module_names), names - set(sys.stdlib_module_names)
 

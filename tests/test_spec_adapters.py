@@ -17,7 +17,15 @@ import spec
 from impl import attention, causal_mask
 from impl.grad import attention_backward
 from spec import dtypes
-from spec.adapters import Framework, wrap
+from spec.adapters import (
+    Framework,
+    fold_masks,
+    installed_version,
+    named_after,
+    numpy_bfloat16,
+    on_device,
+    wrap,
+)
 from spec.call import call_grad
 from spec.inputs import Inputs
 from spec.target import Target
@@ -136,6 +144,29 @@ def test_the_adapters_spell_keywords_as_each_adapter_declares_and_rename_overrid
     assert set(seen) == {"bias"}
     with pytest.raises(ValueError, match="gives 'x' to more than one keyword"):
         spec.from_torch(_recorder(seen), rename={"mask": "x", "bias": "x"})
+
+
+def test_from_onnx_spells_keywords_as_the_operator_does_and_passes_copies():
+    """spec.from_onnx needs no onnx to wrap a function (ONNX's arrays are NumPy's): its keywords are
+    spelled as the Attention operator spells them, rename overrides, and fn gets copies."""
+    from spec.adapters.onnx import from_onnx
+
+    assert spec.from_onnx is from_onnx
+    seen: dict = {}
+    q = np.zeros((2, 1, 3, 4), dtype=np.float32)
+    bias = np.zeros((2, 1, 3, 3), dtype=np.float32)
+    target = spec.from_onnx(_recorder(seen), supports_bias=True, supports_kv_lengths=True, ndims=(4,))
+    assert target.name.endswith("_recorder.<locals>.fn")
+    out = target(q, q, q, bias=bias, kv_lengths=np.array([3, 2]))
+    assert set(seen) == {"attn_mask", "nonpad_kv_seqlen"}
+    assert not np.shares_memory(seen["attn_mask"], bias) and not np.shares_memory(out, q)
+    kept = spec.from_onnx(_recorder(seen), rename={"bias": "bias"}, supports_bias=True, ndims=(4,))
+    kept(q, q, q, bias=bias)
+    assert set(seen) == {"bias"}
+    with pytest.raises(TypeError, match="fn must be callable"):
+        spec.from_onnx(3)
+    with pytest.raises(ValueError, match="rename names 'nope'"):
+        spec.from_onnx(_recorder(seen), rename={"nope": "x"})
 
 
 def test_from_jax_spells_keywords_as_jax_does():
@@ -358,7 +389,7 @@ def test_torch_adapter_works_without_ml_dtypes(monkeypatch):
     fn, _ = _peer("torch")
     from spec.adapters import torch as peers
 
-    monkeypatch.setattr(peers, "_bfloat16", lambda: None)
+    monkeypatch.setattr(peers, "numpy_bfloat16", lambda: None)
     q, k, v = _qkv((3, 4), (5, 4), 2, dtype="float64")
     out = fn(q, k, v)
     assert out.dtype == np.float64
@@ -483,3 +514,73 @@ def test_a_framework_call_is_placed_on_its_device_and_synchronized_before_it_ret
     assert events == [("to", "gpu:7")] * 3 + [("call",), ("sync", "gpu:7"), ("back",)]
     with pytest.raises(TypeError, match="device must be a device name"):
         wrap(record, fn, device="")
+
+
+# --- what the framework modules share ----------------------------------------------------------------
+
+
+def _hide(visible, bias):  # the framework's where(visible, bias, fill), here NumPy's with fill -99
+    return np.where(visible, bias, -99.0)
+
+
+def test_fold_masks_leaves_causal_alone_to_the_frameworks_flag():
+    assert fold_masks(None, None, causal=True, n_q=2, n_k=3, where=_hide) == (None, True)
+    assert fold_masks(None, None, where=_hide) == (None, False)
+
+
+def test_fold_masks_ands_the_mask_with_the_causal_mask_of_either_alignment():
+    mask = np.array([[True, False, True, True]] * 2)  # [n_q = 2, n_k = 4]
+    top_left, causal = fold_masks(mask, None, causal=True, n_q=2, n_k=4, where=_hide)
+    assert not causal
+    np.testing.assert_array_equal(top_left, [[True, False, False, False], [True, False, False, False]])
+    bottom_right, _ = fold_masks(mask, None, causal=True, n_q=2, n_k=4, bottom_right=True, where=_hide)
+    np.testing.assert_array_equal(bottom_right, [[True, False, True, False], [True, False, True, True]])
+    plain, causal = fold_masks(mask, None, n_q=2, n_k=4, where=_hide)
+    assert plain is mask and not causal
+
+
+def test_fold_masks_puts_the_frameworks_fill_in_the_bias_where_a_key_is_hidden():
+    bias = np.arange(6.0).reshape(2, 3)
+    assert fold_masks(None, bias, where=_hide)[0] is bias
+    folded, causal = fold_masks(None, bias, causal=True, n_q=2, n_k=3, where=_hide)
+    assert not causal
+    np.testing.assert_array_equal(folded, [[0.0, -99.0, -99.0], [3.0, 4.0, -99.0]])
+    seen = []
+    folded, _ = fold_masks(np.array([True, False, True]), bias, native=lambda x: seen.append(x) or x,
+                           where=_hide)
+    np.testing.assert_array_equal(folded, [[0.0, -99.0, 2.0], [3.0, -99.0, 5.0]])
+    assert len(seen) == 1 and seen[0].dtype == bool  # the visibility made native once, as a boolean
+    with pytest.raises(TypeError, match="mask must be boolean"):
+        fold_masks(np.ones(3), bias, where=_hide)
+
+
+def test_on_device_binds_the_device_and_keeps_the_name():
+    def attend(q, *, device="cpu"):
+        return device
+
+    assert on_device(attend, "cpu") is attend
+    placed = on_device(attend, "cuda:1")
+    assert placed(None) == "cuda:1" and placed.__name__ == "attend"
+
+
+def test_named_after_names_a_wrapper_after_its_function_or_its_type():
+    class Kernel:
+        def __call__(self, q):
+            return q
+
+    def wrapper():
+        pass
+
+    assert named_after(wrapper, attention, "_grad").__name__ == "attention_grad"
+    assert wrapper.__qualname__ == "attention_grad"
+    assert named_after(wrapper, Kernel()).__name__ == "Kernel"
+
+
+def test_numpy_bfloat16_is_ml_dtypes_or_none(monkeypatch):
+    assert numpy_bfloat16() == BF16
+    monkeypatch.setattr(dtypes, "has_bfloat16", lambda: False)
+    assert numpy_bfloat16() is None
+
+
+def test_installed_version_reads_the_package_metadata():
+    assert installed_version("numpy") == np.__version__

@@ -82,6 +82,21 @@ def test_each_target_loads_and_conforms_on_a_few_laws(runtime):
     assert all(r.status == "pass" for r in report.results), [(r.name, r.status) for r in report.results]
 
 
+def test_from_onnx_makes_a_target_of_a_function_running_the_operator():
+    """spec.from_onnx: a function of NumPy arrays that runs an ONNX graph is a target in one line, its
+    bias reaching the function as the operator's attn_mask."""
+
+    def attend(q, k, v, *, causal=False, attn_mask=None):
+        return onnx_attention(q, k, v, causal=causal, bias=attn_mask, runtime="onnx_reference")
+
+    target = spec.from_onnx(attend, supports_bias=True, dtypes=("float32",), ndims=(2, 3, 4),
+                            masked_rows="zeros", empty_keys="raise", deadline_s=60.0)
+    assert target.name.endswith("attend")
+    report = spec.check(target, profile="quick", only=["matches_golden", "bias_matches_golden"], seed=1)
+    assert report.ok, [(r.name, r.message) for r in report.failures]
+    assert all(r.status == "pass" for r in report.results), [(r.name, r.status) for r in report.results]
+
+
 # --- the past cache ----------------------------------------------------------------------------
 
 

@@ -5,11 +5,14 @@ extras, the ranks a keyword is drawn at, the capability a law of the keyword nee
 
 from __future__ import annotations
 
+import typing
+
 import pytest
 
 import spec
 from impl import attention
 from spec import Target, keywords
+from spec import target as target_module
 from spec.cases import Case, cases
 from spec.keywords import Keyword, Leaves, Reads, Transforms, gradient_extras, registered
 from spec.target import TargetError, capability_names
@@ -168,3 +171,12 @@ def test_keyword_laws_skip_a_target_without_the_capability(keyword):
     target = Target(attention, ndims=(2, 3, 4), supports_mask=True, **others)
     report = spec.check(target, profile="quick", only=_laws(keyword))
     assert report.results and all(r.status == "skip" and field in r.message for r in report.results)
+
+
+def test_one_arrangement_names_each_layout_of_a_call():
+    """Each arrangement of a call (`spec.keywords.Arrangement`, the one `spec.target` imports) is a
+    keyword's or dense, and has its arrays that move with the layout (`spec.keywords.in_layout`)."""
+    arrangements = typing.get_args(keywords.Arrangement)
+    assert target_module.Arrangement is keywords.Arrangement
+    assert {k.arrangement for k in registered().values()} | {"dense"} == set(arrangements)
+    assert all("q" in keywords.in_layout(a) for a in arrangements)

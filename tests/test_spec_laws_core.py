@@ -9,6 +9,7 @@ import pytest
 import spec
 from impl import attention
 from spec import Target
+from spec.laws._helpers import differs_at, first_true
 
 
 def _only(target, name="matches_golden", **kw):
@@ -56,3 +57,21 @@ def test_score_variance_measures_fewer_heads_for_wide_heads_at_the_same_false_al
         assert n % 64 == 0 and sigma <= core.SCORE_VARIANCE_BAND / core.SCORE_BAND_SIGMAS
         assert core.SCORE_VARIANCE_BAND / core.SCORE_BAND_SIGMAS < ((8 + 24 / d_k) / (n - 64)) ** 0.5 / 2
     assert core.score_samples(1) == 4096 and core.score_samples(128) == 1088
+
+
+# --- what laws share (spec.laws._helpers) --------------------------------------------------------
+
+
+def test_first_true_is_the_first_index_in_c_order_as_plain_ints():
+    bad = np.zeros((2, 3, 4), dtype=bool)
+    bad[1, 0, 3] = bad[1, 2, 0] = bad[0, 2, 1] = True
+    at = first_true(bad)
+    assert at == (0, 2, 1) and all(type(i) is int for i in at)  # printed as [0, 2, 1], not np.int64(0)
+    assert first_true(np.zeros((2, 3), dtype=bool)) is None
+    assert first_true(np.zeros((0, 3), dtype=bool)) is None
+
+
+def test_differs_at_takes_nan_as_equal_to_nan():
+    a = np.array([[np.nan, 1.0], [2.0, 3.0]])
+    b = np.array([[np.nan, 1.0], [2.0, -3.0]])
+    assert differs_at(a, b) == (1, 1)

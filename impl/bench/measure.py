@@ -69,6 +69,7 @@ from typing import Any
 
 import numpy as np
 
+from cmdline.blas import one_thread_blas
 from impl.bench.calls import PEERS, Call, Path, make_call
 from impl.flash import DEFAULT_BACKWARD_BLOCK
 
@@ -314,7 +315,6 @@ def tile_product_rates(products: list[dict[str, Any]], *, torch_too: bool) -> li
     """Each product's rate on one thread of NumPy's BLAS and, with ``torch_too``, of PyTorch's
     (``numpy_gflops``, ``torch_gflops``; null when not measured), on the same operand layouts:
     where the two libraries' BLAS differ in speed at these shapes, so do the two kernels."""
-    from threadpoolctl import threadpool_limits
 
     rng = np.random.default_rng(0)
     rates = []
@@ -325,7 +325,7 @@ def tile_product_rates(products: list[dict[str, Any]], *, torch_too: bool) -> li
         b = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
         a, b, out = (a.T if ta else a), (b.T if tb else b), np.empty((m, n), dtype=np.float32)
         flops = 2 * m * k * n
-        with threadpool_limits(1, user_api="blas"):
+        with one_thread_blas():
             numpy_rate = _rate(functools.partial(np.matmul, a, b, out=out), flops)
         torch_rate = None
         if torch_too:

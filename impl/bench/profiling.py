@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 import impl.flash
+from cmdline.blas import one_thread_blas
 from impl.bench.calls import make_call
 from impl.bench.measure import visible_pairs
 
@@ -23,13 +24,12 @@ def profile_lines(n: int, d_k: int, d_v: int, *, causal: bool, backward: bool = 
     tokens; lines under 0.5 % of the time are summed into one row.
     """
     from line_profiler import LineProfiler
-    from threadpoolctl import threadpool_limits
 
     kernel = impl.flash._key_block if backward else impl.flash._row_block
     fn, _ = make_call("flash", n, d_k, d_v, causal=causal, backward=backward, threads=1)
     profiler = LineProfiler()
     profiler.add_function(kernel)
-    with threadpool_limits(1, user_api="blas"):
+    with one_thread_blas():
         fn()  # warm-up, untraced
         start = time.perf_counter()
         profiler.enable_by_count()

@@ -14,6 +14,7 @@ suite's keyword arguments; how a ``grad_fn`` is built for one of its functions (
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from spec import dtypes
 from spec.target import Target, TargetError, _callable_name
 
 Array = np.ndarray
@@ -127,6 +129,63 @@ def check_mask(mask: Any) -> Array:
     return arr
 
 
+# --- what the framework modules share --------------------------------------------------------------
+
+
+def numpy_bfloat16() -> np.dtype | None:
+    """NumPy's bfloat16 (from ml_dtypes), or None where it is not installed."""
+    return dtypes.as_dtype(dtypes.BFLOAT16) if dtypes.has_bfloat16() else None
+
+
+def installed_version(distribution: str) -> str:
+    """The installed version of ``distribution``, from its package metadata (MLX's type stubs
+    declare no ``mlx.core.__version__``; for a released jax it is ``jax.__version__``)."""
+    from importlib.metadata import version
+
+    return version(distribution)
+
+
+def named_after(wrapper: Any, fn: Any, suffix: str = "") -> Any:
+    """``wrapper``, named as ``fn`` (else as its type) with ``suffix``, for reports: ``sdpa_grad``."""
+    wrapper.__name__ = wrapper.__qualname__ = f"{getattr(fn, '__name__', type(fn).__name__)}{suffix}"
+    return wrapper
+
+
+def on_device(fn: Any, device: str) -> Any:
+    """``fn`` with ``device=device`` given (its name kept, for reports); ``fn`` itself on the CPU,
+    its default."""
+    if device == "cpu":
+        return fn
+    return functools.update_wrapper(functools.partial(fn, device=device), fn)
+
+
+def fold_masks(mask: Any, bias: Any, *, causal: bool = False, n_q: int = 0, n_k: int = 0,
+               bottom_right: bool = False, native: Callable[[Array], Any] = lambda x: x,
+               where: Callable[[Any, Any], Any]) -> tuple[Any, bool]:
+    """The one mask of a framework that takes one (SDPA's ``attn_mask``, MLX's ``mask``, ONNX's
+    ``attn_mask``) for the suite's ``mask=``, ``causal`` and ``bias=``; and whether ``causal`` is
+    still to be passed as the framework's own flag.
+
+    Visibility is a NumPy boolean: ``mask`` (checked boolean), ANDed — when ``causal`` comes with a
+    mask or a bias — with the causal mask of ``n_q`` queries and ``n_k`` keys, top-left or
+    ``bottom_right``, built here (``np.tri``: the golden's own mask is not shared); the causal flag
+    is then spent. ``native`` makes the framework's array of it. A ``bias`` (the framework's array
+    already, in its dtype) is the one mask where nothing is hidden, and otherwise
+    ``where(visible, bias)``: the bias where a key is visible, the framework's fill elsewhere (a
+    selection, no arithmetic, so a bias that requires grad gets 0 there)."""
+    visible = None if mask is None else check_mask(mask)
+    if causal and (mask is not None or bias is not None):
+        diagonal = n_k - n_q if bottom_right else 0  # bottom-right: key j ≤ i + n_k − n_q
+        triangle = np.tri(n_q, n_k, diagonal, dtype=bool)
+        visible = triangle if visible is None else visible & triangle
+        causal = False
+    if visible is not None:
+        visible = native(visible)
+    if bias is None:
+        return visible, causal
+    return (bias if visible is None else where(visible, bias)), causal
+
+
 # --- wrapping a framework's function ---------------------------------------------------------------
 
 
@@ -204,7 +263,7 @@ def _wrapped(fn: Any, record: Framework, names: dict[str, str], device: str) -> 
             record.synchronize(device)
             return tuple(back(x) for x in got) if isinstance(got, (tuple, list)) else back(got)
 
-    wrapped.__name__ = wrapped.__qualname__ = getattr(fn, "__name__", type(fn).__name__)
+    named_after(wrapped, fn)
     wrapped.__module__ = getattr(fn, "__module__", __name__)
     return wrapped
 

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from spec import dtypes
-from spec.adapters import Framework, check_mask, differentiated, spelled, wrap
+from spec.adapters import Framework, check_mask, differentiated, named_after, on_device, spelled, wrap
 from spec.target import Target
 
 Array = np.ndarray
@@ -231,10 +231,8 @@ def dpa_target(device: str = "cpu") -> Target:
 
     _device(device)  # an unknown device is refused here, naming it
     where = "" if device == "cpu" else f" on {device}"
-    placed = functools.partial(jax_attention, device=device) if device != "cpu" else jax_attention
-    grad = functools.partial(jax_attention_grad, device=device) if device != "cpu" else jax_attention_grad
     return Target(
-        functools.update_wrapper(placed, jax_attention) if device != "cpu" else placed,
+        on_device(jax_attention, device),
         name=f"jax {jax.__version__} nn.dot_product_attention{where}",
         # Not float64: JAX computes the logits and the softmax in float32 whatever the input, so a
         # float64 call is only float32-accurate (measured 1.4e-7 from the float64 golden) and fails
@@ -280,7 +278,7 @@ def dpa_target(device: str = "cpu") -> Target:
         # dbias. The all -inf bias row above is NaN in the backward too, and spreads NaN to dk
         # and dv of every key of its head (tests/test_spec_adapters.py); no law draws that row, as
         # masked_rows="uniform" keeps the gradient laws off rows that see no key.
-        grad_fn=functools.update_wrapper(grad, jax_attention_grad) if device != "cpu" else grad,
+        grad_fn=on_device(jax_attention_grad, device),
         grad_extras=("dbias",),
     )
 
@@ -303,10 +301,6 @@ def _device(name: str) -> Any:
         return jax.devices(kind)[int(index or 0)]
     except (RuntimeError, IndexError, ValueError) as e:
         raise ValueError(f"no jax device {name!r}: {e}") from None
-
-
-def _synchronize(device: str) -> None:
-    """Nothing to wait for: a result is read back (`_from_jax`) only once it is computed."""
 
 
 def _from_jax(x: Any) -> Array:  # jax.Array -> NumPy, same bits, writable
@@ -357,13 +351,14 @@ def _jax_grad(fn: Any, names: dict[str, str], extras: Any, device: str = "cpu") 
             return grads
         return (*grads, {extra: _from_jax(d_free[arg]) for extra, arg in wanted.items() if arg in d_free})
 
-    grad_fn.__name__ = grad_fn.__qualname__ = f"{getattr(fn, '__name__', type(fn).__name__)}_grad"
-    return grad_fn
+    return named_after(grad_fn, fn, "_grad")
 
 
 
+# No synchronize (the record's default waits for nothing): a result is read back (`_from_jax`)
+# only once it is computed.
 FRAMEWORK = Framework(name="jax", to_native=_to_jax, to_numpy=_from_jax, spellings=SPELLINGS,
-                      synchronize=_synchronize, around=_jax_precision, grad=_jax_grad)
+                      around=_jax_precision, grad=_jax_grad)
 
 TARGETS = {"jax": dpa_target}
 """The built-in targets of this adapter (`spec.adapters.ADAPTERS` names them)."""

@@ -32,7 +32,16 @@ from typing import Any
 import numpy as np
 
 from spec import dtypes
-from spec.adapters import Framework, check_mask, differentiated, wrap
+from spec.adapters import (
+    Framework,
+    differentiated,
+    fold_masks,
+    installed_version,
+    named_after,
+    numpy_bfloat16,
+    on_device,
+    wrap,
+)
 from spec.target import Target, _callable_name
 
 Array = np.ndarray
@@ -44,18 +53,13 @@ names. Its ``mask=`` also takes the suite's ``bias=`` (an additive mask), and ``
 them (`_mlx_sdpa`), and a function of one's own does as it chooses."""
 
 
-def _bfloat16() -> np.dtype | None:
-    """NumPy's bfloat16 (from ml_dtypes), or None where it is not installed."""
-    return dtypes.as_dtype(dtypes.BFLOAT16) if dtypes.has_bfloat16() else None
-
-
 def _to_mlx(x: Array, device: str = "cpu") -> Any:  # NumPy -> mx.array, same bits, its own memory
     import mlx.core as mx
 
     # MLX's memory is one for its devices (the device is where the work runs: `_placed`).
     x = np.ascontiguousarray(x)
-    bf16 = _bfloat16()
-    # (Not ``x.dtype == _bfloat16()``: np.dtype(None) is float64, so float64 == None is True.)
+    bf16 = numpy_bfloat16()
+    # (Not ``x.dtype == numpy_bfloat16()``: np.dtype(None) is float64, so float64 == None is True.)
     if bf16 is not None and x.dtype == bf16:
         # MLX reads no ml_dtypes buffer ("'bfloat16' is not a valid PEP 3118 buffer format"):
         # move the 16-bit patterns and relabel them.
@@ -69,7 +73,7 @@ def _from_mlx(x: Any) -> Array:  # mx.array -> NumPy, same bits, writable (np.ar
     import mlx.core as mx
 
     if x.dtype == mx.bfloat16:
-        bf16 = _bfloat16()
+        bf16 = numpy_bfloat16()
         if bf16 is None:
             raise TypeError("a bfloat16 result needs ml_dtypes to become a NumPy array")
         return np.array(x.view(mx.uint16)).view(bf16)
@@ -85,15 +89,9 @@ def _device(name: str) -> Any:
     if name not in kinds:
         raise ValueError(f"no mlx device {name!r}: MLX's devices are 'cpu' and 'gpu'")
     if not mx.is_available(kinds[name]):
-        raise ValueError(f"no mlx device {name!r}: this MLX ({_version()}) has no {name} backend")
+        raise ValueError(f"no mlx device {name!r}: this MLX ({installed_version('mlx')}) has no {name} "
+                         "backend")
     return mx.Device(kinds[name])
-
-
-def _version() -> str:
-    """The installed MLX's version (its stubs declare no ``mlx.core.__version__``)."""
-    from importlib.metadata import version
-
-    return version("mlx")
 
 
 def _placed(device: str) -> Any:
@@ -124,17 +122,15 @@ def _mlx_sdpa(q: Any, k: Any, v: Any, *, causal: bool, mask: Array | None, scale
     that their gradient comes back in their own dtype."""
     import mlx.core as mx
 
-    n_q, n_k = q.shape[-2], k.shape[-2]
-    visible: Any = None
-    if mask is not None:
-        visible = mx.array(check_mask(mask))
-    if causal and (mask is not None or bias is not None):
-        causal_part = mx.array(np.tri(n_q, n_k, n_k - n_q, dtype=bool))  # bottom-right: j ≤ i + n_k − n_q
-        visible = causal_part if visible is None else mx.logical_and(visible, causal_part)
-    given: Any = "causal" if causal and visible is None else visible
-    if bias is not None:
-        bias = bias.astype(q.dtype)
-        given = bias if visible is None else mx.where(visible, bias, mx.array(mx.finfo(q.dtype).min, q.dtype))
+    def hidden_as_finfo_min(visible: Any, bias: Any) -> Any:  # MLX's own fill for a hidden key
+        return mx.where(visible, bias, mx.array(mx.finfo(q.dtype).min, q.dtype))
+
+    # Bottom-right causal, as MLX's mask="causal". The fill is not −inf (torch's) but the value MLX's
+    # own boolean mask puts in place of a hidden score: a hidden key counts the same with a bias as without.
+    folded, causal = fold_masks(mask, None if bias is None else bias.astype(q.dtype), causal=causal,
+                                n_q=q.shape[-2], n_k=k.shape[-2], bottom_right=True, native=mx.array,
+                                where=hidden_as_finfo_min)
+    given: Any = "causal" if causal else folded
     extra = {} if sinks is None else {"sinks": sinks.astype(q.dtype)}
     chosen = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     return mx.fast.scaled_dot_product_attention(q, k, v, scale=chosen, mask=given, **extra)
@@ -182,21 +178,14 @@ def mlx_attention_grad(
     return got[0], got[1], got[2], extras
 
 
-def _on(fn: Any, device: str) -> Any:
-    """``fn`` run on ``device`` (its name kept, for reports)."""
-    if device == "cpu":
-        return fn
-    return functools.update_wrapper(functools.partial(fn, device=device), fn)
-
-
 def sdpa_target(device: str = "cpu") -> Target:
     """The ``mlx`` built-in target: ``mx.fast.scaled_dot_product_attention`` on ``device``, with
     the capabilities measured above (on the CPU)."""
     _device(device)  # an unknown or absent device is refused here, naming it
     where = "" if device == "cpu" else f" on {device}"
     return Target(
-        _on(mlx_attention, device),
-        name=f"mlx {_version()} fast.scaled_dot_product_attention{where}",
+        on_device(mlx_attention, device),
+        name=f"mlx {installed_version('mlx')} fast.scaled_dot_product_attention{where}",
         dtypes=("float16", "float32", "float64", *dtypes.bfloat16_if_installed()),
         # float64: the softmax runs in float32 whatever the input (MLX's docstring; measured 5e-8
         # from the float64 golden), so it is float32-accurate and judged as float32.
@@ -223,7 +212,7 @@ def sdpa_target(device: str = "cpu") -> Target:
         },
         # mx.vjp of the same call: every keyword above reaches the backward; the bias and the
         # sinks get their gradients.
-        grad_fn=_on(mlx_attention_grad, device),
+        grad_fn=on_device(mlx_attention_grad, device),
         grad_extras=("dbias", "dsinks"),
     )
 
@@ -296,8 +285,7 @@ def _mlx_grad(fn: Any, names: dict[str, str], extras: Any, device: str = "cpu") 
         d_free = dict(zip(free, got[3:], strict=True))
         return (*got[:3], {extra: d_free[arg] for extra, arg in wanted.items() if arg in d_free})
 
-    grad_fn.__name__ = grad_fn.__qualname__ = f"{getattr(fn, '__name__', type(fn).__name__)}_grad"
-    return grad_fn
+    return named_after(grad_fn, fn, "_grad")
 
 
 FRAMEWORK = Framework(name="mlx", to_native=_to_mlx, to_numpy=_from_mlx, spellings=SPELLINGS,

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from spec import dtypes
-from spec.adapters import Framework, check_mask, wrap
+from spec.adapters import Framework, fold_masks, wrap
 from spec.target import Target
 
 Array = np.ndarray
@@ -191,12 +191,13 @@ def _attn_mask(mask: Array | None, bias: Array | None, dtype: np.dtype) -> Array
     """The operator's one ``attn_mask``: the boolean mask (True = may attend), the bias in the
     inputs' dtype (as the operator adds it), or, with both, the bias where the mask is True and
     −inf elsewhere."""
-    if bias is None:
-        return None if mask is None else check_mask(mask)
-    added = np.asarray(bias).astype(dtype)
-    if mask is None:
-        return added
-    return np.where(check_mask(mask), added, np.array(-np.inf, dtype=dtype)).astype(dtype)
+    def hidden_as_minus_inf(visible: Array, bias: Array) -> Array:
+        return np.where(visible, bias, np.array(-np.inf, dtype=dtype)).astype(dtype)
+
+    # No causal here: the operator takes is_causal together with attn_mask.
+    folded, _ = fold_masks(mask, None if bias is None else np.asarray(bias).astype(dtype),
+                           where=hidden_as_minus_inf)
+    return folded
 
 
 def onnx_target(runtime: str = "onnxruntime", device: str = "cpu") -> Target:

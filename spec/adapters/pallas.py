@@ -1,5 +1,10 @@
-"""JAX's Pallas attention kernels, run by the Pallas interpreter (``interpret=True``), as built-in
-targets: ``pallas_mha`` (``ops.gpu.attention.mha``, forward and backward).
+"""JAX's Pallas attention kernels (``ops.gpu``, ``ops.tpu``) as six built-in targets, under interpreters.
+
+Run by the Pallas interpreter (``interpret=True``): ``pallas_mha`` (``ops.gpu.attention.mha``,
+forward and backward), ``pallas_decode`` (``ops.gpu.decode_attention.gqa``), ``pallas_gpu_paged``
+(``ops.gpu.paged_attention``); by the TPU interpreter: ``pallas_tpu_flash``
+(``ops.tpu.flash_attention``), ``pallas_tpu_paged`` (``ops.tpu.paged_attention``) and
+``pallas_splash`` (``ops.tpu.splash_attention``).
 
 Each kernel is called as JAX ships it, with its default block sizes (its recommended ones), its
 own keyword names and its own layout; the targets declare the kernel's limits instead of padding
@@ -29,19 +34,13 @@ from typing import Any
 import numpy as np
 
 from spec import dtypes
-from spec.adapters import wrap
+from spec.adapters import installed_version, wrap
 from spec.adapters.jax import FRAMEWORK, _jax_grad, _jax_precision
 from spec.target import Target
 
 Array = np.ndarray
 
 LN2 = math.log(2.0)
-
-
-def _version() -> str:
-    import jax
-
-    return str(jax.__version__)
 
 
 def _scale(q: Any, sm_scale: float | None) -> float:
@@ -84,7 +83,8 @@ def mha_target(device: str = "cpu") -> Target:
     import jax.experimental.pallas.ops.gpu.attention  # noqa: F401  (a missing module is said at once)
 
     return wrap(
-        FRAMEWORK, pallas_mha, name=f"jax {_version()} pallas ops.gpu.attention.mha (interpret)",
+        FRAMEWORK, pallas_mha,
+        name=f"jax {installed_version('jax')} pallas ops.gpu.attention.mha (interpret)",
         device=device, grad=True,
         rename={"scale": "sm_scale", "return_lse": "return_residuals"},
         # Measured under the interpreter (jax 0.10.2): float16 and bfloat16 accumulate in float32.
@@ -153,7 +153,8 @@ def decode_target(device: str = "cpu") -> Target:
     import jax.experimental.pallas.ops.gpu.decode_attention  # noqa: F401
 
     return wrap(
-        FRAMEWORK, pallas_decode, name=f"jax {_version()} pallas ops.gpu.decode_attention.gqa (interpret)",
+        FRAMEWORK, pallas_decode,
+        name=f"jax {installed_version('jax')} pallas ops.gpu.decode_attention.gqa (interpret)",
         device=device,
         rename={"scale": "sm_scale", "kv_lengths": "kv_seq_len"},
         dtypes=("float16", "float32", *dtypes.bfloat16_if_installed()),
@@ -292,7 +293,8 @@ def gpu_paged_target(device: str = "cpu") -> Target:
     import jax.experimental.pallas.ops.gpu.paged_attention  # noqa: F401
 
     return wrap(FRAMEWORK, pallas_gpu_paged,
-                name=f"jax {_version()} pallas ops.gpu.paged_attention (interpret)", device=device,
+                name=f"jax {installed_version('jax')} pallas ops.gpu.paged_attention (interpret)",
+                device=device,
                 rename={"scale": "sm_scale", "block_table": "block_tables", "kv_lengths": "lengths"},
                 # Found, verified, declared (docs/peers.md, "Pallas", with the replay lines): it
                 # loads whole pages and masks the scores of the tail with jnp.where (a NaN key
@@ -379,7 +381,8 @@ def tpu_flash_target(device: str = "cpu") -> Target:
     import jax.experimental.pallas.ops.tpu.flash_attention  # noqa: F401
 
     return wrap(
-        TPU, pallas_tpu_flash, name=f"jax {_version()} pallas ops.tpu.flash_attention (TPU interpret)",
+        TPU, pallas_tpu_flash,
+        name=f"jax {installed_version('jax')} pallas ops.tpu.flash_attention (TPU interpret)",
         device=device, grad=True,
         rename={"scale": "sm_scale"},
         dtypes=("float16", "float32", *dtypes.bfloat16_if_installed()),
@@ -412,7 +415,8 @@ def tpu_paged_target(device: str = "cpu") -> Target:
     import jax.experimental.pallas.ops.tpu.paged_attention  # noqa: F401
 
     return wrap(TPU, pallas_tpu_paged,
-                name=f"jax {_version()} pallas ops.tpu.paged_attention (TPU interpret)", device=device,
+                name=f"jax {installed_version('jax')} pallas ops.tpu.paged_attention (TPU interpret)",
+                device=device,
                 rename={"scale": "sm_scale", "block_table": "page_indices", "kv_lengths": "lengths"},
                 # Its K and V pages are cast to bfloat16 as they are loaded, whatever their dtype
                 # (MultiPageAsyncCopyDescriptor.wait_and_get_loaded → _maybe_dequantize(...,
@@ -472,7 +476,8 @@ def splash_target(device: str = "cpu") -> Target:
     import jax.experimental.pallas.ops.tpu.splash_attention  # noqa: F401
 
     return wrap(
-        TPU, pallas_splash, name=f"jax {_version()} pallas ops.tpu.splash_attention (TPU interpret)",
+        TPU, pallas_splash,
+        name=f"jax {installed_version('jax')} pallas ops.tpu.splash_attention (TPU interpret)",
         device=device, grad=True, rename={"scale": "sm_scale"},
         dtypes=("float16", "float32", *dtypes.bfloat16_if_installed()),
         ndims=(2, 3),  # one sequence: q [heads, n, d]

@@ -23,14 +23,22 @@ now zeroes them (``_safe_softmax``). A target can record such a known deviation 
 
 from __future__ import annotations
 
-import functools
 import warnings
 from typing import Any
 
 import numpy as np
 
 from spec import dtypes
-from spec.adapters import Framework, check_mask, differentiated, spelled, wrap
+from spec.adapters import (
+    Framework,
+    differentiated,
+    fold_masks,
+    named_after,
+    numpy_bfloat16,
+    on_device,
+    spelled,
+    wrap,
+)
 from spec.target import Target
 
 Array = np.ndarray
@@ -40,17 +48,12 @@ SPELLINGS = {"bias": "attn_mask", "dropout_p": "dropout_p"}
 ``bias=``)."""
 
 
-def _bfloat16() -> np.dtype | None:
-    """NumPy's bfloat16 (from ml_dtypes), or None where it is not installed."""
-    return dtypes.as_dtype(dtypes.BFLOAT16) if dtypes.has_bfloat16() else None
-
-
 def _to_torch(x: Array, device: Any = "cpu") -> Any:  # NumPy -> torch on device, same bits, its own memory
     import torch
 
     x = np.ascontiguousarray(x)
-    bf16 = _bfloat16()
-    # (Not ``x.dtype == _bfloat16()``: np.dtype(None) is float64, so float64 == None is True.)
+    bf16 = numpy_bfloat16()
+    # (Not ``x.dtype == numpy_bfloat16()``: np.dtype(None) is float64, so float64 == None is True.)
     if bf16 is not None and x.dtype == bf16:
         # torch.from_numpy knows no bfloat16: move the 16-bit patterns and relabel them.
         t = torch.from_numpy(x.view(np.int16).copy()).view(torch.bfloat16)
@@ -64,7 +67,7 @@ def _from_torch(t: Any) -> Array:  # torch (any device) -> NumPy, same bits
 
     t = t.detach().cpu().contiguous()
     if t.dtype == torch.bfloat16:
-        bf16 = _bfloat16()
+        bf16 = numpy_bfloat16()
         if bf16 is None:
             raise TypeError("a bfloat16 result needs ml_dtypes to become a NumPy array")
         return t.view(torch.int16).numpy().view(bf16)
@@ -99,17 +102,12 @@ def _sdpa(q: Any, k: Any, v: Any, *, causal: bool, mask: Array | None, scale: fl
     import torch
     import torch.nn.functional as F
 
-    attn_mask: Any = None
-    if mask is not None:
-        attn_mask = _to_torch(check_mask(mask), q.device)  # its own memory: a read-only mask stays untouched
-    if causal and (mask is not None or bias is not None):
-        causal_part = torch.from_numpy(np.tri(q.shape[-2], k.shape[-2], dtype=bool)).to(q.device)  # top-left
-        attn_mask = causal_part if attn_mask is None else attn_mask & causal_part
-        causal = False
-    if bias is not None:
-        attn_mask = bias if attn_mask is None else torch.where(attn_mask, bias, torch.tensor(-np.inf,
-                                                                                            dtype=bias.dtype,
-                                                                                            device=bias.device))
+    def hidden_as_minus_inf(visible: Any, bias: Any) -> Any:  # SDPA's own fill for a hidden key
+        return torch.where(visible, bias, torch.tensor(-np.inf, dtype=bias.dtype, device=bias.device))
+
+    # top-left causal, as SDPA's is_causal; the mask in its own memory (a read-only mask stays untouched)
+    attn_mask, causal = fold_masks(mask, bias, causal=causal, n_q=q.shape[-2], n_k=k.shape[-2],
+                                   native=lambda x: _to_torch(x, q.device), where=hidden_as_minus_inf)
     gqa = q.ndim >= 3 and k.ndim >= 3 and k.shape[-3] != q.shape[-3]
     seeded = [] if q.device.type == "cpu" else [q.device]  # the generators fork_rng saves and restores
     with warnings.catch_warnings(), torch.random.fork_rng(devices=seeded):
@@ -162,15 +160,6 @@ def _synchronize(device: str) -> None:
         torch.mps.synchronize()
 
 
-def _on(fn: Any, device: str) -> Any:
-    """``fn`` with its tensors on ``device`` (its name kept, for reports)."""
-    if device == "cpu":
-        return fn
-    placed = functools.partial(fn, device=device)
-    functools.update_wrapper(placed, fn)
-    return placed
-
-
 def sdpa_target(device: str = "cpu") -> Target:
     """The ``torch`` built-in target: SDPA with its tensors on ``device``, with the capabilities
     measured above (on CPU; a GPU's backends are checked one by one by tools/gpu_check.py)."""
@@ -179,7 +168,7 @@ def sdpa_target(device: str = "cpu") -> Target:
     torch.empty(0, device=device)  # an unknown or absent device is refused here, naming it
     where = "" if device == "cpu" else f" on {device}"
     return Target(
-        _on(torch_attention, device),
+        on_device(torch_attention, device),
         name=f"torch {torch.__version__} scaled_dot_product_attention{where}",
         # bfloat16 where ml_dtypes gives NumPy the dtype (measured: passes every law, as float16).
         dtypes=("float16", "float32", "float64", *dtypes.bfloat16_if_installed()),
@@ -202,7 +191,7 @@ def sdpa_target(device: str = "cpu") -> Target:
         # Autograd through SDPA: every keyword above reaches the backward, and a float attn_mask
         # gets its gradient (measured on torch 2.13: attn_mask.grad in every dtype, summed over its
         # broadcast axes); a seeded forward drops the same weights with or without requires_grad.
-        grad_fn=_on(torch_attention_grad, device),
+        grad_fn=on_device(torch_attention_grad, device),
         grad_extras=("dbias",),
         # Measured on torch 2.13 (CPU): a causal 16,384-square in float32 and float16, 4-D, no mask,
         # grew the process's peak memory by 5 MB (its flash kernel's tiles), not the 1 GiB of scores.
@@ -261,8 +250,7 @@ def _torch_grad(fn: Any, names: dict[str, str], extras: Any, device: str = "cpu"
             return grads
         return (*grads, {extra: _grad_of(inputs[arg]) for extra, arg in wanted.items() if arg in inputs})
 
-    grad_fn.__name__ = grad_fn.__qualname__ = f"{getattr(fn, '__name__', type(fn).__name__)}_grad"
-    return grad_fn
+    return named_after(grad_fn, fn, "_grad")
 
 
 

@@ -204,6 +204,7 @@ Term = Restricts | Transforms | Adds | Sinks | Realigns | Reads | Leaves
 TERMS = (Restricts, Transforms, Adds, Sinks, Realigns, Reads, Leaves)
 
 Arrangement = Literal["dense", "packed", "paged"]
+"""How a call's arrays are arranged: the one definition (`spec.target` imports it)."""
 
 
 @dataclass(frozen=True)

@@ -177,9 +177,20 @@ def held_fixed(target: Target, inputs: Inputs, blind: Array) -> Array:  # [*lead
     return blind & ((policy == "") | (policy == "zeros") | (policy == "nan"))
 
 
-def differs_at(a: Array, b: Array) -> tuple[int, ...]:
-    bad = ~((a == b) | (np.isnan(a) & np.isnan(b)))
+def first_true(bad: Array) -> tuple[int, ...] | None:
+    """The index of ``bad``'s first True entry (in C order), as plain ints, to name in a law's
+    message; None when no entry is True."""
+    if not bad.any():
+        return None
     return tuple(int(i) for i in np.argwhere(bad)[0])
+
+
+def differs_at(a: Array, b: Array) -> tuple[int, ...]:
+    """The first index where ``a`` and ``b`` differ (NaN equal to NaN); for arrays that differ."""
+    at = first_true(~same_bits(a, b))
+    if at is None:
+        raise ValueError("differs_at: the arrays do not differ")
+    return at
 
 
 def same_bits(a: Array, b: Array) -> Array:  # -> bool, same shape
@@ -241,8 +252,7 @@ def assert_hidden_unmoved(
         assert_matches(target, inputs, after, rows=blind, what=f"after {what}, the output")
         return
     bad = blind[..., None] & ~same_bits(before, after)
-    if bad.any():
-        at = tuple(int(i) for i in np.argwhere(bad)[0])
+    if (at := first_true(bad)) is not None:
         raise AssertionError(f"{what} changed output {list(at)} from {float(before[at])!r} to "
                              f"{float(after[at])!r}, though query {at[-2]} sees none of those keys")
 
@@ -267,8 +277,8 @@ def assert_empty_rows_follow_policy(target: Target, inputs: Inputs, out: Array) 
             ref, want, tol = _policy_expectation(target, inputs, name)
             with np.errstate(invalid="ignore"):
                 ok = np.abs(got - np.broadcast_to(ref, out.shape)[rows]) <= tol
-        if not ok.all():
-            at = tuple(int(i) for i in np.argwhere(rows)[int(np.argwhere(~ok.all(axis=-1))[0][0])])
+        if (wrong := first_true(~ok.all(axis=-1))) is not None:  # the wrong one among the selected rows
+            at = tuple(int(i) for i in np.argwhere(rows)[wrong[0]])  # where that row sits
             cause = oracle.causes(target.alignment, inputs)[at]
             raise AssertionError(f"query row {list(at)} sees no key ({cause}); expected {want}, "
                                  f"got {out[at][:4]!r}")

@@ -16,7 +16,7 @@ from spec.cases import Case, cases
 from spec.dtypes import finfo
 from spec.keywords.bias import BIAS, received
 from spec.laws import _needs
-from spec.laws._helpers import assert_hidden_unmoved, assert_matches, assert_same, run, sees_any
+from spec.laws._helpers import assert_hidden_unmoved, assert_matches, assert_same, first_true, run, sees_any
 from spec.registry import law
 from spec.target import Target
 
@@ -87,8 +87,7 @@ def bias_row_shift_invariance(target: Target, case: Case) -> None:
     inputs = inputs.replace(bias=shifted)
     out = run(target, inputs)
     bad = sees_any(target, inputs)[..., None] & ~np.isfinite(out)
-    if bad.any():
-        at = tuple(int(i) for i in np.argwhere(bad)[0])
+    if (at := first_true(bad)) is not None:
         raise AssertionError(f"with every bias row shifted by ±{row_shift(target, case):g}, "
                              f"output {list(at)} is {out[at]}")
     assert_matches(target, inputs, out,

@@ -45,7 +45,7 @@ from spec.laws._helpers import (
     assert_empty_rows_follow_policy,
     assert_matches,
     assert_same,
-    differs_at,
+    first_true,
     run,
     same_bits,
 )
@@ -139,15 +139,13 @@ def paged_reads_only_its_keys(target: Target, case: Case) -> None:
     want = oracle.expected(target, inputs)
     for out, poison in ((before, fill), (after, other)):
         bad = want.seen[..., None] & ~np.isfinite(out)
-        if bad.any():
-            at = tuple(int(i) for i in np.argwhere(bad)[0])
+        if (at := first_true(bad)) is not None:
             raise AssertionError(f"with {poison} where no sequence's key is, output {list(at)} is "
                                  f"{float(out[at])!r}: something a sequence does not own was read")
     if not target.exact_masking:
         assert_matches(target, inputs, after, what=f"with the unowned pool positions {other}, the output")
         return
-    if not same_bits(before, after).all():
-        at = differs_at(before, after)
+    if (at := first_true(~same_bits(before, after))) is not None:
         raise AssertionError(f"changing the pool positions no sequence owns ({fill} -> {other}) and the "
                              f"table entries past each last block changed output {list(at)} from "
                              f"{float(before[at])!r} to {float(after[at])!r}")
@@ -174,8 +172,7 @@ def paged_block_order_invariant(target: Target, case: Case) -> None:
     if not target.deterministic:
         assert_same(target, inputs, before, after, what="with the pool's blocks moved")
         return
-    if not same_bits(before, after).all():
-        at = differs_at(before, after)
+    if (at := first_true(~same_bits(before, after))) is not None:
         raise AssertionError(f"moving the pool's physical blocks (the table rewritten to match) changed "
                              f"output {list(at)} from {float(before[at])!r} to {float(after[at])!r}")
 

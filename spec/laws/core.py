@@ -28,6 +28,7 @@ from spec.laws._helpers import (
     assert_matches,
     assert_same,
     differs_at,
+    first_true,
     observe,
     pattern,
     run,
@@ -100,8 +101,7 @@ def rows_sum_to_one(target: Target, case: Case) -> None:
     tol = target.tolerance * slack(target, inputs)
     sums = p.sum(axis=-1)
     bad = rows & ~(np.abs(sums - 1) <= tol)
-    if bad.any():
-        at = tuple(int(i) for i in np.argwhere(bad)[0])
+    if (at := first_true(bad)) is not None:
         raise AssertionError(f"row {list(at)} of the pattern sums to {float(sums[at])!r}, not 1 (±{tol:.2g})")
     low = float(np.min(np.where(rows[..., None], p, 0.0), initial=0.0))
     assert low >= -tol, f"a pattern entry is negative: {low!r}"
@@ -128,8 +128,7 @@ def convex_combination(target: Target, case: Case) -> None:
     rows = sees_any(target, inputs)[..., None]
     with np.errstate(invalid="ignore"):
         bad = rows & ~((out >= lo - tol) & (out <= hi + tol))
-    if bad.any():
-        at = tuple(int(i) for i in np.argwhere(bad)[0])
+    if (at := first_true(bad)) is not None:
         raise AssertionError(
             f"output {list(at)} = {out[at]:.6g} lies outside [{lo[at]:.6g}, {hi[at]:.6g}], "
             "the range of the values that query sees"
@@ -327,8 +326,7 @@ def large_logits(target: Target, case: Case) -> None:
 def _assert_finite_where_seen(target: Target, inputs: Inputs, out: Array, said: str) -> None:
     """Every output row that sees a key is finite; else say where, and for which inputs (``said``)."""
     bad = sees_any(target, inputs)[..., None] & ~np.isfinite(out)
-    if bad.any():
-        at = tuple(int(i) for i in np.argwhere(bad)[0])
+    if (at := first_true(bad)) is not None:
         raise AssertionError(f"output {list(at)} is {out[at]} for {said}")
 
 

@@ -19,7 +19,16 @@ from spec import tolerance
 from spec.cases import Case, cases
 from spec.keywords.dropout import DROPOUT
 from spec.laws import _needs
-from spec.laws._helpers import differs_at, expected, observe, pattern_inputs, run, run_pattern, slack
+from spec.laws._helpers import (
+    differs_at,
+    expected,
+    first_true,
+    observe,
+    pattern_inputs,
+    run,
+    run_pattern,
+    slack,
+)
 from spec.registry import law
 from spec.target import Target
 
@@ -110,8 +119,7 @@ def dropout_drops_fraction_p(target: Target, case: Case) -> None:
     is_zero = np.abs(dropped) <= tol
     is_kept = np.abs(dropped - kept_value) <= tol
     bad = decidable & ~is_zero & ~is_kept
-    if bad.any():
-        at = tuple(int(i) for i in np.argwhere(bad)[0])
+    if (at := first_true(bad)) is not None:
         raise AssertionError(
             f"dropped pattern entry {list(at)} is {float(dropped[at])!r}: neither 0 nor the weight "
             f"{float(weights[at]):.6g} × 1/(1 − {p}) = {float(kept_value[at]):.6g} (±{tol:.2g})")

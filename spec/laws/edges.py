@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from spec.call import call
 from spec.cases import Case, cases
+from spec.laws._helpers import first_true
 from spec.registry import law
 from spec.target import Target, TargetFailed
 
@@ -67,8 +68,7 @@ def empty_keys(target: Target, case: Case) -> None:
         return
     got = out.astype(np.float64)
     ok = np.isnan(got) if want == "nan" else got == 0
-    if not ok.all():
-        at = tuple(int(i) for i in np.argwhere(~ok)[0])
+    if (at := first_true(~ok)) is not None:
         raise AssertionError(f"with no keys (n_k = 0), output {list(at)} is {float(got[at])!r}; the target "
                              f"declares {policy!r} for rows that see no key (no_keys), so each must be "
                              f"{'NaN' if want == 'nan' else 'exactly 0'}")

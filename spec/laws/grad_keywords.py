@@ -26,7 +26,7 @@ from spec.keywords.bias import BIAS
 from spec.keywords.dropout import DROPOUT
 from spec.keywords.sinks import SINKS
 from spec.laws import _needs
-from spec.laws._helpers import pattern_inputs, run_pattern, visible
+from spec.laws._helpers import first_true, pattern_inputs, run_pattern, visible
 from spec.laws.gradients import (
     N_MAX,
     assert_gradients_match,
@@ -186,8 +186,7 @@ def grad_hidden_keys_get_nothing(target: Target, case: Case) -> None:
     vis = np.broadcast_to(visible(target, inputs), (*inputs.lead, inputs.n_q, inputs.n_k))
     dq, dk, dv, extras = call_grad(target, inputs, d_out)
     for name, g in (("dq", dq), ("dk", dk), ("dv", dv), *extras.items()):
-        if not np.isfinite(g).all():
-            at = tuple(int(i) for i in np.argwhere(~np.isfinite(g))[0])
+        if (at := first_true(~np.isfinite(g))) is not None:
             raise AssertionError(f"{name} {list(at)} is {float(g[at])!r} for finite inputs")
     unseen = unseen_keys(inputs, vis)[..., None]
     blind = np.asarray(~vis.any(axis=-1))[..., None]
@@ -197,8 +196,7 @@ def grad_hidden_keys_get_nothing(target: Target, case: Case) -> None:
         checks.append(("dbias", extras["dbias"], ~vis, "a hidden key"))
     for name, g, where, which in checks:
         bad = np.broadcast_to(where, g.shape) & (g != 0)
-        if bad.any():
-            at = tuple(int(i) for i in np.argwhere(bad)[0])
+        if (at := first_true(bad)) is not None:
             raise AssertionError(f"{name} {list(at)} is {float(g[at])!r}, not 0, for {which}")
 
 

@@ -29,7 +29,14 @@ from spec.cases import Case, cases
 from spec.inputs import Inputs
 from spec.keywords import Keyword, Leaves, registered
 from spec.laws import _needs
-from spec.laws._helpers import assert_within_tolerance, observe, perturbed, precision_text, visible
+from spec.laws._helpers import (
+    assert_within_tolerance,
+    first_true,
+    observe,
+    perturbed,
+    precision_text,
+    visible,
+)
 from spec.registry import Need, law
 from spec.target import Target
 
@@ -162,15 +169,13 @@ def grad_causal_no_leak(target: Target, case: Case) -> None:
     unseen = unseen_keys(inputs, vis)[..., None]
     for name, g in (("dk", dk), ("dv", dv)):
         bad = unseen & (g != 0)
-        if bad.any():
-            at = tuple(int(i) for i in np.argwhere(bad)[0])
+        if (at := first_true(bad)) is not None:
             raise AssertionError(
                 f"{name} {list(at)} is {float(g[at])!r}, not 0, though no query sees key {at[-2]}")
     dq2, _, _, _ = call_grad(target, perturbed(target, case, inputs, np.arange(case.n_k) >= t), d_out)
     blind = np.asarray(~vis[..., t:].any(axis=-1))  # [..., n_q]: rows that see no changed position
     bad = blind[..., None] & ~((dq == dq2) | (np.isnan(dq) & np.isnan(dq2)))
-    if bad.any():
-        at = tuple(int(i) for i in np.argwhere(bad)[0])
+    if (at := first_true(bad)) is not None:
         raise AssertionError(
             f"changing keys/values from position {t} on changed dq {list(at)} from {float(dq[at])!r} "
             f"to {float(dq2[at])!r}, though query {at[-2]} cannot see position {t}"

@@ -13,7 +13,16 @@ from spec.cases import Case, cases, split_point
 from spec.inputs import Inputs
 from spec.keywords.lse import LSE
 from spec.laws import _needs
-from spec.laws._helpers import assert_matches, assert_same, expected, observe, run, run_lse, visible
+from spec.laws._helpers import (
+    assert_matches,
+    assert_same,
+    expected,
+    first_true,
+    observe,
+    run,
+    run_lse,
+    visible,
+)
 from spec.registry import Need, law
 from spec.target import Target
 
@@ -60,10 +69,9 @@ def assert_lse_close(target: Target, inputs: Inputs, lse: Array, gold: Array, *,
     policy = oracle.policies(target, inputs)
     left_empty = np.isin(policy, ("", "zeros", "nan"))
     empty = ~finite & ~np.isneginf(lse) & left_empty
-    if empty.any():
-        first = [int(i) for i in np.argwhere(empty)[0]]
-        raise AssertionError(f"{what}: row {first} sees no key, so its lse must be -inf, "
-                             f"got {float(lse[tuple(first)])!r}")
+    if (row := first_true(empty)) is not None:
+        raise AssertionError(f"{what}: row {list(row)} sees no key, so its lse must be -inf, "
+                             f"got {float(lse[row])!r}")
 
 
 @law(strategy=lambda t: cases(t, masks=("none", "random"), scale=True, n_max=96), needs=needs_lse)
@@ -106,8 +114,7 @@ def lse_empty_row_as_declared(target: Target, case: Case) -> None:
     _, lse = run_lse(target, inputs, as_returned=True)
     sees = np.asarray(visible(target, inputs).any(axis=-1))
     wrong = (~sees & (lse != target.empty_lse)) | (sees & ~np.isfinite(lse))
-    if wrong.any():
-        at = tuple(int(i) for i in np.argwhere(wrong)[0])
+    if (at := first_true(wrong)) is not None:
         want = f"{target.empty_lse!r} (it sees no key)" if not sees[at] else "finite (it sees a key)"
         raise AssertionError(f"lse of row {list(at)} is {float(lse[at])!r}, expected {want}")
 

@@ -30,7 +30,14 @@ from spec.cases import Case, between, cases, pick
 from spec.inputs import Inputs
 from spec.keywords.past import PAST
 from spec.laws import _needs
-from spec.laws._helpers import assert_empty_rows_follow_policy, assert_matches, assert_same, run, visible
+from spec.laws._helpers import (
+    assert_empty_rows_follow_policy,
+    assert_matches,
+    assert_same,
+    first_true,
+    run,
+    visible,
+)
 from spec.registry import law
 from spec.target import Target
 
@@ -120,8 +127,7 @@ def present_kv_is_concatenation(target: Target, case: Case) -> None:
     meant = oracle.meaning(inputs)
     for name, got, want in (("present_key", present_key, meant.k), ("present_value", present_value, meant.v)):
         same = _bits(got) == _bits(want)
-        if not same.all():
-            at = tuple(int(i) for i in np.argwhere(~same)[0])
+        if (at := first_true(~same)) is not None:
             raise AssertionError(f"{name} {list(at)} is {float(got[at])!r}, but concat(past, new) there is "
                                  f"{float(want[at])!r} (a past of {case.param('past_kv')} keys, then the "
                                  f"call's {inputs.n_k})")

@@ -28,7 +28,14 @@ from spec.call import call, call_grad
 from spec.cases import Case
 from spec.inputs import Inputs
 from spec.laws import _needs
-from spec.laws._helpers import assert_within_tolerance, perturbed, precision_text, same_bits, short
+from spec.laws._helpers import (
+    assert_within_tolerance,
+    first_true,
+    perturbed,
+    precision_text,
+    same_bits,
+    short,
+)
 from spec.laws.gradients import GRAD_FACTOR
 from spec.registry import Need, law
 from spec.scale_plan import inputs_of, name_of, output, patient, plan, rows_of
@@ -131,9 +138,8 @@ def scale_finite_everywhere(target: Target, case: Case) -> None:
     inputs, out = output(target, case)
     assert out.dtype == inputs.q.dtype, f"output dtype is {out.dtype}, inputs are {inputs.q.dtype}"
     finite = np.isfinite(out)
-    if not finite.all():
-        at = [int(i) for i in np.argwhere(~finite)[0]]
-        raise AssertionError(f"at {name_of(target, case)}, output {at} is {out[tuple(at)]!r} "
+    if (at := first_true(~finite)) is not None:
+        raise AssertionError(f"at {name_of(target, case)}, output {list(at)} is {out[at]!r} "
                              f"({int(np.count_nonzero(~finite))} entries not finite)")
 
 
@@ -170,8 +176,7 @@ def scale_hidden_keys_unmoved(target: Target, case: Case) -> None:
     assert blind.any(), f"no sampled row of {name_of(target, case)} is blind to the changed keys"
     after = call(patient(target), perturbed(target, case, inputs, changed))
     bad = blind[..., None] & ~same_bits(before[..., rows, :], after[..., rows, :])
-    if bad.any():
-        at = tuple(int(i) for i in np.argwhere(bad)[0])
+    if (at := first_true(bad)) is not None:
         row = int(rows[at[-2]])
         keys = short(np.flatnonzero(changed))
         raise AssertionError(f"at {name_of(target, case)}, changing keys {keys} "

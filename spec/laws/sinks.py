@@ -18,6 +18,7 @@ from spec.laws._helpers import (
     assert_matches,
     assert_same,
     expected,
+    first_true,
     pattern,
     run,
     run_lse,
@@ -66,8 +67,7 @@ def sinks_rows_sum_below_one(target: Target, case: Case) -> None:
     tol = target.tolerance * slack(target, inputs)
     sums = p.sum(axis=-1)
     bad = rows & ~(np.abs(sums - want) <= tol)
-    if bad.any():
-        at = tuple(int(i) for i in np.argwhere(bad)[0])
+    if (at := first_true(bad)) is not None:
         raise AssertionError(f"row {list(at)} of the pattern sums to {float(sums[at])!r}, expected "
                              f"1 − sink weight = {float(want[at])!r} (±{tol:.2g})")
     low = float(np.min(np.where(rows[..., None], p, 0.0), initial=0.0))
@@ -164,8 +164,7 @@ def sinks_at_range_edge(target: Target, case: Case) -> None:
     inputs = case.inputs()
     out = run(target, inputs)
     bad = sees_any(target, inputs)[..., None] & ~np.isfinite(out)
-    if bad.any():
-        at = tuple(int(i) for i in np.argwhere(bad)[0])
+    if (at := first_true(bad)) is not None:
         raise AssertionError(f"output {list(at)} is {out[at]} with sinks {case.param('sinks')}")
     assert_empty_rows_follow_policy(target, inputs, out)
     assert_matches(target, inputs, out, what=f"with sinks {case.param('sinks')}, the output")

@@ -19,6 +19,7 @@ from spec.laws._helpers import (
     assert_hidden_unmoved,
     assert_matches,
     assert_same,
+    first_true,
     pattern,
     run,
     sees_any,
@@ -74,8 +75,7 @@ def softcap_bounds_scores(target: Target, case: Case) -> None:
     vis = visible(target, inputs)
     c = float(case.param("softcap"))
     bad = rows[..., None] & ~np.isfinite(p)
-    if bad.any():
-        at = tuple(int(i) for i in np.argwhere(bad)[0])
+    if (at := first_true(bad)) is not None:
         raise AssertionError(f"weight {list(at)} is {p[at]} with softcap={c:g} and scores "
                              f"of magnitude ~{case.amplitude:.3g}")
     top = np.max(np.where(vis, p, 0.0), axis=-1, keepdims=True)
@@ -86,8 +86,7 @@ def softcap_bounds_scores(target: Target, case: Case) -> None:
     rel = target.tolerance * tolerance.weight_sum_slack(work, case.n_k, 4 * c)
     floor = top * math.exp(-2 * c) * (1 - rel)
     low = vis & rows[..., None] & (p < floor) & (floor >= 16 * dtypes.tiny(work))
-    if low.any():
-        at = tuple(int(i) for i in np.argwhere(low)[0])
+    if (at := first_true(low)) is not None:
         raise AssertionError(
             f"weight {list(at)} is {float(p[at]):.3g}, below e^(−2c) = {math.exp(-2 * c):.3g} of its "
             f"row's largest {float(top[at[:-1]][0]):.3g}: a score beyond −c survived softcap={c:g}")
