@@ -41,7 +41,7 @@ def test_a_changed_timed_output_is_stale():
 
 def test_timings_are_masked_and_nothing_else():
     text = (
-        "property   status      examples    seconds  note\n"
+        "law        status      examples    seconds  note\n"
         "---------  --------  ----------  ---------  ------\n"
         "rows       pass              10       0.07  worst error ratio 0.5\n"
         "\n"
@@ -61,7 +61,7 @@ def test_machine_figures_need_their_stamp():
 
 
 REPORT = (
-    "property         status      examples    seconds  note\n"
+    "law              status      examples    seconds  note\n"
     "---------------  --------  ----------  ---------  ------------------------------\n"
     "matches_golden   pass              47       0.31  worst error ratio float32 0.0401,\n"
     "                                                  worst error ratio float64 0.057\n"
