@@ -121,7 +121,7 @@ def mask_error_ratios(text: str) -> str:
     note = None  # the note column's start while inside a report table
     for line in text.splitlines():
         words = line.split()
-        if words[-1:] == ["note"] and "property" in words:
+        if words[-1:] == ["note"] and words[0] in ("law", "property"):
             note = line.index("note")
         elif note is not None and not line.strip():
             note = None
