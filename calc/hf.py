@@ -83,9 +83,10 @@ class InertKeyWarning(UserWarning):
 
 @dataclass(frozen=True)
 class Inert:
-    """A config.json key that no transformers config class or model reads (checked against transformers'
-    source by tests/test_calc_models.py where transformers is installed), that adds no weight and changes no
-    figure calc gives: what writes it and why it changes nothing. ``values``: the values it is inert at (a
+    """A config.json key that no transformers config class or model reads (checked against
+    transformers' source by tests/calc/test_calc_models.py where transformers is installed), that
+    adds no weight and changes no figure calc gives: what writes it and why it changes nothing.
+    ``values``: the values it is inert at (a
     default: the architecture transformers implements); None: any value."""
 
     kind: str  # one of INERT_KINDS

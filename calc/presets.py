@@ -117,7 +117,7 @@ LLAMA3 = "Llama Team 2024 (Llama 3 Herd), Table 3; Hugging Face meta-llama/{repo
 MISTRAL = "Jiang et al. 2023 (Mistral 7B), Table 1; Hugging Face mistralai/Mistral-7B-v0.1 config.json"
 
 # Presets of 2024–25, each read from its published config.json by calc.from_config: the keys below are
-# copied from the file on the Hugging Face hub named in the source (tests/configs/ holds the full files).
+# copied from the file on the Hugging Face hub named in the source (tests/calc/configs/ holds the full files).
 # Published counts: transformers' model built from that config on the meta device, parameters plus
 # stored buffers (DeepSeek-V3's score-correction bias), as python -m calc.verify recomputes them.
 HF = "Hugging Face {repo} config.json"

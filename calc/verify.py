@@ -7,7 +7,7 @@ score-correction bias; rotary tables are not saved) with `calc.ledger.checkpoint
 the count recorded in the preset; for a mixture-of-experts model, also the parameters one token uses,
 from the model's own expert tensors (see ``active_count``). Presets read from a config.json are built
 from that config by ``AutoConfig.for_model``; so are config.json files named on the command line
-(``python -m calc.verify tests/configs/*.json``, or the folder; ``--presets`` names every preset, as
+(``python -m calc.verify tests/calc/configs/*.json``, or the folder; ``--presets`` names every preset, as
 no argument does). Needs ``torch`` and ``transformers``; exit 0 when every buildable preset agrees,
 1 otherwise, 2 (one line) when they are not installed.
 

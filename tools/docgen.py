@@ -11,7 +11,7 @@
     <!-- generate: pages performance.md ... -->  links to those of these pages that exist (pages
                                  other engineers' tools write); a line saying which are missing
 
-``tests/test_docs.py`` renders the same text and checks it names every law and every field.
+``tests/tools/test_docs.py`` renders the same text and checks it names every law and every field.
 """
 
 from __future__ import annotations
@@ -162,11 +162,11 @@ def api_reference(package: str) -> str:
 
 
 def gallery_table() -> str:
-    """Markdown: each deliberately broken implementation of ``tests/gallery`` (``BROKEN``), the bug
-    and the law that must reject it (``tests/test_spec_gallery.py`` checks that it does)."""
+    """Markdown: each deliberately broken implementation of ``tests/spec/gallery`` (``BROKEN``), the bug
+    and the law that must reject it (``tests/spec/test_spec_gallery.py`` checks that it does)."""
     import sys
 
-    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path.insert(0, str(ROOT / "tests" / "spec"))
     from gallery import BROKEN
 
     rows = ["| bug | gallery name | rejected by |", "|---|---|---|"]

@@ -10,7 +10,7 @@ A target is a name ``spec check`` takes, or a group of every correct target the 
 
 - ``builtins`` — ``reference``, ``flash`` and each framework built-in whose library is installed
   (`spec.adapters.ADAPTERS`), the slow ones aside;
-- ``gallery`` — every correct variant of the suite's gallery (``tests/gallery``: each family's
+- ``gallery`` — every correct variant of the suite's gallery (``tests/spec/gallery``: each family's
   ``CORRECT``, the declarations the built-ins do not make among them), loaded from the checkout
   as ``gallery:CORRECT_BY_NAME.<name>`` beside the installed package (``gallery/<name>``: one);
 - ``examples`` — the example targets (``examples/my_attention.py:target``);
@@ -53,8 +53,8 @@ takes 7 minutes at profile ci on two shared cores): the group ``slow``."""
 LIBRARY = {"onnxruntime": "onnxruntime", "onnx_reference": "onnx"}
 """The library a framework built-in needs, where it is not its adapter's name (`spec.adapters.ADAPTERS`)."""
 EXAMPLES = ("examples/my_attention.py:target",)
-GALLERY = ROOT / "tests"
-"""Where the gallery package is (``tests/gallery``), put on the cells' path for its targets."""
+GALLERY = ROOT / "tests" / "spec"
+"""Where the gallery package is (``tests/spec/gallery``), put on the cells' path for its targets."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ def installed_builtins() -> list[str]:
 
 
 def gallery_names() -> list[str]:
-    """The names of the gallery's correct variants (`tests/gallery`), read in a process of its own
+    """The names of the gallery's correct variants (`tests/spec/gallery`), read in a process of its own
     with the gallery on its path, as the cells load them."""
     listing = "import gallery; print('\\n'.join(vars(gallery.CORRECT_BY_NAME)))"
     done = subprocess.run([sys.executable, "-c", listing], cwd=tempfile.gettempdir(), capture_output=True,

@@ -6,8 +6,8 @@ bfloat16 is ml_dtypes' on both sides), calls JAX's own attention and reads the r
 Nothing is computed here that JAX would compute itself, so a failure of the suite is JAX's.
 
 The declarations of `dpa_target` are measured, not assumed (jax 0.10.2 on CPU;
-``tests/test_spec_adapters.py`` re-measures the ones a new version could change): a query row that sees no
-key gets the plain mean of ALL the values (the mask is a finite −0.7·max, so the row's scores
+``tests/spec/test_spec_adapters.py`` re-measures the ones a new version could change): a query row
+that sees no key gets the plain mean of ALL the values (the mask is a finite −0.7·max, so the row's scores
 tie); ``causal`` with n_q ≠ n_k is top-left; ``causal`` and ``mask`` are ANDed; grouped K/V heads
 are native (query head i reads K/V head i // (h/g)); d_v ≠ d_k is refused, so the adapter calls it
 once per d_k-wide slice of V (exact: output column c depends on V's column c alone); float64
@@ -236,7 +236,7 @@ def dpa_target(device: str = "cpu") -> Target:
         name=f"jax {jax.__version__} nn.dot_product_attention{where}",
         # Not float64: JAX computes the logits and the softmax in float32 whatever the input, so a
         # float64 call is only float32-accurate (measured 1.4e-7 from the float64 golden) and fails
-        # matches_golden; tests/test_spec_adapters.py keeps that failure visible.
+        # matches_golden; tests/spec/test_spec_adapters.py keeps that failure visible.
         # bfloat16 (where ml_dtypes is installed, as it is with jax) runs eagerly, as float16 does.
         dtypes=("float16", "float32", *dtypes.bfloat16_if_installed()),
         ndims=(2, 3, 4),
@@ -276,7 +276,7 @@ def dpa_target(device: str = "cpu") -> Target:
         # its gradient (summed over the axes it was broadcast along). Measured: passes every
         # gradient law (float16, bfloat16, float32); a hidden key gets exactly zero dk, dv and
         # dbias. The all -inf bias row above is NaN in the backward too, and spreads NaN to dk
-        # and dv of every key of its head (tests/test_spec_adapters.py); no law draws that row, as
+        # and dv of every key of its head (tests/spec/test_spec_adapters.py); no law draws that row, as
         # masked_rows="uniform" keeps the gradient laws off rows that see no key.
         grad_fn=on_device(jax_attention_grad, device),
         grad_extras=("dbias",),

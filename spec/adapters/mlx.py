@@ -7,7 +7,7 @@ ml_dtypes buffer), calls MLX's own attention and reads the result back. Nothing 
 that MLX would compute itself, so a failure of the suite is MLX's.
 
 The declarations of `sdpa_target` are measured, not assumed (mlx 0.32.4, the ``mlx[cpu]`` wheel
-on Linux; ``tests/test_spec_adapters_mlx.py`` re-measures the ones a new version could change),
+on Linux; ``tests/spec/test_spec_adapters_mlx.py`` re-measures the ones a new version could change),
 and checked against MLX's docstring and its source (``mlx/fast.cpp``): q, k and v are rank 4
 alone, ``[B, N, T, D]`` (others are refused with ValueError); ``scale`` is a required float;
 ``mask="causal"`` is bottom-right ("the last query aligns with the last key"); ``mask=`` an array

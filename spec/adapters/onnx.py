@@ -14,7 +14,7 @@ one ``attn_mask``, the bias where the mask is True and −inf elsewhere (a selec
 as the operator takes one.
 
 The declarations of `onnx_target` are measured, not assumed (onnx 1.23.2, onnxruntime 1.32.0, on
-CPU; ``tests/test_spec_adapters_onnx.py`` re-measures the ones a new version could change):
+CPU; ``tests/spec/test_spec_adapters_onnx.py`` re-measures the ones a new version could change):
 
 - ``is_causal`` is top-left without key lengths (query i sees keys j ≤ i), bottom-right per batch
   row with ``nonpad_kv_seqlen`` (j ≤ i + L_b − n_q), and offset by the past with a past cache

@@ -18,7 +18,7 @@ Under the interpreter each new shape (and each new value of a static argument su
 here, so the targets compile per shape and carry a deadline for that.
 
 The declarations were read from the kernels' source (jax 0.10.2,
-``jax/experimental/pallas/ops/...``) and measured on CPU; ``tests/test_spec_adapters_pallas.py``
+``jax/experimental/pallas/ops/...``) and measured on CPU; ``tests/spec/test_spec_adapters_pallas.py``
 keeps the ones a new version could change. What the kernels fail is recorded in docs/peers.md
 ("Pallas"), each finding with its replay line.
 """

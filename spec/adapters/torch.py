@@ -8,8 +8,9 @@ tensors (bit for bit, float16 and bfloat16 included), calls PyTorch's own attent
 result back. Nothing is computed here that PyTorch would compute itself, so a failure of the suite
 is PyTorch's.
 
-The declarations of `sdpa_target` are measured, not assumed (torch 2.13.0+cpu; ``tests/test_spec_adapters.py``
-re-measures the ones a new version could change): a query row that sees no key gets zeros (a
+The declarations of `sdpa_target` are measured, not assumed (torch 2.13.0+cpu;
+``tests/spec/test_spec_adapters.py`` re-measures the ones a new version could change): a query row
+that sees no key gets zeros (a
 boolean or a −inf float mask); ``causal`` with n_q ≠ n_k is top-left (query i sees j ≤ i);
 ``causal`` and ``mask`` are refused together, so the adapter ANDs them into one mask; grouped K/V
 heads through ``enable_gqa=True`` (query head i reads K/V head i // (h/g)); d_v ≠ d_k runs (the math

@@ -58,7 +58,7 @@ def torch_flex_paged_attention(
     as scaling the keys) and multiplies the output by V's (the same as scaling the values, up to
     rounding). Those two products are the adapter's arithmetic, not a kernel's.
 
-    Measured on torch 2.13.0+cpu (``tests/test_spec_adapters_torch_flex.py`` re-measures it): both paths
+    Measured on torch 2.13.0+cpu (``tests/spec/test_spec_adapters_torch_flex.py`` re-measures it): both paths
     agree with the reference within float32 rounding, per-sequence causal and window included, and
     a row that sees no key gets zeros. Neither keeps out of what a sequence does not own: the eager
     path reads the whole pool (a NaN in a block nobody owns makes every output NaN); the compiled

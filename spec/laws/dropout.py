@@ -4,7 +4,7 @@ probability p, independently, after the softmax; the kept ones are scaled by ``1
 Two laws are exact (p = 0 changes nothing; a seed fixes the output) and two are statistical. For
 those the false-alarm rate — the probability that a *correct* target fails one example — is
 derived in the docstring from a tail bound that needs no approximation (Hoeffding, Bernstein), and
-set to at most ``FALSE_ALARM`` = 1e-9 per example; ``tests/test_spec_laws_dropout.py`` checks it
+set to at most ``FALSE_ALARM`` = 1e-9 per example; ``tests/spec/test_spec_laws_dropout.py`` checks it
 empirically on the reference.
 """
 

@@ -57,7 +57,7 @@ max|out − golden| / max|baseline − golden| was, forward / gradients (dq, dk,
 so a gradient strays up to 2.5 times further from the baseline than an output does (14.5 against
 5.8). These extremes occur where the baseline is luckily exact and the floor decides: with the
 floor of `spec.tolerance.grad_floors`, the worst error / allowed at factor 2·k = 4 was 0.034
-(reference) and 0.027 (torch), while the backward bugs of ``tests/test_spec_laws_gradients.py`` reach
+(reference) and 0.027 (torch), while the backward bugs of ``tests/spec/test_spec_laws_gradients.py`` reach
 990 to 6e5 (float32) and 21 to 580 (float16) on their shrunk counterexamples."""
 
 N_MAX = 64

@@ -24,8 +24,8 @@ SUITE_PROFILE = "quick"
 # (the tiled backward under a softcap or with non-finite inputs, which a grad_fn(q, k, v, d_out,
 # causal=) cannot be asked for; no warning from its overflow fallback), and the paged caches'
 # (flash's per-sequence diagonals, whose bounds go negative there: the suite's laws never got that far).
-IMPL_TESTS = ("tests/test_impl_masks.py", "tests/test_impl_attention.py", "tests/test_impl_layers.py",
-              "tests/test_impl_leak.py", "tests/test_impl_flash.py", "tests/test_impl_cache.py")
+IMPL_TESTS = tuple(f"tests/impl/test_impl_{name}.py"
+                   for name in ("masks", "attention", "layers", "leak", "flash", "cache"))
 IMPL = "impl-tests"
 KILLED_BY = "killed by: "
 

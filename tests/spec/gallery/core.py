@@ -377,7 +377,7 @@ CORRECT = [
     Target(bottom_right, name="bottom_right", causal_alignment="bottom_right"),
     Target(nan_for_masked_rows, name="nan_for_masked_rows_declared", supports_mask=True, masked_rows="nan",
            empty_keys="raise"),  # its row max crashes on an empty key axis (a ValueError): declared
-    # additive_finfo_mask is broken at the edge of the range (tests/gallery/range_edges.py).
+    # additive_finfo_mask is broken at the edge of the range (tests/spec/gallery/range_edges.py).
     Target(additive_minus_1e9, name="additive_minus_1e9", supports_mask=True, masked_rows="any",
            exact_masking=False),
     Target(reversed_summation, name="reversed_summation"),

@@ -17,7 +17,7 @@ from calc.cli import main
 from calc.presets import PRESETS, preset
 from calc.training import training
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(capsys, *argv):
@@ -38,8 +38,8 @@ def test_compare_table_shows_total_active_share_cache_and_flops(capsys):
 
 
 def test_compare_json_and_csv_are_exact(capsys):
-    code, out, _ = run(capsys, "compare", "gpt3", str(ROOT / "tests/configs/gemma2-9b.json"), "--seq", "8192",
-                       "--format", "json")
+    code, out, _ = run(capsys, "compare", "gpt3", str(ROOT / "tests/calc/configs/gemma2-9b.json"),
+                       "--seq", "8192", "--format", "json")
     assert code == 0
     gpt3, gemma = json.loads(out)
     assert (gpt3["model"], gemma["model"]) == ("gpt3", "gemma2-9b")
@@ -156,9 +156,9 @@ def test_verify_reads_the_active_count_from_fused_and_listed_experts():
 def test_verify_names_presets_files_and_folders():
     from calc.verify import expand
 
-    fixtures = sorted(str(p) for p in (ROOT / "tests" / "configs").glob("*.json"))
+    fixtures = sorted(str(p) for p in (ROOT / "tests" / "calc" / "configs").glob("*.json"))
     assert expand([]) == expand(["--presets"]) == list(PRESETS)
-    assert expand(["gpt2", str(ROOT / "tests" / "configs")]) == ["gpt2", *fixtures]
+    assert expand(["gpt2", str(ROOT / "tests" / "calc" / "configs")]) == ["gpt2", *fixtures]
     assert len(fixtures) == 33
 
 

@@ -1,4 +1,4 @@
-"""The suite proves its own power: every broken implementation in the gallery (tests/gallery) is
+"""The suite proves its own power: every broken implementation in the gallery (tests/spec/gallery) is
 rejected by the property meant to catch it, the correct variants pass every property, and every
 law, every keyword's laws among them, has a gallery bug it catches."""
 
@@ -75,7 +75,7 @@ def test_every_law_has_a_gallery_bug_it_catches(law):
         pytest.skip(f"{law} needs ml_dtypes, and so do its gallery bugs (float8 caches)")
     assert any(b.catches == law for b in BROKEN), (
         f"no gallery bug for {law} ({module}): add a broken implementation it must reject to "
-        f"tests/gallery/<family>.py BROKEN")
+        f"tests/spec/gallery/<family>.py BROKEN")
 
 
 def test_every_gallery_module_is_a_family():

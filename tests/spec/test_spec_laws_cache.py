@@ -70,7 +70,7 @@ def test_float8_only_paged_draws_only_paged_float8_cases():
 
 
 def test_every_cache_law_has_its_gallery_bug_and_the_reference_passes():
-    sys.path.insert(0, "tests")
+    sys.path.insert(0, "tests/spec")
     from gallery import cache
 
     assert {b.catches for b in cache.BROKEN} == set(CACHE_LAWS)

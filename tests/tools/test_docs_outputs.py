@@ -9,7 +9,7 @@ import pytest
 
 from tools import docs_outputs as outputs
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 BLOCKS = [b for path in outputs.files() for b in outputs.blocks(path)]
 

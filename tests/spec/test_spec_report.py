@@ -73,7 +73,7 @@ def test_cli_json_of_an_infinite_error_ratio_is_strict(tmp_path):
         "def attention(q, k, v, *, causal=False):\n"
         "    return np.full(q.shape[:-1] + v.shape[-1:], np.inf, dtype=q.dtype)\n")
     path = tmp_path / "report.json"
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(root)])}
     run = subprocess.run([sys.executable, "-m", "spec", "check", "returns_inf:attention", "--profile",
                           "quick", "--only", "matches_golden", "--json", str(path)],

@@ -1,7 +1,7 @@
 """spec.sampled: the rows sampled are the edges promised; the oracle at those rows taken a block of
 rows and slices at a time and put together (golden, expectation, backward) agrees with
 spec.oracle's whole call, whatever the blocks. The oracle at rows itself, for every keyword:
-tests/test_spec_oracle_rows.py."""
+tests/spec/test_spec_oracle_rows.py."""
 
 from __future__ import annotations
 

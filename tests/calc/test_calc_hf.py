@@ -17,10 +17,10 @@ from calc.hf import OUTER, SUPPORTED, from_config, load
 from calc.presets import PRESETS, preset
 from calc.report import binary_bytes, build, render
 
-ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = ROOT / "tests" / "configs"
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = ROOT / "tests" / "calc" / "configs"
 FIXTURES = sorted(CONFIGS.glob("*.json"))
-PRESET_FIXTURES = [p for p in FIXTURES if p.stem in PRESETS]  # the others: tests/test_calc_models.py
+PRESET_FIXTURES = [p for p in FIXTURES if p.stem in PRESETS]  # the others: tests/calc/test_calc_models.py
 MiB, GiB = 2**20, 2**30
 
 

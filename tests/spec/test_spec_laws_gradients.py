@@ -57,7 +57,7 @@ def test_golden_backward_matches_central_differences(problem: dict[str, Any]) ->
 
     got = golden_backward(q, k, v, d_out, visible=vis, scale=problem["scale"])
     dq, dk, dv = got.dq, got.dk, got.dv
-    # Step and tolerances as tests/test_impl_grad.py (measured there for problems of this size).
+    # Step and tolerances as tests/impl/test_impl_grad.py (measured there for problems of this size).
     result = gradcheck(loss, {"q": q, "k": k, "v": v}, {"q": dq, "k": dk, "v": dv},
                        n_samples=None, eps=1e-5, floor=1e-2)
     assert result.max_rel_diff < 1e-6, result.samples

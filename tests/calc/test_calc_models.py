@@ -1,4 +1,4 @@
-"""The model types of 2024–25 read from their published config.json files (tests/configs/): totals and
+"""The model types of 2024–25 read from their published config.json files (tests/calc/configs/): totals and
 active counts against transformers' own models, counts derived by hand from each architecture, KV caches
 derived by hand (hybrids: the attention layers only; MLA: the latent and the rotary key), and a reader
 that says why it refuses."""
@@ -19,7 +19,7 @@ from calc.cli import main
 from calc.config import ConfigError
 from calc.hf import IGNORED, INERT, INERT_KINDS, InertKeyWarning, closest_type, from_config, layer_types, load
 
-CONFIGS = Path(__file__).resolve().parents[1] / "tests" / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "tests" / "calc" / "configs"
 
 
 def raw(name: str) -> dict:
@@ -32,8 +32,9 @@ class Counted(NamedTuple):
     kv_per_token: int  # bf16, derived by hand below
 
 
-# total and active: `python -m calc.verify tests/configs/*.json` (calc.verify.stored_count and active_count,
-# read from the models alone), transformers 5.24.0, torch 2.13.0; every one equal to calc's count.
+# total and active: `python -m calc.verify tests/calc/configs/*.json` (calc.verify.stored_count and
+# active_count, read from the models alone), transformers 5.24.0, torch 2.13.0; every one equal to
+# calc's count.
 # KV bytes per token, bf16 (2 bytes): 2 (K and V) · attention layers · key/value heads · d_k · 2.
 MODELS = {
     "qwen3-30b-a3b": Counted(30_532_122_624, 3_353_032_704, 2 * 48 * 4 * 128 * 2),

@@ -11,7 +11,7 @@ import pytest
 
 from impl import attention, attention_backward, flash_attention
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "impl.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "impl.md"
 
 # The keywords and defaults each function had when each was written out by hand (and still has).
 MATHS = {"causal": False, "mask": None, "scale": None, "bias": None, "window": None, "align": None,

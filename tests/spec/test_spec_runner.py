@@ -101,7 +101,7 @@ def _failure(target, law):
 
 
 def test_a_failure_shows_the_bias_the_target_received():
-    sys.path.insert(0, "tests")
+    sys.path.insert(0, "tests/spec")
     from gallery.bias import BROKEN
 
     (bug,) = [b for b in BROKEN if b.catches == "bias_matches_golden"]
@@ -114,7 +114,7 @@ def test_a_failure_shows_the_bias_the_target_received():
 
 
 def test_replay_gives_the_target_exactly_what_the_failure_shows():
-    sys.path.insert(0, "tests")
+    sys.path.insert(0, "tests/spec")
     from gallery.bias import BROKEN
 
     (bug,) = [b for b in BROKEN if b.catches == "bias_matches_golden"]

@@ -14,7 +14,7 @@ import pytest
 from calc.cli import main
 from calc.presets import PRESETS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -109,7 +109,7 @@ def test_list_shows_every_preset_with_its_source(capsys):
 @pytest.mark.parametrize(
     "argv",
     [["formulas"], ["gpt3"], ["--list"], ["deepseek-v3", "--train", "--gpu", "h100"],
-     ["tests/configs/qwen3-next-80b-a3b.json", "--train"],
+     ["tests/calc/configs/qwen3-next-80b-a3b.json", "--train"],
      ["compare", "gpt3", "llama3-8b", "mixtral-8x7b"]],
 )
 @pytest.mark.parametrize("width", [None, 100, 60])

@@ -135,7 +135,7 @@ def test_a_bad_command_line_is_exit_2_and_one_line_on_stderr(main, argv, err, ca
     assert captured.err == err and captured.out == ""
 
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def new_modules(*args: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:

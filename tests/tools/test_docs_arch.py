@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tools.docgen import PACKAGES, import_graph
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_impl_and_calc_import_no_other_package():
@@ -65,7 +65,7 @@ FIRST_USE: dict[tuple[str, str], str] = {}
 """The imports that point back up the graph, made inside a function at first use: an import of
 the module itself never runs them, so they order nothing. None is left: the keyword declarations
 sit below the laws and the target (`spec.keywords`), so neither the target nor the keywords reach
-up (tests/test_spec_imports.py holds the whole graph, first-use imports included, acyclic)."""
+up (tests/spec/test_spec_imports.py holds the whole graph, first-use imports included, acyclic)."""
 
 
 def test_no_import_cycles_between_modules():

@@ -14,7 +14,7 @@ import pytest
 
 from tools import docgen
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def listed_laws() -> list[str]:

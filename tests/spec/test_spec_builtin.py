@@ -17,7 +17,7 @@ import spec
 from impl import attention
 from spec import TargetError, load_target
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
@@ -60,7 +60,7 @@ def test_non_callable_attribute_is_refused():
      ("impl:flash_atention", "did you mean 'flash_attention' or")],
 )
 def test_a_typo_gets_did_you_mean(text, message, monkeypatch):
-    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
     with pytest.raises(TargetError) as raised:
         load_target(text)
     assert message in str(raised.value)
@@ -89,7 +89,7 @@ def test_a_script_loads_by_its_path_without_running_its_main_block(tmp_path, mon
 
 
 def test_the_example_loads_by_module_or_by_path(monkeypatch):
-    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
     by_path = load_target("examples/my_attention.py:target")
     by_module = load_target("examples.my_attention:target")
     assert by_path.name == by_module.name == "my_attention" and by_path.masked_rows == "nan"

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import spec
 
-ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests" / "spec")])}
 WIDE = {**ENV, "COLUMNS": "250"}  # the short summary's lines whole
 
 

@@ -204,11 +204,11 @@ def test_cli_prints_the_table_and_writes_json_and_plot(tmp_path: Path, capsys: p
 
 def test_cli_as_a_real_process() -> None:
     ok = subprocess.run([sys.executable, "-m", "impl.recall", "--steps", "10"], capture_output=True,
-                        text=True, check=False, cwd=Path(__file__).resolve().parents[1])
+                        text=True, check=False, cwd=Path(__file__).resolve().parents[2])
     assert ok.returncode == 0, ok.stderr
     assert "ceiling, most repeated value" in ok.stdout
     bad = subprocess.run([sys.executable, "-m", "impl.recall", "--steps", "-3"], capture_output=True,
-                         text=True, check=False, cwd=Path(__file__).resolve().parents[1])
+                         text=True, check=False, cwd=Path(__file__).resolve().parents[2])
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--steps" in bad.stderr
 
 

@@ -31,8 +31,8 @@ from spec.inputs import Inputs
 from spec.isolation import TargetHung, with_deadline, workers
 from spec.target import Target, TargetFailed
 
-ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests" / "spec")])}
 LIBC = ctypes.CDLL(ctypes.util.find_library("c"))
 CAUSAL = ["causal_no_leak"]
 PLAIN = ["kv_permutation_invariance", "query_permutation_equivariance"]  # never causal

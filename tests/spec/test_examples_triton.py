@@ -26,7 +26,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 kernel = importlib.import_module("examples.triton_attention")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def softmax64(q, k, v, causal, scale=None):  # [..., h, n_q, d_k], [..., g, n_k, d_k] -> out, lse

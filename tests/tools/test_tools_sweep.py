@@ -11,7 +11,7 @@ import pytest
 
 from tools import sweep
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -59,7 +59,7 @@ def test_the_gallery_group_is_every_correct_variant_each_loadable(on_path):
 
     found = sweep.entries(["gallery"])
     assert [e.label for e in found] == [f"gallery/{t.name}" for t in CORRECT]
-    assert all(e.path == (str(ROOT / "tests"),) for e in found)
+    assert all(e.path == (str(ROOT / "tests" / "spec"),) for e in found)
     assert {spec.load_target(e.target).name for e in found} == {t.name for t in CORRECT}  # names unique
 
 

@@ -17,8 +17,8 @@ import spec
 from spec.cli import main
 from spec.target import TargetError
 
-ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests" / "spec")])}
 
 
 def test_conforming_target_exits_0_with_a_table(capsys):
