@@ -102,6 +102,11 @@ def gallery_names() -> list[str]:
     return done.stdout.split("\n")[:-1]
 
 
+def gallery_entry(name: str) -> Entry:
+    """The gallery's correct variant ``name``, loaded beside the installed package."""
+    return Entry(f"gallery/{name}", f"gallery:CORRECT_BY_NAME.{name}", (str(GALLERY),))
+
+
 def entries(words: list[str]) -> list[Entry]:
     """The targets named by ``words``: groups expanded (module docstring), names as they are."""
     groups = {"all": ["builtins", "gallery", "examples"]}
@@ -113,11 +118,9 @@ def entries(words: list[str]) -> list[Entry]:
             elif item == "slow":
                 found += [Entry(n, n, slow=True) for n in installed_builtins() if n in SLOW]
             elif item == "gallery":
-                found += [Entry(f"gallery/{n}", f"gallery:CORRECT_BY_NAME.{n}", (str(GALLERY),))
-                          for n in gallery_names()]
+                found += [gallery_entry(n) for n in gallery_names()]
             elif item.startswith("gallery/"):  # one variant, as the table names it
-                found.append(Entry(item, f"gallery:CORRECT_BY_NAME.{item.removeprefix('gallery/')}",
-                                   (str(GALLERY),)))
+                found.append(gallery_entry(item.removeprefix("gallery/")))
             elif item == "examples":
                 found += [Entry(e, str(ROOT / e)) for e in EXAMPLES]
             else:
