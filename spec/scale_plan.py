@@ -29,6 +29,7 @@ from spec import context, dtypes, sampled
 from spec.call import call
 from spec.cases import Case
 from spec.inputs import Inputs
+from spec.keywords.varlen import offsets
 from spec.target import Target
 
 Array = np.ndarray
@@ -120,10 +121,6 @@ def _dtype(target: Target, *prefer: str) -> str:
     return next((d for d in prefer if d in target.dtypes), target.dtypes[0])
 
 
-def _offsets(lengths: list[int]) -> tuple[int, ...]:
-    return tuple(int(x) for x in np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]))
-
-
 DIFFUSE = 1 / 16
 """The decode case's amplitude (`spec.cases.Case.amplitude`): its scores are 1/16 of unit ones."""
 
@@ -178,12 +175,12 @@ def plan(target: Target) -> list[Planned]:
         n = _length(target, each)
         width = _width(target, s.width)
         dtype = _dtype(target, "float32", "float16")
-        packing = (_offsets([n] * count), _offsets([n] * count))
+        packing = (offsets([n] * count), offsets([n] * count))
         found.append(Planned("packed", Case(dtype=dtype, ndim=3, batch=1, heads=1, n_q=n * count,
                                             n_k=n * count, d_k=width, d_v=width, seed=4, causal=True,
                                             keywords={"varlen": packing})))
         one = _length(target, 1)
-        decoding = (_offsets([one] * count), _offsets([n] * count))
+        decoding = (offsets([one] * count), offsets([n] * count))
         found.append(Planned("packed_decode", Case(dtype=dtype, ndim=3, batch=1, heads=2, n_q=one * count,
                                                    n_k=n * count, d_k=width, d_v=width, seed=5, causal=corner,
                                                    keywords={"varlen": decoding})))

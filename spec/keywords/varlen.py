@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 Array = np.ndarray
 
 
-def _offsets(lengths: list[int]) -> tuple[int, ...]:
+def offsets(lengths: list[int]) -> tuple[int, ...]:  # [b] -> [b + 1]
+    """Packed sequences' offsets (``cu_seqlens``) for these lengths: 0, then the running sums."""
     return tuple(int(x) for x in np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]))
 
 
@@ -57,7 +58,7 @@ def draw_packing(draw: st.DrawFn, target: Target, case: Case) -> Case:
         n_ks = [max(n, m) for n, m in zip(n_ks, n_qs, strict=True)]
     one = 1 if allowed is None else allowed[0]  # the smallest sequence the limits admit
     n_qs[0], n_ks[0] = max(n_qs[0], one if sum(n_qs) == 0 else 0), max(n_ks[0], one if sum(n_ks) == 0 else 0)
-    return case.replace(n_q=sum(n_qs), n_k=sum(n_ks)).with_keyword("varlen", (_offsets(n_qs), _offsets(n_ks)))
+    return case.replace(n_q=sum(n_qs), n_k=sum(n_ks)).with_keyword("varlen", (offsets(n_qs), offsets(n_ks)))
 
 
 VARLEN = Keyword(

@@ -33,17 +33,13 @@ import dataclasses
 import numpy as np
 from hypothesis import strategies as st
 
+from spec import tolerance
 from spec.cases import Case, largest_products
 from spec.dtypes import finfo
 from spec.target import Target
 
 EDGE_FRACTIONS = (1e-3, 1e-2, 0.1, 0.5, 1.0)
 """Fractions of the edge a law draws (1.0 = the edge itself)."""
-
-
-def accumulator(dtype: str) -> str:
-    """What a correct kernel accumulates q·k in: float64 for float64, float32 otherwise."""
-    return "float64" if dtype == "float64" else "float32"
 
 
 def score_edge(target: Target, case: Case, scale: float) -> float:
@@ -56,7 +52,8 @@ def score_edge(target: Target, case: Case, scale: float) -> float:
     if products == 0:
         return 0.0
     work = target.precision(case.dtype)
-    limit = min(float(finfo(work).max) / (2 * abs(float(scale))), float(finfo(accumulator(work)).max) / 4)
+    summed = tolerance.accumulator(work)  # what the q·k products are summed in
+    limit = min(float(finfo(work).max) / (2 * abs(float(scale))), float(finfo(summed).max) / 4)
     # q and k are each scaled by √(edge / products): keep their largest entry within half the range
     entries = max(float(np.max(np.abs(q.astype(np.float64)))), float(np.max(np.abs(k.astype(np.float64)))))
     with np.errstate(over="ignore"):  # an overflow to inf only means no lower bound
