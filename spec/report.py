@@ -441,6 +441,15 @@ def summary(report: Report, seconds: float) -> str:
             f"{counts['skip']} skipped{expected} in {seconds:.1f} s (profile {report.profile}{seed})")
 
 
+def _summary_lines(line: str, width: int) -> list[str]:
+    """The summary line, or, past ``width``, broken after the verdict (the counts, time and profile
+    stay on one line, as tools read them)."""
+    if len(line) <= width:
+        return [line]
+    verdict, _, counts = line.partition(" — ")
+    return [*_wrap(verdict + " —", width, ""), *_wrap(counts, width, "    ")]
+
+
 def render(report: Report, seconds: float | None = None, *, width: int | None = None) -> str:
     """The declared limits (if any), the table, each failure (failures with the same message in one
     block, the most telling first: `failure_groups`), a stale expected failure in a line, each
@@ -455,5 +464,5 @@ def render(report: Report, seconds: float | None = None, *, width: int | None = 
     parts += ["\n" + stale(r, width=width) for r in report.results if r.status == "xpass"]
     parts += ["\n" + expected_failure(r, width=width) for r in report.expected_failures]
     total = report.seconds if seconds is None else seconds
-    parts += ["", "\n".join(_wrap(summary(report, total), width, ""))]
+    parts += ["", "\n".join(_summary_lines(summary(report, total), width))]
     return "\n".join(parts)
