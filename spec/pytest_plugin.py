@@ -15,7 +15,8 @@ target's declaration; ``process`` turns a crash or a call stuck in C into that l
 a pass fails the run, as a stale declaration), ``--attention-memory GIB`` (with
 ``--attention-profile scale``: the memory budget, as the CLI's ``--memory``). A law whose expected
 failures name some dtypes is one test per such dtype (``law[float16]``) and one of the rest. A
-failing law's short summary line (``-ra``) carries what broke.
+failing law's short summary line (``-ra``) carries what broke; a law that fails as a law shown
+before (in the same process: `spec.report.cause`) points to that block instead of repeating it.
 
 The check is set up as `spec.check` sets one up (`spec.profiles.checking`: the memory budget and
 the profile's own set-up), from collection to the end of the session; the profile's header line
@@ -33,7 +34,7 @@ import pytest
 
 from spec.profiles import PROFILES, checking, runs_at
 from spec.registry import LAWS
-from spec.report import Result, failure
+from spec.report import Result, cause, failure, same_failure
 from spec.runner import LawRun, check_law, configure, law_runs, load
 from spec.target import Target, TargetError
 
@@ -105,7 +106,12 @@ class LawItem(pytest.Item):
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
         if isinstance(excinfo.value, PropertyFailed):
-            return failure(excinfo.value.result, headline=True)
+            result = excinfo.value.result
+            suite = self.parent
+            # the cause of a law shown before in this process: its block shown once
+            first = suite.shown.setdefault(cause(result), result.name) if isinstance(suite, PropertySuite) \
+                else result.name
+            return failure(result, headline=True) if first == result.name else same_failure(result, first)
         return super().repr_failure(excinfo)
 
     def reportinfo(self) -> tuple[str, int | None, str]:
@@ -121,6 +127,7 @@ class PropertySuite(pytest.Collector):
         super().__init__(**kwargs)
         self.target, self.source = target, source
         self.fatal: Result | None = None  # a law whose failure says the signature differs
+        self.shown: dict[str, str] = {}  # each failure's cause (spec.report.cause): the law shown with it
 
     def collect(self) -> list[pytest.Item | pytest.Collector]:
         profile = self.config.getoption("attention_profile")  # its laws (the scale laws at scale alone)

@@ -66,6 +66,13 @@ class Need:
 
 NOTHING = Need(lambda t: None, "")
 
+SCOPES: tuple[str, ...] = ("call", "named", "broad", "generic")
+"""What a law's failure tells, most telling first (the report shows failures in this order, see
+`spec.report.telling_order`): ``call``, the call itself (shape, dtype), whose failure every other law
+then meets; ``named``, a law named for one bug (the default: causal_no_leak, rows_sum_to_one, the
+masks, ...); ``broad``, a law many bugs break (convexity, the uniform average); ``generic``, a
+comparison with the golden that any wrong output fails (matches_golden, large_values, ...)."""
+
 
 @dataclass(frozen=True)
 class Law:
@@ -77,6 +84,7 @@ class Law:
     needs: Need = NOTHING  # why the target cannot be tested, or None
     reads_pattern: bool = False  # feeds V = I instead of the case's values
     grid: Callable[[Target], list[Case]] | None = None  # boundary cases run first, in every profile
+    scope: str = "named"  # what its failure tells (`SCOPES`): the report's order of failures
 
     @property
     def family(self) -> str:
@@ -119,12 +127,16 @@ def law(
     needs: Need = NOTHING,
     reads_pattern: bool = False,
     grid: Callable[[Target], list[Case]] | None = None,
+    scope: str = "named",
 ) -> Callable[[Check], Check]:
     """Mark a law with the cases it is run on and what it needs of a target (a `Need`). The mark
     is collected by `collect`; nothing is registered here. ``grid(target)``: boundary cases
-    (`spec.cases.boundary_cases`) run before the random ones in every profile."""
+    (`spec.cases.boundary_cases`) run before the random ones in every profile. ``scope``: what its
+    failure tells (`SCOPES`; ``"generic"`` for a plain comparison with the golden)."""
     if not isinstance(needs, Need):
         raise TypeError(f"needs must be a Need (see spec.laws._needs), got {type(needs).__name__}")
+    if scope not in SCOPES:
+        raise ValueError(f"scope must be one of {', '.join(SCOPES)}, got {scope!r}")
 
     def mark(fn: Check) -> Check:
         fn.__spec_law__ = Law(  # type: ignore[attr-defined]
@@ -134,6 +146,7 @@ def law(
             needs=needs,
             reads_pattern=reads_pattern,
             grid=grid,
+            scope=scope,
         )
         return fn
 

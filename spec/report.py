@@ -1,17 +1,29 @@
 """The report: per-law results as data (`Result`, `Report`, `Counterexample`) and the ONE
 renderer (`render`) that the CLI, the pytest plugin (`failure`) and ``str(report)`` share.
+
+What the renderer does, as plain functions other renderers reuse: `failure_groups` (failures with
+the same ``broken:`` message are one cause, shown once), `telling_order` (the law named for the bug
+before the generic comparisons), `figures` (a law's measured figures as its note: one labelled value
+per dtype, dtypes in a fixed order), `terminal_width` (what a report is fitted to).
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import math
+import re
+import shlex
+import shutil
+import sys
 import textwrap
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from tabulate import tabulate
+
+from spec import registry
 
 
 @dataclass(frozen=True)
@@ -139,58 +151,284 @@ def _strict(x: Any) -> Any:
 
 LOUD = ("fail", "xfail", "xpass")  # statuses the table shows in capitals
 
+WIDTH = 100
+"""Columns a report is fitted to when stdout is not a terminal (a pipe, a file, pytest's capture)."""
+MIN_WIDTH = 72
+"""The narrowest a report is fitted to, whatever width is asked for (the table's first four
+columns take about 63)."""
+SHOWN = 64
+"""A counterexample array of more entries is elided: its edges, and the row the failure names."""
 
-def table(report: Report) -> str:
-    rows = [[r.name, r.status.upper() if r.status in LOUD else r.status, r.examples, f"{r.seconds:.2f}",
-             _note(r)] for r in report.results]
-    return tabulate(rows, headers=["law", "status", "examples", "seconds", "note"],
-                    tablefmt="simple", colalign=("left", "left", "right", "right", "left"),
-                    maxcolwidths=[None, None, None, None, 60])
+
+def terminal_width() -> int:
+    """The columns a report is fitted to: the terminal's (or ``COLUMNS``), `WIDTH` when stdout is
+    not a terminal."""
+    return shutil.get_terminal_size((WIDTH, 24)).columns if sys.stdout.isatty() else WIDTH
 
 
-def _note(result: Result) -> str:
+def _fit(width: int | None) -> int:
+    return max(MIN_WIDTH, terminal_width() if width is None else width)
+
+
+def _wrap(text: str, width: int, indent: str = "  ", more: str = "    ") -> list[str]:
+    """``text`` wrapped to ``width``, its first line indented by ``indent``, the rest by ``more``."""
+    return textwrap.wrap(text, width=width, initial_indent=indent, subsequent_indent=more,
+                         break_on_hyphens=False) or [indent.rstrip()]
+
+
+# --- which failures are one, and which comes first ------------------------------------------------
+
+def scope(name: str) -> str:
+    """What the failure of the law run ``name`` (``law`` or ``law[dtype]``) tells
+    (`spec.registry.SCOPES`); ``"named"`` for a name no law has."""
+    found = registry.laws().get(name.split("[", 1)[0])
+    return found.scope if found is not None else "named"
+
+
+def telling_order(result: Result) -> tuple[int, int]:
+    """Sort key of failures, most telling first: a signature the target does not have (``fatal``),
+    then the law's scope in `spec.registry.SCOPES` order (the call's shape and dtype, the laws named
+    for one bug, the broad laws, the generic comparisons with the golden). Sorting is stable, so
+    laws of one scope keep their run order."""
+    return (0 if result.fatal else 1, registry.SCOPES.index(scope(result.name)))
+
+
+FIGURES = re.compile(r"\((?:\d+(?:, \d+)*,?)?\)|\[\d+(?:, \d+)*\]|[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+"""A shape or an index of any rank, or a number."""
+
+
+def cause(result: Result) -> str:
+    """What broke, as failures share it: the ``broken:`` message with its figures (shapes, indices,
+    values) masked, so that a target returning the wrong shape, whose message names each law's
+    shrunk shapes (of several ranks), is one cause."""
+    return FIGURES.sub("#", result.message)
+
+
+def failure_groups(report: Report) -> list[list[Result]]:
+    """The failed results (status ``fail``) grouped by `cause`: the laws that broke the same way
+    (the same ``broken:`` message but for its figures) are shown once. Each group is in
+    `telling_order`, the groups in the order of their first (most telling) result, whose
+    counterexample is shown."""
+    groups: dict[str, list[Result]] = {}
+    for result in report.results:
+        if result.status == "fail":
+            groups.setdefault(cause(result), []).append(result)
+    ordered = [sorted(group, key=telling_order) for group in groups.values()]
+    return sorted(ordered, key=lambda group: telling_order(group[0]))
+
+
+# --- the note: figures a law measured --------------------------------------------------------------
+
+FIGURE = re.compile(r"(?P<label>.+?) (?P<dtype>b?float\d+\w*)(?P<computed> \(computed in [^)]*\))?")
+"""An observed key that ends in a dtype: ``error ratio float64 (computed in float32)``."""
+LABELS = {"error ratio": "error/allowed", "lse error ratio": "lse error/allowed",
+          "scale error ratio": "scale error/allowed"}
+"""How the note names the figures of `Result.observed` (keys kept as they are: tools read them)."""
+
+
+def dtype_order(name: str) -> tuple[int, int, str]:
+    """Sort key of dtype names: float8 variants, float16, bfloat16, float32, float64, then others."""
+    found = re.fullmatch(r"(b?)float(\d+)(.*)", name)
+    return (int(found[2]), bool(found[1]), found[3]) if found else (1 << 30, 0, name)
+
+
+def figures(observed: Mapping[str, float]) -> str:
+    """A law's figures (`Result.observed`, the worst of each over its run) as its note: each figure
+    labelled once, then one value per dtype in `dtype_order` (``error/allowed: float16 0.0292,
+    float32 0.0119, float64 0.057``); a figure of no dtype carries its label alone. The error
+    ratios come first; non-finite values are left out (a failure says them)."""
+    by_label: dict[str, list[tuple[str, float]]] = {}
+    for key, value in observed.items():
+        if math.isfinite(value):
+            found = FIGURE.fullmatch(key)
+            label, dtype = ((found["label"], found["dtype"] + (found["computed"] or "")) if found
+                            else (key, ""))
+            by_label.setdefault(label, []).append((dtype, value))
+    known = list(LABELS)
+    parts = []
+    for label in sorted(by_label, key=lambda x: (known.index(x) if x in known else len(known), x)):
+        values = sorted(by_label[label], key=lambda dv: dtype_order(dv[0].split(" ", 1)[0]))
+        shown = ", ".join(f"{dtype} {value:.3g}" if dtype else f"{value:.3g}" for dtype, value in values)
+        parts.append(f"{LABELS.get(label, label)}: {shown}")
+    return "; ".join(parts)
+
+
+# --- the table ------------------------------------------------------------------------------------
+
+HEADERS = ("law", "status", "examples", "seconds", "note")
+GAP = "  "
+MIN_NOTE = 24  # a note column narrower than this moves the notes under their rows
+
+
+def table(report: Report, *, width: int | None = None) -> str:
+    """One row per law, in run order; the note column wraps within ``width`` (default
+    `terminal_width`)."""
+    width = _fit(width)
+    shown = {r.name: group[0].name for group in failure_groups(report) for r in group[1:]}
+    rows = [(r.name, r.status.upper() if r.status in LOUD else r.status, str(r.examples),
+             f"{r.seconds:.2f}" if r.seconds else "0",
+             _note(r, shown.get(r.name))) for r in report.results]
+    widths = [max([len(h), *(len(row[i]) for row in rows)]) for i, h in enumerate(HEADERS[:4])]
+    left = sum(widths) + len(GAP) * 4
+    note_width = width - left
+    below = note_width < MIN_NOTE  # too narrow: each note on lines of its own under its row
+    if below:
+        note_width = width - 4
+
+    def line(cells: tuple[str, ...]) -> str:
+        law, status, examples, seconds = (cell.ljust(w) if i < 2 else cell.rjust(w)
+                                          for i, (cell, w) in enumerate(zip(cells, widths, strict=False)))
+        return GAP.join([law, status, examples, seconds])
+
+    notes = [textwrap.wrap(row[4], width=note_width, break_on_hyphens=False) for row in rows]
+    rule = max([len(HEADERS[4]), *(len(x) for lines in notes for x in lines)])
+    out = [line(HEADERS) + ("" if below else GAP + HEADERS[4]),
+           GAP.join("-" * w for w in [*widths, *([] if below else [min(rule, note_width)])])]
+    for row, lines in zip(rows, notes, strict=True):
+        if below:
+            out += [line(row), *("    " + x for x in lines)]
+        else:
+            out += [line(row) + (GAP + lines[0] if lines else "")]
+            out += [" " * (left) + x for x in lines[1:]]
+    return "\n".join(x.rstrip() for x in out)
+
+
+def _note(result: Result, shown_at: str | None = None) -> str:
     if result.status == "xfail":
         return f"expected: {result.expected}"
+    if shown_at is not None:
+        return f"the same failure as {shown_at}"
     return "" if result.status in ("fail", "xpass") else result.message
 
 
-def failure(result: Result, *, headline: bool = False) -> str:
-    """What a failure shows: the law, what broke, the shrunk case, small arrays, a reproduction.
-    ``headline``: the first line also says what broke (pytest's short summary shows only it)."""
-    wrap = textwrap.TextWrapper(width=100, initial_indent="  ", subsequent_indent="    ")
-    head = f"FAIL {result.name}" + (f": {result.message}" if headline and result.message else "")
-    lines = [head, wrap.fill("law: " + result.law), wrap.fill("broken: " + result.message)]
+# --- a failure ------------------------------------------------------------------------------------
+
+INDEX = re.compile(r"\[(\d+(?:, \d+)*)\]")
+"""The first index a failure's message names (``output [0, 3]``, ``at index [1, 0, 2]``)."""
+ROWS_OF_QUERIES = ("q", "mask", "bias")  # arrays whose rows follow the output's
+
+
+def failure(result: Result, *, headline: bool = False, width: int | None = None,
+            group: list[Result] | None = None) -> str:
+    """What a failure shows: the law, what broke, the shrunk case, small arrays, a reproduction,
+    fitted to ``width`` (default `terminal_width`). ``headline``: the first line also says what
+    broke, whole (pytest's short summary shows only that line, cut to its terminal). ``group``:
+    the laws that failed the same way (`failure_groups`; ``result`` first), named in the first
+    line; the block shows ``result``'s counterexample."""
+    width = _fit(width)
+    others = [r for r in group or [] if r is not result]
+    if others:
+        names = ", ".join(r.name for r in [result, *others])
+        same = "" if all(r.message == result.message for r in others) else " but for its figures"
+        head = f"FAIL {names} ({len(others) + 1} laws, the same failure{same})"
+        statement = f"law ({result.name}, shown here): {result.law}"
+    else:
+        head = f"FAIL {result.name}" + (f": {result.message}" if headline and result.message else "")
+        statement = "law: " + result.law
+    lines = [*([head] if headline else _wrap(head, width, "")), *_wrap(statement, width),
+             *_wrap("broken: " + result.message, width)]
     example = result.counterexample
     if example:
         case = " ".join(f"{key}={value}" for key, value in example.case.items())
-        lines.append(wrap.fill("case: " + case))
+        lines += _wrap("case: " + case, width)
         if example.call is not None:
             shapes = ", ".join(f"{name} {tuple(shape)} {example.dtypes[name]}"
                                for name, shape in example.shapes.items())
             given = ", ".join(f"{name}={value!r}" for name, value in example.keywords.items())
             who = "grad_fn" if example.call == "grad_fn" else "the target"
-            lines.append(wrap.fill(f"{who} received (the law's last call): {shapes}"
-                                   + (f"; {given}" if given else "")))
+            received = f"{who} received (the law's last call): {shapes}" + (f"; {given}" if given else "")
+            lines += _wrap(received, width)
+            at = INDEX.search(result.message)
+            focus = tuple(int(i) for i in at[1].split(", ")) if at else None
             for name, values in example.arrays.items():
-                lines.append(f"  {name} = {values}")
-        lines.append(f"  reproduce: {example.reproduce}")
+                lines += array_lines(name, values, width=width,
+                                     focus=focus if name in ROWS_OF_QUERIES else None)
+        lines += reproduce_lines(example.reproduce, width=width)
     return "\n".join(lines)
 
 
-def expected_failure(result: Result) -> str:
+def same_failure(result: Result, shown: str, *, width: int | None = None) -> str:
+    """A failure whose message another law's block already shows (the pytest door, where each law
+    is an item of its own): what broke, where the counterexample is, the line that replays this one.
+    The first line, as in `failure` with ``headline``, says what broke, whole."""
+    width = _fit(width)
+    lines = [f"FAIL {result.name}: {result.message}",
+             *_wrap(f"the same failure as {shown}: its block shows the law's counterexample", width)]
+    if result.counterexample is not None:
+        lines += reproduce_lines(result.counterexample.reproduce, width=width)
+    return "\n".join(lines)
+
+
+def array_lines(name: str, values: Any, *, width: int, focus: tuple[int, ...] | None = None) -> list[str]:
+    """``name = values`` wrapped to ``width``; an array of more than `SHOWN` entries elided to its
+    edges, and then, when ``focus`` (the index the failure names, in an array of the same rank) falls
+    in it, also the row that holds it (``q[0, 5] = ...``), itself elided around the index."""
+    array = np.asarray(values)
+    lines = _array_text(f"  {name} = ", array, width)
+    if array.size > SHOWN and focus is not None and len(focus) == array.ndim >= 2:
+        row = tuple(0 if n == 1 else i for i, n in zip(focus[:-1], array.shape[:-1], strict=True))
+        if all(i < n for i, n in zip(row, array.shape[:-1], strict=True)):
+            values_row, at = array[row], focus[-1]
+            start = max(0, min(at - SHOWN // 4, len(values_row) - SHOWN // 2)) if at < len(values_row) else 0
+            part = values_row[start:start + SHOWN // 2]
+            where = ", ".join(map(str, row))
+            span = "" if len(part) == len(values_row) else f"[{start}:{start + len(part)}]"
+            lines += _array_text(f"  {name}[{where}]{span} = ", part, width)
+    return lines
+
+
+def _array_text(prefix: str, array: np.ndarray, width: int) -> list[str]:
+    text = np.array2string(array, max_line_width=width - 2, separator=", ", prefix=prefix, threshold=SHOWN,
+                           edgeitems=3)
+    return [x.rstrip() for x in (prefix + text).splitlines()]
+
+
+def reproduce_lines(reproduce: str, *, width: int) -> list[str]:
+    """The ``reproduce:`` line fitted to ``width``: a command is broken after the commas of its
+    Python call (inside the shell's quotes a newline is kept, and Python joins the lines inside
+    brackets: the lines run as the one line does, which is checked, else it stays one line); a
+    sentence (no command can name the target) is wrapped."""
+    first = "  reproduce: "
+    if len(first) + len(reproduce) <= width:
+        return [first + reproduce]
+    if not reproduce.startswith("python "):
+        return _wrap("reproduce: " + reproduce, width)
+    lines, more = [first], "    "
+    for piece in re.split(r"(?<=, )|(?<=\.replay\()", reproduce):
+        if len(lines[-1]) + len(piece.rstrip()) > width and lines[-1] != first:
+            lines[-1] = lines[-1].rstrip()
+            lines.append(more)
+        lines[-1] += piece
+    broken = "\n".join([lines[0][len(first):], *lines[1:]])
+    return lines if _same_command(reproduce, broken) else [first + reproduce]
+
+
+def _same_command(one: str, other: str) -> bool:
+    """Whether two shell lines run the same ``python -c CODE`` (the same words, the same Python)."""
+    try:
+        a, b = shlex.split(one), shlex.split(other)
+        same_words = len(a) == len(b) and all(x == y for x, y in zip(a[:-1], b[:-1], strict=True))
+        return same_words and ast.dump(ast.parse(a[-1])) == ast.dump(ast.parse(b[-1]))
+    except (ValueError, SyntaxError):
+        return False
+
+
+def expected_failure(result: Result, *, width: int | None = None) -> str:
     """An expected failure, compactly: the law, the reason declared, what broke, the line that
     replays it."""
-    wrap = textwrap.TextWrapper(width=100, initial_indent="  ", subsequent_indent="    ")
-    lines = [f"XFAIL {result.name}: {result.expected}", wrap.fill("broken: " + result.message)]
+    width = _fit(width)
+    lines = [*_wrap(f"XFAIL {result.name}: {result.expected}", width, ""),
+             *_wrap("broken: " + result.message, width)]
     if result.counterexample is not None:
-        lines.append(f"  reproduce: {result.counterexample.reproduce}")
+        lines += reproduce_lines(result.counterexample.reproduce, width=width)
     return "\n".join(lines)
 
 
-def stale(result: Result) -> str:
+def stale(result: Result, *, width: int | None = None) -> str:
     """An expected failure that passed: the declaration to remove."""
-    return (f"XPASS {result.name}: declared an expected failure ({result.expected}), but the law holds "
+    text = (f"XPASS {result.name}: declared an expected failure ({result.expected}), but the law holds "
             f"({result.examples} examples): remove the declaration")
+    return "\n".join(_wrap(text, _fit(width), ""))
 
 
 def summary(report: Report, seconds: float) -> str:
@@ -203,13 +441,28 @@ def summary(report: Report, seconds: float) -> str:
             f"{counts['skip']} skipped{expected} in {seconds:.1f} s (profile {report.profile}{seed})")
 
 
-def render(report: Report, seconds: float | None = None) -> str:
-    """The declared limits (if any), the table, each failure in full (a stale expected failure in a
-    line), each expected failure compactly, and the summary line."""
-    parts = [f"declared limits: {report.limits}\n"] if report.limits else []
-    parts += [f"scale: {report.scale}\n"] if report.scale else []
-    parts += [table(report)]
-    parts += ["\n" + (stale(r) if r.status == "xpass" else failure(r)) for r in report.failures]
-    parts += ["\n" + expected_failure(r) for r in report.expected_failures]
-    parts += ["", summary(report, report.seconds if seconds is None else seconds)]
+def _summary_lines(line: str, width: int) -> list[str]:
+    """The summary line, or, past ``width``, broken after the verdict (the counts, time and profile
+    stay on one line, as tools read them)."""
+    if len(line) <= width:
+        return [line]
+    verdict, _, counts = line.partition(" — ")
+    return [*_wrap(verdict + " —", width, ""), *_wrap(counts, width, "    ")]
+
+
+def render(report: Report, seconds: float | None = None, *, width: int | None = None) -> str:
+    """The declared limits (if any), the table, each failure (failures with the same message in one
+    block, the most telling first: `failure_groups`), a stale expected failure in a line, each
+    expected failure compactly, and the summary line; every line within ``width`` columns (default
+    `terminal_width`: the terminal's, 100 in a pipe), except a reproduction line that cannot be
+    broken."""
+    width = _fit(width)
+    parts = ["\n".join(_wrap(f"declared limits: {report.limits}", width, "")) + "\n"] if report.limits else []
+    parts += ["\n".join(_wrap(f"scale: {report.scale}", width, "")) + "\n"] if report.scale else []
+    parts += [table(report, width=width)]
+    parts += ["\n" + failure(group[0], group=group, width=width) for group in failure_groups(report)]
+    parts += ["\n" + stale(r, width=width) for r in report.results if r.status == "xpass"]
+    parts += ["\n" + expected_failure(r, width=width) for r in report.expected_failures]
+    total = report.seconds if seconds is None else seconds
+    parts += ["", "\n".join(_summary_lines(summary(report, total), width))]
     return "\n".join(parts)

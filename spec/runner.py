@@ -26,7 +26,7 @@ from spec.context import RunContext, running
 from spec.isolation import TargetHung, TargetStopped, run_law, workers
 from spec.profiles import PROFILES, Profile, checking, runs_at
 from spec.registry import LAWS, Law
-from spec.report import Counterexample, Report, Result
+from spec.report import Counterexample, Report, Result, figures
 from spec.signature import SignatureMismatch
 from spec.target import Target, TargetError, expected_failure, parse_expected_failures, split_dtypes
 
@@ -141,8 +141,7 @@ def _passed(prop: Law, examples: int, seconds: float, crashed: str | None,
                       f"the target {crashed} in a run of this law in its worker process, but not when "
                       "the law was run again with each call in a worker of its own (an intermittent "
                       "failure: no counterexample)", law=prop.statement, observed=observed)
-    message = ", ".join([*(f"worst {key} {value:.3g}" for key, value in observed.items()
-                           if math.isfinite(value)), *(notes or [])])
+    message = "; ".join(x for x in (figures(observed), *(notes or [])) if x)
     return Result(prop.name, "pass", examples, seconds, message, law=prop.statement, observed=observed)
 
 

@@ -12,7 +12,7 @@ Three kinds of marker:
 
 - ``output:`` deterministic. ``--check`` reruns the command and fails if one character differs.
 - ``output timed:`` deterministic except its timings (the ``seconds`` column of a report table,
-  ``in 1.7 s``) and its error ratios (``worst error ratio float32 0.0401``: float rounding, which
+  ``in 1.7 s``) and its error ratios (``error/allowed: float32 0.0401``: float rounding, which
   differs with the BLAS kernel OpenBLAS picks for the CPU or ``OPENBLAS_CORETYPE``): those are
   masked when checking; a stamp line after the block says the command, date and machine the
   figures come from.
@@ -52,7 +52,11 @@ BLOCK = re.compile(
 )
 TIMING_SUMMARY = re.compile(r" in \d+(?:\.\d+)? s \(profile")
 PYTEST_SUMMARY = re.compile(r"^=+ (.*) in \d+(?:\.\d+)?s(?: \([^)]*\))? =+$", re.MULTILINE)
-ERROR_RATIO = re.compile(r"(error ratio (?:b?float\d+ )?)[-+]?(?:\d+(?:\.\d*)?(?:e[-+]?\d+)?|inf|nan)")
+NUMBER = r"[-+]?(?:\d+(?:\.\d*)?(?:e[-+]?\d+)?|inf|nan)"
+ERROR_RATIOS = re.compile(r"(error/allowed: )([^;\n]*)")
+"""The error ratios of a report's note (``error/allowed: float16 0.0292, float32 0.0119``)."""
+RATIO = re.compile(r"((?:^|, )(?:b?float\w+(?: \(computed in [^)]*\))? )?)" + NUMBER)
+"""One figure of those: its dtype (if any), then its value."""
 
 
 @dataclass(frozen=True)
@@ -104,7 +108,7 @@ def mask_timings(text: str) -> str:
             span = (end - len("seconds") - 2, end)  # right-aligned numbers under the header
         elif span is not None and not line.strip():
             span = None
-        elif span is not None and not set(line[span[0]:span[1]]) <= set("-"):
+        elif span is not None and not set(line[span[0]:span[1]]) <= set("- "):
             line = line[:span[0]] + "#" * (span[1] - span[0]) + line[span[1]:]
         out.append(line)
     text = TIMING_SUMMARY.sub(" in # s (profile", "\n".join(out))
@@ -112,8 +116,8 @@ def mask_timings(text: str) -> str:
 
 
 def mask_error_ratios(text: str) -> str:
-    """``text`` with each error ratio of a report's notes (``worst error ratio float32 0.0401``)
-    replaced by ``#``. The ratios are float rounding measured against the float64 golden, so they
+    """``text`` with each error ratio of a report's notes (``error/allowed: float32 0.0401, float64
+    0.057``) replaced by ``#``. The ratios are float rounding measured against the float64 golden, so they
     change with the BLAS kernel (OpenBLAS picks one per CPU; ``OPENBLAS_CORETYPE`` overrides it);
     the rest of each note, and which laws report a ratio, stay compared. A note that wraps onto
     continuation lines is joined first, since a figure's width moves the wrap."""
@@ -131,7 +135,7 @@ def mask_error_ratios(text: str) -> str:
         elif note is not None and re.fullmatch(r"[- ]+", line):
             line = line[:note] + "-"  # the note column's rule: as wide as the longest note
         out.append(line)
-    return ERROR_RATIO.sub(r"\1#", "\n".join(out))
+    return ERROR_RATIOS.sub(lambda m: m[1] + RATIO.sub(r"\1#", m[2]), "\n".join(out))
 
 
 def masked(text: str) -> str:

@@ -112,7 +112,8 @@ def assert_same(
     if diff.size == 0:
         return
     at = np.unravel_index(int(np.argmax(diff)), diff.shape)
-    observe("error ratio", float(diff[at]) / (2 * allowed) if allowed > 0 else 0.0)
+    observe(f"error ratio {precision_text(target, inputs)}",
+            float(diff[at]) / (2 * allowed) if allowed > 0 else 0.0)
     assert diff[at] <= 2 * allowed, (
         f"{what}: entry {[int(i) for i in at]} is {float(b[at]):.6g} instead of {float(a[at]):.6g} "
         f"(difference {float(diff[at]):.3g}, allowed {2 * allowed:.3g})"

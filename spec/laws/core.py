@@ -47,7 +47,7 @@ Array = np.ndarray
 # --- the laws ------------------------------------------------------------------------------
 
 
-@law()
+@law(scope="call")
 def output_shape_dtype(target: Target, case: Case) -> None:
     """The output has shape (..., n_q, d_v) and the inputs' dtype.
 
@@ -77,7 +77,7 @@ def inputs_not_mutated(target: Target, case: Case) -> None:
 
 
 @law(strategy=lambda t: cases(t, masks=("none", "random"), scale=True, tiles=True),
-     grid=lambda t: boundary_cases(t, tiles=True, long=True))
+     grid=lambda t: boundary_cases(t, tiles=True, long=True), scope="generic")
 def matches_golden(target: Target, case: Case) -> None:
     """The output equals an independent float64 attention within the tolerance policy.
 
@@ -107,7 +107,7 @@ def rows_sum_to_one(target: Target, case: Case) -> None:
     assert low >= -tol, f"a pattern entry is negative: {low!r}"
 
 
-@law(strategy=lambda t: cases(t, masks=("none", "random")))
+@law(strategy=lambda t: cases(t, masks=("none", "random")), scope="broad")
 def convex_combination(target: Target, case: Case) -> None:
     """Each output coordinate lies between the min and max of that coordinate over the *visible*
     values (the output is a convex combination of them).
@@ -135,7 +135,7 @@ def convex_combination(target: Target, case: Case) -> None:
         )
 
 
-@law(strategy=lambda t: cases(t, masks=("none", "random")))
+@law(strategy=lambda t: cases(t, masks=("none", "random")), scope="broad")
 def uniform_scores_average(target: Target, case: Case) -> None:
     """When every key is the same, all scores in a row tie and the output is the plain mean of
     the visible values (under the causal mask: the running mean v_0..v_i).
@@ -182,7 +182,8 @@ def scale_is_inv_sqrt_dk(target: Target, case: Case) -> None:
     s_abs = abs(want) * float(np.max(np.abs(q64) @ np.swapaxes(np.abs(k64), -1, -2)))
     rel_err = dtype_eps * (8 + (case.d_k + 2) * s_abs)
     tol = target.tolerance * 2 * rel_err * float(np.sum(np.abs(x)) / np.sum(x * x))
-    observe("scale error ratio", abs(recovered - want) / tol if tol > 0 else float("inf"))
+    observe(f"scale error ratio {target.precision_text(case.dtype)}",
+            abs(recovered - want) / tol if tol > 0 else float("inf"))
     assert abs(recovered - want) <= tol, (
         f"recovered scale {recovered:.6g} (1/√{1 / recovered**2:.4g}), expected {want:.6g} "
         f"({'1/√d_k' if case.scale is None else 'scale='}) for d_k = {case.d_k}; tolerance {tol:.2g}"
@@ -305,7 +306,7 @@ def _large_logit_cases(t: Target) -> st.SearchStrategy[Case]:
     return at_edge(t, cases(t, values=("normal",), n_max=64, amplitudes=(1e2, 1e3, 1e4)), keep=0.3)
 
 
-@law(strategy=_large_logit_cases)
+@law(strategy=_large_logit_cases, scope="generic")
 def large_logits(target: Target, case: Case) -> None:
     """With scores of magnitude 1e2–1e4 and up to the edge of the dtype's range (scaled scores
     near half its largest finite value, derived from finfo: see `spec.laws._range`) every
@@ -335,7 +336,7 @@ def _large_value_cases(t: Target) -> st.SearchStrategy[Case]:
         lambda c: values_at_edge(t, c))
 
 
-@law(strategy=_large_value_cases)
+@law(strategy=_large_value_cases, scope="generic")
 def large_values(target: Target, case: Case) -> None:
     """With values as large as max(dtype) / (4·n_k) — so that every sum of weights ≤ 1 times
     values stays within a quarter of the dtype's range — every row that sees a key has a finite

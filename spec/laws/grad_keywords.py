@@ -104,7 +104,7 @@ def keyword_grid(target: Target) -> list[Case]:
     return found
 
 
-@law(strategy=_one_keyword, needs=_needs.gradients & needs_keywords, grid=keyword_grid)
+@law(strategy=_one_keyword, needs=_needs.gradients & needs_keywords, grid=keyword_grid, scope="generic")
 def grad_keywords_match_golden(target: Target, case: Case) -> None:
     """Under each keyword the target declares that changes the gradients (bias, ALiBi, window,
     softcap, sinks, key lengths, packed sequences: one per example, and one case per keyword in

@@ -124,7 +124,8 @@ def assert_gradients_match(
 # --- the laws ------------------------------------------------------------------------------
 
 
-@law(strategy=lambda t: grad_cases(t, masks=("none", "random"), scale=True), needs=_needs.gradients)
+@law(strategy=lambda t: grad_cases(t, masks=("none", "random"), scale=True), needs=_needs.gradients,
+     scope="generic")
 def grad_matches_golden(target: Target, case: Case) -> None:
     """The target's gradients dq, dk, dv of ``Σ out ∘ dO`` equal the float64 golden backward
     (softmax Jacobian) within the tolerance policy, the factor doubled for gradients (GRAD_FACTOR),
@@ -239,7 +240,8 @@ def grad_residuals_agree(target: Target, case: Case) -> None:
                                     tolerance=factor, floor_=want.floors[name]).allowed
         diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
         worst = float(np.max(diff, initial=0.0))
-        observe("residuals difference / allowed", worst / (2 * allowed) if allowed > 0 else 0.0)
+        observe(f"residuals difference / allowed {precision_text(target, inputs)}",
+                worst / (2 * allowed) if allowed > 0 else 0.0)
         assert worst <= 2 * allowed, (
             f"{name} given the forward's out and lse differs from {name} recomputed by {worst:.3g} "
             f"(allowed {2 * allowed:.3g})")

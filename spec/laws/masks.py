@@ -99,7 +99,7 @@ def _longest_rows(t: Target) -> list[Case]:
                  seed=i, values="ints", amplitude=1e-4) for i, dtype in enumerate(t.dtypes)]
 
 
-@law(strategy=_long_row_cases, grid=_longest_rows)
+@law(strategy=_long_row_cases, grid=_longest_rows, scope="generic")
 def long_rows_every_dtype(target: Target, case: Case) -> None:
     """Rows of 1,024–4,096 keys stay within the tolerance policy in every declared dtype (values
     in [1, ∞) and small amplitudes, so the weights are near-uniform, ~1/n_k each: the hardest

@@ -126,7 +126,7 @@ needs_pair = Need(lambda t: None if pairs(t, forward_keywords(t)) else
                   "two keywords one call takes together")
 
 
-@law(strategy=_forward_cases, needs=needs_pair, grid=lambda t: pair_grid(t, forward_pairs))
+@law(strategy=_forward_cases, needs=needs_pair, grid=lambda t: pair_grid(t, forward_pairs), scope="generic")
 def keyword_pairs_match_golden(target: Target, case: Case) -> None:
     """Under every two of its keywords together (each pair one case in every profile, and random
     pairs), with mask= and scale= where taken, the output matches the float64 golden, in which the
@@ -171,7 +171,7 @@ needs_gradient_pair = Need(lambda t: None if pairs(t, differentiable(t)) else
 
 
 @law(strategy=_gradient_cases, needs=_needs.gradients & needs_gradient_pair,
-     grid=lambda t: pair_grid(t, gradient_pairs))
+     grid=lambda t: pair_grid(t, gradient_pairs), scope="generic")
 def grad_keyword_pairs_match_golden(target: Target, case: Case) -> None:
     """Under every two of its keywords that change the gradients, together (each pair one case in
     every profile, and random pairs), ``grad_fn`` given the forward's keywords returns the

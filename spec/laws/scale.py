@@ -99,7 +99,7 @@ def long_row_floor(target: Target, inputs: Inputs, rows: Array) -> float:
 # --- the laws --------------------------------------------------------------------------------
 
 
-@law(strategy=_strategy(), grid=_grid(), needs=_needs_cases())
+@law(strategy=_strategy(), grid=_grid(), needs=_needs_cases(), scope="generic")
 def scale_matches_golden(target: Target, case: Case) -> None:
     """At the shapes of public overflow reports (a decode over 350,000 keys, a causal square of
     65,537, 132,800 slices of one query, 131,584 packed tokens with sequences past 2^17, k and v of
@@ -188,7 +188,8 @@ def scale_hidden_keys_unmoved(target: Target, case: Case) -> None:
 GRADIENTS = ("decode", "causal_square", "slices", "packed", "packed_decode")
 
 
-@law(strategy=_strategy(GRADIENTS), grid=_grid(GRADIENTS), needs=_needs.gradients & _needs_cases(GRADIENTS))
+@law(strategy=_strategy(GRADIENTS), grid=_grid(GRADIENTS), needs=_needs.gradients & _needs_cases(GRADIENTS),
+     scope="generic")
 def scale_gradients_match_golden(target: Target, case: Case) -> None:
     """At the scale shapes (but the one of 2^31 elements), the gradients of Σ out ∘ dO for an
     upstream dO that is zero outside the sampled rows equal the float64 golden backward

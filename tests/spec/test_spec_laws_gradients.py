@@ -133,7 +133,7 @@ def test_correct_backward_passes(target: Target, seed: int) -> None:
 def test_reference_passes_and_reports_ratios() -> None:
     (result,) = check("reference", "quick", only=[LAW]).results
     assert result.status == "pass", result.message
-    assert "error ratio float" in result.message
+    assert "error/allowed: float" in result.message
     (result,) = check("reference", "quick", only=["grad_causal_no_leak"]).results
     assert result.status == "pass", result.message
 

@@ -165,3 +165,17 @@ def test_the_pytest_door_at_profile_scale_applies_the_memory_budget(tmp_path):
     assert f"scale: {report.scale}" in run.stdout  # the CLI's header, word for word
     run = _pytest(tmp_path, "--attention-target=reference", "--attention-memory=1")
     assert run.returncode == 4 and "give --attention-profile scale" in run.stderr
+
+
+def test_the_pytest_door_shows_one_cause_once(tmp_path):
+    """A target that raises in every law: each law's item fails, the first with the whole block,
+    the others pointing to it (and each with its own line that replays it)."""
+    (tmp_path / "always_raises.py").write_text(
+        "def attention(q, k, v, *, causal=False):\n    raise RuntimeError('kernel not built')\n")
+    run = _pytest(tmp_path, "--attention-target=always_raises:attention", "--attention-only", "-k",
+                  "shape or golden or rows_sum")
+    assert run.returncode == 1
+    failed = len([s for s in run.stdout.splitlines() if s.startswith("FAIL ") and "kernel not built" in s])
+    assert failed >= 3 and run.stdout.count("\n  law: ") == 1, run.stdout
+    assert run.stdout.count("the same failure as output_shape_dtype") == failed - 1
+    assert run.stdout.count("reproduce:") == failed

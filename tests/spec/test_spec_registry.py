@@ -71,3 +71,16 @@ def test_a_law_says_its_statement_and_the_old_attribute_warns():
     assert law.statement.startswith("Every query row that sees a key")
     with pytest.warns(DeprecationWarning, match="Law.law is deprecated"):
         assert law.law == law.statement
+
+
+def test_each_law_says_what_its_failure_tells():
+    """The report's order of failures is data on each law (`Law.scope`): the call first, the generic
+    comparisons with the golden last; a scope that is not one of `SCOPES` is refused, naming it."""
+    laws = registry.laws()
+    assert {law.scope for law in laws.values()} == set(registry.SCOPES)
+    assert laws["output_shape_dtype"].scope == "call" and laws["causal_no_leak"].scope == "named"
+    assert {name for name, law in laws.items() if law.scope == "generic"} >= {
+        "matches_golden", "large_logits", "large_values", "long_rows_every_dtype", "grad_matches_golden",
+        "keyword_pairs_match_golden"}
+    with pytest.raises(ValueError, match=r"scope must be one of .*'golden'"):
+        registry.law(scope="golden")
