@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 from tabulate import tabulate
 
+from spec.compared import Compared
+
 
 @dataclass(frozen=True)
 class Counterexample:
@@ -60,6 +62,11 @@ class Result:
     fail the same way, so a run stops after this result."""
     expected: str = ""
     """Why the target declares this law (in these dtypes) an expected failure, or ""."""
+    compared: Compared | None = None
+    """A failure's last comparison (`spec.compared.compact`: the worst slice, at most
+    `spec.compared.KEPT` a side), what ``spec.html`` draws, whether it held or not (the law may
+    have failed on another check after it); None when its example compared no arrays. Not in the
+    JSON report."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
