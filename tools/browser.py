@@ -46,9 +46,9 @@ window.addEventListener("load", function () {
   function fits(el) {
     var box = el.getBoundingClientRect(), parent = container(el), outer = parent.getBoundingClientRect();
     var inner = parent.clientWidth || outer.width;
-    return {width: Math.round(box.width), container: Math.round(inner),
-            fits: box.width <= inner + 1 && box.left >= outer.left - 1
-                  && box.right <= outer.left + inner + 1};
+    var over = Math.max(box.right - (outer.left + inner), outer.left - box.left, 0);
+    return {width: Math.round(box.width), container: Math.round(inner), over: Math.round(over),
+            fits: over <= 1};
   }
   var found = {window: window.innerWidth, scrollWidth: doc.scrollWidth, tables: [], svgs: []};
   document.querySelectorAll("table").forEach(function (t) {
@@ -96,7 +96,8 @@ def measure(path: str | Path, *, width: int = WIDTH, timeout: float = 60.0) -> d
     """What the page at ``path`` measures at a window ``width`` pixels wide: ``window`` (its inner
     width), ``scrollWidth`` (the document's), and for each table (``head``: its first three header
     cells) and each svg (``cls``: its class) its ``width``, its ``container``'s width (the nearest
-    ancestor that scrolls or clips, else its parent) and whether it ``fits`` within it.
+    ancestor that scrolls or clips, else its parent), how many pixels it runs ``over`` the
+    container's edges, and whether it ``fits`` (over by at most a pixel).
     Raises FileNotFoundError when Chromium is missing."""
     page = Path(path).resolve()
     text = page.read_text(encoding="utf-8")
@@ -131,10 +132,10 @@ def overflows(found: dict[str, Any]) -> list[str]:
     said = []
     if found["scrollWidth"] > found["window"]:
         said.append(f"the page is {found['scrollWidth']} px wide in a window of {found['window']} px")
-    said += [f"table ({', '.join(t['head'])}) is {t['width']} px wide in a container of {t['container']} px"
-             for t in found["tables"] if not t["fits"]]
-    said += [f"svg {s['cls']!r} is {s['width']} px wide in a container of {s['container']} px"
-             for s in found["svgs"] if not s["fits"]]
+    said += [f"table ({', '.join(t['head'])}) runs {t['over']} px past its container ({t['width']} px wide, "
+             f"the container {t['container']} px)" for t in found["tables"] if not t["fits"]]
+    said += [f"svg {s['cls']!r} runs {s['over']} px past its container ({s['width']} px wide, the container "
+             f"{s['container']} px)" for s in found["svgs"] if not s["fits"]]
     return said
 
 

@@ -5,7 +5,8 @@ container.
 
 These tests need Chromium (``/usr/bin/chromium`` or ``chromium`` on PATH). Where it is missing they
 fail, saying how to install it, when the environment variable CI is set (CI installs it: .ci/run),
-and are skipped with that message otherwise.
+and are skipped with that message otherwise. The docs site's own check (tools/check_site.py, run by
+``tox -e docs``) is tested here on a site of two pages.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import spec
 from spec.compared import Compared, compact
 from spec.html import render_html
 from spec.report import Report, Result
-from tools import browser
+from tools import browser, check_site
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -77,3 +78,20 @@ def test_the_check_sees_an_overflow(tmp_path):
     assert any(line.startswith("the page is") for line in said)
     assert any("table (first, second)" in line for line in said)
     assert any("svg 'big'" in line for line in said)
+
+
+def test_the_site_check_names_each_table_too_wide_and_each_page(tmp_path, capsys):
+    site = tmp_path / "site"
+    (site / "wide").mkdir(parents=True)
+    (site / "index.html").write_text("<!DOCTYPE html><html><body><table><tr><th>a</th><th>b</th></tr>"
+                                     "</table></body></html>", encoding="utf-8")
+    (site / "wide" / "index.html").write_text(
+        '<!DOCTYPE html><html><body><div style="overflow-x:auto"><table><tr><th>n</th><th>ms</th>'
+        '<th>ratio</th><th>more</th></tr><tr><td style="min-width:1500px">x</td></tr></table></div>'
+        '<pre style="width:1500px">a long line</pre></body></html>', encoding="utf-8")
+    assert check_site.main([str(site)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("wide/index.html: table (n, ms, ratio) runs") for line in out)
+    assert any(line.startswith("wide/index.html: the page is") for line in out)
+    assert not any(line.startswith("index.html") for line in out)
+    assert out[-1].endswith("2 pages at 1280 px, 2 too wide")
