@@ -72,7 +72,7 @@ def render_html(report: Report) -> str:
              _table([r for r in report.results if r.status != "skip"], failing)]
     skipped = [r for r in report.results if r.status == "skip"]
     if skipped:  # folded: what a kernel author reads first is what failed
-        parts.append(f"<details><summary>{len(skipped)} laws skipped, and why</summary>"
+        parts.append(f"<details><summary>skipped laws ({len(skipped)}), and why</summary>"
                      f"{_table(skipped, failing)}</details>")
     parts += [_failure(r, i) for i, r in enumerate(report.failures)]
     parts += [_expected(r) for r in report.expected_failures]
