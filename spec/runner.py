@@ -156,7 +156,10 @@ def _kept(last: Compared | None, target: Target) -> Compared | None:
         return None
     limits = {name: value for name, value in (("seq_multiple", target.seq_multiple),
                                               ("max_seq", target.max_seq)) if value}
-    return compact(last, limits=limits)
+    try:
+        return compact(last, limits=limits)
+    except (ValueError, TypeError):  # arrays that do not broadcast or convert: the failure stands, undrawn
+        return None
 
 
 def _run_in_worker(target: Target, job: tuple[str, dict[str, Any]]) -> Result:
