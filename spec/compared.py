@@ -144,8 +144,8 @@ def downsample(ratio: Array, *arrays: Array, most: int) -> tuple[tuple[int, int]
 
 def compact(compared: Compared, *, limits: dict[str, int] | None = None) -> Compared:
     """What a failure keeps of ``compared``: the 2-D slice holding the worst ratio, downsampled
-    to at most `KEPT` a side, as float64 copies, the allowance per entry, the rows compared marked
-    by NaN in the error (`ratio`); ``limits``: the target's declared limits to draw."""
+    to at most `KEPT` a side, as float64 copies, the allowance (a scalar stays one), the rows
+    compared entry by entry; ``limits``: the target's declared limits to draw."""
     ratio = _ratio(compared.expected, compared.returned, compared.allowance, compared.rows)
     shape = ratio.shape
     expected, returned = (np.broadcast_to(_as2d(x), shape) for x in (compared.expected, compared.returned))
@@ -154,5 +154,6 @@ def compact(compared: Compared, *, limits: dict[str, int] | None = None) -> Comp
     at = worst_slice(ratio)
     ratio, expected, returned, allow = (a[at] for a in (ratio, expected, returned, allow))
     block, (ratio, expected, returned, allow) = downsample(ratio, expected, returned, allow, most=KEPT)
-    return Compared(compared.label, np.array(expected), np.array(returned), np.array(allow),
+    kept_allowance = float(compared.allowance) if np.ndim(compared.allowance) == 0 else np.array(allow)
+    return Compared(compared.label, np.array(expected), np.array(returned), kept_allowance,
                     rows=~np.isnan(ratio), shape=shape, slice_=at, block=block, limits=dict(limits or {}))
