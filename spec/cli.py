@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import sys
 
 from tabulate import tabulate
 
 from cmdline import Parser, UsageError, fail, int_at_least, positive_number
 from spec.builtin import BUILTIN
+from spec.html import render_html
 from spec.profiles import PROFILES
 from spec.registry import LAWS
 from spec.report import LOUD, Result, render
@@ -64,6 +66,9 @@ def parser() -> argparse.ArgumentParser:
                        "(torch: cpu, cuda, cuda:1; jax: cpu, gpu); default cpu")
     check.add_argument("--json", metavar="FILE", help="also write the report as JSON ('-' for stdout only); "
                        "a non-finite number is the string \"Infinity\", \"-Infinity\" or \"NaN\"")
+    check.add_argument("--html", metavar="FILE", help="also write the report as one self-contained HTML page "
+                       "(whatever the verdict): the table, each failure, and a heat map of the error of "
+                       "each failure that compared arrays")
     check.add_argument("--list", action="store_true", help="list the properties (and, with TARGET, "
                        "which it would skip) and exit")
     return top
@@ -76,6 +81,16 @@ def list_properties(target_spec: str | None) -> str:
         skip = prop.needs(target) if target else None
         rows.append([name, ("skipped: " + skip) if skip else prop.statement.replace("``", "")])
     return tabulate(rows, headers=["law", "statement"], tablefmt="simple", maxcolwidths=[None, 80])
+
+
+def writable(path: str, flag: str) -> None:
+    """Raise UsageError naming ``flag`` when ``path`` cannot be written (a folder missing or not
+    writable, a folder at the path), before anything runs."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        why = "is a folder" if os.path.isdir(path) else "its folder is not writable" \
+            if os.path.isdir(folder) else "its folder does not exist"
+        raise UsageError(f"cannot write {flag} {path}: {why}")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -101,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         select(args.only)  # unknown law names: exit 2 before anything runs
         if args.memory is not None and args.profile != "scale":
             raise UsageError("--memory is the budget of --profile scale; give --profile scale")
+        if args.html:
+            writable(args.html, "--html")
         target = configure(load(args.target, device=args.device), isolation=args.isolation,
                            deadline=args.deadline, expected_failures=args.expected_failures)
     except (UsageError, TargetError, ValueError) as e:
@@ -132,6 +149,12 @@ def main(argv: list[str] | None = None) -> int:
                     f.write(text + "\n")
             except OSError as e:
                 return fail("python -m spec", f"cannot write --json {args.json}: {e.strerror}")
+    if args.html:
+        try:
+            with open(args.html, "w", encoding="utf-8") as f:
+                f.write(render_html(report))
+        except OSError as e:
+            return fail("python -m spec", f"cannot write --html {args.html}: {e.strerror}")
     if not to_stdout:
         print(render(report))
     return 0 if report.ok else 1

@@ -2,10 +2,11 @@
 
 What one run of a law carries down to the calls it makes — the per-call deadline its profile
 gives, the calls into the target that the example being run made (a failure shows the last one,
-exactly as the target received it), the worst figures the law measured (the report's note) — is
-one record, set for the run by `spec.runner` (`running`) and read where it is needed (`current`).
-A context variable holds it, so two checks running at once in two threads each see their own, and
-the watched thread that runs a law (`spec.isolation.watched`) sees its caller's.
+exactly as the target received it), the worst figures the law measured (the report's note), the
+last comparison it made (a failure's picture) — is one record, set for the run by `spec.runner`
+(`running`) and read where it is needed (`current`). A context variable holds it, so two checks
+running at once in two threads each see their own, and the watched thread that runs a law
+(`spec.isolation.watched`) sees its caller's.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ class RunContext:
     """The worst value of each figure the law measured (``"error ratio float32"``), over its run."""
     notes: list[str] = field(default_factory=list)
     """What the law says of its run beside its figures (the scale cases it did not run, and why)."""
+    compared: Any = None
+    """The last comparison the example being run made (`spec.compared.Compared`: references to
+    the arrays, no copies), or None; a failure keeps it (`spec.compared.compact`)."""
 
     def record(self, call: Any) -> None:
         self.calls.append(call)

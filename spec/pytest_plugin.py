@@ -13,7 +13,9 @@ target's declaration; ``process`` turns a crash or a call stuck in C into that l
 ``--attention-expected-failures FILE`` (one ``law[dtype]  # reason`` a line, added to the target's
 ``expected_failures``: each such law is marked ``xfail(strict=True)``, so its failure is XFAIL and
 a pass fails the run, as a stale declaration), ``--attention-memory GIB`` (with
-``--attention-profile scale``: the memory budget, as the CLI's ``--memory``). A law whose expected
+``--attention-profile scale``: the memory budget, as the CLI's ``--memory``), ``--attention-html FILE``
+(the laws' results as the CLI's ``--html`` page, written at the end of the session, under
+pytest-xdist too: each result travels back with its test's report). A law whose expected
 failures name some dtypes is one test per such dtype (``law[float16]``) and one of the rest. A
 failing law's short summary line (``-ra``) carries what broke; a law that fails as a law shown
 before (in the same process: `spec.report.cause`) points to that block instead of repeating it.
@@ -25,22 +27,30 @@ the profile's own set-up), from collection to the end of the session; the profil
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import dataclasses
 import math
 import os
+import pickle
+import time
 from typing import Any
 
 import pytest
 
+from spec.cases import limits_text
+from spec.html import render_html
 from spec.profiles import PROFILES, checking, runs_at
 from spec.registry import LAWS
-from spec.report import Result, cause, failure, same_failure
-from spec.runner import LawRun, check_law, configure, law_runs, load
+from spec.report import Report, Result, cause, failure, same_failure
+from spec.runner import LawRun, check_law, configure, judged, law_runs, load
 from spec.target import Target, TargetError
 
 ENV = "ATTENTION_TARGET"
 HEADER = pytest.StashKey[str]()
 """The profile's header line of the check (`spec.profiles.checking`), once it is set up."""
+CARRIED = "attention-spec result"
+"""The user property of a law's test report that carries its pickled result (to the xdist controller)."""
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -69,6 +79,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="with --attention-profile scale: what one call may need on the target's device, "
                     "in GiB (default: half the memory this machine has available); a case over it is "
                     "not run, and the header and the laws' notes say so")
+    group.addoption("--attention-html", metavar="FILE", default=None,
+                    help="also write the laws' results as one self-contained HTML page, with a heat map "
+                    "of each failure that compared arrays (as python -m spec check --html)")
 
 
 class PropertyFailed(Exception):
@@ -82,7 +95,7 @@ class LawItem(pytest.Item):
 
     def __init__(self, *, law_run: LawRun, source: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.prop, self.target, self.source = law_run.prop, law_run.target, source
+        self.prop, self.target, self.source, self.law_run = law_run.prop, law_run.target, source, law_run
         if law_run.expected is not None:  # the law still runs; a pass fails (a stale declaration)
             self.add_marker(pytest.mark.xfail(reason=law_run.expected, strict=True, raises=PropertyFailed))
 
@@ -96,6 +109,10 @@ class LawItem(pytest.Item):
         result = check_law(self.prop, self.target, profile=opt("attention_profile"),
                               max_examples=opt("attention_max_examples"), seed=opt("attention_seed"),
                               source=self.source)
+        if self.config.getoption("attention_html"):  # the page's copy, judged as the CLI judges it
+            page = judged(self.law_run, dataclasses.replace(result))
+            carried = pickle.dumps((self.target.name, limits_text(self.target), page))
+            self.user_properties.append((CARRIED, base64.b64encode(carried).decode("ascii")))
         if result.fatal and isinstance(suite, PropertySuite):
             suite.fatal = result
         if result.status == "skip":
@@ -143,6 +160,9 @@ def pytest_configure(config: pytest.Config) -> None:
     memory = config.getoption("attention_memory")
     if memory is not None and not (math.isfinite(memory) and memory > 0):
         raise pytest.UsageError(f"--attention-memory must be a positive number of GiB, got {memory}")
+    page = config.getoption("attention_html")
+    if page and not hasattr(config, "workerinput"):  # an xdist worker's results go to the controller
+        config.pluginmanager.register(PageWriter(config, page), "attention-spec-html")
     if memory is not None and config.getoption("attention_profile") != "scale":
         raise pytest.UsageError("--attention-memory is the budget of --attention-profile scale; "
                                 "give --attention-profile scale")
@@ -174,6 +194,32 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     # Tell the reporters, so that "collected N items" counts the properties too.
     config.hook.pytest_collectreport(report=pytest.CollectReport(suite.nodeid, "passed", None, collected))
     items.extend(collected)
+
+
+class PageWriter:
+    """With ``--attention-html FILE`` (in this process, or the xdist controller): each law's result
+    as its test report brings it, and at the end of the session the page of them all, in the
+    registry's order."""
+
+    def __init__(self, config: pytest.Config, where: str) -> None:
+        self.config, self.where, self.start = config, where, time.perf_counter()
+        self.found: list[tuple[str, str, Result]] = []  # (target name, declared limits, result)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.found += [pickle.loads(base64.b64decode(str(value))) for name, value in report.user_properties
+                       if name == CARRIED and report.when == "call"]
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if not self.found:
+            return
+        order = {name: i for i, name in enumerate(LAWS)}
+        results = sorted((r for _, _, r in self.found),
+                         key=lambda r: order.get(r.name.split("[")[0], len(order)))
+        opt = self.config.getoption
+        report = Report(self.found[0][0], opt("attention_profile"), opt("attention_seed"), results,
+                        limits=self.found[0][1], seconds=time.perf_counter() - self.start)
+        with open(self.where, "w", encoding="utf-8") as f:
+            f.write(render_html(report))
 
 
 def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from spec import registry
+from spec.compared import Compared
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,11 @@ class Result:
     fail the same way, so a run stops after this result."""
     expected: str = ""
     """Why the target declares this law (in these dtypes) an expected failure, or ""."""
+    compared: Compared | None = None
+    """A failure's last comparison (`spec.compared.compact`: the worst slice, at most
+    `spec.compared.KEPT` a side), what ``spec.html`` draws, whether it held or not (the law may
+    have failed on another check after it); None when its example compared no arrays. Not in the
+    JSON report."""
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -22,6 +22,7 @@ from cmdline.blas import one_thread_blas
 from spec.builtin import NoSource, load_target, source_of
 from spec.call import Call
 from spec.cases import Case, limits_text, outside_limits
+from spec.compared import Compared, compact
 from spec.context import RunContext, running
 from spec.isolation import TargetHung, TargetStopped, run_law, workers
 from spec.profiles import PROFILES, Profile, checking, runs_at
@@ -87,6 +88,7 @@ def check_law(
     def test(case: Case) -> None:
         last[:] = [case]
         made.clear()
+        run.compared = None
         calls.append(1)
         prop.check(target, case)
 
@@ -125,6 +127,7 @@ def check_law(
             f"{type(error).__name__}: {error}"
         failed = _failure(prop, target, last, made, len(calls), start, message, source, run.observed)
         failed.fatal = isinstance(error, SignatureMismatch)
+        failed.compared = _kept(run.compared, target)
         return failed
 
     # the law's run in the check's worker process when the target's calls must run in one (the
@@ -143,6 +146,19 @@ def _passed(prop: Law, examples: int, seconds: float, crashed: str | None,
                       "failure: no counterexample)", law=prop.statement, observed=observed)
     message = "; ".join(x for x in (figures(observed), *(notes or [])) if x)
     return Result(prop.name, "pass", examples, seconds, message, law=prop.statement, observed=observed)
+
+
+def _kept(last: Compared | None, target: Target) -> Compared | None:
+    """What a failure keeps of the last comparison of its example (`spec.compared.compact`), with the
+    row limits the target declares, to draw on it."""
+    if last is None:
+        return None
+    limits = {name: value for name, value in (("seq_multiple", target.seq_multiple),
+                                              ("max_seq", target.max_seq)) if value}
+    try:
+        return compact(last, limits=limits)
+    except (ValueError, TypeError):  # arrays that do not broadcast or convert: the failure stands, undrawn
+        return None
 
 
 def _run_in_worker(target: Target, job: tuple[str, dict[str, Any]]) -> Result:

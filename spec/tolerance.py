@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from spec import dtypes
+from spec import compared, dtypes
 from spec import golden as golden_oracle
 from spec.dtypes import BFLOAT16, eps
 
@@ -413,7 +413,9 @@ def compare(
     widened to float64 for the comparison). Raises `UnrepresentableGolden` when a finite golden
     entry on those rows lies past its largest finite value: no output in that dtype is correct
     there (a correctly rounded one is inf), so the case is a bug of the law that drew it, and is
-    reported as one, not as an error of the target."""
+    reported as one, not as an error of the target.
+
+    The comparison is the run's last (`spec.compared.record`: what a failure draws)."""
     sel = np.broadcast_to(rows[..., None], gold.shape)
     if dtype is not None:
         _check_representable(dtypes.as_dtype(dtype), gold, sel)
@@ -425,15 +427,30 @@ def compare(
     if diff.size == 0:
         return Comparison(0.0, 0.0, floor_, ())
     worst = np.unravel_index(int(np.argmax(diff)), diff.shape)
-    base_err = float(np.max(base_diff))
-    if not np.isfinite(base_err):  # the naive baseline overflowed: fall back on the floor
-        base_err = 0.0
+    base_err = _baseline_error(base_diff)
+    allowed = tolerance * base_err + floor_
+    compared.record("output against the float64 golden", gold, out, allowed, rows=rows)
     return Comparison(
         error=float(diff[worst]),
         baseline_error=base_err,
-        allowed=tolerance * base_err + floor_,
+        allowed=allowed,
         where=tuple(int(i) for i in worst),
     )
+
+
+def _baseline_error(base_diff: Array) -> float:
+    base_err = float(np.max(base_diff, initial=0.0))
+    return base_err if np.isfinite(base_err) else 0.0  # the naive baseline overflowed: the floor alone
+
+
+def allowance(gold: Array, base: Array, *, rows: Array, tolerance: float, floor_: float) -> float:
+    """What `compare` allows an output on the rows ``rows`` [..., n_q] (bool): tolerance·max|baseline
+    − golden| + floor, for a law that compares something other than an output with the golden
+    (two outputs of the target, a gradient's sum)."""
+    sel = np.broadcast_to(rows[..., None], gold.shape)
+    with np.errstate(invalid="ignore", over="ignore"):
+        base_diff = np.where(sel, np.abs(base.astype(np.float64, copy=False) - gold), 0.0)
+    return tolerance * _baseline_error(base_diff) + floor_
 
 
 def _check_representable(dtype: np.dtype, gold: Array, sel: Array) -> None:

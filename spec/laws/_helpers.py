@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from spec import context, dtypes, golden, oracle, tolerance
+from spec import compared, context, dtypes, golden, oracle, tolerance
 from spec.call import call
 from spec.cases import Case
 from spec.inputs import Inputs
@@ -85,6 +85,7 @@ def assert_within_tolerance(
     """THE golden-tolerance assertion of every law: the ratio is observed (worst per dtype, for
     the report) and a ratio above 1 fails, saying what differed from what, where and by how much."""
     __tracebackhide__ = True
+    compared.relabel(f"{what} against {against}")
     observe(f"error ratio {dtype}", cmp.ratio)
     assert cmp.ok, f"{what} differs from {against}: {cmp.explain()}"
 
@@ -104,8 +105,9 @@ def assert_same(
     __tracebackhide__ = True
     want = expected(target, inputs, visible=visible)
     rows = want.seen
-    allowed = tolerance.compare(want.out, want.out, want.baseline, rows=rows, tolerance=target.tolerance,
-                                floor_=want.floor).allowed
+    allowed = tolerance.allowance(want.out, want.baseline, rows=rows, tolerance=target.tolerance,
+                                  floor_=want.floor)
+    compared.record(what, a, b, 2 * allowed, rows=rows)
     with np.errstate(invalid="ignore"):
         diff = np.where(rows[..., None], np.abs(a - b), 0.0)
     diff = np.where(np.isnan(a) & np.isnan(b), 0.0, np.where(np.isnan(diff), np.inf, diff))
@@ -194,8 +196,12 @@ def differs_at(a: Array, b: Array) -> tuple[int, ...]:
     return at
 
 
-def same_bits(a: Array, b: Array) -> Array:  # -> bool, same shape
-    """Equal entry by entry, NaN equal to NaN (zeros of either sign are equal)."""
+def same_bits(a: Array, b: Array, *, rows: Array | None = None,
+              what: str = "bit-identity") -> Array:  # -> bool, same shape
+    """Equal entry by entry, NaN equal to NaN (zeros of either sign are equal). The comparison
+    (of ``b`` with ``a`` on ``rows`` [..., n_q], when given; ``what`` names it) is the run's
+    last (`spec.compared.record`), with nothing allowed."""
+    compared.record(what, a, b, 0.0, rows=rows)
     return (a == b) | (np.isnan(a) & np.isnan(b))
 
 
@@ -252,7 +258,7 @@ def assert_hidden_unmoved(
     if not target.exact_masking:
         assert_matches(target, inputs, after, rows=blind, what=f"after {what}, the output")
         return
-    bad = blind[..., None] & ~same_bits(before, after)
+    bad = blind[..., None] & ~same_bits(before, after, rows=blind, what=f"after {what}, the output")
     if (at := first_true(bad)) is not None:
         raise AssertionError(f"{what} changed output {list(at)} from {float(before[at])!r} to "
                              f"{float(after[at])!r}, though query {at[-2]} sees none of those keys")

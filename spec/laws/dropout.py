@@ -186,7 +186,7 @@ def dropout_unbiased(target: Target, case: Case) -> None:
     variance = SEEDS * p / (1 - p) * float(np.sum(a * a))
     bound = float(np.max(np.abs(a), initial=0.0)) * max(1.0, p / (1 - p))
     rows = weights.sum(axis=-1) > 0
-    allowed = tolerance.compare(gold, gold, base, rows=rows, tolerance=target.tolerance, floor_=floor).allowed
+    allowed = tolerance.allowance(gold, base, rows=rows, tolerance=target.tolerance, floor_=floor)
     rounding = SEEDS * float(np.sum(np.abs(sign))) * allowed / (1 - p)
     threshold = bernstein_threshold(variance, bound) + rounding
     total = float(sum(np.sum(sign * (out - gold)) for out in outs))

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
-from spec import golden, oracle, tolerance
+from spec import compared, golden, oracle, tolerance
 from spec.call import call, call_grad
 from spec.cases import Case, cases
 from spec.inputs import Inputs
@@ -236,8 +236,10 @@ def grad_residuals_agree(target: Target, case: Case) -> None:
     want = oracle.gradients(target, inputs, d_out)
     for name, a, b in zip(golden.GRADS, recomputed[:3], handed[:3], strict=True):
         gold, factor = want.golden[name], GRAD_FACTOR * target.tolerance
-        allowed = tolerance.compare(gold, gold, want.baseline[name], rows=np.ones(a.shape[:-1], dtype=bool),
-                                    tolerance=factor, floor_=want.floors[name]).allowed
+        allowed = tolerance.allowance(gold, want.baseline[name], rows=np.ones(a.shape[:-1], dtype=bool),
+                                      tolerance=factor, floor_=want.floors[name])
+        compared.record(f"{name} given the forward's out and lse against {name} recomputed", a, b,
+                        2 * allowed)
         diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
         worst = float(np.max(diff, initial=0.0))
         observe(f"residuals difference / allowed {precision_text(target, inputs)}",

@@ -175,7 +175,7 @@ def scale_hidden_keys_unmoved(target: Target, case: Case) -> None:
     blind = ~(vis & changed).any(axis=-1)
     assert blind.any(), f"no sampled row of {name_of(target, case)} is blind to the changed keys"
     after = call(patient(target), perturbed(target, case, inputs, changed))
-    bad = blind[..., None] & ~same_bits(before[..., rows, :], after[..., rows, :])
+    bad = blind[..., None] & ~same_bits(before[..., rows, :], after[..., rows, :], rows=blind)
     if (at := first_true(bad)) is not None:
         row = int(rows[at[-2]])
         keys = short(np.flatnonzero(changed))

@@ -179,3 +179,20 @@ def test_the_pytest_door_shows_one_cause_once(tmp_path):
     assert failed >= 3 and run.stdout.count("\n  law: ") == 1, run.stdout
     assert run.stdout.count("the same failure as output_shape_dtype") == failed - 1
     assert run.stdout.count("reproduce:") == failed
+
+
+def test_attention_html_writes_the_page_of_the_laws_run_under_xdist_too(tmp_path):
+    """``--attention-html FILE``: the CLI's page of the laws run, each failure with its heat map,
+    whether the laws ran in this process or in xdist workers (each result carried back with its
+    test's report)."""
+    for extra in ([], ["-n", "2"]):
+        page = tmp_path / f"page{len(extra)}.html"
+        run = _pytest(tmp_path, "--attention-target=gallery.core:mask_off_by_one", "--attention-only",
+                      "-k", "causal_no_leak or rows_sum_to_one or bias_per_head", f"--attention-html={page}",
+                      *extra)
+        assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
+        text = page.read_text(encoding="utf-8")
+        assert "gallery.core:mask_off_by_one: DOES NOT CONFORM" in text
+        assert "FAIL causal_no_leak" in text and text.count('class="heatmap ratio"') == 1
+        assert text.index(">rows_sum_to_one<") < text.index(">causal_no_leak<")  # the registry's order
+        assert "skipped laws (2)" in text  # bias_per_head and grad_bias_per_head, folded
