@@ -315,8 +315,21 @@ def falcon_body(r: Reader) -> Fields:
     new = r.boolean("new_decoder_architecture", False)
     parallel = r.boolean("parallel_attn", True)
     multi_query = r.boolean("multi_query", True)
+    # FalconAttention sizes its fused QKV by num_kv_heads only in the new architecture; the old one is
+    # multi-query (one K, V head) or 3·d wide, whatever num_kv_heads (which FalconConfig always carries) says
     n_kv = (r.optional_int("num_kv_heads") or n_heads) if new else 1 if multi_query else n_heads
-    norms = 2 if not parallel else (r.optional_int("num_ln_in_parallel_attn") or 2) if new else 1
+    if not new:
+        r.known("num_kv_heads")
+    # FalconDecoderLayer: sequential blocks have two norms; parallel ones two where num_ln_in_parallel_attn is
+    # 2 (its default in the new architecture, None in the old), else one shared
+    if parallel:
+        n_ln = r.optional_int("num_ln_in_parallel_attn") or (2 if new else 1)
+        if n_ln not in (1, 2):
+            n_ln = int(r.invalid("num_ln_in_parallel_attn", f"must be 1, 2 or null, got {n_ln!r}", 1))
+        norms = n_ln
+    else:
+        r.known("num_ln_in_parallel_attn")
+        norms = 2
     bias = r.boolean("bias", False)
     return {
         "arch": "neox", "n_layers": r.integer("num_hidden_layers"), "d_model": d, "n_heads": n_heads,
@@ -682,9 +695,11 @@ TYPES: dict[str, ModelType] = {
     "starcoder2": ModelType(llama_body, parts=(starcoder2_parts,), features={"arch": "neox"},
                             defaults={"tie_word_embeddings": True},
                             ignored=frozenset({"mlp_type", "norm_type"})),
-    # where the residual branches off (before or after the norm): the same weights
+    # where the residual branches off (before or after the norm): the same weights; num_key_value_heads:
+    # what FalconConfig derives from num_kv_heads and multi_query for the cache (it writes it, never reads it)
     "falcon": ModelType(falcon_body, parts=(), defaults={"max_position_embeddings": 2048},
-                        ignored=frozenset({"apply_residual_connection_post_layernorm"})),
+                        ignored=frozenset({"apply_residual_connection_post_layernorm",
+                                           "num_key_value_heads"})),
     "llama": ModelType(),
     "mistral": ModelType(parts=(no_extra_biases, window_on_every_layer)),
     "mixtral": ModelType(parts=(no_extra_biases, window_on_every_layer, mixtral_experts),
@@ -724,12 +739,14 @@ TYPES: dict[str, ModelType] = {
                                    "experts_per_token": "num_experts_per_tok"},
                              ignored=frozenset({"use_qk_norm", "floor_scale", "attn_scale",
                                                 "attn_temperature_tuning"})),
-    # JambaConfig reads neither sliding_window nor use_mamba_kernels (deprecated: kernels as available)
+    # JambaConfig reads neither sliding_window nor use_mamba_kernels (deprecated: kernels as available);
+    # use_mambapy and use_associative_scan: how the Mamba scan runs without its CUDA kernels (no weights)
     "jamba": ModelType(parts=(no_extra_biases, jamba_layers),
                        keys={**LLAMA_KEYS, "n_experts": "num_experts",
                              "experts_per_token": "num_experts_per_tok",
                              "n_mamba_layers": "attn_layer_period", "n_dense_layers": "expert_layer_period"},
-                       ignored=frozenset({"sliding_window", "use_mamba_kernels"})),
+                       ignored=frozenset({"sliding_window", "use_mamba_kernels", "use_mambapy",
+                                          "use_associative_scan"})),
     # V3's sigmoid router keeps a score-correction bias per expert (a saved buffer); V2's softmax router none
     "deepseek_v2": ModelType(parts=(mla, deepseek_experts), keys=DEEPSEEK_KEYS),
     "deepseek_v3": ModelType(parts=(mla, deepseek_experts), features={"router_bias": True},

@@ -508,6 +508,12 @@ VARIANTS = {
     "falcon, new decoder with one norm (Falcon-11B's num_ln_in_parallel_attn)": _variant(
         "falcon-7b", hidden_size=1024, num_attention_heads=16, num_kv_heads=2, new_decoder_architecture=True,
         num_ln_in_parallel_attn=1, num_hidden_layers=3),
+    "falcon, old multi-query with two norms (num_ln_in_parallel_attn 2)": _variant(
+        "falcon-7b", hidden_size=1024, num_attention_heads=16, num_ln_in_parallel_attn=2, num_kv_heads=16,
+        num_hidden_layers=3),
+    "falcon, old multi-head: num_kv_heads sizes nothing": _variant(
+        "falcon-7b", hidden_size=1024, num_attention_heads=16, multi_query=False, num_kv_heads=16,
+        num_hidden_layers=3),
     "llama4, MoE on listed layers, NoPE layers listed": _variant(
         "llama4-scout-17b-16e", moe_layers=[1, 2], no_rope_layers=[1, 0, 1, 1], num_local_experts=4,
         hidden_size=512, num_hidden_layers=4, use_qk_norm=False),
@@ -546,6 +552,46 @@ VARIANTS = {
     "phi, grouped K/V": _variant("phi-2", num_key_value_heads=8, num_hidden_layers=2),
     "opt, untied": _variant("opt-125m", tie_word_embeddings=False, num_hidden_layers=2),
 }
+
+
+# What FalconConfig and JambaConfig (transformers 5) write into every file they save, beside the keys of the
+# published files: keys the class carries that this variant reads not at all (Falcon-7B's old architecture
+# sizes nothing by num_kv_heads; its one norm is num_ln_in_parallel_attn's null) or that choose how the Mamba
+# scan runs. The published files re-saved so read with the same counts.
+SAVED_BY_TRANSFORMERS = {
+    "falcon-7b": {"num_kv_heads": 71, "num_ln_in_parallel_attn": None, "num_key_value_heads": 1,
+                  "ffn_hidden_size": 18176, "max_position_embeddings": 2048, "activation": "gelu"},
+    "jamba-v0.1": {"use_mambapy": False, "use_associative_scan": True},
+}
+
+
+@pytest.mark.parametrize("name", SAVED_BY_TRANSFORMERS)
+def test_keys_a_config_class_carries_and_the_variant_does_not_read_are_accepted(name):
+    saved = {**raw(name), **SAVED_BY_TRANSFORMERS[name]}
+    assert ledger.checkpoint(from_config(saved))["total"] == MODELS[name].total
+
+
+@pytest.mark.parametrize(
+    ("name", "changes", "key"),
+    [
+        # the new architecture sizes its fused QKV by num_kv_heads: read, and a bad value named
+        ("falcon-7b", {"new_decoder_architecture": True, "num_kv_heads": 0}, "num_kv_heads"),
+        ("falcon-7b", {"num_ln_in_parallel_attn": 3}, "num_ln_in_parallel_attn"),
+        # keys that would add weights (experts, a Mamba-2 head width): still refused, named
+        ("falcon-7b", {"num_kv_heads": 71, "num_experts": 8}, "num_experts"),
+        ("jamba-v0.1", {"use_mambapy": False, "mamba_headdim": 64}, "mamba_headdim"),
+    ],
+)
+def test_keys_that_would_change_a_count_are_still_refused(name, changes, key):
+    with pytest.raises(ConfigError) as err:
+        from_config({**raw(name), **changes})
+    assert err.value.field == key
+
+
+def test_falcon_old_architecture_with_two_parallel_norms_counts_them():
+    one = ledger.checkpoint(from_config(raw("falcon-7b")))["total"]
+    two = ledger.checkpoint(from_config({**raw("falcon-7b"), "num_ln_in_parallel_attn": 2}))["total"]
+    assert two - one == 32 * 2 * 4544  # a second LayerNorm (weight and bias) in each of the 32 layers
 
 
 @pytest.mark.parametrize("name", VARIANTS)
