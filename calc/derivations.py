@@ -53,6 +53,7 @@ FORMULAS: tuple[tuple[str, Expr | str], ...] = (
     ("MLA keys, values (latent, rotary key, up)", f.mla_kv),
     ("MLA output", f.mla_o),
     ("MLA latent norms", f.mla_norms),
+    ("DSA indexer per sparse layer (DeepSeek V3.2)", f.indexer_per_layer),
     ("Gated DeltaNet layer (Qwen3-Next)", f.deltanet_per_layer),
     ("Gated DeltaNet state per sequence", f.deltanet_state),
     ("Mamba layer (Jamba)", f.mamba_per_layer),
@@ -62,7 +63,9 @@ FORMULAS: tuple[tuple[str, Expr | str], ...] = (
     ("pattern entries per head", f.entries_per_head),
     ("windowed entries per head", f.windowed_entries_per_head),
     ("chunked entries per head (Llama 4)", f.chunked_entries_per_head),
+    ("sparse (top-k) entries per head (DeepSeek V3.2)", f.sparse_entries_per_head),
     ("keys a token sees, over layers", f.keys_seen),
+    ("token·layers the KV cache holds", f.keys_cached),
     ("pattern entries per model", f.entries_per_model),
     ("tiled entries per head", f.tiled_entries_per_head),
     ("QKᵀ FLOPs per head", f.qk_flops_per_head),
@@ -129,7 +132,8 @@ SYMBOLS = (
     "routed experts, k_E per token, S shared, d_e expert width, d_s shared expert width, L_d dense layers; "
     "MLA: r_q, r_kv query and key/value latent ranks, d_r rotary head width. Layers by kind: L_a of the L "
     "have softmax attention (L − L_lin linear-attention − L_m Mamba layers), L_w of them windowed (w) and "
-    "L_c chunked (chunks of C; n = m_C·C + r_C). Linear attention: h_lk, h_lv heads of d_lk, d_lv, a "
+    "L_c chunked (chunks of C; n = m_C·C + r_C) and L_s sparse (each query attends to the k_I keys an "
+    "indexer of h_I heads of d_I scores highest). Linear attention: h_lk, h_lv heads of d_lk, d_lv, a "
     "convolution of K taps; Mamba: inner width d_in, state d_st, step rank r_dt. Training: micro-batch "
     "b_m, tensor-parallel degree t, N_d data-parallel devices, P parameters a tensor-parallel rank holds at "
     "b_w, b_g, b_o bytes each of weights, gradients and optimizer states (ZeRO's K). Activations kept: "

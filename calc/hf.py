@@ -571,6 +571,15 @@ def mla(r: Reader, fields: Fields) -> Fields:
             "n_mtp_layers": r.count("num_nextn_predict_layers")}
 
 
+def dsa_indexer(r: Reader, fields: Fields) -> Fields:
+    """DeepSeek Sparse Attention (DeepSeek V3.2): every layer's queries attend to the ``index_topk`` keys its
+    indexer (``index_n_heads`` heads of ``index_head_dim``) scores highest; DeepseekV32Config names every
+    layer ``indexed_attention``."""
+    kinds = r.layer_kinds(fields["n_layers"], ("indexed_attention",), lambda i: "indexed_attention")
+    return {**fields, "n_sparse_layers": kinds["indexed_attention"], "index_topk": r.integer("index_topk"),
+            "index_heads": r.integer("index_n_heads"), "index_head_dim": r.integer("index_head_dim")}
+
+
 def gpt_oss_parts(r: Reader, fields: Fields) -> Fields:
     """gpt-oss: sinks, biases on Q, K, V, O, alternating sliding/full layers, experts with biases."""
     kinds = r.layer_kinds(fields["n_layers"], SLIDING_OR_FULL,
@@ -751,6 +760,10 @@ TYPES: dict[str, ModelType] = {
     "deepseek_v2": ModelType(parts=(mla, deepseek_experts), keys=DEEPSEEK_KEYS),
     "deepseek_v3": ModelType(parts=(mla, deepseek_experts), features={"router_bias": True},
                              keys=DEEPSEEK_KEYS),
+    # DeepseekV32Config fixes MLA's query LoRA and the router's score correction as V3's, and adds the indexer
+    "deepseek_v32": ModelType(parts=(mla, deepseek_experts, dsa_indexer), features={"router_bias": True},
+                              keys={**DEEPSEEK_KEYS, "n_sparse_layers": "layer_types",
+                                    "index_heads": "index_n_heads"}),
     # experts_per_token: a copy of num_experts_per_tok that GptOssConfig does not read;
     # initial_context_length: the context before YaRN scaling
     "gpt_oss": ModelType(parts=(gpt_oss_parts,),

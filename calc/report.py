@@ -35,7 +35,8 @@ FEATURE_KEYS = (
     "learned_positions", "position_offset", "norm_bias", "o_bias", "mlp_gated", "mlp_bias", "lm_head_bias",
     "qk_norm_per_head", "attention_sinks", "attention_output_gate", "n_attention_layers", "attention_chunk",
     "n_chunked_layers", "n_nope_layers", "n_linear_layers", "linear_attention", "n_mamba_layers", "mamba",
-    "d_shared_expert", "shared_expert_gate", "expert_bias",
+    "d_shared_expert", "shared_expert_gate", "expert_bias", "n_sparse_layers", "index_topk", "index_heads",
+    "index_head_dim",
     # added with the activations per layer kind (calc.activations)
     "d_rotary", "parallel_block", "activation",
 )
@@ -299,6 +300,13 @@ def window_notes(cfg: dict[str, Any]) -> tuple[str, ...]:
         notes.append(f"chunks: {cfg['n_chunked_layers']} of {cfg['n_layers']} layers attend within chunks of "
                      f"{c} tokens: a query sees only its own chunk (C²·⌊n/C⌋ + (n mod C)² pattern entries) "
                      f"and the cache holds at most {c} tokens{largest}")
+    if cfg.get("n_sparse_layers"):
+        k = count(cfg["index_topk"])
+        notes.append(f"sparse: {cfg['n_sparse_layers']} of {cfg['n_layers']} layers attend to the {k} keys "
+                     f"their indexer scores highest (n×min(n, {k}) pattern entries; the cache holds every "
+                     f"token, and the indexer's key); the indexer's own n² scores at "
+                     f"{cfg['index_heads']} heads of {cfg['index_head_dim']} are in the per-kind "
+                     f"table{largest}")
     if cfg["n_attention_layers"] != cfg["n_layers"]:
         kind = "linear-attention" if cfg["n_linear_layers"] else "Mamba"
         notes.append(f"hybrid: {cfg['n_layers'] - cfg['n_attention_layers']} of {cfg['n_layers']} layers are "
@@ -350,8 +358,10 @@ def _flops(report: dict[str, Any]) -> Table:
     keys = ("qk_flops_per_head", "av_flops_per_head", "attention_flops_per_head", "attention_flops_per_layer",
             "attention_flops_per_model", "causal_flops_per_model")
     cfg = report["config"]
-    keys_seen = ("n²" if cfg["n_attention_layers"] > cfg["n_window_layers"] + cfg["n_chunked_layers"]
-                 else "n·min(n, w)" if cfg["n_window_layers"] else "chunk-block")
+    sparse = cfg.get("n_sparse_layers", 0)
+    keys_seen = ("n²" if cfg["n_attention_layers"] > cfg["n_window_layers"] + cfg["n_chunked_layers"] + sparse
+                 else "n·min(n, w)" if cfg["n_window_layers"] else "chunk-block" if cfg["n_chunked_layers"]
+                 else "n·min(n, k_I)")
     value = "d_v" if cfg["d_v"] != cfg["d_head"] else "d_k"
     return Table(
         title=(f"Attention FLOPs of one forward pass: QKᵀ (2·{keys_seen}·d_k) + AV (2·{keys_seen}·{value}) "
@@ -374,11 +384,11 @@ def _per_token(report: dict[str, Any]) -> Table:
     cfg = report["config"]
     headers = ("Kaplan: 2N + 2·L·n·h·d_k", "PaLM: 2N + 4·L·h·d_k·n")
     if (cfg["n_window_layers"] or cfg["n_chunked_layers"] or cfg["d_v"] != cfg["d_head"]
-            or cfg["n_attention_layers"] != cfg["n_layers"]):
+            or cfg.get("n_sparse_layers") or cfg["n_attention_layers"] != cfg["n_layers"]):
         # keys = keys a token attends to, summed over layers: L·n without windows (f.keys_seen)
         headers = ("Kaplan: 2N + 2·h·d_k·keys", "PaLM: 2N + 2·h·(d_k + d_v)·keys")
-        moe += (" keys: the keys a token sees, summed over the attention layers ((L_a − L_w − L_c)·n + "
-                "L_w·min(n, w) + L_c·min(n, C), chunks at most).")
+        moe += (" keys: the keys a token sees, summed over the attention layers ((L_a − L_w − L_c − L_s)·n + "
+                "L_w·min(n, w) + L_c·min(n, C) + L_s·min(n, k_I), chunks at most; the indexer not counted).")
     return Table(
         title="Forward FLOPs per token at context n",
         headers=("n", *headers, "attention share (PaLM)"),
@@ -406,6 +416,11 @@ def _kv(report: dict[str, Any]) -> Table:
     heads = (f"one latent of {cfg['kv_lora_rank']} and one rotary key of {cfg['d_rope']} per layer, "
              f"shared by the {cfg['n_heads']} heads" if cfg["kv_lora_rank"]
              else f"g = {cfg['n_kv_heads']} key/value heads of {cfg['n_heads']}")
+    if cfg.get("n_sparse_layers"):
+        per_token = (f"MLA and indexer, (L_a·(r_kv + d_r) + L_s·d_I)·b = ({cfg['n_attention_layers']}·"
+                     f"({cfg['kv_lora_rank']} + {cfg['d_rope']}) + {cfg['n_sparse_layers']}·"
+                     f"{cfg['index_head_dim']})·{size}")
+        heads += f", and the indexer's key of {cfg['index_head_dim']} per sparse layer"
     return Table(
         title=f"KV cache, {kv['dtype']} ({size} bytes a value): {per_token} bytes per token",
         headers=("n", "bytes", ""),

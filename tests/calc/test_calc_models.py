@@ -41,6 +41,8 @@ MODELS = {
     "gpt-oss-20b": Counted(20_914_757_184, 4_187_440_704, 2 * 24 * 8 * 64 * 2),
     "llama4-scout-17b-16e": Counted(107_769_861_120, 17_172_894_720, 2 * 48 * 8 * 128 * 2),
     "deepseek-v2-lite": Counted(15_706_484_224, 2_661_150_208, 27 * (512 + 64) * 2),  # MLA's latent and key
+    # transformers 5.25.0: MLA's latent and key, and the indexer's key of 128, in each of the 61 layers
+    "deepseek-v3.2": Counted(671_877_944_064, 38_403_822_336, 61 * (512 + 64 + 128) * 2),
     "qwen3-next-80b-a3b": Counted(79_674_391_296, 3_874_929_408, 2 * 12 * 2 * 256 * 2),  # 12 of 48 layers
     "jamba-v0.1": Counted(51_570_323_328, 12_110_311_296, 2 * 4 * 8 * 128 * 2),  # 4 of 32 layers attend
     "qwen1.5-moe-a2.7b": Counted(14_315_784_192, 2_689_173_504, 2 * 24 * 16 * 128 * 2),
@@ -83,7 +85,7 @@ def test_kv_bytes_per_token_by_hand(name):
 
 
 def test_every_new_type_has_a_fixture_here():
-    new = {"qwen3_moe", "gpt_oss", "llama4", "deepseek_v2", "qwen3_next", "jamba", "qwen2_moe", "gemma",
+    new = {"qwen3_moe", "gpt_oss", "llama4", "deepseek_v2", "deepseek_v32", "qwen3_next", "jamba", "qwen2_moe", "gemma",
            "smollm3",
            "olmo2", "phi", "starcoder2", "cohere", "falcon", "stablelm", "gpt_bigcode", "opt",
            "qwen2", "llama"}  # Qwen2.5 and SmolLM2: the inert keys of their files
@@ -134,6 +136,16 @@ def test_jamba_mamba_layers_and_interleaved_experts_by_hand():
     assert ledger.checkpoint(config)["total"] == total
     assert costs.kv_cache(config, [1],
                           "bf16")["state_bytes_per_sequence"] == 28 * (d_in * state + 3 * d_in) * 2
+
+
+def test_deepseek_v32_indexer_by_hand():
+    d, r_q, h_i, d_i, layers = 7168, 1536, 64, 128, 61
+    # its queries from the query latent, its key and the key's LayerNorm, each head's weight per token
+    indexer = r_q * h_i * d_i + d * d_i + 2 * d_i + d * h_i
+    v32 = load(str(CONFIGS / "deepseek-v3.2.json"))
+    v3 = load(str(CONFIGS / "deepseek-v3.json"))
+    assert ledger.checkpoint(v32)["total"] - ledger.checkpoint(v3)["total"] == layers * indexer
+    assert (v32.n_sparse_layers, v32.index_topk, v32.n_full_layers) == (61, 2048, 0)
 
 
 def test_llama4_interleaved_moe_with_a_shared_expert_and_chunked_layers():
