@@ -85,8 +85,8 @@ def test_kv_bytes_per_token_by_hand(name):
 
 
 def test_every_new_type_has_a_fixture_here():
-    new = {"qwen3_moe", "gpt_oss", "llama4", "deepseek_v2", "deepseek_v32", "qwen3_next", "jamba", "qwen2_moe", "gemma",
-           "smollm3",
+    new = {"qwen3_moe", "gpt_oss", "llama4", "deepseek_v2", "deepseek_v32", "qwen3_next", "jamba",
+           "qwen2_moe", "gemma", "smollm3",
            "olmo2", "phi", "starcoder2", "cohere", "falcon", "stablelm", "gpt_bigcode", "opt",
            "qwen2", "llama"}  # Qwen2.5 and SmolLM2: the inert keys of their files
     assert {raw(name)["model_type"] for name in MODELS} == new
