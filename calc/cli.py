@@ -92,6 +92,10 @@ def _table_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--width", type=width, metavar="COLUMNS",
                         help=f"widest line of the table format (default: the terminal's, {DEFAULT_WIDTH} "
                         "when stdout is not a terminal; 0: no wrapping)")
+    parser.add_argument("--plot", metavar="FILE.png",
+                        help="also draw each layer kind's prefill FLOPs and memory against n, up to the "
+                        "largest --seq and 4·n_ctx, with the n where one kind overtakes another (needs "
+                        "matplotlib: the 'plot' extra)")
     group = parser.add_argument_group("training memory (Korthikanti et al. 2022; ZeRO)")
     group.add_argument("--train", action="store_true", help="add training memory over the sequence lengths")
     group.add_argument("--micro-batch", type=positive_int, metavar="B",
@@ -215,6 +219,17 @@ def resolve(name: str) -> Config:
         raise UsageError(f"{name}: {err}") from None
 
 
+def check_plot(path: str) -> None:
+    """--plot's file can be written: its folder exists and matplotlib is installed (else a UsageError)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UsageError(f"--plot: folder {folder} does not exist")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UsageError("--plot needs matplotlib: pip install 'attention-spec[plot]'") from None
+
+
 def run_compare(argv: Sequence[str]) -> tuple[str, list[str]]:
     from calc import compare
 
@@ -222,13 +237,7 @@ def run_compare(argv: Sequence[str]) -> tuple[str, list[str]]:
     configs = [resolve(name) for name in args.models]
     serve = serve_options(args)
     if args.plot:
-        folder = os.path.dirname(os.path.abspath(args.plot))
-        if not os.path.isdir(folder):
-            raise UsageError(f"--plot: folder {folder} does not exist")
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise UsageError("--plot needs matplotlib: pip install 'attention-spec[plot]'") from None
+        check_plot(args.plot)
     columns = [compare.figures(c, n=args.seq, dtype=args.dtype, serve=serve) for c in configs]
     text = compare.render(columns, args.format, width=terminal_width(args))
     if args.plot:
@@ -308,9 +317,20 @@ def run(argv: Sequence[str]) -> tuple[str, list[str]]:
                              "'formulas'")
         config = resolve(args.model)
     peak, bandwidth = roofline_options(args)
+    if args.plot:
+        check_plot(args.plot)
     report = build(config, seqs=args.seq, dtype=args.dtype, peak_tflops=peak, bandwidth_gbs=bandwidth,
                    train=train_options(args), serve=serve_options(args))
-    return render(report, args.format, width=terminal_width(args)), report["warnings"]
+    text = render(report, args.format, width=terminal_width(args))
+    if args.plot:
+        from calc import kinds
+
+        cost = report["cost_by_kind"]
+        kinds.plot(config, args.plot, n_max=max([*(args.seq or ()), 4 * config.n_ctx]),
+                   dtype_bytes=cost["bytes_per_value"], dtype=args.dtype, block=cost["tile_side"])
+        if args.format == "table":
+            text += f"\n\nplot: {args.plot}"
+    return text, report["warnings"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

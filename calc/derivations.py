@@ -5,6 +5,7 @@ from __future__ import annotations
 from sympy import Expr, Integer, Symbol, simplify
 
 from calc import formulas as f
+from calc.kinds import KINDS, METRIC_TEXT, METRICS
 
 
 def _checkpoint(name: str) -> Expr:
@@ -112,6 +113,8 @@ FORMULAS: tuple[tuple[str, Expr | str], ...] = (
     ("serving: decode step FLOPs at context n", f.decode_flops),
     ("serving: routed experts t_r tokens touch in a layer (uniform routing)", f.experts_touched),
     ("serving: weight bytes a step reads", f.step_weight_bytes),
+    *((f"per layer kind, {kind.name}: {METRIC_TEXT[metric]}", kind.formula(metric))
+      for kind in KINDS.values() for metric in METRICS),
 )
 
 
@@ -140,7 +143,9 @@ SYMBOLS = (
     "b bytes a value, c_up 1 where b < 4 (casts to fp32 are then copies), s_1 1 for a micro-batch of one, "
     "k_a tensors the MLP's activation keeps, c_f the capacity factor (1: dropless), w_b bytes of a routing "
     "weight. Serving: N_mm parameters a token is multiplied by, P_s weights outside the routed experts, p_e "
-    "an expert's parameters, t_r tokens of a step. "
+    "an expert's parameters, t_r tokens of a step. Per layer kind (calc.kinds), one sequence: b_I bytes a "
+    "value of the indexer's scores; a dense, sliding or chunked layer of an MLA model caches r_kv + d_r a "
+    "token in place of 2·g·d_k. "
     "Rotary embeddings (full or partial, GPT-NeoX's 25 %), NoPE layers and "
     "parallel blocks add no parameters; fused QKV or gate-up matrices hold exactly what the separate ones do."
 )

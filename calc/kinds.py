@@ -38,6 +38,8 @@ from calc.config import Config
 from calc.ledger import values
 
 b_I = Symbol("b_I", positive=True, integer=True)  # bytes a value of the indexer's scores
+CROSSOVER_METRICS = ("prefill_flops", "cache_bytes", "score_bytes_naive")  # what the table and plot mark
+INDEX_BYTES = 1  # the indexer's scores in FP8, as DeepSeek V3.2's kernel computes them
 TILE_BYTES = 4  # a tiled kernel keeps its tile, running statistics and selections in fp32 (and int32)
 METRICS = ("prefill_flops", "score_bytes_naive", "score_bytes_tiled", "cache_bytes", "decode_flops")
 METRIC_TEXT = {
@@ -194,3 +196,54 @@ def crossovers(config: Config, metric: str, n_max: int, **options: int) -> list[
             if a != other and (n := crossover(total(a), total(other), n_max)) is not None:
                 found.append({"kind": a, "overtakes": other, "n_tokens": n})
     return found
+
+
+def plot_grid(n_max: int, extra: Sequence[int] = ()) -> list[int]:
+    """The lengths a plot draws: powers of two from 256 up to n_max, n_max, and ``extra`` (crossovers)."""
+    grid = {2**k for k in range(8, n_max.bit_length()) if 2**k <= n_max} | {n_max} | set(extra)
+    return sorted(n for n in grid if n <= n_max)
+
+
+def plot(config: Config, path: str, *, n_max: int, dtype_bytes: int = 2, dtype: str = "bf16",
+         index_bytes: int = INDEX_BYTES, block: int = 128) -> list[dict[str, Any]]:
+    """Draw into ``path`` (PNG; matplotlib, the ``plot`` extra) each kind's prefill FLOPs (left) and memory
+    (right: the cache, solid; the naive scores, dashed) over its layers against n, log-log, with a dotted line
+    at each n where one kind overtakes another; return those crossovers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    options = {"dtype_bytes": dtype_bytes, "index_bytes": index_bytes, "block": block}
+    found = {m: crossovers(config, m, n_max, **options) for m in CROSSOVER_METRICS}
+    seqs = plot_grid(n_max, [c["n_tokens"] for rows in found.values() for c in rows])
+    rows = by_kind(config, seqs, **options)
+    fig, (flops_ax, memory_ax) = plt.subplots(1, 2, figsize=(11, 4.4))
+    for kind in layer_kinds(config):
+        line, = flops_ax.plot(seqs, [r["kinds"][kind]["prefill_flops"] for r in rows], label=kind)
+        color = line.get_color()
+        memory_ax.plot(seqs, [r["kinds"][kind]["cache_bytes"] / 2**30 for r in rows], color=color,
+                       label=f"{kind}: cache")
+        naive = [r["kinds"][kind]["score_bytes_naive"] / 2**30 for r in rows]
+        if any(naive):
+            memory_ax.plot(seqs, naive, color=color, linestyle="--", label=f"{kind}: scores, naive")
+    for ax, metric in ((flops_ax, "prefill_flops"), (memory_ax, "cache_bytes"),
+                       (memory_ax, "score_bytes_naive")):
+        for c in found[metric]:
+            ax.axvline(c["n_tokens"], color="grey", linestyle=":", linewidth=1)
+            what = {"prefill_flops": "", "cache_bytes": "cache: ", "score_bytes_naive": "scores: "}[metric]
+            ax.annotate(f"{what}{c['kind']} > {c['overtakes']}\nn = {c['n_tokens']:,}", (c["n_tokens"], 0.02),
+                        xycoords=("data", "axes fraction"), fontsize="x-small", rotation=90, ha="right")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("context length n (tokens)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize="x-small")
+    flops_ax.set_ylabel("prefill FLOPs over the kind's layers")
+    flops_ax.set_title(f"{config.name}: sequence mixing per layer kind")
+    memory_ax.set_ylabel(f"GiB ({dtype}, {dtype_bytes} bytes a value; indexer scores {index_bytes})")
+    memory_ax.set_title("cache (solid) and naive scores (dashed)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [c for rows_ in found.values() for c in rows_]

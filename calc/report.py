@@ -107,6 +107,7 @@ def build(
         "forward_flops_per_token": costs.forward_flops_per_token(config, seqs),
         "kv_cache": costs.kv_cache(config, seqs, dtype),
         "time": costs.roofline(config, seqs, dtype, peak_tflops=peak_tflops, bandwidth_gbs=bandwidth_gbs),
+        "cost_by_kind": cost_by_kind(config, seqs, dtype),
     }
     if train is not None:
         from calc.training import training
@@ -123,6 +124,24 @@ def build(
                                       weight_dtype=serve.get("weight_dtype", "bf16"), **rate)
         report["serving"] = served
     return report
+
+
+def cost_by_kind(config: Config, seqs: Sequence[int], dtype: str = "bf16") -> dict[str, Any]:
+    """calc.kinds' figures of ``config`` at ``seqs``: each layer kind's and their sum (``rows``), and the n up
+    to the largest of ``seqs`` and 4·n_ctx where one kind's prefill FLOPs, cache or naive scores overtake
+    another's (``crossovers``)."""
+    from calc import kinds
+
+    size = costs.DTYPE_BYTES[dtype]
+    options = {"dtype_bytes": size, "index_bytes": kinds.INDEX_BYTES, "block": costs.DEFAULT_BLOCK}
+    n_max = max([*seqs, 4 * config.n_ctx])
+    return {
+        "dtype": dtype, "bytes_per_value": size, "index_bytes_per_value": kinds.INDEX_BYTES,
+        "tile_side": costs.DEFAULT_BLOCK, "layers": kinds.layer_kinds(config),
+        "rows": kinds.by_kind(config, seqs, **options),
+        "crossovers": {metric: kinds.crossovers(config, metric, n_max, **options)
+                       for metric in kinds.CROSSOVER_METRICS},
+    }
 
 
 def _config_value(value: Any) -> Any:
@@ -204,8 +223,54 @@ def tables(report: dict[str, Any]) -> list[Table]:
     """The report as tables, in reading order."""
     extra = [*([_training(report)] if "training" in report else []),
              *([_serving(report), _serving_time(report)] if "serving" in report else [])]
+    by_kind = [_by_kind(report)] if set(report["cost_by_kind"]["layers"]) != {"dense"} else []
     return [_ledger(report), _checkpoint(report), _memory(report), _flops(report), _per_token(report),
-            _kv(report), _time(report), *extra]
+            _kv(report), _time(report), *by_kind, *extra]
+
+
+def crossover_notes(found: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """One line per metric naming the n where one kind's figure overtakes another's."""
+    what = {"prefill_flops": "prefill FLOPs", "cache_bytes": "cache", "score_bytes_naive": "naive scores"}
+    return [f"{what[metric]}: " + "; ".join(
+        f"{c['kind']} overtakes {c['overtakes']} at n = {count(c['n_tokens'])}" for c in rows)
+        for metric, rows in found.items() if rows]
+
+
+def _by_kind(report: dict[str, Any]) -> Table:
+    from calc.kinds import KINDS, METRICS
+
+    cost = report["cost_by_kind"]
+    size, index = cost["bytes_per_value"], cost["index_bytes_per_value"]
+    flops = ("prefill_flops", "decode_flops")
+    rows, raw = [], []
+    layers = sum(v for k, v in cost["layers"].items() if k != "indexer")  # an indexer is in its sparse layer
+    for r in cost["rows"]:
+        for kind, fig in (*r["kinds"].items(), ("all", {"layers": layers, **r["total"]})):
+            rows.append((count(r["n_tokens"]), kind, str(fig["layers"]),
+                         *(si(fig[m], "FLOP") if m in flops else binary_bytes(fig[m]) for m in METRICS)))
+            raw.append((r["n_tokens"], kind, fig["layers"], *(fig[m] for m in METRICS)))
+    found = crossover_notes(cost["crossovers"])
+    notes = (
+        "kinds: " + "; ".join(f"{k}: {KINDS[k].what}" for k in cost["layers"]) + ". all: the sum (a sparse "
+        "layer's indexer counted as a kind beside it; tiled: the largest kind's, one head at work)",
+        f"prefill: the causal pass's sequence mixing (QKᵀ, AV, the indexer's scores, the state's updates), "
+        f"projections aside; decode: one step at n. Scores naive: every head's stored at once, {size} bytes "
+        f"a value (the indexer's at {index}, FP8); tiled: a {cost['tile_side']}×{cost['tile_side']} tile and "
+        f"the running values, fp32; cache: K and V, MLA's latent, the indexer's key, or the fixed state, at "
+        f"{size} bytes a value ({cost['dtype']}). " + UNITS,
+        *(["crossovers (over the kinds' layers, up to the largest n and 4·n_ctx): " + " / ".join(found)]
+          if found else []),
+    )
+    return Table(
+        title="Cost per layer kind over n, one sequence (calc.kinds; python -m calc formulas shows each)",
+        headers=("n", "kind", "layers", *(METRIC_TEXT_SHORT[m] for m in METRICS)),
+        rows=rows, raw_headers=("n_tokens", "kind", "layers", *METRICS), raw_rows=raw, notes=notes,
+    )
+
+
+METRIC_TEXT_SHORT = {"prefill_flops": "prefill", "score_bytes_naive": "scores naive",
+                     "score_bytes_tiled": "scores tiled", "cache_bytes": "cache",
+                     "decode_flops": "decode step"}
 
 
 def _ledger(report: dict[str, Any]) -> Table:

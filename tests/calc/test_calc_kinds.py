@@ -173,3 +173,48 @@ def test_crossover_is_where_one_kind_overtakes_the_other(name, kind, other):
 def test_crossover_none_where_one_never_overtakes():
     assert kinds.crossover(lambda n: n, lambda n: 2 * n, 1000) is None
     assert kinds.crossover(lambda n: n * n, lambda n: 100 * n, 1000) == 101
+
+
+# --- the report, the JSON and the plot -------------------------------------------------------------------
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    from calc.cli import main
+
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_json_carries_each_kind_and_their_sum(capsys):
+    code, out, _ = run(capsys, str(CONFIGS / "deepseek-v3.2.json"), "--seq", "1024", "65536", "--format",
+                       "json")
+    assert code == 0
+    cost = json.loads(out)["cost_by_kind"]
+    assert (cost["dtype"], cost["bytes_per_value"], cost["index_bytes_per_value"]) == ("bf16", 2, 1)
+    assert cost["layers"] == {"sparse": 61, "indexer": 61}
+    for row in cost["rows"]:
+        for metric in kinds.METRICS:
+            figures = [k[metric] for k in row["kinds"].values()]
+            assert row["total"][metric] == (max if metric == "score_bytes_tiled" else sum)(figures)
+    (found,) = cost["crossovers"]["prefill_flops"]
+    assert (found["kind"], found["overtakes"]) == ("indexer", "sparse")
+
+
+def test_table_per_kind_only_where_a_model_has_other_kinds(capsys):
+    _, dense, _ = run(capsys, "gpt3", "--seq", "2048")
+    assert "Cost per layer kind" not in dense
+    _, hybrid, _ = run(capsys, str(CONFIGS / "qwen3-next-80b-a3b.json"), "--seq", "4096")
+    assert "Cost per layer kind" in hybrid
+    assert "dense overtakes linear at n = 1,368" in " ".join(hybrid.split())
+
+
+def test_plot_draws_a_png(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "kinds.png"
+    code, out, _ = run(capsys, str(CONFIGS / "gemma3-1b.json"), "--seq", "4096", "--plot", str(path))
+    assert code == 0 and out.rstrip().endswith(f"plot: {path}")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_into_a_missing_folder_exits_2_in_one_line(capsys, tmp_path):
+    code, out, err = run(capsys, "gpt2", "--plot", str(tmp_path / "nowhere" / "x.png"))
+    assert code == 2 and out == "" and err.count("\n") == 1 and "--plot" in err
