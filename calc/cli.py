@@ -190,8 +190,9 @@ def compare_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="python -m calc compare", description="Models side by side: parameters, active "
                     "parameters, attention share, KV cache and FLOPs per token.")
     parser.add_argument("models", nargs="+", metavar="MODEL", help="preset names or config.json paths")
-    parser.add_argument("--seq", type=positive_int, metavar="N",
-                        help="context length for every model (default: each model's n_ctx)")
+    parser.add_argument("--seq", type=positive_int, nargs="+", metavar="N",
+                        help="context lengths for every model: the first for every row, each for the rows "
+                        "per layer kind (default: each model's n_ctx)")
     parser.add_argument("--dtype", choices=tuple(costs.DTYPE_BYTES), default="bf16",
                         help="value type of the KV cache (default: bf16)")
     parser.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
@@ -238,10 +239,15 @@ def run_compare(argv: Sequence[str]) -> tuple[str, list[str]]:
     serve = serve_options(args)
     if args.plot:
         check_plot(args.plot)
-    columns = [compare.figures(c, n=args.seq, dtype=args.dtype, serve=serve) for c in configs]
+    first, *more = args.seq or [None]
+    columns = [compare.figures(c, n=first, dtype=args.dtype, serve=serve, seqs=more) for c in configs]
+    if len(configs) > 1:
+        n_max = max([*(args.seq or ()), *(4 * c.n_ctx for c in configs)])
+        for column, found in zip(columns, compare.overtakes(configs, args.dtype, n_max), strict=True):
+            column["cost_overtakes"] = found
     text = compare.render(columns, args.format, width=terminal_width(args))
     if args.plot:
-        compare.plot(configs, args.plot, dtype=args.dtype, n_max=args.seq)
+        compare.plot(configs, args.plot, dtype=args.dtype, n_max=max(args.seq) if args.seq else None)
         if args.format == "table":
             text += f"\n\nplot: {args.plot}"
     return text, [w for c in columns for w in c["warnings"]]

@@ -218,3 +218,39 @@ def test_plot_draws_a_png(capsys, tmp_path):
 def test_plot_into_a_missing_folder_exits_2_in_one_line(capsys, tmp_path):
     code, out, err = run(capsys, "gpt2", "--plot", str(tmp_path / "nowhere" / "x.png"))
     assert code == 2 and out == "" and err.count("\n") == 1 and "--plot" in err
+
+
+def test_compare_v3_against_v32_per_kind_and_where_sparse_selection_pays(capsys):
+    v3, v32 = (str(CONFIGS / f"{name}.json") for name in ("deepseek-v3", "deepseek-v3.2"))
+    code, out, _ = run(capsys, "compare", v3, v32, "--seq", "4096", "131072", "--format", "json")
+    assert code == 0
+    dense, sparse = json.loads(out)
+    assert dense["n_tokens"] == sparse["n_tokens"] == 4096  # the first --seq for every other row
+    assert dense["cost_by_kind"]["layers"] == {"mla": 61}
+    assert sparse["cost_by_kind"]["layers"] == {"sparse": 61, "indexer": 61}
+    assert [r["n_tokens"] for r in sparse["cost_by_kind"]["rows"]] == [4096, 131072]
+    # the same figures as the single model's report
+    assert sparse["cost_by_kind"]["rows"] == kinds.by_kind(_load("deepseek-v3.2"), [4096, 131072])
+    (found,) = dense["cost_overtakes"]
+    assert (found["model"], found["metric"]) == ("deepseek-v3.2", "prefill_flops")
+    n = found["n_tokens"]
+
+    def prefill(name: str, m: int) -> int:
+        return kinds.by_kind(_load(name), [m])[0]["total"]["prefill_flops"]
+
+    assert prefill("deepseek-v3", n) > prefill("deepseek-v3.2", n)
+    assert prefill("deepseek-v3", n - 1) <= prefill("deepseek-v3.2", n - 1)
+    # V3.2 costs more from n = 1 (its indexer beside attention to every key while n ≤ k_I): no crossing
+    assert sparse["cost_overtakes"] == []
+
+
+def test_compare_csv_names_each_kind_and_leaves_the_others_empty(capsys):
+    import csv
+    import io
+
+    v3, v32 = (str(CONFIGS / f"{name}.json") for name in ("deepseek-v3", "deepseek-v3.2"))
+    _, out, _ = run(capsys, "compare", v3, v32, "--seq", "8192", "--format", "csv")
+    table = {r[0]: r[1:] for r in csv.reader(io.StringIO(out))}
+    assert table["prefill_flops@8192:indexer"][0] == ""
+    assert int(table["prefill_flops@8192:indexer"][1]) == kinds.by_kind(
+        _load("deepseek-v3.2"), [8192])[0]["kinds"]["indexer"]["prefill_flops"]
