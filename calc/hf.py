@@ -580,6 +580,33 @@ def dsa_indexer(r: Reader, fields: Fields) -> Fields:
             "index_heads": r.integer("index_n_heads"), "index_head_dim": r.integer("index_head_dim")}
 
 
+def mla_derived(r: Reader, fields: Fields) -> Fields:
+    """What transformers' DeepSeek V3.2 and GLM-5 configs derive and save beside their keys: ``qk_head_dim``
+    (the no-rotary and rotary widths' sum), ``head_dim`` (the rotary width), ``mlp_layer_types`` (dense for
+    the first ``first_k_dense_replace`` layers, then sparse). Accepted where they say what the keys say."""
+    n, d_rope = fields["n_layers"], fields.get("d_rope", 0)
+    for key, derived in (("qk_head_dim", fields["d_head"]), ("head_dim", d_rope)):
+        if r.get(key) is not None and r.get(key) != derived:
+            r.invalid(key, f"{r.get(key)!r} is not {derived}, what the other MLA widths make it", None)
+    dense = fields.get("n_dense_layers", 0)
+    types = r.get("mlp_layer_types")
+    if types is not None and types != ["dense"] * dense + ["sparse"] * (n - dense):
+        r.invalid("mlp_layer_types", f"only the first first_k_dense_replace = {dense} layers dense, then "
+                  f"experts, is modelled; got {types!r}", None)
+    r.refuse("mlp_bias", True, "biases in the MLP")
+    return fields
+
+
+def glm_indexers(r: Reader, fields: Fields) -> Fields:
+    """GLM-5: ``indexer_types`` says which layers run their own indexer ("full"); a layer that reuses the one
+    before it ("shared") has none, which calc does not model."""
+    types = r.get("indexer_types")
+    if types is not None and types != ["full"] * fields["n_layers"]:
+        r.invalid("indexer_types", "only an indexer in every layer ('full') is modelled; a layer sharing "
+                  "another's selection ('shared') is not", None)
+    return fields
+
+
 def gpt_oss_parts(r: Reader, fields: Fields) -> Fields:
     """gpt-oss: sinks, biases on Q, K, V, O, alternating sliding/full layers, experts with biases."""
     kinds = r.layer_kinds(fields["n_layers"], SLIDING_OR_FULL,
@@ -589,6 +616,17 @@ def gpt_oss_parts(r: Reader, fields: Fields) -> Fields:
             "n_experts": r.integer("num_local_experts"),
             "experts_per_token": r.integer("num_experts_per_tok"),
             "d_expert": fields["d_ff"], "router_bias": True, "expert_bias": True}
+
+
+def ernie_bias(r: Reader, fields: Fields) -> Fields:
+    bias = r.boolean("use_bias", False)
+    return {**fields, "qkv_bias": bias, "o_bias": bias, "mlp_bias": bias}
+
+
+def olmo3_window(r: Reader, fields: Fields) -> Fields:
+    kinds = r.layer_kinds(fields["n_layers"], SLIDING_OR_FULL,
+                          lambda i: "sliding_attention" if (i + 1) % 4 else "full_attention")
+    return _windowed(r, fields, kinds, 4096)
 
 
 def qwen2_bias(r: Reader, fields: Fields) -> Fields:
@@ -683,6 +721,7 @@ DEEPSEEK_KEYS = {
     "n_experts": "n_routed_experts", "experts_per_token": "num_experts_per_tok",
                  "d_expert": "moe_intermediate_size",
     "n_dense_layers": "first_k_dense_replace"}
+DSA_KEYS = {**DEEPSEEK_KEYS, "n_sparse_layers": "layer_types", "index_heads": "index_n_heads"}
 QWEN_MOE_KEYS = {**LLAMA_KEYS, "n_experts": "num_experts", "experts_per_token": "num_experts_per_tok",
                  "d_expert": "moe_intermediate_size", "n_dense_layers": "mlp_only_layers"}
 # GPT-2's n_ctx (the old name of n_positions, unread since transformers 4) and the summary head of
@@ -761,9 +800,23 @@ TYPES: dict[str, ModelType] = {
     "deepseek_v3": ModelType(parts=(mla, deepseek_experts), features={"router_bias": True},
                              keys=DEEPSEEK_KEYS),
     # DeepseekV32Config fixes MLA's query LoRA and the router's score correction as V3's, and adds the indexer
-    "deepseek_v32": ModelType(parts=(mla, deepseek_experts, dsa_indexer), features={"router_bias": True},
-                              keys={**DEEPSEEK_KEYS, "n_sparse_layers": "layer_types",
-                                    "index_heads": "index_n_heads"}),
+    "deepseek_v32": ModelType(parts=(mla, deepseek_experts, dsa_indexer, mla_derived),
+                              features={"router_bias": True}, keys=DSA_KEYS),
+    # GLM-5 (GlmMoeDsaConfig): DeepSeek V3.2's layout with its own sizes
+    "glm_moe_dsa": ModelType(parts=(mla, deepseek_experts, dsa_indexer, mla_derived, glm_indexers),
+                             features={"router_bias": True}, keys=DSA_KEYS),
+    # OLMo 3: OLMo 2 with three sliding-window layers to one full (Olmo3Config's rule; layer_types lists them)
+    "olmo3": ModelType(parts=(no_extra_biases, olmo3_window),
+                       features={"qk_norm": True, "qk_norm_per_head": True}),
+    # MiniMax M2: experts of intermediate_size on every layer, a sigmoid router with a score-correction bias
+    # (a saved buffer), RMSNorms over the whole width of Q and K
+    "minimax_m2": ModelType(parts=(no_extra_biases, mixtral_experts),
+                            features={"qk_norm": True, "qk_norm_per_head": True, "router_bias": True},
+                            keys={**LLAMA_KEYS, "n_experts": "num_local_experts",
+                                  "experts_per_token": "num_experts_per_tok",
+                                  "d_expert": "intermediate_size"}),
+    # ERNIE 4.5 (dense): use_bias puts a bias on Q, K, V, O and the MLP's projections
+    "ernie4_5": ModelType(parts=(ernie_bias,), defaults={"tie_word_embeddings": True}),
     # experts_per_token: a copy of num_experts_per_tok that GptOssConfig does not read;
     # initial_context_length: the context before YaRN scaling
     "gpt_oss": ModelType(parts=(gpt_oss_parts,),

@@ -32,7 +32,8 @@ class Counted(NamedTuple):
     kv_per_token: int  # bf16, derived by hand below
 
 
-# total and active: `python -m calc.verify tests/calc/configs/*.json` (calc.verify.stored_count and
+# total and active: `python -m calc.verify tests/calc/configs/*.json` (transformers 5.25.0 for the types added
+# with DeepSeek V3.2) (calc.verify.stored_count and
 # active_count, read from the models alone), transformers 5.24.0, torch 2.13.0; every one equal to
 # calc's count.
 # KV bytes per token, bf16 (2 bytes): 2 (K and V) · attention layers · key/value heads · d_k · 2.
@@ -56,6 +57,12 @@ MODELS = {
     "stablelm-3b-4e1t": Counted(2_795_443_200, None, 2 * 32 * 32 * 80 * 2),
     "starcoder": Counted(15_517_456_384, None, 2 * 40 * 1 * 128 * 2),
     "opt-125m": Counted(125_239_296, None, 2 * 12 * 12 * 64 * 2),
+    # transformers 5.25.0's configuration classes' defaults, saved by to_dict (tests/calc/configs/README.md)
+    "olmo3-transformers-defaults": Counted(6_888_624_128, None, 2 * 32 * 32 * 128 * 2),
+    "minimax-m2-transformers-defaults": Counted(228_689_764_864, 11_030_553_088, 2 * 62 * 8 * 128 * 2),
+    # MLA's latent and rotary key, and the indexer's key, in each of the 78 layers
+    "glm-moe-dsa-transformers-defaults": Counted(743_911_218_432, 41_784_728_832, 78 * (512 + 64 + 128) * 2),
+    "ernie4-5-transformers-defaults": Counted(360_748_032, None, 2 * 18 * 2 * 128 * 2),
     # files with keys of calc.hf.INERT (runner_max_sequence_length, use_mrope, transformers.js_config)
     "santacoder": Counted(1_124_886_528, None, 2 * 24 * 1 * 128 * 2),  # multi-query
     "qwen2.5-0.5b": Counted(494_032_768, None, 2 * 24 * 2 * 64 * 2),
@@ -88,7 +95,8 @@ def test_every_new_type_has_a_fixture_here():
     new = {"qwen3_moe", "gpt_oss", "llama4", "deepseek_v2", "deepseek_v32", "qwen3_next", "jamba",
            "qwen2_moe", "gemma", "smollm3",
            "olmo2", "phi", "starcoder2", "cohere", "falcon", "stablelm", "gpt_bigcode", "opt",
-           "qwen2", "llama"}  # Qwen2.5 and SmolLM2: the inert keys of their files
+           "qwen2", "llama",  # Qwen2.5 and SmolLM2: the inert keys of their files
+           "olmo3", "minimax_m2", "glm_moe_dsa", "ernie4_5"}
     assert {raw(name)["model_type"] for name in MODELS} == new
 
 
@@ -496,11 +504,11 @@ def test_known_type_refuses_what_the_ledger_does_not_model(config, key, text):
 
 def test_unknown_type_exits_2_in_one_line(capsys, tmp_path):
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({**raw("olmo2-7b"), "model_type": "olmo3"}), encoding="utf-8")
+    path.write_text(json.dumps({**raw("olmo2-7b"), "model_type": "olmo9"}), encoding="utf-8")
     assert main([str(path)]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1
-    assert "'olmo3' is not supported; the closest supported type is" in err
+    assert "'olmo9' is not supported; the closest supported type is" in err
 
 
 def test_partial_rotary_and_nope_layers_are_named_in_the_notes():
@@ -574,6 +582,10 @@ SAVED_BY_TRANSFORMERS = {
     "falcon-7b": {"num_kv_heads": 71, "num_ln_in_parallel_attn": None, "num_key_value_heads": 1,
                   "ffn_hidden_size": 18176, "max_position_embeddings": 2048, "activation": "gelu"},
     "jamba-v0.1": {"use_mambapy": False, "use_associative_scan": True},
+    # DeepseekV32Config: its derived widths and each layer's MLP and attention kind
+    "deepseek-v3.2": {"qk_head_dim": 192, "head_dim": 64, "mlp_bias": False,
+                      "mlp_layer_types": ["dense"] * 3 + ["sparse"] * 58,
+                      "layer_types": ["indexed_attention"] * 61},
 }
 
 
@@ -592,6 +604,10 @@ def test_keys_a_config_class_carries_and_the_variant_does_not_read_are_accepted(
         # keys that would add weights (experts, a Mamba-2 head width): still refused, named
         ("falcon-7b", {"num_kv_heads": 71, "num_experts": 8}, "num_experts"),
         ("jamba-v0.1", {"use_mambapy": False, "mamba_headdim": 64}, "mamba_headdim"),
+        # derived keys that disagree with the keys they derive from, a layer without its own indexer
+        ("deepseek-v3.2", {"qk_head_dim": 128}, "qk_head_dim"),
+        ("deepseek-v3.2", {"mlp_layer_types": ["sparse"] * 61}, "mlp_layer_types"),
+        ("glm-moe-dsa-transformers-defaults", {"indexer_types": ["full", "shared"] * 39}, "indexer_types"),
     ],
 )
 def test_keys_that_would_change_a_count_are_still_refused(name, changes, key):
