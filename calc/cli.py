@@ -6,7 +6,8 @@
                                   [--train-precision P]]
                          [--gpu-memory SIZE | --gpu NAME] [--weight-dtype D] [--batch B]
     python -m calc path/to/config.json [table options]      (a Hugging Face config.json, read from disk)
-    python -m calc compare MODEL MODEL ... [--seq N] [--dtype D] [--format F] [--plot FILE.png]
+        table options also: --kinds (the cost per layer kind alone), --plot FILE.png (it, drawn over n)
+    python -m calc compare MODEL MODEL ... [--seq N ...] [--dtype D] [--format F] [--plot FILE.png]
                            [--gpu-memory SIZE | --gpu NAME] [--weight-dtype D] [--batch B]
     python -m calc custom --d-model D --n-heads H --n-layers L [--d-head K] [--n-kv-heads G] [--d-ff F]
                           [--vocab V] [--n-ctx N] [--arch gpt|llama] [--tied|--untied] [table options]
@@ -92,6 +93,8 @@ def _table_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--width", type=width, metavar="COLUMNS",
                         help=f"widest line of the table format (default: the terminal's, {DEFAULT_WIDTH} "
                         "when stdout is not a terminal; 0: no wrapping)")
+    parser.add_argument("--kinds", action="store_true",
+                        help="show only the cost per layer kind (calc.kinds), for any model")
     parser.add_argument("--plot", metavar="FILE.png",
                         help="also draw each layer kind's prefill FLOPs and memory against n, up to the "
                         "largest --seq and 4·n_ctx, with the n where one kind overtakes another (needs "
@@ -327,7 +330,7 @@ def run(argv: Sequence[str]) -> tuple[str, list[str]]:
         check_plot(args.plot)
     report = build(config, seqs=args.seq, dtype=args.dtype, peak_tflops=peak, bandwidth_gbs=bandwidth,
                    train=train_options(args), serve=serve_options(args))
-    text = render(report, args.format, width=terminal_width(args))
+    text = render(report, args.format, width=terminal_width(args), kinds_only=args.kinds)
     if args.plot:
         from calc import kinds
 

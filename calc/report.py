@@ -767,15 +767,21 @@ def fit(rows: Sequence[Sequence[str]], headers: Sequence[str], width: int | None
     return "\n\n(continued)\n".join(draw(group) for group in groups)
 
 
-def render(report: dict[str, Any], fmt: str = "table", *, width: int | None = DEFAULT_WIDTH) -> str:
+def render(report: dict[str, Any], fmt: str = "table", *, width: int | None = DEFAULT_WIDTH,
+           kinds_only: bool = False) -> str:
     """The report in one of ``FORMATS``. ``table``: lines of at most ``width`` columns, wide tables split
-    into column groups and notes wrapped (``width`` None or 0: one line each, as the other formats)."""
+    into column groups and notes wrapped (``width`` None or 0: one line each, as the other formats).
+    ``kinds_only``: the header and the per-kind table alone (JSON: ``model``, ``config`` and
+    ``cost_by_kind``), whatever kinds the model has."""
+    shown = [_by_kind(report)] if kinds_only else tables(report)
     if fmt == "json":
+        if kinds_only:
+            return json.dumps(plain({k: report[k] for k in ("model", "config", "cost_by_kind")}), indent=2)
         return to_json(report)
     if fmt == "csv":
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
-        for table in tables(report):
+        for table in shown:
             out.write(f"# {table.title}\n")
             writer.writerow(table.raw_headers)
             writer.writerows(plain(list(table.raw_rows)))
@@ -785,7 +791,7 @@ def render(report: dict[str, Any], fmt: str = "table", *, width: int | None = DE
     prefix = {"table": "", "github": "", "latex": "% "}[fmt]
     width = width if fmt == "table" else None
     blocks = ["\n".join(prefix + line for text in header_lines(report) for line in wrap(text, width, "  "))]
-    for table in tables(report):
+    for table in shown:
         title = f"### {table.title}" if fmt == "github" else prefix + table.title
         body = fit(table.rows, table.headers, width, tablefmt)
         notes = [prefix + line for note in table.notes for line in wrap(note, width)]
