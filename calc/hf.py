@@ -267,6 +267,14 @@ def llama_body(r: Reader) -> Fields:
     }
 
 
+def experts_only_body(r: Reader) -> Fields:
+    """The llama family's keys for a model with experts on every layer and no intermediate_size (Qwen3.5-MoE):
+    no layer has a dense MLP, so d_ff, which no count then reads, is the experts' width."""
+    if "intermediate_size" not in r.raw:
+        r.defaults = {**r.defaults, "intermediate_size": r.raw.get("moe_intermediate_size")}
+    return llama_body(r)
+
+
 def gpt2_body(r: Reader) -> Fields:
     """GPT-2's keys (also GPTBigCode's)."""
     d, n_heads = r.integer("n_embd"), r.integer("n_head")
@@ -623,6 +631,25 @@ def ernie_bias(r: Reader, fields: Fields) -> Fields:
     return {**fields, "qkv_bias": bias, "o_bias": bias, "mlp_bias": bias}
 
 
+def ernie_experts(r: Reader, fields: Fields) -> Fields:
+    """ERNIE 4.5 MoE (Ernie4_5_MoeDecoderLayer): experts where (i + 1) % ``moe_layer_interval`` = 0 and
+    ``moe_layer_start_index`` ≤ i ≤ ``moe_layer_end_index``, a dense MLP elsewhere; ``moe_num_shared_experts``
+    shared experts of ``moe_intermediate_size`` (one MLP as wide as all of them: the same count); a router
+    with a score-correction bias per expert."""
+    n = fields["n_layers"]
+    r.refuse("use_bias", True, "biases in an ERNIE 4.5 MoE model")
+    if r.get("num_nextn_predict_layers"):
+        r.invalid("num_nextn_predict_layers", "multi-token-prediction layers transformers' ERNIE 4.5 MoE "
+                  "does not build are not modelled", None)
+    interval = r.integer("moe_layer_interval", 1)
+    start, end = r.count("moe_layer_start_index"), r.count("moe_layer_end_index")
+    n_moe = sum((i + 1) % interval == 0 and start <= i <= end for i in range(n))
+    return {**fields, "n_experts": r.integer("moe_num_experts"), "experts_per_token": r.integer("moe_k"),
+            "d_expert": r.integer("moe_intermediate_size"),
+            "n_shared_experts": r.count("moe_num_shared_experts"), "n_dense_layers": n - n_moe,
+            "router_bias": True}
+
+
 def olmo3_window(r: Reader, fields: Fields) -> Fields:
     kinds = r.layer_kinds(fields["n_layers"], SLIDING_OR_FULL,
                           lambda i: "sliding_attention" if (i + 1) % 4 else "full_attention")
@@ -771,6 +798,13 @@ TYPES: dict[str, ModelType] = {
     "qwen3_next": ModelType(parts=(no_extra_biases, qwen3_next_layers, qwen_experts),
                             features={"qk_norm": True, "attention_output_gate": True}, keys=QWEN_MOE_KEYS,
                             ignored=frozenset({"use_sliding_window", "sliding_window", "max_window_layers"})),
+    # Qwen3.5 (the text model of Qwen3_5Config): Qwen3-Next's Gated DeltaNet and gated attention layers,
+    # listed in layer_types, with a dense MLP or (qwen3_5_moe) experts and a gated shared expert on each layer
+    "qwen3_5_text": ModelType(parts=(no_extra_biases, qwen3_next_layers),
+                              features={"qk_norm": True, "attention_output_gate": True}),
+    "qwen3_5_moe_text": ModelType(experts_only_body, parts=(no_extra_biases, qwen3_next_layers, qwen_experts),
+                                  features={"qk_norm": True, "attention_output_gate": True},
+                                  keys=QWEN_MOE_KEYS),
     # SmolLM3Config has no max_window_layers (its windows follow the NoPE layers)
     "smollm3": ModelType(parts=(no_extra_biases, smollm3_layers), defaults={"tie_word_embeddings": True},
                          ignored=frozenset({"max_window_layers"})),
@@ -817,6 +851,12 @@ TYPES: dict[str, ModelType] = {
                                   "d_expert": "intermediate_size"}),
     # ERNIE 4.5 (dense): use_bias puts a bias on Q, K, V, O and the MLP's projections
     "ernie4_5": ModelType(parts=(ernie_bias,), defaults={"tie_word_embeddings": True}),
+    # moe_norm_min: the floor of the router's renormalization (no parameters)
+    "ernie4_5_moe": ModelType(parts=(ernie_experts,), defaults={"tie_word_embeddings": True},
+                              keys={**LLAMA_KEYS, "n_experts": "moe_num_experts",
+                                    "experts_per_token": "moe_k", "d_expert": "moe_intermediate_size",
+                                    "n_dense_layers": "moe_layer_start_index"},
+                              ignored=frozenset({"moe_norm_min"})),
     # experts_per_token: a copy of num_experts_per_tok that GptOssConfig does not read;
     # initial_context_length: the context before YaRN scaling
     "gpt_oss": ModelType(parts=(gpt_oss_parts,),
@@ -830,7 +870,8 @@ ACTIVATION_KEYS = {"gpt2": "activation_function", "gpt_bigcode": "activation_fun
                    "opt": "activation_function", "falcon": "activation", "gemma2": "hidden_activation",
                    "gemma3_text": "hidden_activation"}
 # Multimodal configs hold their language model in text_config.
-OUTER = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
+OUTER = {"gemma3": "gemma3_text", "llama4": "llama4_text", "qwen3_5": "qwen3_5_text",
+         "qwen3_5_moe": "qwen3_5_moe_text"}
 SUPPORTED = (*TYPES, *OUTER)
 
 

@@ -63,6 +63,10 @@ MODELS = {
     # MLA's latent and rotary key, and the indexer's key, in each of the 78 layers
     "glm-moe-dsa-transformers-defaults": Counted(743_911_218_432, 41_784_728_832, 78 * (512 + 64 + 128) * 2),
     "ernie4-5-transformers-defaults": Counted(360_748_032, None, 2 * 18 * 2 * 128 * 2),
+    "ernie4-5-moe-transformers-defaults": Counted(21_825_437_888, 3_352_150_208, 2 * 28 * 4 * 128 * 2),
+    # Qwen3.5's text models: 8 of 32 and 10 of 40 layers attend, the others are Gated DeltaNet
+    "qwen3-5-transformers-defaults": Counted(8_953_803_264, None, 2 * 8 * 4 * 256 * 2),
+    "qwen3-5-moe-transformers-defaults": Counted(34_660_610_688, 3_454_988_928, 2 * 10 * 2 * 256 * 2),
     # files with keys of calc.hf.INERT (runner_max_sequence_length, use_mrope, transformers.js_config)
     "santacoder": Counted(1_124_886_528, None, 2 * 24 * 1 * 128 * 2),  # multi-query
     "qwen2.5-0.5b": Counted(494_032_768, None, 2 * 24 * 2 * 64 * 2),
@@ -96,7 +100,8 @@ def test_every_new_type_has_a_fixture_here():
            "qwen2_moe", "gemma", "smollm3",
            "olmo2", "phi", "starcoder2", "cohere", "falcon", "stablelm", "gpt_bigcode", "opt",
            "qwen2", "llama",  # Qwen2.5 and SmolLM2: the inert keys of their files
-           "olmo3", "minimax_m2", "glm_moe_dsa", "ernie4_5"}
+           "olmo3", "minimax_m2", "glm_moe_dsa", "ernie4_5", "ernie4_5_moe", "qwen3_5",
+           "qwen3_5_moe"}
     assert {raw(name)["model_type"] for name in MODELS} == new
 
 
