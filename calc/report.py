@@ -250,14 +250,18 @@ def _by_kind(report: dict[str, Any]) -> Table:
                          *(si(fig[m], "FLOP") if m in flops else binary_bytes(fig[m]) for m in METRICS)))
             raw.append((r["n_tokens"], kind, fig["layers"], *(fig[m] for m in METRICS)))
     found = crossover_notes(cost["crossovers"])
+    indexer = "indexer" in cost["layers"]
     notes = (
-        "kinds: " + "; ".join(f"{k}: {KINDS[k].what}" for k in cost["layers"]) + ". all: the sum (a sparse "
-        "layer's indexer counted as a kind beside it; tiled: the largest kind's, one head at work)",
-        f"prefill: the causal pass's sequence mixing (QKᵀ, AV, the indexer's scores, the state's updates), "
-        f"projections aside; decode: one step at n. Scores naive: every head's stored at once, {size} bytes "
-        f"a value (the indexer's at {index}, FP8); tiled: a {cost['tile_side']}×{cost['tile_side']} tile and "
-        f"the running values, fp32; cache: K and V, MLA's latent, the indexer's key, or the fixed state, at "
-        f"{size} bytes a value ({cost['dtype']}). " + UNITS,
+        "kinds: " + "; ".join(f"{k}: {KINDS[k].what}" for k in cost["layers"]) + ". all: the sum ("
+        + ("a sparse layer's indexer counted as a kind beside it; " if indexer else "")
+        + "tiled: the largest kind's, one head at work)",
+        "prefill: the causal pass's sequence mixing (QKᵀ and AV of the keys a query sees"
+        + (", the indexer's scores" if indexer else "")
+        + (", the state's updates" if {"linear", "mamba"} & set(cost["layers"]) else "")
+        + f"), projections aside; decode: one step at n. Scores naive: every head's stored at once, {size} "
+        + "bytes a value" + (f" (the indexer's at {index}, FP8)" if indexer else "")
+        + f"; tiled: a {cost['tile_side']}×{cost['tile_side']} tile and the running values, fp32; cache: "
+        f"what each layer keeps for the next token, at {size} bytes a value ({cost['dtype']}). " + UNITS,
         *(["crossovers (over the kinds' layers, up to the largest n and 4·n_ctx): " + " / ".join(found)]
           if found else []),
     )
