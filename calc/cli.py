@@ -6,7 +6,8 @@
                                   [--train-precision P]]
                          [--gpu-memory SIZE | --gpu NAME] [--weight-dtype D] [--batch B]
     python -m calc path/to/config.json [table options]      (a Hugging Face config.json, read from disk)
-    python -m calc compare MODEL MODEL ... [--seq N] [--dtype D] [--format F] [--plot FILE.png]
+        table options also: --kinds (the cost per layer kind alone), --plot FILE.png (it, drawn over n)
+    python -m calc compare MODEL MODEL ... [--seq N ...] [--dtype D] [--format F] [--plot FILE.png]
                            [--gpu-memory SIZE | --gpu NAME] [--weight-dtype D] [--batch B]
     python -m calc custom --d-model D --n-heads H --n-layers L [--d-head K] [--n-kv-heads G] [--d-ff F]
                           [--vocab V] [--n-ctx N] [--arch gpt|llama] [--tied|--untied] [table options]
@@ -92,6 +93,12 @@ def _table_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--width", type=width, metavar="COLUMNS",
                         help=f"widest line of the table format (default: the terminal's, {DEFAULT_WIDTH} "
                         "when stdout is not a terminal; 0: no wrapping)")
+    parser.add_argument("--kinds", action="store_true",
+                        help="show only the cost per layer kind (calc.kinds), for any model")
+    parser.add_argument("--plot", metavar="FILE.png",
+                        help="also draw each layer kind's prefill FLOPs and memory against n, up to the "
+                        "largest --seq and 4·n_ctx, with the n where one kind overtakes another (needs "
+                        "matplotlib: the 'plot' extra)")
     group = parser.add_argument_group("training memory (Korthikanti et al. 2022; ZeRO)")
     group.add_argument("--train", action="store_true", help="add training memory over the sequence lengths")
     group.add_argument("--micro-batch", type=positive_int, metavar="B",
@@ -186,8 +193,9 @@ def compare_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="python -m calc compare", description="Models side by side: parameters, active "
                     "parameters, attention share, KV cache and FLOPs per token.")
     parser.add_argument("models", nargs="+", metavar="MODEL", help="preset names or config.json paths")
-    parser.add_argument("--seq", type=positive_int, metavar="N",
-                        help="context length for every model (default: each model's n_ctx)")
+    parser.add_argument("--seq", type=positive_int, nargs="+", metavar="N",
+                        help="context lengths for every model: the first for every row, each for the rows "
+                        "per layer kind (default: each model's n_ctx)")
     parser.add_argument("--dtype", choices=tuple(costs.DTYPE_BYTES), default="bf16",
                         help="value type of the KV cache (default: bf16)")
     parser.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
@@ -215,6 +223,17 @@ def resolve(name: str) -> Config:
         raise UsageError(f"{name}: {err}") from None
 
 
+def check_plot(path: str) -> None:
+    """--plot's file can be written: its folder exists and matplotlib is installed (else a UsageError)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UsageError(f"--plot: folder {folder} does not exist")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UsageError("--plot needs matplotlib: pip install 'attention-spec[plot]'") from None
+
+
 def run_compare(argv: Sequence[str]) -> tuple[str, list[str]]:
     from calc import compare
 
@@ -222,17 +241,16 @@ def run_compare(argv: Sequence[str]) -> tuple[str, list[str]]:
     configs = [resolve(name) for name in args.models]
     serve = serve_options(args)
     if args.plot:
-        folder = os.path.dirname(os.path.abspath(args.plot))
-        if not os.path.isdir(folder):
-            raise UsageError(f"--plot: folder {folder} does not exist")
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise UsageError("--plot needs matplotlib: pip install 'attention-spec[plot]'") from None
-    columns = [compare.figures(c, n=args.seq, dtype=args.dtype, serve=serve) for c in configs]
+        check_plot(args.plot)
+    first, *more = args.seq or [None]
+    columns = [compare.figures(c, n=first, dtype=args.dtype, serve=serve, seqs=more) for c in configs]
+    if len(configs) > 1:
+        n_max = max([*(args.seq or ()), *(4 * c.n_ctx for c in configs)])
+        for column, found in zip(columns, compare.overtakes(configs, args.dtype, n_max), strict=True):
+            column["cost_overtakes"] = found
     text = compare.render(columns, args.format, width=terminal_width(args))
     if args.plot:
-        compare.plot(configs, args.plot, dtype=args.dtype, n_max=args.seq)
+        compare.plot(configs, args.plot, dtype=args.dtype, n_max=max(args.seq) if args.seq else None)
         if args.format == "table":
             text += f"\n\nplot: {args.plot}"
     return text, [w for c in columns for w in c["warnings"]]
@@ -308,9 +326,20 @@ def run(argv: Sequence[str]) -> tuple[str, list[str]]:
                              "'formulas'")
         config = resolve(args.model)
     peak, bandwidth = roofline_options(args)
+    if args.plot:
+        check_plot(args.plot)
     report = build(config, seqs=args.seq, dtype=args.dtype, peak_tflops=peak, bandwidth_gbs=bandwidth,
                    train=train_options(args), serve=serve_options(args))
-    return render(report, args.format, width=terminal_width(args)), report["warnings"]
+    text = render(report, args.format, width=terminal_width(args), kinds_only=args.kinds)
+    if args.plot:
+        from calc import kinds
+
+        cost = report["cost_by_kind"]
+        kinds.plot(config, args.plot, n_max=max([*(args.seq or ()), 4 * config.n_ctx]),
+                   dtype_bytes=cost["bytes_per_value"], dtype=args.dtype, block=cost["tile_side"])
+        if args.format == "table":
+            text += f"\n\nplot: {args.plot}"
+    return text, report["warnings"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -19,7 +19,7 @@ from sympy import Rational
 
 from calc import costs, ledger
 from calc.config import Config
-from calc.report import binary_bytes, config_warnings, count, fit, percent, si, wrap
+from calc.report import binary_bytes, config_warnings, cost_by_kind, count, fit, percent, si, wrap
 from calc.training import training
 
 ROWS = (
@@ -47,10 +47,11 @@ SERVING_ROWS = (
 
 
 def figures(config: Config, *, n: int | None = None, dtype: str = "bf16",
-            serve: dict[str, Any] | None = None) -> dict[str, Any]:
+            serve: dict[str, Any] | None = None, seqs: Sequence[int] = ()) -> dict[str, Any]:
     """One column: exact numbers for ``config`` at context ``n`` (default: its own n_ctx); with ``serve``
-    (calc.serving's memory, device and weight_dtype), what one device of that memory serves at n."""
-    warnings = config_warnings(config, [] if n is None else [n])
+    (calc.serving's memory, device and weight_dtype), what one device of that memory serves at n; and each
+    layer kind's costs (calc.kinds) at n and at ``seqs``."""
+    warnings = config_warnings(config, [] if n is None else [n, *seqs])
     n = n or config.n_ctx
     kv = costs.kv_cache(config, [n], dtype)
     (per_token,) = costs.forward_flops_per_token(config, [n])
@@ -72,6 +73,8 @@ def figures(config: Config, *, n: int | None = None, dtype: str = "bf16",
         "train_flash": row["flash"],
         "train_derived_eager": row["derived_eager"],  # None where calc.activations does not cover the type
         "train_derived_flash": row["derived_flash"],
+        # each layer kind's prefill, scores, cache and decode step over its layers at n and --seq's others
+        "cost_by_kind": cost_by_kind(config, list(dict.fromkeys([n, *seqs])), dtype),
         "warnings": warnings,
     }
     if serve is not None:
@@ -91,6 +94,46 @@ def figures(config: Config, *, n: int | None = None, dtype: str = "bf16",
                       serve_decode_s=(time["decode_s"], time["decode_bound"]),
                       serve_tokens_per_s=time["tokens_per_s"])
     return column
+
+
+# The per-kind rows: each figure summed over the model's kinds at each n, and each kind's prefill FLOPs.
+KIND_ROWS = (("prefill_flops", "prefill FLOPs"), ("decode_flops", "decode step FLOPs"),
+             ("cache_bytes", "cache"), ("score_bytes_naive", "scores, naive"))
+
+
+def kind_rows(columns: Sequence[dict[str, Any]]) -> list[tuple[str, str, list[Any]]]:
+    """(key, label, one value per column or None) for the per-kind rows: at each n of the first column, each
+    total of KIND_ROWS, then each kind's prefill FLOPs (None where a model has no layer of that kind)."""
+    lengths = [r["n_tokens"] for r in columns[0]["cost_by_kind"]["rows"]]
+    kinds = list(dict.fromkeys(k for c in columns for k in c["cost_by_kind"]["layers"]))
+    out = []
+    for i, n in enumerate(lengths):
+        at = [c["cost_by_kind"]["rows"][i] if i < len(c["cost_by_kind"]["rows"]) else None for c in columns]
+        where = f"at {count(n)}" if all(r is not None and r["n_tokens"] == n for r in at) else f"row {i + 1}"
+        for metric, label in KIND_ROWS:
+            out.append((f"{metric}@{n}", f"mixing {where}: {label}",
+                        [None if r is None else r["total"][metric] for r in at]))
+        for kind in kinds:
+            out.append((f"prefill_flops@{n}:{kind}", f"  prefill FLOPs, {kind}",
+                        [None if r is None or kind not in r["kinds"] else r["kinds"][kind]["prefill_flops"]
+                         for r in at]))
+    return out
+
+
+def overtakes(configs: Sequence[Config], dtype: str, n_max: int) -> list[list[dict[str, Any]]]:
+    """For each model, the n where its summed prefill FLOPs overtake another model's (``model``, ``metric``,
+    ``n_tokens``), up to n_max: where the other's layer kinds start to pay."""
+    from calc import kinds
+
+    size = costs.DTYPE_BYTES[dtype]
+
+    def total(config: Config) -> Any:
+        return lambda n: kinds.by_kind(config, [n], dtype_bytes=size)[0]["total"]["prefill_flops"]
+
+    return [[{"model": other.name, "metric": "prefill_flops", "n_tokens": found}
+             for other in configs if other is not config
+             and (found := kinds.crossover(total(config), total(other), n_max)) is not None]
+            for config in configs]
 
 
 def _human(key: str, value: Any) -> str:
@@ -123,12 +166,17 @@ def render(columns: Sequence[dict[str, Any]], fmt: str = "table", *, width: int 
             values = (float(c[key]) if isinstance(c[key], Rational)
                       else c[key][0] if isinstance(c[key], tuple) else c[key] for c in columns)
             writer.writerow([key, *values])
+        for key, _, kind_values in kind_rows(columns):
+            writer.writerow([key, *("" if v is None else v for v in kind_values)])
         return out.getvalue().rstrip("\n")
     tablefmt = {"table": "simple", "github": "github", "latex": "latex"}[fmt]
     missing = {"serve_weights": "does not fit", "serve_batch": "does not fit"}
     rows = [(label, *(missing.get(key, "not derived") if c[key] is None else _human(key, c[key])
                       for c in columns))
             for key, label in rows_shown]
+    rows += [(label, *("-" if v is None else si(v, "FLOP") if "flops" in key else binary_bytes(v)
+                       for v in values))
+             for key, label, values in kind_rows(columns)]
     width = width if fmt == "table" else None
     table = fit(rows, ("", *(c["model"] for c in columns)), width, tablefmt)
     note = (f"KV cache in {columns[0]['dtype']} ({costs.DTYPE_BYTES[columns[0]['dtype']]} bytes a value), "
@@ -139,6 +187,14 @@ def render(columns: Sequence[dict[str, Any]], fmt: str = "table", *, width: int 
             "et al. 2022, every layer counted as full attention), FlashAttention keeps 34·n·d and each row's "
             "logsumexp; derived per layer kind: what transformers' layers and the loss keep in bf16, checked "
             "against PyTorch (calc.activations; not derived for the types it does not cover).")
+    note += (" Mixing: calc.kinds' sequence mixing of one sequence summed over the layer kinds (QKᵀ and AV "
+             "of the keys a query sees, a sparse layer's indexer, a linear or Mamba layer's state; "
+             "projections are in the FLOPs per token); the cache in the KV cache's dtype, naive scores every "
+             "head's at once (an indexer's in FP8); each kind's prefill below its totals.")
+    found = [f"{c['model']}'s prefill FLOPs overtake {o['model']}'s at n = {count(o['n_tokens'])}"
+             for c in columns for o in c.get("cost_overtakes", ())]
+    if found:
+        note += " " + "; ".join(found) + "."
     if "serve_batch" in columns[0]:
         note += (f" Serving: {columns[0]['device']}, {binary_bytes(columns[0]['memory'])}, weights in "
                  f"{columns[0]['weight_dtype']}, no tensor parallelism; the largest batch of n-token "

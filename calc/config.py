@@ -126,6 +126,12 @@ class Config:
     n_linear_layers: int = 0  # L_lin: linear-attention layers (no KV cache)
     mamba: Mamba | None = None  # the shape of its Mamba layers
     n_mamba_layers: int = 0  # L_m: Mamba layers (no KV cache)
+    # DeepSeek Sparse Attention (DeepSeek V3.2): each query of a sparse layer attends to the k_I keys its
+    # indexer scores highest; the indexer scores every earlier key at h_I heads of width d_I
+    n_sparse_layers: int = 0  # L_s: attention layers with top-k selection
+    index_topk: int = 0  # k_I
+    index_heads: int = 0  # h_I
+    index_head_dim: int = 0  # d_I
     n_experts: int = 0  # E routed experts per MoE layer; 0 = a dense model
     experts_per_token: int = 0  # k_E
     n_shared_experts: int = 0  # S
@@ -164,7 +170,7 @@ class Config:
                      "d_shared_expert", "n_dense_layers", "kv_lora_rank", "q_lora_rank", "d_rope", "d_value",
                      "n_mtp_layers", "position_offset", "n_chunked_layers", "n_nope_layers",
                      "n_linear_layers",
-                     "n_mamba_layers"):
+                     "n_mamba_layers", "n_sparse_layers", "index_topk", "index_heads", "index_head_dim"):
             check_count(name, getattr(self, name))
         for name in ("tied_embeddings", "router_bias", "expert_bias", "shared_expert_gate", "lm_head_bias",
                      "qk_norm", "qk_norm_per_head", "attention_sinks", "attention_output_gate",
@@ -202,11 +208,19 @@ class Config:
         for count, shape in (("n_linear_layers", "linear_attention"), ("n_mamba_layers", "mamba")):
             if getattr(self, count) and getattr(self, shape) is None:
                 raise ConfigError(shape, f"missing, but {count} is {getattr(self, count)}")
-        kinds = self.n_window_layers + self.n_chunked_layers + self.n_linear_layers + self.n_mamba_layers
+        if self.n_sparse_layers:
+            for name in ("index_topk", "index_heads", "index_head_dim"):
+                check_positive(name, getattr(self, name))
+            if not self.q_lora_rank:
+                raise ConfigError("q_lora_rank", "missing, but the sparse layers' indexer projects its "
+                                  "queries from the query latent (an MLA with a query LoRA)")
+        kinds = (self.n_window_layers + self.n_chunked_layers + self.n_linear_layers + self.n_mamba_layers
+                 + self.n_sparse_layers)
         if kinds > self.n_layers or self.n_linear_layers + self.n_mamba_layers == self.n_layers:
             raise ConfigError("n_layers",
                               f"{self.n_layers} layers cannot hold {self.n_window_layers} windowed, "
-                              f"{self.n_chunked_layers} chunked, {self.n_linear_layers} linear-attention and "
+                              f"{self.n_chunked_layers} chunked, {self.n_sparse_layers} sparse, "
+                              f"{self.n_linear_layers} linear-attention and "
                               f"{self.n_mamba_layers} Mamba layers with at least one attention layer")
         if self.n_nope_layers > self.n_attention_layers:
             raise ConfigError("n_nope_layers", f"{self.n_nope_layers} exceeds the {self.n_attention_layers} "
@@ -247,8 +261,8 @@ class Config:
 
     @property
     def n_full_layers(self) -> int:
-        """Attention layers that see every earlier key: neither windowed nor chunked."""
-        return self.n_attention_layers - self.n_window_layers - self.n_chunked_layers
+        """Attention layers that see every earlier key: neither windowed, chunked nor sparse."""
+        return self.n_attention_layers - self.n_window_layers - self.n_chunked_layers - self.n_sparse_layers
 
     @property
     def is_moe(self) -> bool:

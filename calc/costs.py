@@ -47,7 +47,9 @@ def largest_head_entries(config: Config) -> Expr:
     n·min(n, w) where layers have a window (a query sees at most w keys), else the chunks' blocks."""
     if config.n_full_layers:
         return f.entries_per_head
-    return f.windowed_entries_per_head if config.n_window_layers else f.chunked_entries_per_head
+    if config.n_window_layers:
+        return f.windowed_entries_per_head
+    return f.chunked_entries_per_head if config.n_chunked_layers else f.sparse_entries_per_head
 
 
 def pattern_memory(config: Config, seqs: Sequence[int], *, block: int = DEFAULT_BLOCK) -> list[dict]:

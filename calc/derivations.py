@@ -5,6 +5,7 @@ from __future__ import annotations
 from sympy import Expr, Integer, Symbol, simplify
 
 from calc import formulas as f
+from calc.kinds import KINDS, METRIC_TEXT, METRICS
 
 
 def _checkpoint(name: str) -> Expr:
@@ -53,6 +54,7 @@ FORMULAS: tuple[tuple[str, Expr | str], ...] = (
     ("MLA keys, values (latent, rotary key, up)", f.mla_kv),
     ("MLA output", f.mla_o),
     ("MLA latent norms", f.mla_norms),
+    ("DSA indexer per sparse layer (DeepSeek V3.2)", f.indexer_per_layer),
     ("Gated DeltaNet layer (Qwen3-Next)", f.deltanet_per_layer),
     ("Gated DeltaNet state per sequence", f.deltanet_state),
     ("Mamba layer (Jamba)", f.mamba_per_layer),
@@ -62,7 +64,9 @@ FORMULAS: tuple[tuple[str, Expr | str], ...] = (
     ("pattern entries per head", f.entries_per_head),
     ("windowed entries per head", f.windowed_entries_per_head),
     ("chunked entries per head (Llama 4)", f.chunked_entries_per_head),
+    ("sparse (top-k) entries per head (DeepSeek V3.2)", f.sparse_entries_per_head),
     ("keys a token sees, over layers", f.keys_seen),
+    ("token·layers the KV cache holds", f.keys_cached),
     ("pattern entries per model", f.entries_per_model),
     ("tiled entries per head", f.tiled_entries_per_head),
     ("QKᵀ FLOPs per head", f.qk_flops_per_head),
@@ -109,6 +113,8 @@ FORMULAS: tuple[tuple[str, Expr | str], ...] = (
     ("serving: decode step FLOPs at context n", f.decode_flops),
     ("serving: routed experts t_r tokens touch in a layer (uniform routing)", f.experts_touched),
     ("serving: weight bytes a step reads", f.step_weight_bytes),
+    *((f"per layer kind, {kind.name}: {METRIC_TEXT[metric]}", kind.formula(metric))
+      for kind in KINDS.values() for metric in METRICS),
 )
 
 
@@ -129,14 +135,17 @@ SYMBOLS = (
     "routed experts, k_E per token, S shared, d_e expert width, d_s shared expert width, L_d dense layers; "
     "MLA: r_q, r_kv query and key/value latent ranks, d_r rotary head width. Layers by kind: L_a of the L "
     "have softmax attention (L − L_lin linear-attention − L_m Mamba layers), L_w of them windowed (w) and "
-    "L_c chunked (chunks of C; n = m_C·C + r_C). Linear attention: h_lk, h_lv heads of d_lk, d_lv, a "
+    "L_c chunked (chunks of C; n = m_C·C + r_C) and L_s sparse (each query attends to the k_I keys an "
+    "indexer of h_I heads of d_I scores highest). Linear attention: h_lk, h_lv heads of d_lk, d_lv, a "
     "convolution of K taps; Mamba: inner width d_in, state d_st, step rank r_dt. Training: micro-batch "
     "b_m, tensor-parallel degree t, N_d data-parallel devices, P parameters a tensor-parallel rank holds at "
     "b_w, b_g, b_o bytes each of weights, gradients and optimizer states (ZeRO's K). Activations kept: "
     "b bytes a value, c_up 1 where b < 4 (casts to fp32 are then copies), s_1 1 for a micro-batch of one, "
     "k_a tensors the MLP's activation keeps, c_f the capacity factor (1: dropless), w_b bytes of a routing "
     "weight. Serving: N_mm parameters a token is multiplied by, P_s weights outside the routed experts, p_e "
-    "an expert's parameters, t_r tokens of a step. "
+    "an expert's parameters, t_r tokens of a step. Per layer kind (calc.kinds), one sequence: b_I bytes a "
+    "value of the indexer's scores; a dense, sliding or chunked layer of an MLA model caches r_kv + d_r a "
+    "token in place of 2·g·d_k. "
     "Rotary embeddings (full or partial, GPT-NeoX's 25 %), NoPE layers and "
     "parallel blocks add no parameters; fused QKV or gate-up matrices hold exactly what the separate ones do."
 )

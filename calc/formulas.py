@@ -40,9 +40,13 @@ d_s, C, L_a, L_c, L_lin, L_m, h_lk, h_lv, d_lk, d_lv, K, d_in, d_st, r_dt = symb
 # n = m_C·C + r_C with 0 ≤ r_C < C: whole chunks and the rest (symbols of their own rather than floor and
 # Mod, which SymPy builds slowly; whoever substitutes n substitutes them, see chunk_values).
 m_C, r_C = symbols("m_C r_C", nonnegative=True, integer=True)
+# DeepSeek Sparse Attention: L_s layers whose queries attend to the k_I keys an indexer of h_I heads of width
+# d_I scores highest.
+L_s, k_I, h_I, d_I = symbols("L_s k_I h_I d_I", positive=True, integer=True)
 # Layers by kind: L_a = L − L_lin − L_m have softmax attention (linear-attention and Mamba layers hold a
-# fixed-size state and no KV cache); of those, L_w are windowed and L_c chunked, and the rest see every key.
-L_full = L_a - L_w - L_c
+# fixed-size state and no KV cache); of those, L_w are windowed, L_c chunked and L_s sparse (top-k), and the
+# rest see every key.
+L_full = L_a - L_w - L_c - L_s
 
 # --- Source ledger: weight matrices only, embedding and unembedding both counted --------------------
 # Query and output projections are h·d_k wide; key and value projections g·d_k (grouped-query
@@ -129,6 +133,11 @@ mla_kv = d * (r_kv + d_r) + r_kv * h * (d_k - d_r + d_v)
 mla_o = h * d_v * d
 mla_norms = L_a * (r_q + r_kv)
 
+# DeepSeek V3.2's indexer (DeepseekV32Indexer, per sparse layer): its queries from the query latent
+# (r_q → h_I·d_I), one key per token (d → d_I) with a LayerNorm (weight and bias, 2·d_I), and the weight of
+# each of its heads per token (d → h_I).
+indexer_per_layer = r_q * h_I * d_I + d * d_I + 2 * d_I + d * h_I
+
 # Gated DeltaNet (Qwen3-Next's linear attention, per layer): the fused input projection to q, k (h_lk heads
 # of d_lk), v and the output gate z (h_lv heads of d_lv); the projection to the per-head decay a and
 # write strength b; a depthwise causal convolution of K taps over q, k and v (no bias); per-head decay
@@ -157,12 +166,17 @@ windowed_entries_per_head = n * Min(n, w)
 # A query of a chunked layer sees only its own chunk of C tokens (Llama 4): the pattern is block-diagonal,
 # m_C = ⌊n/C⌋ full C×C blocks and one of r_C² (r_C = n mod C).
 chunked_entries_per_head = C**2 * m_C + r_C**2
-# Keys a new token attends to, summed over layers = token·layers the KV cache holds at n tokens; a
-# chunked layer's cache holds at most C tokens (the chunk in progress). Linear-attention and Mamba layers
-# attend to no keys.
-keys_seen = L_full * n + L_w * Min(n, w) + L_c * Min(n, C)
+# A query of a sparse layer attends to the k_I keys its indexer selects (all of them while n ≤ k_I).
+sparse_entries_per_head = n * Min(n, k_I)
+# Keys a new token attends to, summed over layers; a chunked layer's cache holds at most C tokens (the chunk
+# in progress). Linear-attention and Mamba layers attend to no keys. The KV cache holds keys_cached
+# token·layers: the same, except that a sparse layer keeps every token (its indexer scores them all) and
+# attends to k_I.
+keys_seen = L_full * n + L_w * Min(n, w) + L_c * Min(n, C) + L_s * Min(n, k_I)
+keys_cached = L_full * n + L_w * Min(n, w) + L_c * Min(n, C) + L_s * n
 # One head's pattern, summed over the attention layers.
-layer_entries = L_full * n**2 + L_w * n * Min(n, w) + L_c * chunked_entries_per_head
+layer_entries = (L_full * n**2 + L_w * n * Min(n, w) + L_c * chunked_entries_per_head
+                 + L_s * sparse_entries_per_head)
 entries_per_model = h * layer_entries
 # A tiled kernel holds one B×B tile of scores plus each row's running max and sum (2 values per
 # query) for the head it is working on, never the n×n pattern (Dao et al. 2022, Algorithm 1).
@@ -180,8 +194,11 @@ causal_flops_per_head = attention_flops_per_head * (n * (n + 1) / 2) / n**2
 windowed_causal_entries = Min(n, w) * (Min(n, w) + 1) / 2 + (n - Min(n, w)) * w
 # In a chunk, query i sees the i + 1 keys of its chunk so far: m_C·C(C + 1)/2 + r_C(r_C + 1)/2.
 chunked_causal_entries = m_C * C * (C + 1) / 2 + r_C * (r_C + 1) / 2
+# Top-k: query i attends to min(i + 1, k_I) keys, the window's count with k_I for w.
+sparse_causal_entries = Min(n, k_I) * (Min(n, k_I) + 1) / 2 + (n - Min(n, k_I)) * k_I
 causal_flops_per_model = h * (2 * d_k + 2 * d_v) * (
     L_full * n * (n + 1) / 2 + L_w * windowed_causal_entries + L_c * chunked_causal_entries
+    + L_s * sparse_causal_entries
 )
 
 # Forward FLOPs per token with N non-embedding parameters (a symbol of its own, since N is itself
@@ -197,11 +214,12 @@ forward_flops_per_token_palm = 2 * N + 2 * h * (d_k + d_v) * keys_seen
 # --- KV cache -------------------------------------------------------------------------------------
 kv_cache_bytes_per_token = 2 * L_a * g * d_k * b  # one key and one value vector per layer and kv head
 # A sliding-window layer keeps at most w tokens (a rolling cache): bytes held at n tokens.
-kv_cache_bytes = 2 * g * d_k * b * keys_seen
+kv_cache_bytes = 2 * g * d_k * b * keys_cached
 # MLA caches one latent of r_kv and one shared rotary key of d_r per layer and token, not K and V per
-# head: the up-projections are applied to the cache (or absorbed into W_Q and W_O) at attention time.
-kv_cache_bytes_per_token_mla = L_a * (r_kv + d_r) * b
-kv_cache_bytes_mla = (r_kv + d_r) * b * keys_seen
+# head: the up-projections are applied to the cache (or absorbed into W_Q and W_O) at attention time. A sparse
+# layer also caches its indexer's key, d_I a token (transformers' DynamicIndexedLayer).
+kv_cache_bytes_per_token_mla = (L_a * (r_kv + d_r) + L_s * d_I) * b
+kv_cache_bytes_mla = ((r_kv + d_r) * keys_cached + L_s * d_I * n) * b
 
 # --- Roofline: attention's n² part of one forward pass, batch 1 -----------------------------------
 # Naive: read Q, K, V, write O (4·n·d_k per head) and write then read back the n×n pattern.
@@ -349,7 +367,7 @@ P_s, p_e, t_r = symbols("P_s p_e t_r", positive=True, integer=True)
 experts_touched = E * (1 - (1 - k_E / E) ** t_r)
 step_weight_bytes = b_w * (P_s + (L - L_d) * experts_touched * p_e)
 
-GPT_SHAPE = {g: h, d_k: d / h, d_v: d / h, L_a: L, L_w: 0, L_c: 0}  # MHA, d = h·d_k, one kind
+GPT_SHAPE = {g: h, d_k: d / h, d_v: d / h, L_a: L, L_w: 0, L_c: 0, L_s: 0}  # MHA, d = h·d_k, one kind
 
 
 def chunk_values(n_tokens: int, chunk: int) -> dict[Symbol, int]:

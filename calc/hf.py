@@ -267,6 +267,14 @@ def llama_body(r: Reader) -> Fields:
     }
 
 
+def experts_only_body(r: Reader) -> Fields:
+    """The llama family's keys for a model with experts on every layer and no intermediate_size (Qwen3.5-MoE):
+    no layer has a dense MLP, so d_ff, which no count then reads, is the experts' width."""
+    if "intermediate_size" not in r.raw:
+        r.defaults = {**r.defaults, "intermediate_size": r.raw.get("moe_intermediate_size")}
+    return llama_body(r)
+
+
 def gpt2_body(r: Reader) -> Fields:
     """GPT-2's keys (also GPTBigCode's)."""
     d, n_heads = r.integer("n_embd"), r.integer("n_head")
@@ -315,8 +323,21 @@ def falcon_body(r: Reader) -> Fields:
     new = r.boolean("new_decoder_architecture", False)
     parallel = r.boolean("parallel_attn", True)
     multi_query = r.boolean("multi_query", True)
+    # FalconAttention sizes its fused QKV by num_kv_heads only in the new architecture; the old one is
+    # multi-query (one K, V head) or 3·d wide, whatever num_kv_heads (which FalconConfig always carries) says
     n_kv = (r.optional_int("num_kv_heads") or n_heads) if new else 1 if multi_query else n_heads
-    norms = 2 if not parallel else (r.optional_int("num_ln_in_parallel_attn") or 2) if new else 1
+    if not new:
+        r.known("num_kv_heads")
+    # FalconDecoderLayer: sequential blocks have two norms; parallel ones two where num_ln_in_parallel_attn is
+    # 2 (its default in the new architecture, None in the old), else one shared
+    if parallel:
+        n_ln = r.optional_int("num_ln_in_parallel_attn") or (2 if new else 1)
+        if n_ln not in (1, 2):
+            n_ln = int(r.invalid("num_ln_in_parallel_attn", f"must be 1, 2 or null, got {n_ln!r}", 1))
+        norms = n_ln
+    else:
+        r.known("num_ln_in_parallel_attn")
+        norms = 2
     bias = r.boolean("bias", False)
     return {
         "arch": "neox", "n_layers": r.integer("num_hidden_layers"), "d_model": d, "n_heads": n_heads,
@@ -558,6 +579,42 @@ def mla(r: Reader, fields: Fields) -> Fields:
             "n_mtp_layers": r.count("num_nextn_predict_layers")}
 
 
+def dsa_indexer(r: Reader, fields: Fields) -> Fields:
+    """DeepSeek Sparse Attention (DeepSeek V3.2): every layer's queries attend to the ``index_topk`` keys its
+    indexer (``index_n_heads`` heads of ``index_head_dim``) scores highest; DeepseekV32Config names every
+    layer ``indexed_attention``."""
+    kinds = r.layer_kinds(fields["n_layers"], ("indexed_attention",), lambda i: "indexed_attention")
+    return {**fields, "n_sparse_layers": kinds["indexed_attention"], "index_topk": r.integer("index_topk"),
+            "index_heads": r.integer("index_n_heads"), "index_head_dim": r.integer("index_head_dim")}
+
+
+def mla_derived(r: Reader, fields: Fields) -> Fields:
+    """What transformers' DeepSeek V3.2 and GLM-5 configs derive and save beside their keys: ``qk_head_dim``
+    (the no-rotary and rotary widths' sum), ``head_dim`` (the rotary width), ``mlp_layer_types`` (dense for
+    the first ``first_k_dense_replace`` layers, then sparse). Accepted where they say what the keys say."""
+    n, d_rope = fields["n_layers"], fields.get("d_rope", 0)
+    for key, derived in (("qk_head_dim", fields["d_head"]), ("head_dim", d_rope)):
+        if r.get(key) is not None and r.get(key) != derived:
+            r.invalid(key, f"{r.get(key)!r} is not {derived}, what the other MLA widths make it", None)
+    dense = fields.get("n_dense_layers", 0)
+    types = r.get("mlp_layer_types")
+    if types is not None and types != ["dense"] * dense + ["sparse"] * (n - dense):
+        r.invalid("mlp_layer_types", f"only the first first_k_dense_replace = {dense} layers dense, then "
+                  f"experts, is modelled; got {types!r}", None)
+    r.refuse("mlp_bias", True, "biases in the MLP")
+    return fields
+
+
+def glm_indexers(r: Reader, fields: Fields) -> Fields:
+    """GLM-5: ``indexer_types`` says which layers run their own indexer ("full"); a layer that reuses the one
+    before it ("shared") has none, which calc does not model."""
+    types = r.get("indexer_types")
+    if types is not None and types != ["full"] * fields["n_layers"]:
+        r.invalid("indexer_types", "only an indexer in every layer ('full') is modelled; a layer sharing "
+                  "another's selection ('shared') is not", None)
+    return fields
+
+
 def gpt_oss_parts(r: Reader, fields: Fields) -> Fields:
     """gpt-oss: sinks, biases on Q, K, V, O, alternating sliding/full layers, experts with biases."""
     kinds = r.layer_kinds(fields["n_layers"], SLIDING_OR_FULL,
@@ -567,6 +624,36 @@ def gpt_oss_parts(r: Reader, fields: Fields) -> Fields:
             "n_experts": r.integer("num_local_experts"),
             "experts_per_token": r.integer("num_experts_per_tok"),
             "d_expert": fields["d_ff"], "router_bias": True, "expert_bias": True}
+
+
+def ernie_bias(r: Reader, fields: Fields) -> Fields:
+    bias = r.boolean("use_bias", False)
+    return {**fields, "qkv_bias": bias, "o_bias": bias, "mlp_bias": bias}
+
+
+def ernie_experts(r: Reader, fields: Fields) -> Fields:
+    """ERNIE 4.5 MoE (Ernie4_5_MoeDecoderLayer): experts where (i + 1) % ``moe_layer_interval`` = 0 and
+    ``moe_layer_start_index`` ≤ i ≤ ``moe_layer_end_index``, a dense MLP elsewhere; ``moe_num_shared_experts``
+    shared experts of ``moe_intermediate_size`` (one MLP as wide as all of them: the same count); a router
+    with a score-correction bias per expert."""
+    n = fields["n_layers"]
+    r.refuse("use_bias", True, "biases in an ERNIE 4.5 MoE model")
+    if r.get("num_nextn_predict_layers"):
+        r.invalid("num_nextn_predict_layers", "multi-token-prediction layers transformers' ERNIE 4.5 MoE "
+                  "does not build are not modelled", None)
+    interval = r.integer("moe_layer_interval", 1)
+    start, end = r.count("moe_layer_start_index"), r.count("moe_layer_end_index")
+    n_moe = sum((i + 1) % interval == 0 and start <= i <= end for i in range(n))
+    return {**fields, "n_experts": r.integer("moe_num_experts"), "experts_per_token": r.integer("moe_k"),
+            "d_expert": r.integer("moe_intermediate_size"),
+            "n_shared_experts": r.count("moe_num_shared_experts"), "n_dense_layers": n - n_moe,
+            "router_bias": True}
+
+
+def olmo3_window(r: Reader, fields: Fields) -> Fields:
+    kinds = r.layer_kinds(fields["n_layers"], SLIDING_OR_FULL,
+                          lambda i: "sliding_attention" if (i + 1) % 4 else "full_attention")
+    return _windowed(r, fields, kinds, 4096)
 
 
 def qwen2_bias(r: Reader, fields: Fields) -> Fields:
@@ -661,6 +748,7 @@ DEEPSEEK_KEYS = {
     "n_experts": "n_routed_experts", "experts_per_token": "num_experts_per_tok",
                  "d_expert": "moe_intermediate_size",
     "n_dense_layers": "first_k_dense_replace"}
+DSA_KEYS = {**DEEPSEEK_KEYS, "n_sparse_layers": "layer_types", "index_heads": "index_n_heads"}
 QWEN_MOE_KEYS = {**LLAMA_KEYS, "n_experts": "num_experts", "experts_per_token": "num_experts_per_tok",
                  "d_expert": "moe_intermediate_size", "n_dense_layers": "mlp_only_layers"}
 # GPT-2's n_ctx (the old name of n_positions, unread since transformers 4) and the summary head of
@@ -682,9 +770,11 @@ TYPES: dict[str, ModelType] = {
     "starcoder2": ModelType(llama_body, parts=(starcoder2_parts,), features={"arch": "neox"},
                             defaults={"tie_word_embeddings": True},
                             ignored=frozenset({"mlp_type", "norm_type"})),
-    # where the residual branches off (before or after the norm): the same weights
+    # where the residual branches off (before or after the norm): the same weights; num_key_value_heads:
+    # what FalconConfig derives from num_kv_heads and multi_query for the cache (it writes it, never reads it)
     "falcon": ModelType(falcon_body, parts=(), defaults={"max_position_embeddings": 2048},
-                        ignored=frozenset({"apply_residual_connection_post_layernorm"})),
+                        ignored=frozenset({"apply_residual_connection_post_layernorm",
+                                           "num_key_value_heads"})),
     "llama": ModelType(),
     "mistral": ModelType(parts=(no_extra_biases, window_on_every_layer)),
     "mixtral": ModelType(parts=(no_extra_biases, window_on_every_layer, mixtral_experts),
@@ -708,6 +798,13 @@ TYPES: dict[str, ModelType] = {
     "qwen3_next": ModelType(parts=(no_extra_biases, qwen3_next_layers, qwen_experts),
                             features={"qk_norm": True, "attention_output_gate": True}, keys=QWEN_MOE_KEYS,
                             ignored=frozenset({"use_sliding_window", "sliding_window", "max_window_layers"})),
+    # Qwen3.5 (the text model of Qwen3_5Config): Qwen3-Next's Gated DeltaNet and gated attention layers,
+    # listed in layer_types, with a dense MLP or (qwen3_5_moe) experts and a gated shared expert on each layer
+    "qwen3_5_text": ModelType(parts=(no_extra_biases, qwen3_next_layers),
+                              features={"qk_norm": True, "attention_output_gate": True}),
+    "qwen3_5_moe_text": ModelType(experts_only_body, parts=(no_extra_biases, qwen3_next_layers, qwen_experts),
+                                  features={"qk_norm": True, "attention_output_gate": True},
+                                  keys=QWEN_MOE_KEYS),
     # SmolLM3Config has no max_window_layers (its windows follow the NoPE layers)
     "smollm3": ModelType(parts=(no_extra_biases, smollm3_layers), defaults={"tie_word_embeddings": True},
                          ignored=frozenset({"max_window_layers"})),
@@ -724,16 +821,42 @@ TYPES: dict[str, ModelType] = {
                                    "experts_per_token": "num_experts_per_tok"},
                              ignored=frozenset({"use_qk_norm", "floor_scale", "attn_scale",
                                                 "attn_temperature_tuning"})),
-    # JambaConfig reads neither sliding_window nor use_mamba_kernels (deprecated: kernels as available)
+    # JambaConfig reads neither sliding_window nor use_mamba_kernels (deprecated: kernels as available);
+    # use_mambapy and use_associative_scan: how the Mamba scan runs without its CUDA kernels (no weights)
     "jamba": ModelType(parts=(no_extra_biases, jamba_layers),
                        keys={**LLAMA_KEYS, "n_experts": "num_experts",
                              "experts_per_token": "num_experts_per_tok",
                              "n_mamba_layers": "attn_layer_period", "n_dense_layers": "expert_layer_period"},
-                       ignored=frozenset({"sliding_window", "use_mamba_kernels"})),
+                       ignored=frozenset({"sliding_window", "use_mamba_kernels", "use_mambapy",
+                                          "use_associative_scan"})),
     # V3's sigmoid router keeps a score-correction bias per expert (a saved buffer); V2's softmax router none
     "deepseek_v2": ModelType(parts=(mla, deepseek_experts), keys=DEEPSEEK_KEYS),
     "deepseek_v3": ModelType(parts=(mla, deepseek_experts), features={"router_bias": True},
                              keys=DEEPSEEK_KEYS),
+    # DeepseekV32Config fixes MLA's query LoRA and the router's score correction as V3's, and adds the indexer
+    "deepseek_v32": ModelType(parts=(mla, deepseek_experts, dsa_indexer, mla_derived),
+                              features={"router_bias": True}, keys=DSA_KEYS),
+    # GLM-5 (GlmMoeDsaConfig): DeepSeek V3.2's layout with its own sizes
+    "glm_moe_dsa": ModelType(parts=(mla, deepseek_experts, dsa_indexer, mla_derived, glm_indexers),
+                             features={"router_bias": True}, keys=DSA_KEYS),
+    # OLMo 3: OLMo 2 with three sliding-window layers to one full (Olmo3Config's rule; layer_types lists them)
+    "olmo3": ModelType(parts=(no_extra_biases, olmo3_window),
+                       features={"qk_norm": True, "qk_norm_per_head": True}),
+    # MiniMax M2: experts of intermediate_size on every layer, a sigmoid router with a score-correction bias
+    # (a saved buffer), RMSNorms over the whole width of Q and K
+    "minimax_m2": ModelType(parts=(no_extra_biases, mixtral_experts),
+                            features={"qk_norm": True, "qk_norm_per_head": True, "router_bias": True},
+                            keys={**LLAMA_KEYS, "n_experts": "num_local_experts",
+                                  "experts_per_token": "num_experts_per_tok",
+                                  "d_expert": "intermediate_size"}),
+    # ERNIE 4.5 (dense): use_bias puts a bias on Q, K, V, O and the MLP's projections
+    "ernie4_5": ModelType(parts=(ernie_bias,), defaults={"tie_word_embeddings": True}),
+    # moe_norm_min: the floor of the router's renormalization (no parameters)
+    "ernie4_5_moe": ModelType(parts=(ernie_experts,), defaults={"tie_word_embeddings": True},
+                              keys={**LLAMA_KEYS, "n_experts": "moe_num_experts",
+                                    "experts_per_token": "moe_k", "d_expert": "moe_intermediate_size",
+                                    "n_dense_layers": "moe_layer_start_index"},
+                              ignored=frozenset({"moe_norm_min"})),
     # experts_per_token: a copy of num_experts_per_tok that GptOssConfig does not read;
     # initial_context_length: the context before YaRN scaling
     "gpt_oss": ModelType(parts=(gpt_oss_parts,),
@@ -747,7 +870,8 @@ ACTIVATION_KEYS = {"gpt2": "activation_function", "gpt_bigcode": "activation_fun
                    "opt": "activation_function", "falcon": "activation", "gemma2": "hidden_activation",
                    "gemma3_text": "hidden_activation"}
 # Multimodal configs hold their language model in text_config.
-OUTER = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
+OUTER = {"gemma3": "gemma3_text", "llama4": "llama4_text", "qwen3_5": "qwen3_5_text",
+         "qwen3_5_moe": "qwen3_5_moe_text"}
 SUPPORTED = (*TYPES, *OUTER)
 
 

@@ -31,6 +31,8 @@ def values(config: Config) -> dict[Symbol, int]:
         f.L_a: config.n_attention_layers, f.L_c: config.n_chunked_layers,
            f.C: config.attention_chunk or config.n_ctx,
         f.L_lin: config.n_linear_layers, f.L_m: config.n_mamba_layers,
+        f.L_s: config.n_sparse_layers, f.k_I: config.index_topk or config.n_ctx,
+        f.h_I: config.index_heads or 1, f.d_I: config.index_head_dim or 1,
     }
     if config.linear_attention is not None:
         la = config.linear_attention
@@ -121,6 +123,8 @@ def checkpoint_formulas(config: Config) -> dict[str, Expr]:
         parts["qk_norms"] = f.qk_norms_per_head if config.qk_norm_per_head else f.qk_norms
     if config.is_mla:
         parts["latent_norms"] = f.mla_norms if config.q_lora_rank else f.L_a * f.r_kv
+    if config.n_sparse_layers:
+        parts["indexer"] = f.L_s * f.indexer_per_layer
     parts.update(state_layer_formulas(config))
     if config.mamba is not None:
         extra = ((config.mamba.conv_bias, f.mamba_conv_bias), (config.mamba.proj_bias, f.mamba_proj_bias),
@@ -185,7 +189,8 @@ def mtp_module(config: Config) -> int:
     """
     if not config.n_mtp_layers:
         return 0
-    one = dataclasses.replace(config, n_layers=1, n_dense_layers=0, n_mtp_layers=0, tied_embeddings=True)
+    one = dataclasses.replace(config, n_layers=1, n_dense_layers=0, n_mtp_layers=0, tied_embeddings=True,
+                              n_sparse_layers=min(config.n_sparse_layers, 1))  # V3.2's has its indexer
     layer = checkpoint(one)["total"] - _count(f.V * f.d + f.d, one)  # one layer, no embedding, no final norm
     extra = f.evaluate_count(2 * f.d + 2 * f.d**2 + f.d + 2 * f.V * f.d, values(config))
     return config.n_mtp_layers * (layer + extra)

@@ -35,7 +35,8 @@ FEATURE_KEYS = (
     "learned_positions", "position_offset", "norm_bias", "o_bias", "mlp_gated", "mlp_bias", "lm_head_bias",
     "qk_norm_per_head", "attention_sinks", "attention_output_gate", "n_attention_layers", "attention_chunk",
     "n_chunked_layers", "n_nope_layers", "n_linear_layers", "linear_attention", "n_mamba_layers", "mamba",
-    "d_shared_expert", "shared_expert_gate", "expert_bias",
+    "d_shared_expert", "shared_expert_gate", "expert_bias", "n_sparse_layers", "index_topk", "index_heads",
+    "index_head_dim",
     # added with the activations per layer kind (calc.activations)
     "d_rotary", "parallel_block", "activation",
 )
@@ -106,6 +107,7 @@ def build(
         "forward_flops_per_token": costs.forward_flops_per_token(config, seqs),
         "kv_cache": costs.kv_cache(config, seqs, dtype),
         "time": costs.roofline(config, seqs, dtype, peak_tflops=peak_tflops, bandwidth_gbs=bandwidth_gbs),
+        "cost_by_kind": cost_by_kind(config, seqs, dtype),
     }
     if train is not None:
         from calc.training import training
@@ -122,6 +124,24 @@ def build(
                                       weight_dtype=serve.get("weight_dtype", "bf16"), **rate)
         report["serving"] = served
     return report
+
+
+def cost_by_kind(config: Config, seqs: Sequence[int], dtype: str = "bf16") -> dict[str, Any]:
+    """calc.kinds' figures of ``config`` at ``seqs``: each layer kind's and their sum (``rows``), and the n up
+    to the largest of ``seqs`` and 4·n_ctx where one kind's prefill FLOPs, cache or naive scores overtake
+    another's (``crossovers``)."""
+    from calc import kinds
+
+    size = costs.DTYPE_BYTES[dtype]
+    options = {"dtype_bytes": size, "index_bytes": kinds.INDEX_BYTES, "block": costs.DEFAULT_BLOCK}
+    n_max = max([*seqs, 4 * config.n_ctx])
+    return {
+        "dtype": dtype, "bytes_per_value": size, "index_bytes_per_value": kinds.INDEX_BYTES,
+        "tile_side": costs.DEFAULT_BLOCK, "layers": kinds.layer_kinds(config),
+        "rows": kinds.by_kind(config, seqs, **options),
+        "crossovers": {metric: kinds.crossovers(config, metric, n_max, **options)
+                       for metric in kinds.CROSSOVER_METRICS},
+    }
 
 
 def _config_value(value: Any) -> Any:
@@ -203,8 +223,58 @@ def tables(report: dict[str, Any]) -> list[Table]:
     """The report as tables, in reading order."""
     extra = [*([_training(report)] if "training" in report else []),
              *([_serving(report), _serving_time(report)] if "serving" in report else [])]
+    by_kind = [_by_kind(report)] if set(report["cost_by_kind"]["layers"]) != {"dense"} else []
     return [_ledger(report), _checkpoint(report), _memory(report), _flops(report), _per_token(report),
-            _kv(report), _time(report), *extra]
+            _kv(report), _time(report), *by_kind, *extra]
+
+
+def crossover_notes(found: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """One line per metric naming the n where one kind's figure overtakes another's."""
+    what = {"prefill_flops": "prefill FLOPs", "cache_bytes": "cache", "score_bytes_naive": "naive scores"}
+    return [f"{what[metric]}: " + "; ".join(
+        f"{c['kind']} overtakes {c['overtakes']} at n = {count(c['n_tokens'])}" for c in rows)
+        for metric, rows in found.items() if rows]
+
+
+def _by_kind(report: dict[str, Any]) -> Table:
+    from calc.kinds import KINDS, METRICS
+
+    cost = report["cost_by_kind"]
+    size, index = cost["bytes_per_value"], cost["index_bytes_per_value"]
+    flops = ("prefill_flops", "decode_flops")
+    rows, raw = [], []
+    layers = sum(v for k, v in cost["layers"].items() if k != "indexer")  # an indexer is in its sparse layer
+    for r in cost["rows"]:
+        for kind, fig in (*r["kinds"].items(), ("all", {"layers": layers, **r["total"]})):
+            rows.append((count(r["n_tokens"]), kind, str(fig["layers"]),
+                         *(si(fig[m], "FLOP") if m in flops else binary_bytes(fig[m]) for m in METRICS)))
+            raw.append((r["n_tokens"], kind, fig["layers"], *(fig[m] for m in METRICS)))
+    found = crossover_notes(cost["crossovers"])
+    indexer = "indexer" in cost["layers"]
+    notes = (
+        "kinds: " + "; ".join(f"{k}: {KINDS[k].what}" for k in cost["layers"]) + ". all: the sum ("
+        + ("a sparse layer's indexer counted as a kind beside it; " if indexer else "")
+        + "tiled: the largest kind's, one head at work)",
+        "prefill: the causal pass's sequence mixing (QKᵀ and AV of the keys a query sees"
+        + (", the indexer's scores" if indexer else "")
+        + (", the state's updates" if {"linear", "mamba"} & set(cost["layers"]) else "")
+        + f"), projections aside; decode: one step at n. Scores naive: every head's stored at once, {size} "
+        + "bytes a value" + (f" (the indexer's at {index}, FP8)" if indexer else "")
+        + f"; tiled: a {cost['tile_side']}×{cost['tile_side']} tile and the running values, fp32; cache: "
+        f"what each layer keeps for the next token, at {size} bytes a value ({cost['dtype']}). " + UNITS,
+        *(["crossovers (over the kinds' layers, up to the largest n and 4·n_ctx): " + " / ".join(found)]
+          if found else []),
+    )
+    return Table(
+        title="Cost per layer kind over n, one sequence (calc.kinds; python -m calc formulas shows each)",
+        headers=("n", "kind", "layers", *(METRIC_TEXT_SHORT[m] for m in METRICS)),
+        rows=rows, raw_headers=("n_tokens", "kind", "layers", *METRICS), raw_rows=raw, notes=notes,
+    )
+
+
+METRIC_TEXT_SHORT = {"prefill_flops": "prefill", "score_bytes_naive": "scores naive",
+                     "score_bytes_tiled": "scores tiled", "cache_bytes": "cache",
+                     "decode_flops": "decode step"}
 
 
 def _ledger(report: dict[str, Any]) -> Table:
@@ -299,6 +369,13 @@ def window_notes(cfg: dict[str, Any]) -> tuple[str, ...]:
         notes.append(f"chunks: {cfg['n_chunked_layers']} of {cfg['n_layers']} layers attend within chunks of "
                      f"{c} tokens: a query sees only its own chunk (C²·⌊n/C⌋ + (n mod C)² pattern entries) "
                      f"and the cache holds at most {c} tokens{largest}")
+    if cfg.get("n_sparse_layers"):
+        k = count(cfg["index_topk"])
+        notes.append(f"sparse: {cfg['n_sparse_layers']} of {cfg['n_layers']} layers attend to the {k} keys "
+                     f"their indexer scores highest (n×min(n, {k}) pattern entries; the cache holds every "
+                     f"token, and the indexer's key); the indexer's own n² scores at "
+                     f"{cfg['index_heads']} heads of {cfg['index_head_dim']} are in the per-kind "
+                     f"table{largest}")
     if cfg["n_attention_layers"] != cfg["n_layers"]:
         kind = "linear-attention" if cfg["n_linear_layers"] else "Mamba"
         notes.append(f"hybrid: {cfg['n_layers'] - cfg['n_attention_layers']} of {cfg['n_layers']} layers are "
@@ -350,8 +427,10 @@ def _flops(report: dict[str, Any]) -> Table:
     keys = ("qk_flops_per_head", "av_flops_per_head", "attention_flops_per_head", "attention_flops_per_layer",
             "attention_flops_per_model", "causal_flops_per_model")
     cfg = report["config"]
-    keys_seen = ("n²" if cfg["n_attention_layers"] > cfg["n_window_layers"] + cfg["n_chunked_layers"]
-                 else "n·min(n, w)" if cfg["n_window_layers"] else "chunk-block")
+    sparse = cfg.get("n_sparse_layers", 0)
+    keys_seen = ("n²" if cfg["n_attention_layers"] > cfg["n_window_layers"] + cfg["n_chunked_layers"] + sparse
+                 else "n·min(n, w)" if cfg["n_window_layers"] else "chunk-block" if cfg["n_chunked_layers"]
+                 else "n·min(n, k_I)")
     value = "d_v" if cfg["d_v"] != cfg["d_head"] else "d_k"
     return Table(
         title=(f"Attention FLOPs of one forward pass: QKᵀ (2·{keys_seen}·d_k) + AV (2·{keys_seen}·{value}) "
@@ -374,11 +453,11 @@ def _per_token(report: dict[str, Any]) -> Table:
     cfg = report["config"]
     headers = ("Kaplan: 2N + 2·L·n·h·d_k", "PaLM: 2N + 4·L·h·d_k·n")
     if (cfg["n_window_layers"] or cfg["n_chunked_layers"] or cfg["d_v"] != cfg["d_head"]
-            or cfg["n_attention_layers"] != cfg["n_layers"]):
+            or cfg.get("n_sparse_layers") or cfg["n_attention_layers"] != cfg["n_layers"]):
         # keys = keys a token attends to, summed over layers: L·n without windows (f.keys_seen)
         headers = ("Kaplan: 2N + 2·h·d_k·keys", "PaLM: 2N + 2·h·(d_k + d_v)·keys")
-        moe += (" keys: the keys a token sees, summed over the attention layers ((L_a − L_w − L_c)·n + "
-                "L_w·min(n, w) + L_c·min(n, C), chunks at most).")
+        moe += (" keys: the keys a token sees, summed over the attention layers ((L_a − L_w − L_c − L_s)·n + "
+                "L_w·min(n, w) + L_c·min(n, C) + L_s·min(n, k_I), chunks at most; the indexer not counted).")
     return Table(
         title="Forward FLOPs per token at context n",
         headers=("n", *headers, "attention share (PaLM)"),
@@ -406,6 +485,11 @@ def _kv(report: dict[str, Any]) -> Table:
     heads = (f"one latent of {cfg['kv_lora_rank']} and one rotary key of {cfg['d_rope']} per layer, "
              f"shared by the {cfg['n_heads']} heads" if cfg["kv_lora_rank"]
              else f"g = {cfg['n_kv_heads']} key/value heads of {cfg['n_heads']}")
+    if cfg.get("n_sparse_layers"):
+        per_token = (f"MLA and indexer, (L_a·(r_kv + d_r) + L_s·d_I)·b = ({cfg['n_attention_layers']}·"
+                     f"({cfg['kv_lora_rank']} + {cfg['d_rope']}) + {cfg['n_sparse_layers']}·"
+                     f"{cfg['index_head_dim']})·{size}")
+        heads += f", and the indexer's key of {cfg['index_head_dim']} per sparse layer"
     return Table(
         title=f"KV cache, {kv['dtype']} ({size} bytes a value): {per_token} bytes per token",
         headers=("n", "bytes", ""),
@@ -687,15 +771,21 @@ def fit(rows: Sequence[Sequence[str]], headers: Sequence[str], width: int | None
     return "\n\n(continued)\n".join(draw(group) for group in groups)
 
 
-def render(report: dict[str, Any], fmt: str = "table", *, width: int | None = DEFAULT_WIDTH) -> str:
+def render(report: dict[str, Any], fmt: str = "table", *, width: int | None = DEFAULT_WIDTH,
+           kinds_only: bool = False) -> str:
     """The report in one of ``FORMATS``. ``table``: lines of at most ``width`` columns, wide tables split
-    into column groups and notes wrapped (``width`` None or 0: one line each, as the other formats)."""
+    into column groups and notes wrapped (``width`` None or 0: one line each, as the other formats).
+    ``kinds_only``: the header and the per-kind table alone (JSON: ``model``, ``config`` and
+    ``cost_by_kind``), whatever kinds the model has."""
+    shown = [_by_kind(report)] if kinds_only else tables(report)
     if fmt == "json":
+        if kinds_only:
+            return json.dumps(plain({k: report[k] for k in ("model", "config", "cost_by_kind")}), indent=2)
         return to_json(report)
     if fmt == "csv":
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
-        for table in tables(report):
+        for table in shown:
             out.write(f"# {table.title}\n")
             writer.writerow(table.raw_headers)
             writer.writerows(plain(list(table.raw_rows)))
@@ -705,7 +795,7 @@ def render(report: dict[str, Any], fmt: str = "table", *, width: int | None = DE
     prefix = {"table": "", "github": "", "latex": "% "}[fmt]
     width = width if fmt == "table" else None
     blocks = ["\n".join(prefix + line for text in header_lines(report) for line in wrap(text, width, "  "))]
-    for table in tables(report):
+    for table in shown:
         title = f"### {table.title}" if fmt == "github" else prefix + table.title
         body = fit(table.rows, table.headers, width, tablefmt)
         notes = [prefix + line for note in table.notes for line in wrap(note, width)]

@@ -159,7 +159,7 @@ def test_verify_names_presets_files_and_folders():
     fixtures = sorted(str(p) for p in (ROOT / "tests" / "calc" / "configs").glob("*.json"))
     assert expand([]) == expand(["--presets"]) == list(PRESETS)
     assert expand(["gpt2", str(ROOT / "tests" / "calc" / "configs")]) == ["gpt2", *fixtures]
-    assert len(fixtures) == 33
+    assert len(fixtures) == 41
 
 
 def test_verify_without_transformers_says_what_to_install(capsys, monkeypatch):
@@ -190,7 +190,8 @@ def test_formulas_print_the_new_components(capsys):
     for row in ("MoE routed experts", "3·E·d·d_e·(L - L_d)", "MoE inactive per token", "MLA keys, values",
                 "d·(d_r + r_kv) + h·r_kv·(d_k - d_r + d_v)", "QKV bias (Qwen2", "q/k norms", "2·L_a·d_k",
                 "fused QKV", "parallel block, partial rotary, NoPE: no parameters", "n·Min(n, w)",
-                "KV cache bytes at n (windows, chunks)", "MLA cache bytes per token", "L_a·b·(d_r + r_kv)",
+                "KV cache bytes at n (windows, chunks)", "MLA cache bytes per token",
+                "b·(L_a·(d_r + r_kv) + L_s·d_I)",
                 "attention sinks (gpt-oss) = L_a·h", "C^2·m_C + r_C^2", "Gated DeltaNet layer", "Mamba layer",
                 "MoE shared-expert gate", "MoE expert biases (gpt-oss) = E·(L - L_d)·(d + 2·d_e)",
                 "q/k norms, per head (OLMo 2, Cohere, StableLM) = L_a·d_k·(g + h)", "position table",

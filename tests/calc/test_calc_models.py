@@ -32,7 +32,8 @@ class Counted(NamedTuple):
     kv_per_token: int  # bf16, derived by hand below
 
 
-# total and active: `python -m calc.verify tests/calc/configs/*.json` (calc.verify.stored_count and
+# total and active: `python -m calc.verify tests/calc/configs/*.json` (transformers 5.25.0 for the types added
+# with DeepSeek V3.2) (calc.verify.stored_count and
 # active_count, read from the models alone), transformers 5.24.0, torch 2.13.0; every one equal to
 # calc's count.
 # KV bytes per token, bf16 (2 bytes): 2 (K and V) · attention layers · key/value heads · d_k · 2.
@@ -41,6 +42,8 @@ MODELS = {
     "gpt-oss-20b": Counted(20_914_757_184, 4_187_440_704, 2 * 24 * 8 * 64 * 2),
     "llama4-scout-17b-16e": Counted(107_769_861_120, 17_172_894_720, 2 * 48 * 8 * 128 * 2),
     "deepseek-v2-lite": Counted(15_706_484_224, 2_661_150_208, 27 * (512 + 64) * 2),  # MLA's latent and key
+    # transformers 5.25.0: MLA's latent and key, and the indexer's key of 128, in each of the 61 layers
+    "deepseek-v3.2": Counted(671_877_944_064, 38_403_822_336, 61 * (512 + 64 + 128) * 2),
     "qwen3-next-80b-a3b": Counted(79_674_391_296, 3_874_929_408, 2 * 12 * 2 * 256 * 2),  # 12 of 48 layers
     "jamba-v0.1": Counted(51_570_323_328, 12_110_311_296, 2 * 4 * 8 * 128 * 2),  # 4 of 32 layers attend
     "qwen1.5-moe-a2.7b": Counted(14_315_784_192, 2_689_173_504, 2 * 24 * 16 * 128 * 2),
@@ -54,6 +57,16 @@ MODELS = {
     "stablelm-3b-4e1t": Counted(2_795_443_200, None, 2 * 32 * 32 * 80 * 2),
     "starcoder": Counted(15_517_456_384, None, 2 * 40 * 1 * 128 * 2),
     "opt-125m": Counted(125_239_296, None, 2 * 12 * 12 * 64 * 2),
+    # transformers 5.25.0's configuration classes' defaults, saved by to_dict (tests/calc/configs/README.md)
+    "olmo3-transformers-defaults": Counted(6_888_624_128, None, 2 * 32 * 32 * 128 * 2),
+    "minimax-m2-transformers-defaults": Counted(228_689_764_864, 11_030_553_088, 2 * 62 * 8 * 128 * 2),
+    # MLA's latent and rotary key, and the indexer's key, in each of the 78 layers
+    "glm-moe-dsa-transformers-defaults": Counted(743_911_218_432, 41_784_728_832, 78 * (512 + 64 + 128) * 2),
+    "ernie4-5-transformers-defaults": Counted(360_748_032, None, 2 * 18 * 2 * 128 * 2),
+    "ernie4-5-moe-transformers-defaults": Counted(21_825_437_888, 3_352_150_208, 2 * 28 * 4 * 128 * 2),
+    # Qwen3.5's text models: 8 of 32 and 10 of 40 layers attend, the others are Gated DeltaNet
+    "qwen3-5-transformers-defaults": Counted(8_953_803_264, None, 2 * 8 * 4 * 256 * 2),
+    "qwen3-5-moe-transformers-defaults": Counted(34_660_610_688, 3_454_988_928, 2 * 10 * 2 * 256 * 2),
     # files with keys of calc.hf.INERT (runner_max_sequence_length, use_mrope, transformers.js_config)
     "santacoder": Counted(1_124_886_528, None, 2 * 24 * 1 * 128 * 2),  # multi-query
     "qwen2.5-0.5b": Counted(494_032_768, None, 2 * 24 * 2 * 64 * 2),
@@ -83,10 +96,12 @@ def test_kv_bytes_per_token_by_hand(name):
 
 
 def test_every_new_type_has_a_fixture_here():
-    new = {"qwen3_moe", "gpt_oss", "llama4", "deepseek_v2", "qwen3_next", "jamba", "qwen2_moe", "gemma",
-           "smollm3",
+    new = {"qwen3_moe", "gpt_oss", "llama4", "deepseek_v2", "deepseek_v32", "qwen3_next", "jamba",
+           "qwen2_moe", "gemma", "smollm3",
            "olmo2", "phi", "starcoder2", "cohere", "falcon", "stablelm", "gpt_bigcode", "opt",
-           "qwen2", "llama"}  # Qwen2.5 and SmolLM2: the inert keys of their files
+           "qwen2", "llama",  # Qwen2.5 and SmolLM2: the inert keys of their files
+           "olmo3", "minimax_m2", "glm_moe_dsa", "ernie4_5", "ernie4_5_moe", "qwen3_5",
+           "qwen3_5_moe"}
     assert {raw(name)["model_type"] for name in MODELS} == new
 
 
@@ -134,6 +149,16 @@ def test_jamba_mamba_layers_and_interleaved_experts_by_hand():
     assert ledger.checkpoint(config)["total"] == total
     assert costs.kv_cache(config, [1],
                           "bf16")["state_bytes_per_sequence"] == 28 * (d_in * state + 3 * d_in) * 2
+
+
+def test_deepseek_v32_indexer_by_hand():
+    d, r_q, h_i, d_i, layers = 7168, 1536, 64, 128, 61
+    # its queries from the query latent, its key and the key's LayerNorm, each head's weight per token
+    indexer = r_q * h_i * d_i + d * d_i + 2 * d_i + d * h_i
+    v32 = load(str(CONFIGS / "deepseek-v3.2.json"))
+    v3 = load(str(CONFIGS / "deepseek-v3.json"))
+    assert ledger.checkpoint(v32)["total"] - ledger.checkpoint(v3)["total"] == layers * indexer
+    assert (v32.n_sparse_layers, v32.index_topk, v32.n_full_layers) == (61, 2048, 0)
 
 
 def test_llama4_interleaved_moe_with_a_shared_expert_and_chunked_layers():
@@ -484,11 +509,11 @@ def test_known_type_refuses_what_the_ledger_does_not_model(config, key, text):
 
 def test_unknown_type_exits_2_in_one_line(capsys, tmp_path):
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({**raw("olmo2-7b"), "model_type": "olmo3"}), encoding="utf-8")
+    path.write_text(json.dumps({**raw("olmo2-7b"), "model_type": "olmo9"}), encoding="utf-8")
     assert main([str(path)]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1
-    assert "'olmo3' is not supported; the closest supported type is" in err
+    assert "'olmo9' is not supported; the closest supported type is" in err
 
 
 def test_partial_rotary_and_nope_layers_are_named_in_the_notes():
@@ -508,6 +533,12 @@ VARIANTS = {
     "falcon, new decoder with one norm (Falcon-11B's num_ln_in_parallel_attn)": _variant(
         "falcon-7b", hidden_size=1024, num_attention_heads=16, num_kv_heads=2, new_decoder_architecture=True,
         num_ln_in_parallel_attn=1, num_hidden_layers=3),
+    "falcon, old multi-query with two norms (num_ln_in_parallel_attn 2)": _variant(
+        "falcon-7b", hidden_size=1024, num_attention_heads=16, num_ln_in_parallel_attn=2, num_kv_heads=16,
+        num_hidden_layers=3),
+    "falcon, old multi-head: num_kv_heads sizes nothing": _variant(
+        "falcon-7b", hidden_size=1024, num_attention_heads=16, multi_query=False, num_kv_heads=16,
+        num_hidden_layers=3),
     "llama4, MoE on listed layers, NoPE layers listed": _variant(
         "llama4-scout-17b-16e", moe_layers=[1, 2], no_rope_layers=[1, 0, 1, 1], num_local_experts=4,
         hidden_size=512, num_hidden_layers=4, use_qk_norm=False),
@@ -546,6 +577,54 @@ VARIANTS = {
     "phi, grouped K/V": _variant("phi-2", num_key_value_heads=8, num_hidden_layers=2),
     "opt, untied": _variant("opt-125m", tie_word_embeddings=False, num_hidden_layers=2),
 }
+
+
+# What FalconConfig and JambaConfig (transformers 5) write into every file they save, beside the keys of the
+# published files: keys the class carries that this variant reads not at all (Falcon-7B's old architecture
+# sizes nothing by num_kv_heads; its one norm is num_ln_in_parallel_attn's null) or that choose how the Mamba
+# scan runs. The published files re-saved so read with the same counts.
+SAVED_BY_TRANSFORMERS = {
+    "falcon-7b": {"num_kv_heads": 71, "num_ln_in_parallel_attn": None, "num_key_value_heads": 1,
+                  "ffn_hidden_size": 18176, "max_position_embeddings": 2048, "activation": "gelu"},
+    "jamba-v0.1": {"use_mambapy": False, "use_associative_scan": True},
+    # DeepseekV32Config: its derived widths and each layer's MLP and attention kind
+    "deepseek-v3.2": {"qk_head_dim": 192, "head_dim": 64, "mlp_bias": False,
+                      "mlp_layer_types": ["dense"] * 3 + ["sparse"] * 58,
+                      "layer_types": ["indexed_attention"] * 61},
+}
+
+
+@pytest.mark.parametrize("name", SAVED_BY_TRANSFORMERS)
+def test_keys_a_config_class_carries_and_the_variant_does_not_read_are_accepted(name):
+    saved = {**raw(name), **SAVED_BY_TRANSFORMERS[name]}
+    assert ledger.checkpoint(from_config(saved))["total"] == MODELS[name].total
+
+
+@pytest.mark.parametrize(
+    ("name", "changes", "key"),
+    [
+        # the new architecture sizes its fused QKV by num_kv_heads: read, and a bad value named
+        ("falcon-7b", {"new_decoder_architecture": True, "num_kv_heads": 0}, "num_kv_heads"),
+        ("falcon-7b", {"num_ln_in_parallel_attn": 3}, "num_ln_in_parallel_attn"),
+        # keys that would add weights (experts, a Mamba-2 head width): still refused, named
+        ("falcon-7b", {"num_kv_heads": 71, "num_experts": 8}, "num_experts"),
+        ("jamba-v0.1", {"use_mambapy": False, "mamba_headdim": 64}, "mamba_headdim"),
+        # derived keys that disagree with the keys they derive from, a layer without its own indexer
+        ("deepseek-v3.2", {"qk_head_dim": 128}, "qk_head_dim"),
+        ("deepseek-v3.2", {"mlp_layer_types": ["sparse"] * 61}, "mlp_layer_types"),
+        ("glm-moe-dsa-transformers-defaults", {"indexer_types": ["full", "shared"] * 39}, "indexer_types"),
+    ],
+)
+def test_keys_that_would_change_a_count_are_still_refused(name, changes, key):
+    with pytest.raises(ConfigError) as err:
+        from_config({**raw(name), **changes})
+    assert err.value.field == key
+
+
+def test_falcon_old_architecture_with_two_parallel_norms_counts_them():
+    one = ledger.checkpoint(from_config(raw("falcon-7b")))["total"]
+    two = ledger.checkpoint(from_config({**raw("falcon-7b"), "num_ln_in_parallel_attn": 2}))["total"]
+    assert two - one == 32 * 2 * 4544  # a second LayerNorm (weight and bias) in each of the 32 layers
 
 
 @pytest.mark.parametrize("name", VARIANTS)
