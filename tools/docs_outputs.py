@@ -158,11 +158,22 @@ def stamp(command: str) -> str:
     return f"*Run `{command}` on {when}; {machine()}.*\n"
 
 
+def written(command: str) -> list[Path]:
+    """The files ``command`` writes besides its output (the picture of a ``--plot FILE``)."""
+    words = shlex.split(command)
+    return [ROOT / words[i + 1] for i, word in enumerate(words[:-1]) if word == "--plot"]
+
+
 def stale(block: Block) -> str | None:
     """Why ``block`` no longer shows its command's output, or None."""
     if block.kind == "machine":
         return None if block.stamp else "machine-dependent figures without their stamp line"
-    fresh = run(block.command)
+    kept = {path: path.read_bytes() for path in written(block.command) if path.exists()}
+    try:
+        fresh = run(block.command)
+    finally:  # checking a page leaves its pictures as they are: only a refresh rewrites them
+        for path, data in kept.items():
+            path.write_bytes(data)
     if block.kind == "timed":
         if not block.stamp:
             return "timings without their stamp line"
