@@ -83,3 +83,21 @@ def test_an_envlist_name_without_a_section_is_refused(tmp_path):
     ini.write_text("[tox]\nenvlist = py, gone\n\n[testenv]\ndescription = tests\n")
     with pytest.raises(ValueError, match=r"envlist names \['gone'\]"):
         outputs.tox_envs(ini)
+
+
+@pytest.mark.parametrize("page", [ROOT / "README.md", ROOT / "docs" / "tutorial.md"], ids=lambda p: p.name)
+def test_a_pytest_line_with_n_follows_an_install_that_gives_pytest_xdist(page):
+    """``-n 2`` is pytest-xdist's: the install line shown before a pytest line that uses it names
+    an extra that installs pytest-xdist (``pip install .`` alone does not: pytest exits 4,
+    "unrecognized arguments: -n")."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"][
+        "optional-dependencies"]
+    lines = page.read_text(encoding="utf-8").splitlines()
+    uses = [i for i, line in enumerate(lines) if line.startswith("python -m pytest") and " -n " in line]
+    assert uses, f"{page.name} shows no pytest line with -n"
+    for i in uses:
+        installs = [line for line in lines[:i] if "pip install" in line]
+        assert installs, f"{page.name}: no install before {lines[i]!r}"
+        named = re.findall(r"'\.\[([\w,]+)\]'", installs[-1])
+        given = [req for group in named for extra in group.split(",") for req in extras[extra]]
+        assert any(req.startswith("pytest-xdist") for req in given), (lines[i], installs[-1])
