@@ -20,6 +20,7 @@ The oracle (`spec.golden`) never imports `impl`: only this map does.
 
 from __future__ import annotations
 
+import ast
 import difflib
 import functools
 import hashlib
@@ -122,8 +123,7 @@ def load_target(spec: str | Callable[..., Any] | Target, *, device: str | None =
     if spec in BUILTIN:
         return BUILTIN[spec]()
     if ":" not in spec:
-        names = ", ".join(BUILTIN)
-        raise TargetError(f"unknown target {spec!r}: give a built-in name ({names}) or module:attr")
+        raise TargetError(_without_attr(spec))
     module_name, _, attr_path = spec.rpartition(":")  # rpartition: a Windows path has a colon
     if not module_name or not attr_path:
         raise TargetError(f"target {spec!r} must look like package.module:attr")
@@ -141,7 +141,7 @@ def load_target(spec: str | Callable[..., Any] | Target, *, device: str | None =
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            hint = _did_you_mean(part, [n for n in dir(obj) if not n.startswith("_")])
+            hint = did_you_mean(part, [n for n in dir(obj) if not n.startswith("_")])
             raise TargetError(f"module {module_name!r} has no attribute {attr_path!r}{hint}") from None
     if not callable(obj):
         raise TargetError(f"target {spec!r} is {type(obj).__name__} {reprlib.repr(obj)}, "
@@ -171,7 +171,7 @@ def _import(path_text: str) -> Any:
         raise TargetError(f"{path_text!r} is neither a module name nor a .py file: give "
                           f"{dotted}:NAME or {path_text}.py:NAME")
     if not path.is_file():
-        hint = _did_you_mean(path.name, [f.name for f in path.parent.glob("*.py")],
+        hint = did_you_mean(path.name, [f.name for f in path.parent.glob("*.py")],
                              lambda n: str(Path(path_text).with_name(n)))
         raise TargetError(f"no file {path_text!r} (from {os.getcwd()}){hint}")
     name = f"{SCRIPT_MODULE}{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
@@ -194,6 +194,49 @@ def _import(path_text: str) -> Any:
     return module
 
 
+def _without_attr(text: str) -> str:
+    """Why ``text``, which names no attribute, loads no target: a file path wants its
+    ``path/to/file.py:attr`` form (with the one Target or function the file defines, when it
+    defines exactly one); anything else is a built-in name, perhaps misspelt, or ``module:attr``."""
+    if _is_path(text):
+        return (f"target {text!r} names a file but not what in it to check: give the "
+                f"path/to/file.py:attr form, {_only_candidate(text) or f'{text}:NAME'}")
+    names = ", ".join(BUILTIN)
+    return (f"unknown target {text!r}: give a built-in name ({names}), module:attr or "
+            f"path/to/file.py:attr{did_you_mean(text, list(BUILTIN))}")
+
+
+def _only_candidate(path_text: str) -> str:
+    """``my.py:target`` when the file defines exactly one top-level Target, or failing that
+    exactly one public function; else "". Read from the source, not run."""
+    try:
+        tree = ast.parse(Path(path_text).expanduser().read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return ""
+    targets: list[str] = []
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and _makes_target(node.value, targets):
+            targets += [t.id for t in node.targets if isinstance(t, ast.Name)]
+    functions = [node.name for node in tree.body
+                 if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+                 and not node.name.startswith("_")]
+    candidates = targets or functions
+    return f"{path_text}:{candidates[0]}" if len(candidates) == 1 else ""
+
+
+def _makes_target(value: ast.expr, targets: list[str]) -> bool:
+    """``Target(...)``, ``spec.Target(...)``, an adapter's ``from_torch(...)`` (and the like), or
+    ``.replace(...)`` on one of these or on a name in ``targets``."""
+    if not isinstance(value, ast.Call):
+        return False
+    func = value.func
+    if isinstance(func, ast.Attribute) and func.attr == "replace":
+        named = isinstance(func.value, ast.Name) and func.value.id in targets
+        return named or _makes_target(func.value, targets)
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+    return name in ("Target", "from_torch", "from_jax", "from_mlx", "from_onnx")
+
+
 def _did_you_mean_module(error: ImportError, module_name: str) -> str:
     """"; did you mean 'examples.my_attention'?" when the module itself (not one it imports) is
     missing and a module of a close name sits where it was looked for; else ""."""
@@ -208,10 +251,10 @@ def _did_you_mean_module(error: ImportError, module_name: str) -> str:
     folders = [Path(entry or ".") for entry in (where if where is not None else sys.path)]
     names = {m.name for m in pkgutil.iter_modules(where)} | {  # namespace packages: plain folders
         d.name for folder in folders if folder.is_dir() for d in folder.iterdir() if d.name.isidentifier()}
-    return _did_you_mean(last, sorted(names), lambda n: f"{parent}.{n}" if parent else n)
+    return did_you_mean(last, sorted(names), lambda n: f"{parent}.{n}" if parent else n)
 
 
-def _did_you_mean(word: str, names: list[str], shown: Callable[[str], str] = str) -> str:
+def did_you_mean(word: str, names: list[str], shown: Callable[[str], str] = str) -> str:
     """"; did you mean 'x'?" naming the names closest to ``word`` (a typo), or ""."""
     near = difflib.get_close_matches(word, names, n=3, cutoff=0.7)
     return f"; did you mean {' or '.join(repr(shown(n)) for n in near)}?" if near else ""

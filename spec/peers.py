@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import sys
+import textwrap
 from typing import Any
 
 from spec import adapters
@@ -34,6 +35,18 @@ def dtype_rows(target: Target, dtypes: tuple[str, ...], *, profile: str = "ci",
             "failures": [(r.name, r.message) for r in report.failures],
         })
     return rows
+
+
+WIDTH = 100
+"""The columns a failure line is wrapped to (a terminal, and the docs' code blocks, show it whole)."""
+
+
+def failure_lines(rows: list[dict[str, Any]], width: int = WIDTH) -> list[str]:
+    """Each failure of ``rows`` as ``dtype law: message``, wrapped to ``width`` columns, the lines
+    after its first indented by four spaces."""
+    return [line for row in rows for name, message in row["failures"]
+            for line in textwrap.wrap(f"{row['dtype']} {name}: {message}", width, subsequent_indent="    ",
+                                      break_long_words=False, break_on_hyphens=False)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,9 +85,8 @@ def main(argv: list[str] | None = None) -> int:
                            max_examples=args.max_examples)
     table = [{key: value for key, value in row.items() if key != "failures"} for row in rows]
     print(tabulate(table, headers="keys", tablefmt="github", floatfmt=".3g"))
-    for row in rows:
-        for name, message in row["failures"]:
-            print(f"{row['dtype']} {name}: {message}")
+    for line in failure_lines(rows):
+        print(line)
     return 0
 
 

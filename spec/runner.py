@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, example, given, settings
 from hypothesis.errors import Unsatisfiable
 
 from cmdline.blas import one_thread_blas
-from spec.builtin import NoSource, load_target, source_of
+from spec.builtin import NoSource, did_you_mean, load_target, source_of
 from spec.call import Call
 from spec.cases import Case, limits_text, outside_limits
 from spec.compared import Compared, compact
@@ -44,8 +44,9 @@ def select(only: Iterable[str] | None = None) -> list[Law]:
     wanted = list(only)
     unknown = [n for n in wanted if n not in LAWS]
     if unknown:
-        raise ValueError(f"unknown law {', '.join(map(repr, unknown))}; "
-                         "see python -m spec check --list")
+        named = [f"{n!r} ({hint.lstrip('; ')})" if (hint := did_you_mean(n, list(LAWS))) else repr(n)
+                 for n in unknown]
+        raise ValueError(f"unknown law {', '.join(named)}; see python -m spec check --list")
     return [p for name, p in LAWS.items() if name in wanted]
 
 
@@ -261,7 +262,8 @@ def check_expected(target: Target) -> None:
     for key in target.expected_failures:
         law = key.split("[", 1)[0]
         if law not in LAWS:
-            raise TargetError(f"expected failure {key!r} names no law; see python -m spec check --list")
+            raise TargetError(f"expected failure {key!r} names no law{did_you_mean(law, list(LAWS))}; "
+                              "see python -m spec check --list")
 
 
 def load(source: str | Target | Any, *, device: str | None = None) -> Target:

@@ -20,6 +20,16 @@ Three kinds of marker:
   for the stamp line (command, date, machine: cores, BLAS, load) that this script writes beside
   them. Rerun only with ``--machine`` (they may be slow).
 
+A generated list is text made from the project's own files, between two marker lines:
+
+    <!-- generated: envs -->
+    - `py` — unit tests, ...
+    <!-- end generated -->
+
+``envs``: tox.ini's environments (its envlist first, then the others), each with its description,
+where the time it takes is stated once; ``extras``: pyproject.toml's optional extras with what each
+installs. ``--check`` fails when one differs from what its source gives today.
+
 Leading ``NAME=value`` words of a command are environment variables; ``python`` is this
 interpreter, run from the repository root with the repository first on ``PYTHONPATH``. Only
 stdout is shown (progress lines go to stderr).
@@ -33,6 +43,7 @@ stdout is shown (progress lines go to stderr).
 from __future__ import annotations
 
 import argparse
+import configparser
 import datetime
 import os
 import platform
@@ -40,6 +51,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,6 +176,74 @@ def written(command: str) -> list[Path]:
     return [ROOT / words[i + 1] for i, word in enumerate(words[:-1]) if word == "--plot"]
 
 
+GENERATED = re.compile(r"^<!-- generated: (?P<name>[\w-]+) -->\n(?P<body>.*?)^<!-- end generated -->$",
+                       re.MULTILINE | re.DOTALL)
+
+
+def tox_envs(path: Path = ROOT / "tox.ini") -> list[tuple[str, str, bool]]:
+    """``(name, description, in the envlist)`` of every environment of tox.ini: the envlist's in its
+    order, then the others in the file's order. ``py`` is the bare ``[testenv]``."""
+    config = configparser.ConfigParser(interpolation=None)
+    config.read(path, encoding="utf-8")
+    default = [name.strip() for name in config["tox"]["envlist"].split(",")]
+    described = {"py": config["testenv"]["description"]}
+    for section in config.sections():
+        if section.startswith("testenv:"):
+            described[section.removeprefix("testenv:")] = config[section]["description"]
+    unknown = [name for name in default if name not in described]
+    if unknown:
+        raise ValueError(f"tox.ini's envlist names {unknown}, which have no [testenv:NAME] description")
+    others = [name for name in described if name not in default]
+    return [(name, " ".join(described[name].split()), name in default) for name in [*default, *others]]
+
+
+def env_list() -> str:
+    """Markdown: tox.ini's environments, what ``tox`` runs first, each with its description."""
+    envs = tox_envs()
+    lines = ["`tox` runs these (tox.ini's envlist):", ""]
+    lines += [f"- `{name}` — {text}" for name, text, default in envs if default]
+    lines += ["", "and these on request (`tox -e NAME`):", ""]
+    lines += [f"- `{name}` — {text}" for name, text, default in envs if not default]
+    return "\n".join(lines) + "\n"
+
+
+def extras(path: Path = ROOT / "pyproject.toml") -> dict[str, list[str]]:
+    """pyproject.toml's optional extras: name -> the requirements it installs."""
+    project = tomllib.loads(path.read_text(encoding="utf-8"))["project"]
+    return dict(project.get("optional-dependencies", {}))
+
+
+def extras_list() -> str:
+    """Markdown: each optional extra (``pip install '.[NAME]'``) with what it installs."""
+    lines = ["Optional extras (`pip install '.[NAME]'`, several: `'.[test,torch]'`):", ""]
+    lines += [f"- `{name}` — {', '.join(f'`{r}`' for r in requirements)}"
+              for name, requirements in extras().items()]
+    return "\n".join(lines) + "\n"
+
+
+GENERATORS = {"envs": env_list, "extras": extras_list}
+
+
+def regenerate(text: str) -> str:
+    """``text`` with every generated list rewritten from its source. Raises ValueError naming an
+    unknown list."""
+
+    def fill(m: re.Match[str]) -> str:
+        if m["name"] not in GENERATORS:
+            raise ValueError(f"unknown generated list {m['name']!r}; known: {', '.join(GENERATORS)}")
+        return f"<!-- generated: {m['name']} -->\n{GENERATORS[m['name']]()}<!-- end generated -->"
+
+    return GENERATED.sub(fill, text)
+
+
+def stale_lists(path: Path) -> list[str]:
+    """The generated lists of ``path`` that differ from what their sources give today."""
+    text = path.read_text(encoding="utf-8")
+    fresh = regenerate(text)
+    return [m["name"] for m, f in zip(GENERATED.finditer(text), GENERATED.finditer(fresh), strict=True)
+            if m[0] != f[0]]
+
+
 def stale(block: Block) -> str | None:
     """Why ``block`` no longer shows its command's output, or None."""
     if block.kind == "machine":
@@ -215,10 +295,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", metavar="TEXT", help="only the commands containing TEXT")
     args = parser.parse_args(argv)
     if args.check:
-        problems = [f"{b.path.relative_to(ROOT)}: {b.command}: {why}"
-                    for path in files() for b in blocks(path) if (why := stale(b))]
+        problems = [f"{path.relative_to(ROOT)}: generated list {name!r} differs from its source"
+                    for path in files() for name in stale_lists(path)]
+        problems += [f"{b.path.relative_to(ROOT)}: {b.command}: {why}"
+                     for path in files() for b in blocks(path) if (why := stale(b))]
         print("\n".join(problems) or "every shown output is fresh")
         return 1 if problems else 0
+    for path in files():
+        text = path.read_text(encoding="utf-8")
+        if (new := regenerate(text)) != text:
+            path.write_text(new, encoding="utf-8")
+            print(f"{path.relative_to(ROOT)}: generated lists rewritten", file=sys.stderr)
     total = sum(refresh(path, args.machine, args.only) for path in files())
     print(f"{total} blocks rewritten")
     return 0

@@ -41,15 +41,16 @@ def loads(values: Sequence[float]) -> str:
 
 
 def format_report(record: dict[str, Any]) -> str:
-    """The record as text: a time table, a rate/memory table, the ratios that matter, the paths, the load."""
+    """The record as text: the time, ratio, growth and rate/memory tables, the notes, the paths, the load."""
     heading, tables, notes, paths = _report_parts(record)
     return "\n".join([heading, "", *tables, *notes[:3], "paths:", *(f"  {p}" for p in paths), *notes[3:]])
 
 
 def _report_parts(record: dict[str, Any]) -> tuple[str, list[str], list[str], list[str]]:
-    """The report's pieces, for text and Markdown alike: its one-line heading, the two tables
-    (each followed by an empty line), the notes (the floor, the ratios, memory, each size not run,
-    the machine) and the path each implementation took."""
+    """The report's pieces, for text and Markdown alike: its one-line heading, the four tables
+    (times, ratios, growth per doubling, rates and memory; each followed by an empty line), the
+    notes (the floor, the ratios, memory, each size not run, the machine) and the path each
+    implementation took."""
     from tabulate import tabulate
 
     config, names = record["config"], record["config"]["implementations"]
@@ -58,21 +59,23 @@ def _report_parts(record: dict[str, Any]) -> tuple[str, list[str], list[str], li
     floor = {f["n_tokens"]: f["time_s"] for f in record["floor"]}
     pairs = {p["n_tokens"]: p for p in record["paired"]}
     traced = [name for name in names if name not in PEERS]
-    time_rows, rate_rows = [], []
+    time_rows, ratio_rows, growth_rows, rate_rows = [], [], [], []
     for n in config["sizes"]:
-        row: list[Any] = [n]
-        row += [_ms(by[name, n]["time_s"]) for name in names] + [_ms(floor[n])]
-        row += [_fmt(by[name, n]["ratio"], ".2f") for name in names]
-        row += [_fmt(pairs[n][f"flash_over_{peer}"], ".2f") for peer in peers]
-        row += [_fmt(pairs[n]["flash_over_floor"], ".2f")]
-        row += [_fmt(pairs[n][f"{peer}_over_floor"], ".2f") for peer in peers]
-        time_rows.append(row)
+        time_rows.append([n, *(_ms(by[name, n]["time_s"]) for name in names), _ms(floor[n])])
+        ratio = [n] + [_fmt(pairs[n][f"flash_over_{peer}"], ".2f") for peer in peers]
+        ratio += [_fmt(pairs[n]["flash_over_floor"], ".2f")]
+        ratio += [_fmt(pairs[n][f"{peer}_over_floor"], ".2f") for peer in peers]
+        ratio_rows.append(ratio)
+        growth_rows.append([n, *(_fmt(by[name, n]["ratio"], ".2f") for name in names)])
         rate = [n] + [_fmt(by[name, n]["gflops"], ".1f") for name in names]
         rate += [_fmt(None if by[name, n]["peak_bytes"] is None else by[name, n]["peak_bytes"] / MIB, ".1f")
                  for name in traced]
         rate_rows.append(rate)
-    time_head = ["n", *(f"{x} ms" for x in names), "floor ms", *(f"{x} ×/2n" for x in names)]
-    time_head += [f"flash/{peer}" for peer in peers] + ["flash/floor"] + [f"{peer}/floor" for peer in peers]
+    # four narrow tables rather than one of 15 columns, which a 1280 px page cut after the tenth
+    time_head = ["n", *(f"{x} ms" for x in names), "floor ms"]
+    ratio_head = ["n", *(f"flash/{peer}" for peer in peers), "flash/floor"]
+    ratio_head += [f"{peer}/floor" for peer in peers]
+    growth_head = ["n", *(f"{x} ×/2n" for x in names)]
     rate_head = ["n", *(f"{x} GFLOP/s" for x in names), *(f"{x} MiB" for x in traced)]
     mask = "causal" if config["causal"] else "no mask"
     what = "backward (dq, dk, dv)" if config.get("mode") == "backward" else "forward"
@@ -81,8 +84,10 @@ def _report_parts(record: dict[str, Any]) -> tuple[str, list[str], list[str], li
                         f"{b['num_threads']} threads)" for b in machine.get("blas_runtime", []))
     heading = (f"{what}, one head, float32, d_k = {config['d_k']}, d_v = {config['d_v']}, {mask}; "
                f"median of {config['repeat']} interleaved samples")
-    tables = [tabulate(time_rows, time_head, tablefmt="github", disable_numparse=True), "",
-              tabulate(rate_rows, rate_head, tablefmt="github", disable_numparse=True), ""]
+    shown = ((time_rows, time_head), (ratio_rows, ratio_head), (growth_rows, growth_head),
+             (rate_rows, rate_head))
+    tables = [part for rows, head in shown
+              for part in (tabulate(rows, head, tablefmt="github", disable_numparse=True), "")]
     notes = [
         f"floor: useful FLOPs at the rate of a {record['sgemm']['size']}³ float32 sgemm timed before "
         f"each size (median {record['sgemm']['gflops']:.1f} GFLOP/s, {machine['blas']}"

@@ -90,3 +90,17 @@ def either(first: Need, second: Need) -> Need:
         return f"needs {text}" + ("" if why.startswith("needs ") else f" ({why})")
 
     return Need(missing, text)
+
+
+def both(first: Need, second: Need) -> Need:
+    """Two capabilities where a target lacking both is told both: ``a & b`` names only the first
+    missing, so a float8 law skipped for want of ml_dtypes would send the user to install it and
+    then, once installed, to a declaration the first note never mentioned."""
+
+    def missing(t: Target) -> str | None:
+        whys = [why for why in (first(t), second(t)) if why]
+        if not whys:
+            return None
+        return " and ".join([whys[0], *(w.removeprefix("needs ") for w in whys[1:])])
+
+    return Need(missing, f"{first.text} and {second.text}")

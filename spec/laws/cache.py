@@ -57,7 +57,7 @@ Array = np.ndarray
 # --- the declarations are spec.keywords.paged's (PAGED) and spec.keywords.fp8's (FP8) -------------
 
 needs_paged = _needs.keyword(PAGED) & _needs.ndim(4)
-needs_fp8 = _needs.ml_dtypes & _needs.keyword(FP8) & _needs.ndim(4)
+needs_fp8 = _needs.both(_needs.keyword(FP8), _needs.ml_dtypes) & _needs.ndim(4)
 
 
 # --- cases -------------------------------------------------------------------------------------

@@ -129,9 +129,12 @@ def test_naive_above_its_cap_is_skipped_with_the_reason_said(record):
     assert "naive at 64: naive skipped above --naive-max 32" in out
 
 
-def test_the_report_shows_both_tables_and_the_load(record):
+def test_the_report_shows_its_tables_and_the_load(record):
     _, out = record
     assert "| n " in out and "naive ms" in out and "flash/floor" in out and "flash MiB" in out
+    # four narrow tables (times, ratios, growth, rates and memory), none wider than a 1280 px page shows
+    heads = [line for line in out.splitlines() if line.startswith("| n ")]
+    assert len(heads) == 4 and max(len(head.split("|")) - 2 for head in heads) <= 7
     assert "load average before" in out and "MiB = 2²⁰ bytes" in out
 
 
@@ -365,11 +368,12 @@ def test_profile_names_the_lines_of_the_tile_loop(tmp_path, capsys):
     path = tmp_path / "profile.md"
     assert main(["--profile", "--sizes", "64", "--markdown", str(path)]) == 0
     page = path.read_text()
-    assert page.startswith("# Where flash's time goes")
+    assert page.startswith("# Where flash's time goes, line by line: forward\n")
     assert "`python -m impl.bench --profile --sizes 64" in page
     assert "impl.flash._row_block, n = 64" in page and "np.exp(s, out=s)" in page and "% time" in page
-    assert main(["--profile", "--backward", "--sizes", "64"]) == 0
+    assert main(["--profile", "--backward", "--sizes", "64", "--markdown", str(path)]) == 0
     assert "impl.flash._key_block, n = 64" in capsys.readouterr().out
+    assert path.read_text().startswith("# Where flash's time goes, line by line: backward\n")  # its own title
 
 
 def test_profile_shares_add_up_to_the_whole():

@@ -57,13 +57,32 @@ def test_non_callable_attribute_is_refused():
      ("exmaples.my_attention:target", "did you mean 'examples'?"),
      ("examples/my_atention.py:target", "; did you mean 'examples/my_attention.py'"),
      ("examples/my_attention:target", "give examples.my_attention:NAME or examples/my_attention.py:NAME"),
-     ("impl:flash_atention", "did you mean 'flash_attention' or")],
+     ("impl:flash_atention", "did you mean 'flash_attention' or"),
+     ("refrence", "; did you mean 'reference' or 'onnx_reference'?"),
+     ("examples/my_attention.py", "give the path/to/file.py:attr form, examples/my_attention.py:NAME")],
 )
 def test_a_typo_gets_did_you_mean(text, message, monkeypatch):
     monkeypatch.chdir(Path(__file__).resolve().parents[2])
     with pytest.raises(TargetError) as raised:
         load_target(text)
     assert message in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("source", "shown"),
+    [("import spec\ndef attention(q, k, v):\n    return q\ntarget = spec.Target(attention)\n", "target"),
+     ("import impl\ntarget = impl.attention\ndef attention(q, k, v):\n    return q\n", "attention"),
+     ("import spec\ndef f(q, k, v):\n    return q\na = spec.Target(f)\nb = a.replace(name='b')\n", "NAME"),
+     ("def f(q, k, v):\n    return q\ndef g(q, k, v):\n    return q\ndef _h():\n    pass\n", "NAME")],
+    ids=["one-target", "one-function", "two-targets", "two-functions"])
+def test_a_file_without_attr_is_shown_its_attr_form(source, shown, tmp_path, monkeypatch):
+    """``my.py`` alone names no target: the message gives the ``path/to/file.py:attr`` form, with
+    the file's one Target (or, without one, its one public function) when there is exactly one."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my.py").write_text(source)
+    with pytest.raises(TargetError, match="names a file but not what in it to check") as raised:
+        load_target("my.py")
+    assert str(raised.value).endswith(f"give the path/to/file.py:attr form, my.py:{shown}")
 
 
 def test_a_missing_dependency_is_not_a_typo(tmp_path, monkeypatch):

@@ -22,6 +22,9 @@ def _sized(broken):
     return scale_plan.sized(broken.sizes) if broken.sizes is not None else contextlib.nullcontext()
 
 
+# a broken implementation overflows or reads poisoned values on purpose (its bug: scores formed in
+# float16, a finfo fill added to a score, a stale tail read), in the suite's call thread
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @pytest.mark.parametrize("broken", BROKEN, ids=[b.target.name for b in BROKEN])
 def test_broken_implementation_is_rejected_by_its_property(broken):
     with _sized(broken):

@@ -84,3 +84,24 @@ def test_each_law_says_what_its_failure_tells():
         "keyword_pairs_match_golden"}
     with pytest.raises(ValueError, match=r"scope must be one of .*'golden'"):
         registry.law(scope="golden")
+
+
+def test_a_float8_law_names_every_missing_need_at_once(monkeypatch):
+    """Without ml_dtypes and without the float8 declaration the skip note names both, so that
+    installing ml-dtypes is not followed by a second note naming a declaration the first left out."""
+    from impl import attention
+    from spec import dtypes
+
+    undeclared = spec.Target(attention, ndims=(4,))
+    declared = undeclared.replace(supports_fp8_kv=True)
+    fp8 = [law for law in spec.LAWS.values() if law.name.startswith("fp8_")]
+    assert fp8
+    for law in fp8:
+        assert law.needs(undeclared) == "needs k_descale=/v_descale= (target declares supports_fp8_kv=False)"
+        monkeypatch.setattr(dtypes, "has_ml_dtypes", lambda: False)
+        note = law.needs(undeclared)
+        assert note is not None and "supports_fp8_kv=False" in note and note.endswith("pip install ml-dtypes")
+        assert law.needs(declared) == ("needs ml_dtypes for float8_e4m3fn, which is not installed: "
+                                       "pip install ml-dtypes")
+        monkeypatch.undo()
+        assert law.needs(declared) is None

@@ -255,3 +255,13 @@ def test_an_expected_failure_in_one_dtype_runs_that_dtype_alone():
 def test_an_expected_failure_naming_no_law_is_refused():
     with pytest.raises(TargetError, match="'no_such_law' names no law"):
         spec.check(spec.Target(attention, expected_failures={"no_such_law": "x"}), profile="quick")
+    with pytest.raises(TargetError, match=r"'causal_no_leek\[float32\]' names no law; did you mean "
+                       r"'causal_no_leak' or 'grad_causal_no_leak'\?; see"):
+        spec.check(spec.Target(attention, expected_failures={"causal_no_leek[float32]": "x"}),
+                   profile="quick")
+
+
+def test_a_misspelt_law_gets_did_you_mean():
+    with pytest.raises(ValueError, match=r"unknown law 'causal_no_leek' \(did you mean 'causal_no_leak' or "
+                       r"'grad_causal_no_leak'\?\), 'rows'; see"):
+        spec.check("reference", only=["causal_no_leek", "rows"])

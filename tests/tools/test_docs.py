@@ -106,6 +106,16 @@ def test_readme_is_a_front_page():
     assert "python -m calc gpt3" in readme and "python -m spec check reference" in readme
 
 
+def test_the_generated_links_of_a_page_have_distinct_titles():
+    """A page's list of generated pages names each by its own title: two links with one title
+    (the forward and the backward line profiles) leave the reader to guess."""
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        for marker in docgen.MARKER.finditer(page.read_text(encoding="utf-8")):
+            if marker[1] == "pages":
+                titles = re.findall(r"^- \[(.+)\]\(", docgen.expand(marker[0]), re.MULTILINE)
+                assert len(titles) == len(set(titles)), f"{page.name}: {titles}"
+
+
 def test_the_site_leaves_out_python_caches(tmp_path):
     """The built site leaves out docs/__pycache__, which importing docs/hooks.py writes next to the
     pages when bytecode is on."""
