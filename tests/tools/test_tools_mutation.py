@@ -56,7 +56,7 @@ def test_a_survivor_not_listed_fails_and_listed_ones_count_as_equivalent():
               ("impl/x.py", "gone", "x"): run.Reviewed("within tolerance", "stale", (9,))}
     text, unlisted = run.report([result], listed, "python -m tools.mutation.run", 60.0)
     assert [m.mutated for m in unlisted] == ["n = 3"]
-    assert "| impl/x.py | 3 (of 0) | 1 | 0 | 0 | 1 | 1 | 1 | 50.0 % |" in text
+    assert "| impl/x.py | 3 (of 0) | 1 | 0 | 0 | 1 |" in text and "| impl/x.py | 1 | 1 | 50.0 % |" in text
     assert "`n = 1` → `n = 0`: bit-identical: n is never read" in text and "no longer match" in text
 
 
@@ -80,6 +80,6 @@ def test_the_killer_is_read_from_the_suites_last_line_and_impl_only_kills_are_li
     by_law = Mutant("impl/x.py", 3, "op", "n = 1", "n = 2", "killed", "reference")
     by_impl = Mutant("impl/x.py", 4, "op", "m = 1", "m = 2", "killed", suite.IMPL)
     text, _ = run.report([FileResult("impl/x.py", [by_law, by_impl])], {}, "cmd", 1.0)
-    assert "| impl/x.py | 2 (of 0) | 2 | 1 | 1 | 0 | 0 | 0 | 100.0 % |" in text
+    assert "| impl/x.py | 2 (of 0) | 2 | 1 | 1 | 0 |" in text and "| impl/x.py | 0 | 0 | 100.0 % |" in text
     only = text.split("## Killed by impl's tests only")[1].split("##")[0]
     assert "`m = 1` → `m = 2`" in only and "n = 2" not in only

@@ -355,10 +355,15 @@ def load_equivalent(path: Path = EQUIVALENT, root: Path = ROOT) -> dict[Key, Rev
     return out
 
 
+COUNTS = ("file", "mutants run (of eligible)", "killed", "by the suite's laws", "by impl's tests only",
+          "otherwise")
+SCORES = ("file", "equivalent (reviewed)", "survivors", "score", "seconds", "run at")
+"""The score's two tables (one of eleven columns does not fit a 1280-px page), each led by the file."""
+
+
 def score_table(results: list[FileResult], equivalent: dict[Key, Reviewed]) -> list[str]:
-    rows = ["| file | mutants run (of eligible) | killed | by the suite's laws | by impl's tests only "
-            "| otherwise | equivalent (reviewed) | survivors | score | seconds | run at |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    """Markdown: what was killed and by what (`COUNTS`), then a blank line and the score (`SCORES`)."""
+    counts, scores = [], []
     for r in results:
         survivors = [m for m in r.mutants if m.outcome == "survived"]
         listed = sum(m.key in equivalent for m in survivors)
@@ -367,10 +372,15 @@ def score_table(results: list[FileResult], equivalent: dict[Key, Reviewed]) -> l
         by_impl = sum(m.outcome == "killed" and m.killed_by == IMPL for m in r.mutants)
         relevant = len(r.mutants) - listed
         score = f"{100 * killed / relevant:.1f} %" if relevant else "n/a"
-        rows.append(f"| {r.file} | {len(r.mutants)} (of {r.eligible}) | {killed} | {by_laws} | {by_impl} "
-                    f"| {killed - by_laws - by_impl} | {listed} | {len(survivors) - listed} | {score} "
-                    f"| {r.seconds:.0f} | {r.when} |")
-    return rows
+        counts.append((r.file, f"{len(r.mutants)} (of {r.eligible})", killed, by_laws, by_impl,
+                       killed - by_laws - by_impl))
+        scores.append((r.file, listed, len(survivors) - listed, score, f"{r.seconds:.0f}", r.when))
+    return [*markdown_table(COUNTS, counts), "", *markdown_table(SCORES, scores)]
+
+
+def markdown_table(headers: tuple[str, ...], rows: list[tuple[object, ...]]) -> list[str]:
+    return ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers),
+            *("| " + " | ".join(map(str, row)) + " |" for row in rows)]
 
 
 def report(results: list[FileResult], equivalent: dict[Key, Reviewed], command: str,
