@@ -16,6 +16,7 @@ import os
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 from tools import browser
 
 PROG = "python tools/check_site.py"
