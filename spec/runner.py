@@ -16,7 +16,7 @@ from typing import Any
 import hypothesis
 import numpy as np
 from hypothesis import HealthCheck, Phase, Verbosity, example, given, settings
-from hypothesis.errors import Unsatisfiable
+from hypothesis.errors import HypothesisException, Unsatisfiable
 
 from cmdline.blas import one_thread_blas
 from spec.builtin import NoSource, load_target, source_of
@@ -121,11 +121,10 @@ def check_law(
         with running(run), one_thread_blas():
             try:
                 runner()
-            except SignatureMismatch:  # met first in an explicit example, which is never shrunk
-                if not chosen.family:
-                    _shrink_mismatch(prop, target, strategy, _settings(chosen, max_examples, seed), seed,
-                                     last, run)
-                raise
+            except SignatureMismatch as met:  # often in an explicit example, which is never shrunk
+                shrunk = None if chosen.family else _shrink_mismatch(
+                    prop, target, strategy, _settings(chosen, max_examples, seed), seed, last, run)
+                raise (shrunk or met) from None
 
     def conclude(error: BaseException | None, crashed: str | None) -> Result:
         if isinstance(error, Unsatisfiable) and limited:
@@ -152,16 +151,20 @@ def check_law(
 class _Mismatched(Exception):
     """A `spec.signature.SignatureMismatch` as an ordinary exception, which Hypothesis shrinks."""
 
+    def __init__(self, mismatch: SignatureMismatch) -> None:
+        super().__init__(str(mismatch))
+        self.mismatch = mismatch
+
 
 def _shrink_mismatch(prop: Law, target: Target, strategy: Any, base: settings, seed: int | None,
-                     last: list[Case], run: RunContext) -> None:
-    """Leave in ``last`` (and the run's calls) the smallest case Hypothesis finds whose call does
-    not bind to the target's signature (n_q=1 n_k=1 ..., ``causal=True`` kept when that is the
-    keyword it does not take), searching drawn examples only; if none is found (or the target
-    misbehaves otherwise meanwhile), the case that met the mismatch stays. A `SignatureMismatch`
-    ends a run at once (a ``BaseException``, not shrunk), often in an explicit example of the
-    boundary grid, which Hypothesis never shrinks: without this its case is whatever came first
-    (``n_q=9 n_k=1 d_k=8 d_v=72``)."""
+                     last: list[Case], run: RunContext) -> SignatureMismatch | None:
+    """The mismatch met by the smallest case Hypothesis finds whose call does not bind to the
+    target's signature (n_q=1 n_k=1 ..., ``causal=True`` kept when that is the keyword it does not
+    take), searching drawn examples only, that case left in ``last`` and its calls in the run's;
+    None if none is found (or the target misbehaves otherwise meanwhile), ``last`` and the calls
+    then as they were. A `SignatureMismatch` ends a run at once (a ``BaseException``, not shrunk),
+    often in an explicit example of the boundary grid, which Hypothesis never shrinks: without this
+    its case is whatever came first (``n_q=9 n_k=1 d_k=8 d_v=72``)."""
     kept, calls, observed = list(last), list(run.calls), dict(run.observed)
 
     def mismatched(case: Case) -> None:
@@ -170,7 +173,9 @@ def _shrink_mismatch(prop: Law, target: Target, strategy: Any, base: settings, s
         try:
             prop.check(target, case)
         except SignatureMismatch as e:
-            raise _Mismatched(str(e)) from None
+            raise _Mismatched(e) from None
+        except HypothesisException:  # a rejected example: Hypothesis' own
+            raise
         except Exception:  # the law's own verdict on a case that binds: not what is searched
             pass
 
@@ -178,17 +183,18 @@ def _shrink_mismatch(prop: Law, target: Target, strategy: Any, base: settings, s
     search = settings(base, phases=[Phase.generate, Phase.shrink])(given(strategy)(mismatched))
     if seed is not None:
         search = hypothesis.seed(seed)(search)
+    found = None
     try:
         search()
-    except _Mismatched:  # the last example run was the shrunk one
-        run.observed.clear()
-        run.observed.update(observed)
-        return
+    except _Mismatched as e:  # the last example run was the shrunk one
+        found = e.mismatch
     except Exception:
         pass
-    last[:], run.calls[:] = kept, calls
+    if found is None:
+        last[:], run.calls[:] = kept, calls
     run.observed.clear()
     run.observed.update(observed)
+    return found
 
 
 def _passed(prop: Law, examples: int, seconds: float, crashed: str | None,
