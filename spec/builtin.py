@@ -56,7 +56,7 @@ def _reference() -> Target:
                   supports_bias=True, supports_window=True, supports_softcap=True, supports_sinks=True,
                   supports_kv_lengths=True, supports_varlen=True, supports_dropout=True, returns_lse=True,
                   supports_alibi=True, supports_paged_kv=True, supports_fp8_kv=dt.has_ml_dtypes(),
-                  empty_keys="compute")  # no keys: zeros of the output's shape (DESIGN), never a refusal
+                  empty_keys="compute")  # no keys: zeros of the output's shape, as impl promises
 
 
 def _flash_grad(q: Any, k: Any, v: Any, d_out: Any, *, out: Any = None, lse: Any = None,
