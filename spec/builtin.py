@@ -56,7 +56,8 @@ def _reference() -> Target:
                   grad_fn=_reference_grad, grad_extras=("dbias", "dsinks"), supports_gqa=True,
                   supports_bias=True, supports_window=True, supports_softcap=True, supports_sinks=True,
                   supports_kv_lengths=True, supports_varlen=True, supports_dropout=True, returns_lse=True,
-                  supports_alibi=True, supports_paged_kv=True, supports_fp8_kv=dt.has_ml_dtypes())
+                  supports_alibi=True, supports_paged_kv=True, supports_fp8_kv=dt.has_ml_dtypes(),
+                  empty_keys="compute")  # no keys: zeros of the output's shape, as impl promises
 
 
 def _flash_grad(q: Any, k: Any, v: Any, d_out: Any, *, out: Any = None, lse: Any = None,
@@ -80,7 +81,7 @@ def _flash() -> Target:
                   # a paged cache, float8 or not, and its kv_lengths (carried by block_table): the
                   # float8 path and kv_lengths only with a block table, ALiBi only without
                   supports_paged_kv=True, supports_fp8_kv=dt.has_ml_dtypes(),
-                  fp8_kv_paged_only=dt.has_ml_dtypes(), holds_scores=False)
+                  fp8_kv_paged_only=dt.has_ml_dtypes(), holds_scores=False, empty_keys="compute")
 
 
 BUILTIN: dict[str, Callable[[], Target]] = {

@@ -37,7 +37,8 @@ def invoke(target: Target, what: str, fn: Callable[[], Any], deadline: float | N
     except NotAnArray as e:  # what it returned, said as it is (not "the target raised ...")
         raise TargetFailed(str(e)) from None
     except (Exception, SystemExit) as e:  # a sys.exit() in the target must not end the suite
-        raise TargetFailed(f"{what} raised {type(e).__name__}: {e}") from e
+        raised = f"{type(e).__name__}: {e}" if isinstance(e, Exception) else None
+        raise TargetFailed(f"{what} raised {type(e).__name__}: {e}", raised=raised) from e
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,10 @@ def parser() -> argparse.ArgumentParser:
                        "before the fork may hang there, which the deadline then fails)")
     check.add_argument("--deadline", type=_seconds, metavar="SECONDS",
                        help="time limit per call (overrides the profile's and the target's)")
+    check.add_argument("--keep-going", action="store_true",
+                       help="run every law, even after the target missed its deadline in two laws or "
+                       "raised the same exception in three in a row (without it the run ends there, the "
+                       "laws left reported not run)")
     check.add_argument("--expected-failures", metavar="FILE",
                        help="known deviations, one 'law[dtype]  # reason' (or 'law  # reason') a line: "
                        "such a law still runs; a failure is XFAIL (the run conforms), a pass XPASS (the "
@@ -135,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     gc.freeze()
     try:
         report = check(target, profile=args.profile, max_examples=args.max_examples, seed=args.seed,
-                       only=args.only, each=progress, source=args.target, memory=args.memory)
+                       only=args.only, each=progress, source=args.target, memory=args.memory,
+                       keep_going=args.keep_going)
     except KeyboardInterrupt:  # Ctrl-C: the laws done so far were listed; every worker is reaped
         print("python -m spec: interrupted", file=sys.stderr)
         return 130  # 128 + SIGINT, as a shell reports it

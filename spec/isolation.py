@@ -598,7 +598,7 @@ def _in_process(target: Target, what: str, fn: Callable[[], Any], seconds: float
     if reply[0] == "text":
         _, kind, type_name, text, why = reply
         if kind == "error":
-            raise TargetFailed(f"{what} raised {type_name}: {text}")
+            raise TargetFailed(f"{what} raised {type_name}: {text}", raised=f"{type_name}: {text}")
         raise TargetFailed(f"{what} returned a {type_name} that cannot leave its worker process ({why})")
     raise reply[1]
 

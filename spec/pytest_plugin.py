@@ -10,6 +10,10 @@ plugin adds nothing. Options: ``--attention-profile quick|ci|thorough`` (default
 ``--attention-max-examples N``, ``--attention-isolation thread|caller|process`` (overrides the
 target's declaration; ``process`` turns a crash or a call stuck in C into that law's failure),
 ``--attention-deadline SECONDS`` (per call; overrides the profile's and the target's),
+``--attention-keep-going`` (run every law: without it, once the target's signature is found to
+differ, it missed its deadline in two laws or raised the same exception in three in a row, the laws
+left are skipped saying why, as `spec.runner.Stopping` says; with pytest-xdist each worker stops
+on what it saw),
 ``--attention-expected-failures FILE`` (one ``law[dtype]  # reason`` a line, added to the target's
 ``expected_failures``: each such law is marked ``xfail(strict=True)``, so its failure is XFAIL and
 a pass fails the run, as a stale declaration), ``--attention-memory GIB`` (with
@@ -43,7 +47,7 @@ from spec.html import render_html
 from spec.profiles import PROFILES, checking, runs_at
 from spec.registry import LAWS
 from spec.report import Report, Result, cause, failure, same_failure
-from spec.runner import LawRun, check_law, configure, judged, law_runs, load
+from spec.runner import LawRun, Stopping, check_law, configure, judged, law_runs, load
 from spec.target import Target, TargetError
 
 ENV = "ATTENTION_TARGET"
@@ -72,6 +76,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     "may hang the child, which the deadline fails)")
     group.addoption("--attention-deadline", type=float, default=None, metavar="SECONDS",
                     help="time limit per call (overrides the profile's and the target's)")
+    group.addoption("--attention-keep-going", action="store_true", default=False,
+                    help="run every law, even after the target missed its deadline in two laws or "
+                    "raised the same exception in three in a row (without it the laws left are skipped)")
     group.addoption("--attention-expected-failures", metavar="FILE", default=None,
                     help="known deviations, one 'law[dtype]  # reason' a line: each is marked "
                     "xfail(strict=True)")
@@ -95,26 +102,28 @@ class LawItem(pytest.Item):
 
     def __init__(self, *, law_run: LawRun, source: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.prop, self.target, self.source, self.law_run = law_run.prop, law_run.target, source, law_run
+        self.law_run, self.prop, self.target, self.source = law_run, law_run.prop, law_run.target, source
         if law_run.expected is not None:  # the law still runs; a pass fails (a stale declaration)
             self.add_marker(pytest.mark.xfail(reason=law_run.expected, strict=True, raises=PropertyFailed))
 
     def runtest(self) -> None:
         opt = self.config.getoption
         suite = self.parent
-        fatal = suite.fatal if isinstance(suite, PropertySuite) else None
-        if fatal is not None:  # the target's signature differs: said once, at that law
-            raise pytest.skip.Exception(f"not run: see {fatal.name} (the target's signature)",
-                                        _use_item_location=True)
+        stopping = suite.stopping if isinstance(suite, PropertySuite) else None
+        left = stopping.not_run(self.law_run, opt("attention_profile")) if stopping is not None else None
+        if left is not None:  # the run has ended (a signature that differs: said once, at that law)
+            raise pytest.skip.Exception(left.message, _use_item_location=True)
         result = check_law(self.prop, self.target, profile=opt("attention_profile"),
                               max_examples=opt("attention_max_examples"), seed=opt("attention_seed"),
                               source=self.source)
-        if self.config.getoption("attention_html"):  # the page's copy, judged as the CLI judges it
-            page = judged(self.law_run, dataclasses.replace(result))
-            carried = pickle.dumps((self.target.name, limits_text(self.target), page))
+        # a copy judged as the CLI's report judges it (an expected failure is no failure), for the page
+        # and for the early stop
+        seen = judged(self.law_run, dataclasses.replace(result))
+        if self.config.getoption("attention_html"):
+            carried = pickle.dumps((self.target.name, limits_text(self.target), seen))
             self.user_properties.append((CARRIED, base64.b64encode(carried).decode("ascii")))
-        if result.fatal and isinstance(suite, PropertySuite):
-            suite.fatal = result
+        if stopping is not None:
+            stopping.see(seen)
         if result.status == "skip":
             # Reported at the law (the item), not at this line of the plugin.
             raise pytest.skip.Exception(result.message, _use_item_location=True)
@@ -143,8 +152,9 @@ class PropertySuite(pytest.Collector):
     def __init__(self, *, target: Target, source: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.target, self.source = target, source
-        self.fatal: Result | None = None  # a law whose failure says the signature differs
         self.shown: dict[str, str] = {}  # each failure's cause (spec.report.cause): the law shown with it
+        self.stopping = Stopping(keep_going=self.config.getoption("attention_keep_going"),
+                                 hint="--attention-keep-going runs every law")
 
     def collect(self) -> list[pytest.Item | pytest.Collector]:
         profile = self.config.getoption("attention_profile")  # its laws (the scale laws at scale alone)

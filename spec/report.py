@@ -71,6 +71,11 @@ class Result:
     fatal: bool = False
     """The target cannot be called as declared (its signature differs): every further law would
     fail the same way, so a run stops after this result."""
+    hung: bool = False
+    """The failure is a call of the target that missed its deadline (`spec.runner.Stopping`)."""
+    raised: str = ""
+    """The failure is an exception the target raised, as ``"Type: message"``; "" if it is not
+    (`spec.runner.Stopping`)."""
     expected: str = ""
     """Why the target declares this law (in these dtypes) an expected failure, or ""."""
     compared: Compared | None = None

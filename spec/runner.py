@@ -10,13 +10,13 @@ import math
 import shlex
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import hypothesis
 import numpy as np
 from hypothesis import HealthCheck, Phase, Verbosity, example, given, settings
-from hypothesis.errors import Unsatisfiable
+from hypothesis.errors import HypothesisException, Unsatisfiable
 
 from cmdline.blas import one_thread_blas
 from spec.builtin import NoSource, did_you_mean, load_target, source_of
@@ -29,7 +29,14 @@ from spec.profiles import PROFILES, Profile, checking, runs_at
 from spec.registry import LAWS, Law
 from spec.report import Counterexample, Report, Result, figures
 from spec.signature import SignatureMismatch
-from spec.target import Target, TargetError, expected_failure, parse_expected_failures, split_dtypes
+from spec.target import (
+    Target,
+    TargetError,
+    TargetFailed,
+    expected_failure,
+    parse_expected_failures,
+    split_dtypes,
+)
 
 SMALL_ARRAY = 48  # counterexample arrays with at most this many entries are printed in full
 
@@ -115,7 +122,12 @@ def check_law(
         # BLAS's threads only cost (spinning after each call, waiting for the next, they took about
         # a third of the CPU time of ``spec check reference`` on two cores)
         with running(run), one_thread_blas():
-            runner()
+            try:
+                runner()
+            except SignatureMismatch as met:  # often in an explicit example, which is never shrunk
+                shrunk = None if chosen.family else _shrink_mismatch(
+                    prop, target, strategy, _settings(chosen, max_examples, seed), seed, last, run)
+                raise (shrunk or met) from None
 
     def conclude(error: BaseException | None, crashed: str | None) -> Result:
         if isinstance(error, Unsatisfiable) and limited:
@@ -129,6 +141,8 @@ def check_law(
         failed = _failure(prop, target, last, made, len(calls), start, message, source, run.observed)
         failed.fatal = isinstance(error, SignatureMismatch)
         failed.compared = _kept(run.compared, target)
+        failed.hung = isinstance(error, TargetHung)
+        failed.raised = (error.raised or "") if isinstance(error, TargetFailed) else ""
         return failed
 
     # the law's run in the check's worker process when the target's calls must run in one (the
@@ -136,6 +150,55 @@ def check_law(
     remote = (_run_in_worker, (prop.name, {"profile": profile, "max_examples": max_examples, "seed": seed,
                                            "source": source})) if LAWS.get(prop.name) is prop else None
     return run_law(target, attempt, conclude, remote=remote, deadline=target.call_deadline(chosen.deadline_s))
+
+
+class _Mismatched(Exception):
+    """A `spec.signature.SignatureMismatch` as an ordinary exception, which Hypothesis shrinks."""
+
+    def __init__(self, mismatch: SignatureMismatch) -> None:
+        super().__init__(str(mismatch))
+        self.mismatch = mismatch
+
+
+def _shrink_mismatch(prop: Law, target: Target, strategy: Any, base: settings, seed: int | None,
+                     last: list[Case], run: RunContext) -> SignatureMismatch | None:
+    """The mismatch met by the smallest case Hypothesis finds whose call does not bind to the
+    target's signature (n_q=1 n_k=1 ..., ``causal=True`` kept when that is the keyword it does not
+    take), searching drawn examples only, that case left in ``last`` and its calls in the run's;
+    None if none is found (or the target misbehaves otherwise meanwhile), ``last`` and the calls
+    then as they were. A `SignatureMismatch` ends a run at once (a ``BaseException``, not shrunk),
+    often in an explicit example of the boundary grid, which Hypothesis never shrinks: without this
+    its case is whatever came first (``n_q=9 n_k=1 d_k=8 d_v=72``)."""
+    kept, calls, observed = list(last), list(run.calls), dict(run.observed)
+
+    def mismatched(case: Case) -> None:
+        last[:] = [case]
+        run.calls.clear()
+        try:
+            prop.check(target, case)
+        except SignatureMismatch as e:
+            raise _Mismatched(e) from None
+        except HypothesisException:  # a rejected example: Hypothesis' own
+            raise
+        except Exception:  # the law's own verdict on a case that binds: not what is searched
+            pass
+
+    mismatched.__name__ = mismatched.__qualname__ = prop.name
+    search = settings(base, phases=[Phase.generate, Phase.shrink])(given(strategy)(mismatched))
+    if seed is not None:
+        search = hypothesis.seed(seed)(search)
+    found = None
+    try:
+        search()
+    except _Mismatched as e:  # the last example run was the shrunk one
+        found = e.mismatch
+    except Exception:
+        pass
+    if found is None:
+        last[:], run.calls[:] = kept, calls
+    run.observed.clear()
+    run.observed.update(observed)
+    return found
 
 
 def _passed(prop: Law, examples: int, seconds: float, crashed: str | None,
@@ -278,25 +341,99 @@ def load(source: str | Target | Any, *, device: str | None = None) -> Target:
         raise TargetError(f"loading target {shown!r} raised {type(e).__name__}: {e}") from None
 
 
+MISSED_DEADLINES = 2
+"""Laws failed by a call that missed its deadline, after which a run ends (`Stopping`)."""
+SAME_RAISE = 3
+"""Laws in a row failed by the same exception of the target, after which a run ends (`Stopping`)."""
+
+
+@dataclass
+class Stopping:
+    """When a run ends before its last law, and what each law left says: a verdict in seconds for
+    a target that every further law would fail the same way, at the cost of a deadline or more each.
+
+    A run ends after
+
+    - a ``fatal`` result (the target's signature differs from its declaration): the rest
+      point to it, so the mismatch is said once;
+    - the ``MISSED_DEADLINES``-th law failed by a call past its deadline, in a row or not (a
+      target that hangs costs a deadline per law: its verdict comes within about three);
+    - ``SAME_RAISE`` laws in a row failed by the same exception of the target (type and message
+      identical: a target that raises whatever it is given). A law that passes, or fails
+      otherwise, starts the count again (the exception depends on the input, so the other laws
+      tell more); a law skipped, which made no call, neither counts nor breaks the row.
+
+    Only failures count (``fail``: an expected failure, XFAIL, is declared), so a run that ended
+    early never conforms. ``keep_going`` runs every law whatever happened; ``hint`` says how to
+    ask for that in the laws' notes."""
+
+    keep_going: bool = False
+    hint: str = "--keep-going runs every law"
+    fatal: Result | None = None
+    missed: list[str] = field(default_factory=list)
+    raised: str = ""  # the exception of the current row, "Type: message"
+    row: list[str] = field(default_factory=list)  # the laws it failed in a row
+
+    def see(self, result: Result) -> None:
+        """Take ``result`` (as judged: `judged`) into account."""
+        if result.fatal and self.fatal is None:
+            self.fatal = result
+        if result.status == "skip":
+            return
+        if result.status == "fail" and result.hung:
+            self.missed.append(result.name)
+        if result.status == "fail" and result.raised and result.raised == self.raised:
+            self.row.append(result.name)
+        else:
+            failed = result.status == "fail" and result.raised
+            self.raised, self.row = (result.raised, [result.name]) if failed else ("", [])
+
+    def why(self) -> str | None:
+        """Why the laws left are not run, or None while the run goes on."""
+        if self.keep_going:
+            return None
+        if self.fatal is not None:
+            return f"see {self.fatal.name} (the target's signature)"
+        if len(self.missed) >= MISSED_DEADLINES:
+            return f"the target missed its deadline in {_listed(self.missed)}; {self.hint}"
+        if len(self.row) >= SAME_RAISE:
+            kind = self.raised.split(":", 1)[0]  # the message is in each failure's block
+            return f"the target raised the same {kind} in {_listed(self.row)}; {self.hint}"
+        return None
+
+    def not_run(self, law_run: LawRun, profile: str) -> Result | None:
+        """The result of ``law_run`` not run, or None when it is to run (`check_law`): a law the
+        target or the profile skips anyway (it needs a capability) is run, to say so, unless the
+        signature differs."""
+        why = self.why()
+        if why is None or (self.fatal is None and (runs_at(law_run.prop.family, profile)
+                                                   or law_run.prop.needs(law_run.target))):
+            return None
+        return Result(law_run.name, "skip", 0, 0.0, f"not run: {why}", law=law_run.prop.statement)
+
+
+def _listed(names: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
 def run_all(
     props: Iterable[Law], target: Target, *, profile: str = "ci", max_examples: int | None = None,
     seed: int | None = None, source: str | NoSource | None = None,
-    each: Callable[[Result], None] | None = None,
+    each: Callable[[Result], None] | None = None, keep_going: bool = False,
 ) -> list[Result]:
-    """Each law in turn (``each`` sees every result as it comes). After a result that is
-    ``fatal`` (the target's signature differs from its declaration) the rest are skipped with a
-    pointer to it, so the mismatch is reported once, not once per law."""
+    """Each law in turn (``each`` sees every result as it comes), until the run ends early
+    (`Stopping`: a signature that differs, deadlines missed, the same exception in law after
+    law; never with ``keep_going``): the laws left are then skipped, each saying why."""
     results: list[Result] = []
-    fatal: Result | None = None
+    stopping = Stopping(keep_going=keep_going)
     with workers():  # process isolation: one worker for the whole run (a fresh one after a crash)
         for law_run in (one for prop in props for one in law_runs(prop, target)):
-            if fatal is not None:
-                result = Result(law_run.name, "skip", 0, 0.0, f"not run: see {fatal.name} (the target's "
-                                "signature)", law=law_run.prop.statement)
-            else:
+            result = stopping.not_run(law_run, profile)
+            if result is None:
                 result = judged(law_run, check_law(law_run.prop, law_run.target, profile=profile,
                                                       max_examples=max_examples, seed=seed, source=source))
-                fatal = result if result.fatal else None
+                stopping.see(result)
             results.append(result)
             if each is not None:
                 each(result)
@@ -342,13 +479,17 @@ def check(
     target: str | Target | Any, profile: str = "ci", *, max_examples: int | None = None,
     seed: int | None = None, only: Iterable[str] | None = None, isolation: str | None = None,
     deadline: float | None = None, each: Callable[[Result], None] | None = None,
-    source: str | NoSource | None = None, memory: float | None = None,
+    source: str | NoSource | None = None, memory: float | None = None, keep_going: bool = False,
 ) -> Report:
     """Run the properties against ``target`` (a built-in name, ``module:attr``, ``file.py:attr``, a
     callable or a `spec.Target`) and return the `Report`. ``isolation`` (``thread``, ``caller``,
     ``process``) and ``deadline`` (seconds per call) override the target's declarations; ``each``
     sees every result as it comes; ``source`` is how reproduction lines name the target (by
     default the name it was given by, or the one `spec.builtin.source_of` finds).
+
+    A run ends early, the laws left skipped saying why, after the target's signature is found to
+    differ, after it missed its deadline in two laws, or after it raised the same exception in
+    three laws in a row (`Stopping`); ``keep_going`` runs every law whatever happens.
 
     ``memory`` (GiB) is what a call may need on the target's device at ``profile="scale"``
     (default: `spec.scale_plan.default_budget`). Without ``only``, a profile that runs one
@@ -374,13 +515,13 @@ def check(
     with checking(profile, loaded, memory=memory) as header:
         report.scale = header
         report.results = run_all(props, loaded, profile=profile, max_examples=max_examples, seed=seed,
-                                 source=source, each=each)
+                                 source=source, each=each, keep_going=keep_going)
     report.seconds = time.perf_counter() - start
     return report
 
 
-__all__ = ["PROFILES", "Report", "Result", "TargetError", "check", "check_law", "configure", "load", "replay",
-           "run_all", "select"]
+__all__ = ["PROFILES", "Report", "Result", "Stopping", "TargetError", "check", "check_law", "configure",
+           "load", "replay", "run_all", "select"]
 
 
 def __getattr__(name: str) -> Any:

@@ -35,7 +35,7 @@ Alignment = Literal["top_left", "bottom_right", "square_or_decoding", "kv_length
 MaskedRows = Literal["zeros", "nan", "uniform", "unmasked", "any"]
 POLICIES = ("zeros", "nan", "uniform", "unmasked", "any")
 Isolation = Literal["thread", "caller", "process"]
-EmptyKeys = Literal["compute", "raise"]
+EmptyKeys = Literal["either", "compute", "raise"]
 
 FLOAT_DTYPES = ("float16", "float32", "float64", "bfloat16")
 
@@ -44,7 +44,14 @@ class TargetError(ValueError):
 
 
 class TargetFailed(AssertionError):
-    """The target raised, returned something that is not an array, or returned the wrong shape."""
+    """The target raised, returned something that is not an array, or returned the wrong shape.
+
+    ``raised``: when the target raised an exception (an ``Exception``: not a crash, an overrun or
+    ``sys.exit``), that exception as ``"Type: message"``; else None."""
+
+    def __init__(self, message: str, *, raised: str | None = None) -> None:
+        super().__init__(message)
+        self.raised = raised
 
 
 @dataclass(frozen=True)
@@ -107,10 +114,14 @@ class Target:
     zeroes a row emptied by its causal or window mask and gives NaN for one emptied by key padding
     or a −inf bias, ``{"mask": "nan", "bias": "nan", "kv_lengths": "nan"}``. A row's cause is the
     first restriction, in that order, after which it sees nothing."""
-    empty_keys: EmptyKeys = "compute"
+    empty_keys: EmptyKeys = "either"
     """What a call with no keys (n_k = 0) does: ``compute`` returns ``[..., n_q, d_v]``, every row as
     ``masked_rows`` says for a row that sees no key (zeros for ``zeros`` and ``uniform``, NaN for
-    ``nan``); ``raise`` refuses it with ValueError or TypeError (never a silent NaN)."""
+    ``nan``); ``raise`` refuses it with ValueError or TypeError (never a silent NaN); ``either`` (the
+    default, what a plain function gets) does one or the other: returns that output, or refuses with
+    any exception it raises (a textbook softmax's row maximum over no keys: NumPy's ValueError),
+    the report's note saying which. A crash, an overrun, NaN where zeros are promised or an output of
+    the wrong shape fails under every declaration."""
     exact_masking: bool = True
     """Masked keys contribute exactly nothing, so changing them leaves outputs bit-identical.
     False (e.g. an additive -1e4 mask): such changes are only required to stay within tolerance."""
@@ -222,7 +233,7 @@ class Target:
         object.__setattr__(self, "masked_rows", _check_masked_rows(self.masked_rows))
         object.__setattr__(self, "computes", _check_computes(self.computes, self.dtypes))
         _check_choice("isolation", self.isolation, ("thread", "caller", "process"))
-        _check_choice("empty_keys", self.empty_keys, ("compute", "raise"))
+        _check_choice("empty_keys", self.empty_keys, ("either", "compute", "raise"))
         for flag in capability_fields(Target):
             if not isinstance(getattr(self, flag), bool):
                 raise TargetError(f"Target {flag} must be True or False, got {getattr(self, flag)!r}")

@@ -154,8 +154,9 @@ def test_computes_narrower_gets_the_narrower_tolerance_and_says_so():
     assert "error ratio float64 (computed in float32)" in result.observed
 
 
-def test_empty_keys_declaration_is_validated_and_defaults_to_compute():
-    assert spec.Target(attention).empty_keys == "compute"
+def test_empty_keys_declaration_is_validated_and_defaults_to_either():
+    assert spec.Target(attention).empty_keys == "either"  # an output or a refusal: a plain function's
+    assert spec.Target(attention, empty_keys="compute").empty_keys == "compute"
     with pytest.raises(spec.TargetError, match="empty_keys"):
         spec.Target(attention, empty_keys="nan")
 

@@ -60,7 +60,8 @@ def nan_without_keys(q: Array, k: Array, v: Array, *, causal: bool = False) -> A
 
 BROKEN = [
     broken(unguarded_division, "empty_keys", "acc / l with l = 0 when no key exists: NaN, zeros declared"),
-    broken(unguarded_max, "empty_keys", "np.max over an empty key axis raises; n_k = 0 not declared refused"),
+    broken(unguarded_max, "empty_keys", "np.max over an empty key axis raises; declares it computes n_k = 0",
+           empty_keys="compute"),
     broken(nan_without_keys, "empty_keys", "declares empty_keys='raise' and returns NaN silently",
            empty_keys="raise"),
     broken(zeros_like_queries, "empty_keys", "early return of zeros_like(q): width d_k, not d_v"),
