@@ -76,6 +76,9 @@ class Result:
     raised: str = ""
     """The failure is an exception the target raised, as ``"Type: message"``; "" if it is not
     (`spec.runner.Stopping`)."""
+    not_run: bool = False
+    """Skipped because the run ended before this law (`spec.runner.Stopping`), not for want of a
+    capability: the summary counts it apart."""
     expected: str = ""
     """Why the target declares this law (in these dtypes) an expected failure, or ""."""
     compared: Compared | None = None
@@ -92,6 +95,7 @@ class Result:
             "law": self.law,
             "observed": dict(self.observed),
             **({"expected": self.expected} if self.expected else {}),
+            **({"not_run": True} if self.not_run else {}),
         }
 
 
@@ -272,13 +276,13 @@ MIN_NOTE = 24  # a note column narrower than this moves the notes under their ro
 
 
 def table(report: Report, *, width: int | None = None) -> str:
-    """One row per law, in run order; the note column wraps within ``width`` (default
-    `terminal_width`)."""
+    """One row per law run (the skipped ones are `skipped`'s), in run order; the note column wraps
+    within ``width`` (default `terminal_width`)."""
     width = _fit(width)
     shown = {r.name: group[0].name for group in failure_groups(report) for r in group[1:]}
     rows = [(r.name, r.status.upper() if r.status in LOUD else r.status, str(r.examples),
              f"{r.seconds:.2f}" if r.seconds else "0",
-             _note(r, shown.get(r.name))) for r in report.results]
+             _note(r, shown.get(r.name))) for r in report.results if r.status != "skip"]
     widths = [max([len(h), *(len(row[i]) for row in rows)]) for i, h in enumerate(HEADERS[:4])]
     left = sum(widths) + len(GAP) * 4
     note_width = width - left
@@ -302,6 +306,23 @@ def table(report: Report, *, width: int | None = None) -> str:
             out += [line(row) + (GAP + lines[0] if lines else "")]
             out += [" " * (left) + x for x in lines[1:]]
     return "\n".join(x.rstrip() for x in out)
+
+
+def skipped(report: Report, *, width: int | None = None) -> str:
+    """The laws skipped, under each reason once (what the target would have to declare, or why the
+    run ended before them), in run order; "" when none was."""
+    width = _fit(width)
+    reasons: dict[str, list[str]] = {}
+    for r in report.results:
+        if r.status == "skip":
+            reasons.setdefault(r.message, []).append(r.name)
+    if not reasons:
+        return ""
+    count = sum(map(len, reasons.values()))
+    lines = [f"skipped: {count} law{'s' if count > 1 else ''}, under each reason"]
+    for reason, names in reasons.items():
+        lines += _wrap(f"{reason}: {', '.join(names)}", width)
+    return "\n".join(lines)
 
 
 def _note(result: Result, shown_at: str | None = None) -> str:
@@ -445,11 +466,14 @@ def stale(result: Result, *, width: int | None = None) -> str:
 def summary(report: Report, seconds: float) -> str:
     counts = {s: sum(r.status == s for r in report.results)
               for s in ("pass", "fail", "skip", "xfail", "xpass")}
+    not_run = sum(r.not_run for r in report.results)
     verdict = "conforms" if report.ok else "DOES NOT CONFORM"
     seed = "" if report.seed is None else f", seed {report.seed}"
     expected = "".join(f", {counts[s]} {s}" for s in ("xfail", "xpass") if counts[s])
+    ended = f", {not_run} not run" if not_run else ""
     return (f"{report.target}: {verdict} — {counts['pass']} passed, {counts['fail']} failed, "
-            f"{counts['skip']} skipped{expected} in {seconds:.1f} s (profile {report.profile}{seed})")
+            f"{counts['skip'] - not_run} skipped{ended}{expected} in {seconds:.1f} s "
+            f"(profile {report.profile}{seed})")
 
 
 def _summary_lines(line: str, width: int) -> list[str]:
@@ -462,7 +486,8 @@ def _summary_lines(line: str, width: int) -> list[str]:
 
 
 def render(report: Report, seconds: float | None = None, *, width: int | None = None) -> str:
-    """The declared limits (if any), the table, each failure (failures with the same message in one
+    """The declared limits (if any), the table, the laws skipped under each reason (`skipped`), each
+    failure (failures with the same message in one
     block, the most telling first: `failure_groups`), a stale expected failure in a line, each
     expected failure compactly, and the summary line; every line within ``width`` columns (default
     `terminal_width`: the terminal's, 100 in a pipe), except a reproduction line that cannot be
@@ -471,6 +496,7 @@ def render(report: Report, seconds: float | None = None, *, width: int | None = 
     parts = ["\n".join(_wrap(f"declared limits: {report.limits}", width, "")) + "\n"] if report.limits else []
     parts += ["\n".join(_wrap(f"scale: {report.scale}", width, "")) + "\n"] if report.scale else []
     parts += [table(report, width=width)]
+    parts += ["\n" + skipped(report, width=width)] if any(r.status == "skip" for r in report.results) else []
     parts += ["\n" + failure(group[0], group=group, width=width) for group in failure_groups(report)]
     parts += ["\n" + stale(r, width=width) for r in report.results if r.status == "xpass"]
     parts += ["\n" + expected_failure(r, width=width) for r in report.expected_failures]

@@ -409,7 +409,8 @@ class Stopping:
         if why is None or (self.fatal is None and (runs_at(law_run.prop.family, profile)
                                                    or law_run.prop.needs(law_run.target))):
             return None
-        return Result(law_run.name, "skip", 0, 0.0, f"not run: {why}", law=law_run.prop.statement)
+        return Result(law_run.name, "skip", 0, 0.0, f"not run: {why}", law=law_run.prop.statement,
+                      not_run=True)
 
 
 def _listed(names: list[str]) -> str:
