@@ -544,6 +544,11 @@ def _boundary_lengths(target: Target) -> tuple[int, ...]:
     return tuple(n for n in found if target.max_seq is None or n <= target.max_seq)
 
 
+def grid_length(target: Target) -> int:
+    """The longest n of the boundary grid (`BOUNDARY`; a target's own multiple or shape grid)."""
+    return max(_boundary_lengths(target), default=1)
+
+
 def _long_square(target: Target) -> int:
     """The long causal square: one partial query tile past `LONG_TILE` (rounded up to a multiple
     of ``seq_multiple``), 0 where ``max_seq`` or compiling per shape rules it out."""
@@ -555,12 +560,18 @@ def _long_square(target: Target) -> int:
     return n
 
 
+def grid_width(target: Target) -> int:
+    """The width of an explicit (grid) case: the smallest of ``head_dims`` where the target
+    declares them, 8 for a target that compiles per shape, 3 otherwise."""
+    return target.head_dims[0] if target.head_dims else SHAPE_WIDTHS[1] if target.compiles_per_shape else 3
+
+
 def _grid_case(target: Target, n_q: int, n_k: int, causal: bool, pattern: bool, mask: str,
                dtype: str | None = None) -> Case:
     """One grid case: the smallest rank, one head, d_k = 3 (d_v = 3, or n_k with ``pattern``;
     the smallest of ``head_dims`` where the target declares them, 8 for a target that compiles per
     shape), the dtype ``dtype`` or the next in the rotation."""
-    width = target.head_dims[0] if target.head_dims else SHAPE_WIDTHS[1] if target.compiles_per_shape else 3
+    width = grid_width(target)
     return Case(dtype=dtype or target.dtypes[(n_q + n_k) % len(target.dtypes)], ndim=_grid_rank(target),
                 batch=1, heads=1, n_q=n_q, n_k=n_k, d_k=width, d_v=n_k if pattern else width,
                 seed=10 * n_q + n_k, causal=causal, mask=mask if target.supports_mask else "none")

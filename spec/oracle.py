@@ -409,9 +409,17 @@ def _expected(target: Target, inputs: Inputs, visible: Array | None) -> Expected
     base = tolerance.baseline(qw, kw, vw, visible=vis, scale=scale, terms=terms(inputs, geo, work))
     # off the values as they mean (k and v read from a float8 cache may lie past the range of the
     # dtype computed in: cast there they would be inf, and so would the floor)
-    floor = tolerance.floor(q, k, v, scale=scale, added=terms(inputs, geo).added, dtype=work)
+    floor = tolerance.floor(q, k, v, scale=scale, added=terms(inputs, geo).added, dtype=work,
+                            score_error=transform_error(inputs))
     floor = _with_weights_floor(floor, inputs, weights, v)
     return Expected(gold, lse, base, floor, weights.sum(axis=-1) > 0, (weights, vis))
+
+
+def transform_error(inputs: Inputs) -> float:
+    """What the keywords' transforms of the scores may add to each score when computed correctly
+    in floats, in units of eps (`Transforms.error`; softcap's 2c): 0 without one."""
+    return sum((float(term.error(*values)) for _, term, values in bound(inputs)
+                if isinstance(term, Transforms) and term.error is not None), 0.0)
 
 
 def _with_weights_floor(floor: float, inputs: Inputs, weights: Array, v: Array) -> float:
@@ -436,7 +444,8 @@ def _expected_at(target: Target, inputs: Inputs, rows: Array | None, slices: Arr
     qw, kw, vw = (np.asarray(x).astype(work, copy=False) for x in (q, k, v))
     assert part.work_terms is not None
     base = tolerance.baseline(qw, kw, vw, visible=part.visible, scale=scale, terms=part.work_terms)
-    floor = tolerance.floor(q, k, v, scale=scale, added=part.terms.added, dtype=precision)
+    floor = tolerance.floor(q, k, v, scale=scale, added=part.terms.added, dtype=precision,
+                            score_error=transform_error(inputs))
     floor = _with_weights_floor(floor, inputs, weights, v)
     return Expected(gold, lse, base, floor, weights.sum(axis=-1) > 0, (weights, part.visible), part.rows)
 

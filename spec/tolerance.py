@@ -157,10 +157,12 @@ def _sum_last(x: Array) -> Array:  # [..., n] -> [..., 1], in x's dtype
 
 
 def floor(q: Array, k: Array, v: Array, *, scale: float, added: tuple[Array, ...] = (),
-          dtype: Any = None) -> float:
+          dtype: Any = None, score_error: float = 0.0) -> float:
     """The a-priori error of a correct computation in ``dtype`` (q's by default; see the module
     docstring); each ``added`` term (a bias, ALiBi) adds 2·max|added| to the score term (each
     biased score is rounded once more, to eps·|s + bias|/2, which moves the weights by twice that).
+    ``score_error``: what a transform of the scores may add to each, in units of eps (softcap's
+    2c: `spec.keywords.record.Transforms.error`); it adds twice itself, as any score error does.
     q, k, v may be wider than ``dtype`` (float8 caches as they mean, in float64): the floor is
     read off their magnitudes, never off a cast that could overflow."""
     if v.size == 0 or q.size == 0 or k.size == 0:
@@ -174,7 +176,7 @@ def floor(q: Array, k: Array, v: Array, *, scale: float, added: tuple[Array, ...
         b = np.abs(np.asarray(a, dtype=np.float64))
         b_abs += float(np.max(np.where(np.isfinite(b), b, 0.0), initial=0.0))
     unit = eps(q.dtype if dtype is None else dtype)
-    return unit * vmax * (4 + np.sqrt(n_k) + (d_k + 2) * s_abs + 2 * b_abs)
+    return unit * vmax * (4 + np.sqrt(n_k) + (d_k + 2) * s_abs + 2 * b_abs + 2 * score_error)
 
 
 def accumulator(dtype: str) -> str:

@@ -4,9 +4,9 @@ paged cache is beside it, in `spec.adapters.torch_flex`.)
 
 Each adapter takes NumPy arrays in the suite's layout — q ``[..., n_q, d_k]``, k ``[..., n_k, d_k]``,
 v ``[..., n_k, d_v]`` with leading dims ``(batch, heads)``, ``(heads,)`` or none — converts them to
-tensors (bit for bit, float16 and bfloat16 included), calls PyTorch's own attention and converts the
-result back. Nothing is computed here that PyTorch would compute itself, so a failure of the suite
-is PyTorch's.
+tensors (bit for bit, float16, bfloat16 and float8_e4m3fn included), calls PyTorch's own attention
+and converts the result back. Nothing is computed here that PyTorch would compute itself, so a
+failure of the suite is PyTorch's.
 
 The declarations of `sdpa_target` are measured, not assumed (torch 2.13.0+cpu;
 ``tests/spec/test_spec_adapters.py`` re-measures the ones a new version could change): a query row
@@ -35,7 +35,6 @@ from spec.adapters import (
     differentiated,
     fold_masks,
     named_after,
-    numpy_bfloat16,
     on_device,
     spelled,
     wrap,
@@ -49,15 +48,19 @@ SPELLINGS = {"bias": "attn_mask", "dropout_p": "dropout_p"}
 ``bias=``)."""
 
 
+_BITS = {dtypes.BFLOAT16: ("int16", "bfloat16"), dtypes.FLOAT8: ("uint8", "float8_e4m3fn")}
+"""The ml_dtypes NumPy has only through ml_dtypes, by name: the integer of their width and torch's
+dtype of the same name. ``torch.from_numpy`` and ``Tensor.numpy`` know neither: the bits cross as
+that integer and are relabelled on the other side."""
+
+
 def _to_torch(x: Array, device: Any = "cpu") -> Any:  # NumPy -> torch on device, same bits, its own memory
     import torch
 
     x = np.ascontiguousarray(x)
-    bf16 = numpy_bfloat16()
-    # (Not ``x.dtype == numpy_bfloat16()``: np.dtype(None) is float64, so float64 == None is True.)
-    if bf16 is not None and x.dtype == bf16:
-        # torch.from_numpy knows no bfloat16: move the 16-bit patterns and relabel them.
-        t = torch.from_numpy(x.view(np.int16).copy()).view(torch.bfloat16)
+    bits = _BITS.get(x.dtype.name)  # by name: ``x.dtype == None`` is True for float64
+    if bits is not None:  # bfloat16, float8_e4m3fn: move the bit patterns and relabel them
+        t = torch.from_numpy(x.view(np.dtype(bits[0])).copy()).view(getattr(torch, bits[1]))
     else:
         t = torch.from_numpy(x.copy())
     return t if str(device) == "cpu" else t.to(device)  # a copy of the same bits
@@ -67,11 +70,11 @@ def _from_torch(t: Any) -> Array:  # torch (any device) -> NumPy, same bits
     import torch
 
     t = t.detach().cpu().contiguous()
-    if t.dtype == torch.bfloat16:
-        bf16 = numpy_bfloat16()
-        if bf16 is None:
-            raise TypeError("a bfloat16 result needs ml_dtypes to become a NumPy array")
-        return t.view(torch.int16).numpy().view(bf16)
+    for name, (integer, torch_name) in _BITS.items():
+        if t.dtype == getattr(torch, torch_name):
+            if not dtypes.has_ml_dtypes():
+                raise TypeError(f"a {torch_name} result needs ml_dtypes to become a NumPy array")
+            return t.view(getattr(torch, integer)).numpy().view(dtypes.as_dtype(name))
     return t.numpy()
 
 
@@ -209,7 +212,8 @@ def from_torch(
     ``spec.from_torch(F.scaled_dot_product_attention, rename={"causal": "is_causal", "mask": "attn_mask"})``.
 
     ``fn(q, k, v, **keywords)`` gets torch tensors made from the suite's NumPy arrays bit for bit
-    (bfloat16 and float16 included; masks, biases and lengths too) and returns a tensor (or, with
+    (bfloat16, float16 and a float8_e4m3fn cache included: a target declaring ``supports_fp8_kv``
+    gets ``torch.float8_e4m3fn`` k and v; masks, biases and lengths too) and returns a tensor (or, with
     ``return_lse=True``, a tuple), converted back bit for bit. ``rename`` maps the suite's keyword
     names (``causal``, ``mask``, ``scale``, ``bias``, ...) to ``fn``'s; by default each keyword
     is spelled as PyTorch spells it (`SPELLINGS`:

@@ -26,12 +26,6 @@ def _flex(compiled: bool) -> Any:
     return torch.compile(flex_attention) if compiled else flex_attention
 
 
-def _float8_to_torch(x: Array) -> Any:  # ml_dtypes float8_e4m3fn -> torch.float8_e4m3fn, same bits
-    import torch
-
-    return torch.from_numpy(np.ascontiguousarray(x).view(np.uint8).copy()).view(torch.float8_e4m3fn)
-
-
 def torch_flex_paged_attention(
     q: Array, k_cache: Array, v_cache: Array, *, causal: bool = False, kv_lengths: Array,
     block_table: Array, k_descale: Array | None = None, v_descale: Array | None = None,
@@ -82,7 +76,7 @@ def torch_flex_paged_attention(
     q_dtype = _to_torch(q[:0]).dtype  # q's dtype as torch names it (bfloat16 included)
 
     def pool(x: Array) -> Any:  # [num_blocks, block_size, g, d] -> [1, g, num_blocks · block_size, d]
-        t = _float8_to_torch(x).to(q_dtype) if float8 else _to_torch(x)
+        t = _to_torch(x).to(q_dtype) if float8 else _to_torch(x)
         return t.permute(2, 0, 1, 3).reshape(1, g, num_blocks * block_size, x.shape[-1])
 
     used = [-(-int(n) // block_size) for n in lengths]  # blocks holding each sequence's keys

@@ -97,11 +97,16 @@ class Transforms:
     """Transforms the scaled scores before anything is added to them (softcap), elementwise:
     ``golden(s, *values)`` in float64, ``baseline(s, dtype, *values)`` with every step rounded to
     the dtype, and ``derivative(s, *values)`` = ds'/ds in float64, for the backward. A transform
-    must not enlarge score errors (|derivative| ≤ 1), so the floor needs no term for it."""
+    must not enlarge score errors (|derivative| ≤ 1), so the floor needs no term for the errors
+    it carries; ``error(*values)`` is the absolute error, in units of the eps of the dtype
+    computed in, that a correct float computation of the transform itself may add to each score
+    (softcap: 2c, a tanh through exponentials being off by up to ~1.5·eps in [−1, 1], times c);
+    the floor counts twice it, as it counts any score error (`spec.tolerance.floor`)."""
 
     golden: Callable[..., Array]
     baseline: Callable[..., Array]
     derivative: Callable[..., Array]
+    error: Callable[..., float] | None = None
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,16 @@ def capped_derivative(s: Array, c: float) -> Array:
     return 1.0 - np.tanh(s / c) ** 2
 
 
+def capped_error(c: float) -> float:
+    """What a correct float computation of c·tanh(s/c) may add to a score, in units of the eps of
+    the dtype computed in: 2c. Kernels compute tanh through exponentials (x·(e^(s/x) − e^(−s/x)) /
+    (e^(s/x) + e^(−s/x)), 2σ(2x) − 1, (e^(2x) − 1)/(e^(2x) + 1)), each rounded near 1 and off by up
+    to 1.22, 1.49 and 1.12 eps absolutely (float32, 200,000 x each in 1e-6 to 20 in magnitude),
+    not relatively: the tanh of a score far below c is off by eps, not by eps·|s|/c, and ×c
+    makes that c·eps in the capped score (docs/tolerance.md, "Softcap")."""
+    return 2.0 * float(c)
+
+
 def draw(draw: st.DrawFn, target: Target, case: Case) -> Case:
     """A cap c from `CAPS`, with scores of magnitude ~c (amplitude 1, c or 4c), so the cap bends them."""
     c = draw(st.sampled_from(CAPS))
@@ -54,7 +64,7 @@ SOFTCAP = Keyword(
     passes=("softcap",),
     meaning="softcap=c, a float > 0: the scaled scores s become c·tanh(s / c), then the bias, then the "
             "masks (a hidden key stays hidden).",
-    terms=(Transforms(golden=capped, baseline=capped_in, derivative=capped_derivative),),
+    terms=(Transforms(golden=capped, baseline=capped_in, derivative=capped_derivative, error=capped_error),),
     received=lambda case, c: (float(c),),
     draw=draw,
 )

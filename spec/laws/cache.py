@@ -202,7 +202,7 @@ def paged_block_size_invariant(target: Target, case: Case) -> None:
 
 LONG_CACHES = (255, 256, 257, 1024, 2049, 3000)
 """Cache lengths past the short tiles, for decoding (one query): a few thousand keys, kept cheap
-(two sequences, one or two heads, widths ≤ 8)."""
+(two sequences, one or two heads, widths ≤ 8; fewer keys for wider declared heads, `CACHE_ENTRIES`)."""
 
 
 def _per_sequence_contiguous(t: Target) -> bool:
@@ -217,6 +217,19 @@ aligned_per_sequence = Need(
     "block_table= (supports_paged_kv) or kv_lengths= with causal_alignment='kv_lengths'")
 
 
+CACHE_ENTRIES = LONG_CACHES[-1] * 8
+"""The most entries (keys × width) a cache case holds per sequence and K/V head: the longest
+cache at width 8; wider heads get fewer keys (at 128, up to 187)."""
+
+
+def _cache_widths(t: Target, base: Case) -> tuple[int, int]:
+    """(d_k, d_v): the drawn widths, cut to ≤ 8 where the target takes any, as drawn (inside its
+    ``head_dims``) where it declares them."""
+    if t.head_dims is not None:
+        return base.d_k, base.d_v
+    return min(base.d_k, 8), min(base.d_v, 8)
+
+
 @st.composite
 def cache_cases(draw: st.DrawFn, t: Target) -> Case:
     """Decoding (one query over up to `LONG_CACHES` keys) and chunked prefill (2–8 queries, each
@@ -228,9 +241,11 @@ def cache_cases(draw: st.DrawFn, t: Target) -> Case:
     decoding = draw(BOOLEANS)
     n_q = 1 if decoding else draw(between(2, 8))
     long = decoding and draw(BOOLEANS)
-    n_k = pick(draw, LONG_CACHES) if long else draw(between(n_q, 48))
-    case = base.replace(n_q=n_q, n_k=n_k, d_k=min(base.d_k, 8), d_v=min(base.d_v, 8), causal=True,
-                        mask="none")
+    d_k, d_v = _cache_widths(t, base)
+    most = max(n_q, CACHE_ENTRIES // max(d_k, d_v))  # keys per sequence and head
+    n_k = pick(draw, tuple(n for n in LONG_CACHES if n <= most) or (most,)) if long else \
+        draw(between(n_q, min(48, most)))
+    case = base.replace(n_q=n_q, n_k=n_k, d_k=d_k, d_v=d_v, causal=True, mask="none")
     case = draw_lengths(draw, t, case)  # each sequence's own cache length, some shorter than the chunk
     if t.supports_window and draw(BOOLEANS):
         case = draw_window(draw, t, case)

@@ -19,7 +19,18 @@ from hypothesis import strategies as st
 
 from spec import dtypes, golden
 from spec.call import call
-from spec.cases import SEEDS, Case, boundary_cases, cases, largest_products, one_of, pick, widths_for
+from spec.cases import (
+    SEEDS,
+    Case,
+    boundary_cases,
+    cases,
+    grid_length,
+    grid_width,
+    largest_products,
+    one_of,
+    pick,
+    widths_for,
+)
 from spec.inputs import Inputs
 from spec.laws import _needs
 from spec.laws._helpers import (
@@ -210,7 +221,7 @@ SCORE_WIDTHS = (st.sampled_from((1, 2, 8, 64, 128)), st.integers(1, 128))  # bra
 @st.composite
 def _score_variance_cases(draw: st.DrawFn, t: Target) -> Case:
     rank = 4 if 4 in t.ndims else 3
-    d_k = one_of(draw, widths_for(t, 128) if t.compiles_per_shape else SCORE_WIDTHS)
+    d_k = one_of(draw, widths_for(t, 128) if t.compiles_per_shape or t.head_dims else SCORE_WIDTHS)
     samples = score_samples(d_k)
     return Case(dtype=pick(draw, t.dtypes), ndim=rank, batch=64 if rank == 4 else 1,
                 heads=samples // 64 if rank == 4 else samples, n_q=1, n_k=2, d_k=d_k, d_v=2,
@@ -413,13 +424,33 @@ def masked_rows_policy(target: Target, case: Case) -> None:
     assert_matches(target, inputs, out, what="rows that see a key")
 
 
-@law(strategy=lambda t: cases(t, ndims=(3, 4), gqa=True, n_max=48), needs=_needs.gqa)
+WIDE_GROUPS = ((17, 1), (34, 2), (60, 3))
+"""(query heads, K/V heads) of the GQA law's grid: groups of 17, 17 and 20 query heads, past 16
+and no multiple of it, where a kernel's programs of 16 query heads straddle two groups (the
+drawn cases have groups of 2 or 3)."""
+
+
+def _wide_groups(t: Target) -> list[Case]:
+    """One case per `WIDE_GROUPS` entry: the largest rank of 3 and 4 the target has, one batch
+    row, the boundary grid's longest square and its width, the dtypes in rotation."""
+    ranks = [r for r in (4, 3) if r in t.ndims]
+    if not ranks:
+        return []
+    n, width = grid_length(t), grid_width(t)
+    return [Case(dtype=t.dtypes[i % len(t.dtypes)], ndim=ranks[0], batch=1, heads=heads, kv_heads=g, n_q=n,
+                 n_k=n, d_k=width, d_v=width, seed=heads) for i, (heads, g) in enumerate(WIDE_GROUPS)]
+
+
+@law(strategy=lambda t: cases(t, ndims=(3, 4), gqa=True, n_max=48), needs=_needs.gqa, grid=_wide_groups)
 def gqa_matches_repeated_kv(target: Target, case: Case) -> None:
     """With g K/V heads shared by h query heads, the output equals plain multi-head attention with
-    each K/V head repeated h/g times (query head i reads K/V head i // (h/g)).
+    each K/V head repeated h/g times (query head i reads K/V head i // (h/g)); groups of 17 and
+    20 query heads first (`WIDE_GROUPS`), then drawn ones of 2 or 3.
 
     Catches: K/V heads tiled instead of repeated (head i reads i mod g), the interleaving bug
-    between the PyTorch/JAX convention and a hand-written broadcast.
+    between the PyTorch/JAX convention and a hand-written broadcast; a kernel whose programs
+    take 16 query heads each and read the K/V head of a program's first head for all 16, wrong
+    where a group is past 16 and not a multiple of it (34 heads over 2: heads 17–31).
     """
     inputs = case.inputs()
     assert_matches(target, inputs, run(target, inputs), what="grouped-query output")

@@ -85,17 +85,30 @@ LONG_ROWS = (1024, 2048, 4096)
 LONG_ROW_LENGTHS = (st.sampled_from(LONG_ROWS), st.integers(1025, 4096))  # branches for `one_of`
 
 
+def _long_row_widths(draw: st.DrawFn, t: Target) -> tuple[int, int]:
+    """(d_k, d_v): d_k of 8, 16 or 64 and d_v ≤ 8 where the target takes any width; inside its
+    ``head_dims`` (d_v = d_k under ``equal_head_dims``) where it declares them. One slice of at
+    most 4 rows and 4,096 keys: a width of 512 holds 2 million keys' entries, 16 MB in float64."""
+    if t.head_dims is None:
+        return pick(draw, (8, 16, 64)), draw(between(1, 8))
+    d_k = pick(draw, t.head_dims)
+    return d_k, d_k if t.equal_head_dims else pick(draw, t.head_dims)
+
+
 @st.composite
 def _long_row_cases(draw: st.DrawFn, t: Target) -> Case:
+    d_k, d_v = _long_row_widths(draw, t)
     return Case(dtype=pick(draw, t.dtypes), ndim=pick(draw, t.ndims), batch=1, heads=1,
-                n_q=draw(between(1, 4)), n_k=one_of(draw, LONG_ROW_LENGTHS), d_k=pick(draw, (8, 16, 64)),
-                d_v=draw(between(1, 8)), seed=draw(SEEDS), values=pick(draw, ("normal", "ints")),
+                n_q=draw(between(1, 4)), n_k=one_of(draw, LONG_ROW_LENGTHS), d_k=d_k,
+                d_v=d_v, seed=draw(SEEDS), values=pick(draw, ("normal", "ints")),
                 amplitude=pick(draw, (1e-4, 1e-2)))
 
 
 def _longest_rows(t: Target) -> list[Case]:
-    """The longest row in each declared dtype, first: where a key-by-key sum loses the most."""
-    return [Case(dtype=dtype, ndim=min(t.ndims), batch=1, heads=1, n_q=2, n_k=LONG_ROWS[-1], d_k=16, d_v=4,
+    """The longest row in each declared dtype, first: where a key-by-key sum loses the most (d_k =
+    16, d_v = 4, or the smallest declared head size)."""
+    d_k, d_v = (min(t.head_dims), min(t.head_dims)) if t.head_dims else (16, 4)
+    return [Case(dtype=dtype, ndim=min(t.ndims), batch=1, heads=1, n_q=2, n_k=LONG_ROWS[-1], d_k=d_k, d_v=d_v,
                  seed=i, values="ints", amplitude=1e-4) for i, dtype in enumerate(t.dtypes)]
 
 

@@ -122,8 +122,18 @@ def softcap_far_above_is_no_cap(target: Target, case: Case) -> None:
     beyond ~511) a kernel that holds c in that dtype holds inf, and the baseline itself
     (c·tanh(s/c) rounded to the dtype) is inf·0 = NaN.
 
+    The tolerance counts an error of 2c·eps in each capped score (`spec.keywords.softcap.
+    capped_error`, the floor's score term): a correct float tanh is accurate to eps in [−1, 1],
+    not to eps relative to a tiny tanh(s/c), and ×c that is c·eps. Kernels compute tanh through
+    exponentials (x·(e^(s/x) − e^(−s/x))/(e^(s/x) + e^(−s/x)), 2σ(2x) − 1), which round near 1:
+    at c = 3e4–6e4 over scores of ~1 in float32 they are 7.6e-4 to 2.3e-3 from the golden, about
+    c·eps = 3.6e-3 to 7.2e-3 in the score, the same formula that is within 1e-6 at c = 30 or 50.
+    That is the dtype's precision at the cap's magnitude, not a bug; the bugs this law is for move
+    scores by O(1).
+
     Catches: a cap that always applies tanh without the c factors (tanh(s), squashing every score
-    into [−1, 1]); a softcap argument that turns on a different, less accurate code path.
+    into [−1, 1]); a softcap argument that turns on a different code path, off by more than the
+    cap's own rounding.
     """
     inputs = case.inputs()
     q, k = inputs.q.astype(np.float64), inputs.k.astype(np.float64)
@@ -133,5 +143,6 @@ def softcap_far_above_is_no_cap(target: Target, case: Case) -> None:
     inputs = inputs.replace(softcap=far)
     out = run(target, inputs)
     assert_matches(target, inputs, out, what=f"with softcap={far:.3g}, the output")
+    # judged with the capped call's allowance: the capped run carries the cap's rounding
     plain = inputs.replace(softcap=None)
-    assert_same(target, plain, run(target, plain), out, what=f"softcap={far:.3g} against no cap")
+    assert_same(target, inputs, run(target, plain), out, what=f"softcap={far:.3g} against no cap")

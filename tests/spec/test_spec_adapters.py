@@ -387,9 +387,10 @@ def test_low_precision_within_the_tolerance_policy(name, dtype):
 def test_torch_adapter_works_without_ml_dtypes(monkeypatch):
     """Without ml_dtypes (torch alone installs no bfloat16 for NumPy) float64 must stay float64."""
     fn, _ = _peer("torch")
-    from spec.adapters import torch as peers
+    from spec import dtypes
 
-    monkeypatch.setattr(peers, "numpy_bfloat16", lambda: None)
+    monkeypatch.setattr(dtypes, "has_ml_dtypes", lambda: False)
+    monkeypatch.setattr(dtypes, "has_bfloat16", lambda: False)
     q, k, v = _qkv((3, 4), (5, 4), 2, dtype="float64")
     out = fn(q, k, v)
     assert out.dtype == np.float64

@@ -90,3 +90,36 @@ def test_from_torch_on_the_cpu_device_is_bit_exact():
 
     target = spec.from_torch(sdpa, device="cpu", rename={"causal": "is_causal"})
     assert spec.check(target, profile="quick", only=["matches_golden"]).ok and set(seen) == {"cpu"}
+
+
+def test_float8_crosses_to_torch_and_back_bit_for_bit(torch):
+    """Every e4m3 code (NaN's included) becomes the torch.float8_e4m3fn of the same bits, and back."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    from spec.adapters.torch import _from_torch, _to_torch
+
+    codes = np.arange(256, dtype=np.uint8).reshape(4, 64).view(ml_dtypes.float8_e4m3fn)
+    t = _to_torch(codes)
+    assert t.dtype == torch.float8_e4m3fn and t.shape == codes.shape
+    assert np.array_equal(t.view(torch.uint8).numpy(), codes.view(np.uint8))
+    finite = np.isfinite(codes.astype(np.float32))
+    assert np.array_equal(t.float().numpy()[finite], codes.astype(np.float32)[finite])  # same values
+    back = _from_torch(t)
+    assert back.dtype == codes.dtype and np.array_equal(back.view(np.uint8), codes.view(np.uint8))
+
+
+def test_from_torch_passes_a_float8_cache_as_torch_float8(torch):
+    """A torch function declaring supports_fp8_kv gets torch.float8_e4m3fn k and v (the codes) and
+    float32 descales, and conforms when it dequantizes them itself."""
+    pytest.importorskip("ml_dtypes")
+    seen = set()
+
+    def fp8_sdpa(q, k, v, *, k_descale, v_descale, is_causal=False):
+        seen.add((k.dtype, v.dtype, k_descale.dtype))
+        k = k.to(q.dtype) * k_descale.to(q.dtype)[:, :, None, None]
+        v = v.to(q.dtype) * v_descale.to(q.dtype)[:, :, None, None]
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+
+    target = spec.from_torch(fp8_sdpa, rename={"causal": "is_causal"}, supports_fp8_kv=True, ndims=(4,))
+    report = spec.check(target, profile="quick", max_examples=4, only=["fp8_matches_golden"])
+    assert report.ok, [(r.name, r.message) for r in report.failures]
+    assert seen == {(torch.float8_e4m3fn, torch.float8_e4m3fn, torch.float32)}
