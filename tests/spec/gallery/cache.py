@@ -58,12 +58,15 @@ def dequantize(k: Array, v: Array, k_descale: Array, v_descale: Array, work: np.
     # [batch, g, n, d] float8, [batch, g] -> [batch, heads, n, d] in work (K/V heads repeated)
     """What float8 codes mean, ``codes · descale[b, g]``, with one named bug (or none): ``k_only``
     (the values' descale forgotten), ``query_head`` (descales read as [batch, heads], by query
-    head), ``swapped`` (K's descale on V and V's on K), ``float16`` (dequantized in float16,
+    head), ``tensor`` (only ``k_descale[0, 0]`` and ``v_descale[0, 0]`` read: a per-tensor scale),
+    ``swapped`` (K's descale on V and V's on K), ``float16`` (dequantized in float16,
     saturating at ±65,504, then computed in ``work``)."""
     batch, g = k.shape[:2]
     group = heads // g
     kv_head = np.arange(heads) // group
     ks, vs = np.asarray(k_descale, work), np.asarray(v_descale, work)
+    if bug == "tensor":  # one scale per tensor read: the first entry of each, for every row and head
+        ks, vs = np.full_like(ks, ks.flat[0]), np.full_like(vs, vs.flat[0])
     if bug == "swapped":
         ks, vs = vs, ks
     if bug == "query_head":  # the flat [batch, g] buffer indexed with the query heads' stride
@@ -166,6 +169,9 @@ BROKEN += [] if not FLOAT8 else [
            "float8 descales indexed by the query head ([batch, heads] strides over a [batch, heads_kv] "
            "buffer)",
            supports_gqa=True, **FP8),
+    broken(with_cache(fp8_bug="tensor", name="per_tensor_scale"), "fp8_per_row_and_kv_head",
+           "declares per-row float8 descales (the default fp8_scale), reads one per tensor: only "
+           "k_descale[0, 0] and v_descale[0, 0]", **FP8),
     broken(with_cache(fp8_bug="swapped"), "fp8_k_and_v_not_interchangeable",
            "k_descale and v_descale swapped", **FP8),
     broken(with_cache(fp8_bug="float16"), "fp8_matches_golden",

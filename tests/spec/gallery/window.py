@@ -45,6 +45,14 @@ def window_off_by_one(q: Array, k: Array, v: Array, *, window: Any = None, **kw:
     return textbook(q, k, v, window=wider, **kw)
 
 
+def window_zero_is_none(q: Array, k: Array, v: Array, *, window: Any = None, **kw: Any) -> Array:
+    """A side of 0 read as "no limit" (as -1 is FlashAttention's): a one-token window (0, 0)
+    becomes no window, (0, right) a window with no left edge."""
+    n = q.shape[-2] + k.shape[-2]
+    wide = None if window is None else tuple(side or n for side in window)
+    return textbook(q, k, v, window=wide, **kw)
+
+
 def window_clipped(q: Array, k: Array, v: Array, *, window: Any = None, **kw: Any) -> Array:
     band = None if window is None else (min(window[0], 16), min(window[1], 16))  # a fixed 16-key band
     return textbook(q, k, v, window=band, **kw)
@@ -85,6 +93,8 @@ BROKEN = [
               "per-row slice k[i − left : i + right + 1]: a negative start wraps to the end of the keys"),
     _declared(window_off_by_one, "window_no_leak",
               "window of left + 1 keys: key diag − left − 1 leaks in (transformers#39408, vllm#3385)"),
+    _declared(window_zero_is_none, "window_matches_golden",
+              "a window side of 0 read as no limit: the one-token window (0, 0) is no window at all"),
     _declared(window_clipped, "window_wider_than_sequence", "window silently clipped to a fixed 16-key band"),
     _declared(window_top_left, "window_alignment",
               "window aligned top-left while the causal mask is bottom-right",
