@@ -2,7 +2,7 @@
 ``window_needs_causal``, ``alibi_shape``, ``fp8_scale``, ``block_multiple``): each narrows the
 keyword's draws so that no call breaks it, a law that cannot be drawn inside it is skipped naming
 it, and a small kernel of our own with that contract conforms with the declaration alone and fails
-without it."""
+without it (the gallery's correct serving kernels, `gallery.window`, `gallery.alibi`, `gallery.cache`)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from gallery.alibi import heads_alibi_kernel
+from gallery.cache import block16_kernel, tensor_fp8_kernel
+from gallery.window import SERVING, causal_window_kernel, left_window_kernel
 
 import spec
 from impl import attention
@@ -22,47 +25,6 @@ from spec.target import TargetError
 Array = np.ndarray
 
 
-def left_window_kernel(q: Array, k: Array, v: Array, *, window: Any = None, **kw: Any) -> Array:
-    """A sliding window that looks back only: ``window=(left, 0)``; a right side has no spelling."""
-    if window is not None and window[1] != 0:
-        raise ValueError(f"window must be (left, 0): this kernel's window has no right side, got {window}")
-    return attention(q, k, v, window=window, **kw)
-
-
-def causal_window_kernel(q: Array, k: Array, v: Array, *, window: Any = None, causal: bool = False,
-                         **kw: Any) -> Array:
-    """A sliding window that exists only in the causal mode."""
-    if window is not None and not causal:
-        raise ValueError("window= needs causal=True: this kernel's window exists only in its causal mode")
-    return attention(q, k, v, window=window, causal=causal, **kw)
-
-
-def heads_alibi_kernel(q: Array, k: Array, v: Array, *, alibi_slopes: Any = None, **kw: Any) -> Array:
-    """ALiBi slopes ``[heads]`` only."""
-    if alibi_slopes is not None and np.ndim(alibi_slopes) != 1:
-        raise ValueError(f"alibi_slopes must be [heads], got shape {np.shape(alibi_slopes)}")
-    return attention(q, k, v, alibi_slopes=alibi_slopes, **kw)
-
-
-def tensor_fp8_kernel(q: Array, k: Array, v: Array, *, k_descale: Any = None, v_descale: Any = None,
-                      **kw: Any) -> Array:
-    """One float8 scale per tensor: reads the first entry of each descale, as a kernel taking a
-    scalar does behind a wrapper that passes it ``k_descale[0, 0]``."""
-    if k_descale is None:
-        return attention(q, k, v, **kw)
-    k_one, v_one = (np.full_like(np.asarray(x), np.asarray(x).flat[0]) for x in (k_descale, v_descale))
-    return attention(q, k, v, k_descale=k_one, v_descale=v_one, **kw)
-
-
-def block16_kernel(q: Array, k: Array, v: Array, *, block_table: Any = None, **kw: Any) -> Array:
-    """A paged cache in blocks of a multiple of 16 keys (its tile)."""
-    if block_table is not None and k.shape[1] % 16:
-        raise ValueError(f"block size must be a multiple of 16, got {k.shape[1]}")
-    return attention(q, k, v, block_table=block_table, **kw)
-
-
-COMMON = {"ndims": (2, 3, 4), "supports_scale": True, "supports_mask": True, "supports_kv_lengths": True,
-          "supports_softcap": True, "empty_keys": "compute"}
 KERNELS = {
     "window_sides": (left_window_kernel, {"supports_window": True}, "left"),
     "window_needs_causal": (causal_window_kernel, {"supports_window": True}, True),
@@ -80,7 +42,7 @@ def _laws_of(capability: str) -> list[str]:
 
 def kernel(field: str, *, declared: bool) -> Target:
     fn, capabilities, value = KERNELS[field]
-    return Target(fn, **COMMON, **capabilities, **({field: value} if declared else {}))
+    return Target(fn, **SERVING, **capabilities, **({field: value} if declared else {}))
 
 
 def _fields() -> list[str]:

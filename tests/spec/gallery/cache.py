@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from gallery.base import broken
+from gallery.window import SERVING
 from impl import attention
 from spec import Target
 from spec.dtypes import has_ml_dtypes
@@ -312,3 +313,30 @@ CORRECT = [
     *([Target(weights_in_float8, name="weights_in_float8", supports_scale=True, supports_gqa=True,
               ndims=(2, 3, 4), supports_fp8_kv=True)] if FLOAT8 else []),
 ]
+
+
+# --- serving kernels that take a cache in one form only, each with its declaration -------------
+
+
+def tensor_fp8_kernel(q: Array, k: Array, v: Array, *, k_descale: Any = None, v_descale: Any = None,
+                      **kw: Any) -> Array:
+    """One float8 scale per tensor: reads the first entry of each descale, as a kernel taking a
+    scalar does behind a wrapper that passes it ``k_descale[0, 0]``."""
+    if k_descale is None:
+        return attention(q, k, v, **kw)
+    k_one, v_one = (np.full_like(np.asarray(x), np.asarray(x).flat[0]) for x in (k_descale, v_descale))
+    return attention(q, k, v, k_descale=k_one, v_descale=v_one, **kw)
+
+
+def block16_kernel(q: Array, k: Array, v: Array, *, block_table: Any = None, **kw: Any) -> Array:
+    """A paged cache in blocks of a multiple of 16 keys (its tile)."""
+    if block_table is not None and k.shape[1] % 16:
+        raise ValueError(f"block size must be a multiple of 16, got {k.shape[1]}")
+    return attention(q, k, v, block_table=block_table, **kw)
+
+
+CORRECT += [Target(block16_kernel, name="blocks_of_16",
+                   supports_paged_kv=True, block_multiple=16, **SERVING)]
+CORRECT += [] if not FLOAT8 else [
+    Target(tensor_fp8_kernel, name="per_tensor_fp8",
+           supports_fp8_kv=True, supports_gqa=True, fp8_scale="tensor", **SERVING)]

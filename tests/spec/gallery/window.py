@@ -113,5 +113,30 @@ def per_row(q: Array, k: Array, v: Array, *, causal: bool = False, mask: Any = N
     return np.concatenate(rows, axis=-2)
 
 
+# --- serving kernels that take a window in one form only, each with its declaration ------------
+
+def left_window_kernel(q: Array, k: Array, v: Array, *, window: Any = None, **kw: Any) -> Array:
+    """A sliding window that looks back only: ``window=(left, 0)``; a right side has no spelling."""
+    if window is not None and window[1] != 0:
+        raise ValueError(f"window must be (left, 0): this kernel's window has no right side, got {window}")
+    return attention(q, k, v, window=window, **kw)
+
+
+def causal_window_kernel(q: Array, k: Array, v: Array, *, window: Any = None, causal: bool = False,
+                         **kw: Any) -> Array:
+    """A sliding window that exists only in the causal mode."""
+    if window is not None and not causal:
+        raise ValueError("window= needs causal=True: this kernel's window exists only in its causal mode")
+    return attention(q, k, v, window=window, causal=causal, **kw)
+
+
+SERVING = {"ndims": (2, 3, 4), "supports_scale": True, "supports_mask": True, "supports_kv_lengths": True,
+           "supports_softcap": True, "empty_keys": "compute"}
+"""What the serving kernels of the gallery take besides their keyword (`impl.attention` takes it all)."""
+
 # Its row max raises on an empty key axis (n_k = 0): declared.
-CORRECT = [Target(per_row, name="per_row_keywords", ndims=(2, 3, 4), empty_keys="raise", **KEYWORDS)]
+CORRECT = [Target(per_row, name="per_row_keywords", ndims=(2, 3, 4), empty_keys="raise", **KEYWORDS),
+           Target(left_window_kernel, name="left_window",
+                  supports_window=True, window_sides="left", **SERVING),
+           Target(causal_window_kernel, name="causal_window",
+                  supports_window=True, window_needs_causal=True, **SERVING)]
