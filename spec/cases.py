@@ -333,12 +333,35 @@ def outside_limits(target: Target, given: Case | Inputs, *, reads_pattern: bool 
         return f"head_dims={target.head_dims}"
     if target.equal_head_dims and not reads_pattern and d_v != d_k:
         return "equal_head_dims=True"
+    if (taken := outside_keyword_forms(target, inputs)) is not None:
+        return taken
     queries, keys = sequence_lengths(inputs)
     every = [*queries, *keys]
     if target.seq_multiple and any(n % target.seq_multiple for n in every):
         return f"seq_multiple={target.seq_multiple}"
     if target.max_seq is not None and any(n > target.max_seq for n in every):
         return f"max_seq={target.max_seq}"
+    return None
+
+
+def outside_keyword_forms(target: Target, inputs: Inputs) -> str | None:
+    """Which declaration of how the target takes a keyword a call breaks, or None: a window with a
+    right side (``window_sides="left"``) or without causal (``window_needs_causal``), ALiBi slopes
+    ``[batch, heads]`` (``alibi_shape="heads"``), descales that differ (``fp8_scale="tensor"``), a
+    paged block size that is not a multiple of ``block_multiple``."""
+    window = inputs.get("window")
+    if window is not None and target.window_sides == "left" and window[1] != 0:
+        return "window_sides='left'"
+    if window is not None and target.window_needs_causal and not inputs.causal:
+        return "window_needs_causal=True"
+    if target.alibi_shape == "heads" and np.ndim(inputs.get("alibi_slopes")) == 2:
+        return "alibi_shape='heads'"
+    scales = [np.asarray(x) for x in (inputs.get("k_descale"), inputs.get("v_descale")) if x is not None]
+    if target.fp8_scale == "tensor" and any(x.size and np.any(x != x.flat[0]) for x in scales):
+        return "fp8_scale='tensor'"
+    m = target.block_multiple
+    if m and inputs.get("block_table") is not None and inputs.k.shape[1] % m:
+        return f"block_multiple={m}"
     return None
 
 
@@ -363,8 +386,18 @@ def limits_text(target: Target) -> str:
             "equal_head_dims" if target.equal_head_dims else "",
             f"seq_multiple={target.seq_multiple}" if target.seq_multiple else "",
             f"max_seq={target.max_seq}" if target.max_seq else "",
-            "compiles_per_shape" if target.compiles_per_shape else ""]
+            "compiles_per_shape" if target.compiles_per_shape else "",
+            *keyword_forms_text(target)]
     return ", ".join(x for x in said if x)
+
+
+def keyword_forms_text(target: Target) -> list[str]:
+    """The declarations of how the target takes its keywords, as the header says them."""
+    return [f"window_sides={target.window_sides!r}" if target.window_sides != "both" else "",
+            "window_needs_causal" if target.window_needs_causal else "",
+            f"alibi_shape={target.alibi_shape!r}" if target.alibi_shape != "both" else "",
+            f"fp8_scale={target.fp8_scale!r}" if target.fp8_scale != "kv_head" else "",
+            f"block_multiple={target.block_multiple}" if target.block_multiple else ""]
 
 
 @st.composite

@@ -36,6 +36,9 @@ MaskedRows = Literal["zeros", "nan", "uniform", "unmasked", "any"]
 POLICIES = ("zeros", "nan", "uniform", "unmasked", "any")
 Isolation = Literal["thread", "caller", "process"]
 EmptyKeys = Literal["either", "compute", "raise"]
+WindowSides = Literal["both", "left"]
+AlibiShape = Literal["both", "heads"]
+Fp8Scale = Literal["kv_head", "tensor"]
 
 FLOAT_DTYPES = ("float16", "float32", "float64", "bfloat16")
 
@@ -170,6 +173,24 @@ class Target:
     """``k_descale=``/``v_descale=`` are taken only with a paged cache (``block_table=``), as by
     ``impl.flash_attention`` and vLLM's float8 caches: the float8 laws then draw only paged caches.
     Needs ``supports_fp8_kv`` and ``supports_paged_kv``."""
+    # --- how a serving kernel takes its keywords: each narrows the keyword's draws, and a law that
+    # cannot be drawn inside it is skipped, naming it (docs/targets.md, "Declare a serving kernel")
+    window_sides: WindowSides = "both"
+    """The sides a ``window=`` may have: ``both`` (``(left, right)``), or ``left`` (``(left, 0)`` only:
+    a sliding window that looks back, as vLLM's and most decoders'). Needs ``supports_window``."""
+    window_needs_causal: bool = False
+    """A ``window=`` is passed only together with ``causal=True`` (a kernel whose sliding window
+    exists only in its causal mode). Needs ``supports_window`` and a causal mode."""
+    alibi_shape: AlibiShape = "both"
+    """The ALiBi slopes a call passes: ``both`` (``[heads]`` or ``[batch, heads]``), or ``heads``
+    (``[heads]`` only). Needs ``supports_alibi``."""
+    fp8_scale: Fp8Scale = "kv_head"
+    """The float8 descales' granularity: ``kv_head`` (one per batch row and K/V head, drawn
+    distinct), or ``tensor`` (one ``k_descale`` and one ``v_descale`` value for the whole call,
+    still passed as ``[batch, heads_kv]``, every entry equal). Needs ``supports_fp8_kv``."""
+    block_multiple: int | None = None
+    """Paged block sizes are multiples of this (a kernel whose tiles hold 16 keys: 16); None: any.
+    Needs ``supports_paged_kv``."""
     deterministic: bool = True
     """Two identical calls give bit-identical outputs."""
     isolation: Isolation = "thread"
@@ -244,6 +265,7 @@ class Target:
         if self.deadline_s is not None and not self.deadline_s > 0:
             raise TargetError(f"Target deadline_s must be positive or None, got {self.deadline_s}")
         object.__setattr__(self, "grad_extras", _check_grad_extras(self))
+        _check_serving(self)
         for keyword in registered().values():  # what each keyword needs of the other declarations
             wrong = keyword.check_target(self) if keyword.check_target is not None else None
             if wrong:
@@ -520,6 +542,30 @@ def _check_limits(target: Target) -> None:
     if target.seq_multiple and target.max_seq and target.max_seq < target.seq_multiple:
         raise TargetError(f"Target max_seq={target.max_seq} is below seq_multiple={target.seq_multiple}: "
                           "no length is both")
+
+
+def _check_serving(target: Target) -> None:
+    """How a serving kernel takes its keywords: each choice among its own, ``block_multiple`` a
+    positive integer, each with the capability it narrows (and a causal mode for
+    ``window_needs_causal``)."""
+    _check_choice("window_sides", target.window_sides, ("both", "left"))
+    _check_choice("alibi_shape", target.alibi_shape, ("both", "heads"))
+    _check_choice("fp8_scale", target.fp8_scale, ("kv_head", "tensor"))
+    multiple = target.block_multiple
+    if multiple is not None and (not isinstance(multiple, int) or isinstance(multiple, bool) or multiple < 1):
+        raise TargetError(f"Target block_multiple must be a positive integer or None, got {multiple!r}")
+    narrowed = {"window_sides": (target.window_sides != "both", "supports_window"),
+                "window_needs_causal": (target.window_needs_causal, "supports_window"),
+                "alibi_shape": (target.alibi_shape != "both", "supports_alibi"),
+                "fp8_scale": (target.fp8_scale != "kv_head", "supports_fp8_kv"),
+                "block_multiple": (multiple is not None, "supports_paged_kv")}
+    for name, (given, capability) in narrowed.items():
+        if given and not getattr(target, capability):
+            raise TargetError(f"Target {name}={getattr(target, name)!r} needs {capability}=True "
+                              "(it says how that keyword is taken)")
+    if target.window_needs_causal and target.causal_alignment is None:
+        raise TargetError("Target window_needs_causal=True needs a causal mode (causal_alignment is None): "
+                          "a window passed only with causal=True would never be passed")
 
 
 EXPECTED = re.compile(r"(?P<law>\w+)(?:\[(?P<dtype>\w+)\])?")

@@ -53,11 +53,11 @@ def heads_of(case: Case) -> int:
 
 def draw(draw: st.DrawFn, target: Target, case: Case) -> Case:
     """The paper's slopes for the case's heads, or slopes drawn in [0, 1] (0 included: no bias);
-    with 4-D inputs sometimes one row of slopes per batch row."""
+    with 4-D inputs sometimes one row of slopes per batch row (never for ``alibi_shape="heads"``)."""
     heads = heads_of(case)
     drawn = st.lists(st.floats(0.0, 1.0, width=32), min_size=heads, max_size=heads).map(tuple)
     row = st.one_of(st.just(paper_slopes(heads)), drawn)
-    if case.ndim == 4 and draw(st.booleans()):
+    if case.ndim == 4 and target.alibi_shape == "both" and draw(st.booleans()):
         return case.with_keyword("alibi", tuple(draw(row) for _ in range(case.batch)))
     return case.with_keyword("alibi", draw(row))
 

@@ -71,14 +71,21 @@ def beyond_float16(target: Target, case: Case) -> bool:
 
 
 def draw_scales(draw: st.DrawFn, target: Target, case: Case, *, wide: bool = True) -> Case:
-    """A K and a V descale per batch row and K/V head, log-uniform over `SCALE_RANGE`; with
-    ``wide``, half the cases that may (`beyond_float16`) take them from `WIDE_RANGE` instead, with
-    keys and values scaled so the largest codes fill e4m3's range (`FILLED`)."""
+    """A K and a V descale per batch row and K/V head, log-uniform over `SCALE_RANGE` (one K and one
+    V value for every row and head for ``fp8_scale="tensor"``); with ``wide``, half the cases that
+    may (`beyond_float16`) take them from `WIDE_RANGE` instead, with keys and values scaled so the
+    largest codes fill e4m3's range (`FILLED`)."""
     g = case.kv_heads or case.heads
     past = wide and beyond_float16(target, case) and draw(BOOLEANS)
     exponents = WIDE_EXPONENTS if past else EXPONENTS
-    rows = [[tuple(float(np.float32(2.0 ** draw(exponents))) for _ in range(g)) for _ in range(case.batch)]
-            for _ in range(2)]
+
+    def scale() -> float:
+        return float(np.float32(2.0 ** draw(exponents)))
+
+    if target.fp8_scale == "tensor":  # [batch, heads_kv], every entry the one value
+        rows = [[(scale(),) * g] * case.batch for _ in range(2)]
+    else:
+        rows = [[tuple(scale() for _ in range(g)) for _ in range(case.batch)] for _ in range(2)]
     case = case.with_keyword("fp8", (tuple(rows[0]), tuple(rows[1])))
     if not past:
         return case

@@ -120,15 +120,31 @@ def write_pages(case: Case, paged: tuple[int, str], k: Array, v: Array) -> tuple
 
 def draw_paged(draw: st.DrawFn, target: Target, case: Case) -> Case:
     """Two or three sequences with their own lengths (`spec.keywords.kv_lengths.draw_lengths`), a
-    block size (1, one that does not divide the lengths, or any up to n_k + 1) and a poison."""
+    block size (1, one that does not divide the lengths, or any up to n_k + 1; multiples of
+    ``block_multiple`` where the target declares it) and a poison."""
     case = draw_lengths(draw, target, case)
-    block_size = one_of(draw, _block_sizes(case.n_k))
+    block_size = one_of(draw, _block_sizes(case.n_k, target.block_multiple or 1))
     return case.with_keyword("paged", (block_size, pick(draw, FILLS)))
 
 
+def block_choices(target: Target) -> tuple[int, ...]:
+    """The named block sizes (`BLOCK_SIZES`) a target takes: those that are multiples of its
+    ``block_multiple`` (m and 2m at least)."""
+    return _named_blocks(target.block_multiple or 1)
+
+
+def _named_blocks(multiple: int) -> tuple[int, ...]:
+    if multiple == 1:
+        return BLOCK_SIZES
+    return tuple(sorted({b for b in BLOCK_SIZES if b % multiple == 0} | {multiple, 2 * multiple}))
+
+
 @functools.cache
-def _block_sizes(n_k: int) -> tuple[st.SearchStrategy[int], ...]:
-    return (st.sampled_from(BLOCK_SIZES), st.integers(1, n_k + 1))
+def _block_sizes(n_k: int, multiple: int) -> tuple[st.SearchStrategy[int], ...]:
+    if multiple == 1:
+        return (st.sampled_from(BLOCK_SIZES), st.integers(1, n_k + 1))
+    return (st.sampled_from(_named_blocks(multiple)),
+            st.integers(1, -(-(n_k + 1) // multiple)).map(multiple.__mul__))
 
 
 PAGED = Keyword(

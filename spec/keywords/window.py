@@ -41,11 +41,16 @@ def sides(n: int) -> tuple[st.SearchStrategy[int], ...]:
 def draw(draw: st.DrawFn, target: Target, case: Case) -> Case:
     """A window of each side 0..4 or up to n_k + 2, on shapes the target's alignment defines
     (square_or_decoding: n_q = n_k or n_q = 1; queries_within_keys: n_q ≤ n_k and n_q ≤ each
-    row's key length)."""
+    row's key length); a left side only, ``(left, 0)``, for ``window_sides="left"``, and the case
+    made causal for ``window_needs_causal``."""
     assume(target.causal_shape_ok(case.n_q, case.n_k))
     lengths = case.param("kv_lengths")
     assume(lengths is None or all(target.causal_shape_ok(case.n_q, n) for n in lengths))
-    return case.with_keyword("window", (one_of(draw, sides(case.n_k)), one_of(draw, sides(case.n_k))))
+    left = one_of(draw, sides(case.n_k))
+    right = 0 if target.window_sides == "left" else one_of(draw, sides(case.n_k))
+    if target.window_needs_causal and not case.causal:
+        case = case.replace(causal=True)
+    return case.with_keyword("window", (left, right))
 
 
 WINDOW = Keyword(

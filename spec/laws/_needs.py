@@ -78,6 +78,16 @@ policy_declared = Need(
     "a masked-row policy other than 'any'")
 
 
+def not_declared(field: str, value: object, wants: str) -> Need:
+    """The target does not declare ``field=value``: a declaration of how it takes a keyword
+    (``alibi_shape="heads"``) under which the law's calls (``wants``) cannot be drawn."""
+
+    def missing(t: Target) -> str | None:
+        return f"needs {wants} (target declares {field}={value!r})" if getattr(t, field) == value else None
+
+    return Need(missing, f"{wants} (not {field}={value!r})")
+
+
 def either(first: Need, second: Need) -> Need:
     """One of two capabilities; when neither is there the reason names both, and adds the second's
     own reason where it is not a plain "needs ..." (a declaration that rules it out)."""

@@ -75,7 +75,8 @@ def _per_batch_cases(draw: st.DrawFn, target: Target) -> Case:
     return case.with_keyword("alibi", tuple(tuple(float(x) for x in row) for row in slopes))
 
 
-@law(strategy=_per_batch_cases, needs=needs_alibi & _needs.ndim(4))
+@law(strategy=_per_batch_cases, needs=needs_alibi & _needs.ndim(4) &
+     _needs.not_declared("alibi_shape", "heads", "[batch, heads] ALiBi slopes"))
 def alibi_per_batch_and_head(target: Target, case: Case) -> None:
     """Slopes ``[batch, heads]``, all distinct (two or more of each), reach their own (batch row,
     head): the output matches the golden slice by slice.

@@ -38,7 +38,7 @@ from spec.cases import BOOLEANS, Case, between, cases, pick
 from spec.inputs import Inputs
 from spec.keywords.fp8 import FP8, SCALE_RANGE, draw_scales
 from spec.keywords.kv_lengths import draw_lengths
-from spec.keywords.paged import BLOCK_SIZES, FILLS, PAGED, _lengths, fill_value, owned
+from spec.keywords.paged import FILLS, PAGED, _lengths, block_choices, fill_value, owned
 from spec.keywords.window import draw as draw_window
 from spec.laws import _needs
 from spec.laws._helpers import (
@@ -75,11 +75,14 @@ def paged_cases(draw: st.DrawFn, t: Target, *, n_max: int = 40, block_sizes: boo
     the block size at least 2 and below the longest length (so that another block size is
     another blocking)."""
     gqa = pick(draw, _gqa_choices(t)) if gqa is None else gqa
-    case = draw(cases(t, ndims=(4,), n_max=n_max, values=("normal",), gqa=gqa, keywords=(PAGED,)))
+    m = t.block_multiple or 1  # block sizes are multiples of it: lengths past one block drawn
+    wide = {"n_max": max(n_max, 3 * m), "n_k_min": m + 1} if block_sizes and m > 1 else {"n_max": n_max}
+    case = draw(cases(t, ndims=(4,), values=("normal",), gqa=gqa, keywords=(PAGED,), **wide))  # type: ignore[arg-type]
     if block_sizes:
         longest = max(_lengths(case))
-        assume(longest >= 3)
-        case = case.with_keyword("paged", (draw(between(2, longest - 1)), case.param("paged")[1]))
+        assume(longest >= max(3, m + 1))
+        size = draw(between(2, longest - 1)) if m == 1 else m * draw(between(1, (longest - 1) // m))
+        case = case.with_keyword("paged", (size, case.param("paged")[1]))
     return case
 
 
@@ -190,7 +193,8 @@ def paged_block_size_invariant(target: Target, case: Case) -> None:
     """
     inputs = case.inputs()
     block_size, fill = case.param("paged")
-    other = 1 if block_size > 2 and case.rng(63).random() < 0.3 else block_size + 1
+    m = target.block_multiple or 1  # another block size, a multiple of it too
+    other = m if block_size > max(2, m) and case.rng(63).random() < 0.3 else block_size + m
     reblocked = case.with_keyword("paged", (other, fill)).inputs()
     out, again = run(target, inputs), run(target, reblocked)
     assert_matches(target, inputs, out, what=f"in blocks of {block_size}, the output")
@@ -250,7 +254,7 @@ def cache_cases(draw: st.DrawFn, t: Target) -> Case:
     if t.supports_window and draw(BOOLEANS):
         case = draw_window(draw, t, case)
     if paged:
-        case = case.with_keyword("paged", (pick(draw, BLOCK_SIZES), pick(draw, FILLS)))
+        case = case.with_keyword("paged", (pick(draw, block_choices(t)), pick(draw, FILLS)))
     return case
 
 
@@ -324,7 +328,8 @@ def _per_head_cases(draw: st.DrawFn, t: Target) -> Case:
     return case.with_keyword("fp8", tuple(tuple(map(tuple, x.tolist())) for x in (k_scales, v_scales)))
 
 
-@law(strategy=_per_head_cases, needs=needs_fp8)
+@law(strategy=_per_head_cases, needs=needs_fp8 &
+     _needs.not_declared("fp8_scale", "tensor", "descales per batch row and K/V head"))
 def fp8_per_row_and_kv_head(target: Target, case: Case) -> None:
     """Each descale reaches its own (batch row, K/V head): with every row's and head's descales
     distinct (a factor of two or more apart, shuffled) and grouped K/V heads where the target has

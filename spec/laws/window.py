@@ -18,7 +18,7 @@ from spec.keywords.kv_lengths import KV_LENGTHS
 from spec.keywords.window import WINDOW, window_visible
 from spec.laws import _needs
 from spec.laws._helpers import assert_hidden_unmoved, assert_matches, assert_same, run
-from spec.registry import law
+from spec.registry import Need, law
 from spec.target import Target
 
 Array = np.ndarray
@@ -62,17 +62,32 @@ def window_no_leak(target: Target, case: Case) -> None:
                           what=f"changing keys outside window={window} of query {row}")
 
 
-@law(strategy=lambda t: window_cases(t, masks=("none", "random")), needs=needs_window)
+def _left_only(target: Target) -> bool:
+    return target.window_sides == "left"
+
+
+widened_by_causal = Need(
+    lambda t: "needs a causal mode to widen a left-only window into no window (target declares "
+              "window_sides='left' and causal_alignment=None)" if _left_only(t) and not t.causal_alignment
+    else None,
+    "a causal mode, for a left-only window (window_sides='left')")
+
+
+@law(strategy=lambda t: window_cases(t, masks=("none", "random"),
+                                     causal=(True,) if _left_only(t) else (False, True)),
+     needs=needs_window & widened_by_causal)
 def window_wider_than_sequence(target: Target, case: Case) -> None:
     """A window wider than the sequence on both sides (left, right ≥ n_q + n_k) equals no window
-    (within tolerance; with causal, equals causal alone).
+    (within tolerance; with causal, equals causal alone). For a target whose windows have a left
+    side only (``window_sides="left"``) the window is ``(left ≥ n_q + n_k, 0)`` with causal, which
+    equals causal alone.
 
     Catches: a window edge computed as a negative Python index (``k[i − left : i + right + 1]``
     with i − left < 0 slices from the end, or nothing); a "no window" sentinel (−1) confused
     with a window wider than the sequence.
     """
     left, right = case.param("window")
-    wide = (case.n_q + case.n_k + left, case.n_q + case.n_k + right)
+    wide = (case.n_q + case.n_k + left, 0 if _left_only(target) else case.n_q + case.n_k + right)
     inputs = case.inputs().replace(window=wide)
     out = run(target, inputs)
     assert_matches(target, inputs, out, what=f"with window={wide}, the output")
@@ -101,7 +116,8 @@ def window_alignment(target: Target, case: Case) -> None:
                         f"({target.alignment} diagonal), the output")
 
 
-@law(strategy=lambda t: window_cases(t, causal=(True,)), needs=needs_window & _needs.causal_mode)
+@law(strategy=lambda t: window_cases(t, causal=(True,)), needs=needs_window & _needs.causal_mode &
+     _needs.not_declared("window_sides", "left", "a window with a right side"))
 def window_with_causal(target: Target, case: Case) -> None:
     """``causal=True`` with ``window=(left, right)`` sees only the keys from diag − left to diag: it
     matches the golden, and equals ``window=(left, 0)`` with causal (the right side is cut by causal).

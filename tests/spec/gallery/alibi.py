@@ -10,6 +10,8 @@ import numpy as np
 
 from gallery._keywords import KEYWORDS, textbook
 from gallery.base import broken
+from gallery.window import SERVING
+from impl import attention
 from spec import Target
 
 Array = np.ndarray
@@ -57,5 +59,14 @@ BROKEN = [
            "slopes indexed by h mod 2^⌊log₂ H⌋: the last heads wrap onto the first", **DECLARED),
 ]
 
+def heads_alibi_kernel(q: Array, k: Array, v: Array, *, alibi_slopes: Any = None, **kw: Any) -> Array:
+    """ALiBi slopes ``[heads]`` only."""
+    if alibi_slopes is not None and np.ndim(alibi_slopes) != 1:
+        raise ValueError(f"alibi_slopes must be [heads], got shape {np.shape(alibi_slopes)}")
+    return attention(q, k, v, alibi_slopes=alibi_slopes, **kw)
+
+
 CORRECT = [Target(with_alibi(), name="alibi_as_bias", empty_keys="raise",
-                  **DECLARED)]  # textbook: max over no keys raises
+                  **DECLARED),  # textbook: max over no keys raises
+           Target(heads_alibi_kernel, name="heads_alibi",
+                  supports_alibi=True, alibi_shape="heads", **SERVING)]

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from gallery.base import broken
+from gallery.window import SERVING
 from impl import attention
 from spec import Target
 from spec.dtypes import has_ml_dtypes
@@ -58,12 +59,15 @@ def dequantize(k: Array, v: Array, k_descale: Array, v_descale: Array, work: np.
     # [batch, g, n, d] float8, [batch, g] -> [batch, heads, n, d] in work (K/V heads repeated)
     """What float8 codes mean, ``codes · descale[b, g]``, with one named bug (or none): ``k_only``
     (the values' descale forgotten), ``query_head`` (descales read as [batch, heads], by query
-    head), ``swapped`` (K's descale on V and V's on K), ``float16`` (dequantized in float16,
+    head), ``tensor`` (only ``k_descale[0, 0]`` and ``v_descale[0, 0]`` read: a per-tensor scale),
+    ``swapped`` (K's descale on V and V's on K), ``float16`` (dequantized in float16,
     saturating at ±65,504, then computed in ``work``)."""
     batch, g = k.shape[:2]
     group = heads // g
     kv_head = np.arange(heads) // group
     ks, vs = np.asarray(k_descale, work), np.asarray(v_descale, work)
+    if bug == "tensor":  # one scale per tensor read: the first entry of each, for every row and head
+        ks, vs = np.full_like(ks, ks.flat[0]), np.full_like(vs, vs.flat[0])
     if bug == "swapped":
         ks, vs = vs, ks
     if bug == "query_head":  # the flat [batch, g] buffer indexed with the query heads' stride
@@ -166,6 +170,9 @@ BROKEN += [] if not FLOAT8 else [
            "float8 descales indexed by the query head ([batch, heads] strides over a [batch, heads_kv] "
            "buffer)",
            supports_gqa=True, **FP8),
+    broken(with_cache(fp8_bug="tensor", name="per_tensor_scale"), "fp8_per_row_and_kv_head",
+           "declares per-row float8 descales (the default fp8_scale), reads one per tensor: only "
+           "k_descale[0, 0] and v_descale[0, 0]", **FP8),
     broken(with_cache(fp8_bug="swapped"), "fp8_k_and_v_not_interchangeable",
            "k_descale and v_descale swapped", **FP8),
     broken(with_cache(fp8_bug="float16"), "fp8_matches_golden",
@@ -306,3 +313,30 @@ CORRECT = [
     *([Target(weights_in_float8, name="weights_in_float8", supports_scale=True, supports_gqa=True,
               ndims=(2, 3, 4), supports_fp8_kv=True)] if FLOAT8 else []),
 ]
+
+
+# --- serving kernels that take a cache in one form only, each with its declaration -------------
+
+
+def tensor_fp8_kernel(q: Array, k: Array, v: Array, *, k_descale: Any = None, v_descale: Any = None,
+                      **kw: Any) -> Array:
+    """One float8 scale per tensor: reads the first entry of each descale, as a kernel taking a
+    scalar does behind a wrapper that passes it ``k_descale[0, 0]``."""
+    if k_descale is None:
+        return attention(q, k, v, **kw)
+    k_one, v_one = (np.full_like(np.asarray(x), np.asarray(x).flat[0]) for x in (k_descale, v_descale))
+    return attention(q, k, v, k_descale=k_one, v_descale=v_one, **kw)
+
+
+def block16_kernel(q: Array, k: Array, v: Array, *, block_table: Any = None, **kw: Any) -> Array:
+    """A paged cache in blocks of a multiple of 16 keys (its tile)."""
+    if block_table is not None and k.shape[1] % 16:
+        raise ValueError(f"block size must be a multiple of 16, got {k.shape[1]}")
+    return attention(q, k, v, block_table=block_table, **kw)
+
+
+CORRECT += [Target(block16_kernel, name="blocks_of_16",
+                   supports_paged_kv=True, block_multiple=16, **SERVING)]
+CORRECT += [] if not FLOAT8 else [
+    Target(tensor_fp8_kernel, name="per_tensor_fp8",
+           supports_fp8_kv=True, supports_gqa=True, fp8_scale="tensor", **SERVING)]

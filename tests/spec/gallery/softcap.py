@@ -49,6 +49,25 @@ def cap_tanh_overflows(q: Array, k: Array, v: Array, *, softcap: Any = None, sca
     return _finish(q, v, _hide(q, k, s, causal, mask, window), sinks)
 
 
+def _tanh_by_two_exponentials(x: Array) -> Array:
+    with np.errstate(over="ignore", invalid="ignore"):
+        up, down = np.exp(x), np.exp(-x)
+        return (up - down) / (up + down)  # inf/inf = NaN once |x| > 88.7 in float32
+
+
+def cap_by_exponentials(q: Array, k: Array, v: Array, *, softcap: Any = None, scale: Any = None,
+                        causal: bool = False, mask: Any = None, window: Any = None, bias: Any = None,
+                        sinks: Any = None) -> Array:
+    """c·(e^(s/c) − e^(−s/c))/(e^(s/c) + e^(−s/c)), as a Triton kernel writes tanh: NaN for |s/c| past
+    the exponential's range (88.7 in float32)."""
+    s = scores(q, k, scale_for(q, scale))
+    if softcap is not None:
+        c = s.dtype.type(softcap)
+        s = c * _tanh_by_two_exponentials(s / c)
+    s = s + (0 if bias is None else np.asarray(bias).astype(s.dtype))
+    return _finish(q, v, _hide(q, k, s, causal, mask, window), sinks)
+
+
 def cap_one_sided(q: Array, k: Array, v: Array, *, softcap: Any = None, scale: Any = None,
                   causal: bool = False, mask: Any = None, window: Any = None, bias: Any = None,
                   sinks: Any = None) -> Array:
@@ -85,6 +104,8 @@ BROKEN = [
               "cap applied before the scale: c·tanh(q·k/c)·scale"),
     _declared(cap_tanh_overflows, "softcap_bounds_scores",
               "tanh as (e^(2x) − 1)/(e^(2x) + 1): inf/inf = NaN for large logits"),
+    _declared(cap_by_exponentials, "softcap_bounds_scores",
+              "tanh as (e^x − e^(−x))/(e^x + e^(−x)): inf/inf = NaN once |s/c| > 88.7 in float32"),
     _declared(cap_one_sided, "softcap_bounds_scores", "only positive scores capped", name="cap_one_sided"),
     _declared(cap_after_mask, "softcap_keeps_hidden_keys_hidden",
               "cap applied after the mask: −inf becomes −c and hidden keys get weight"),

@@ -45,6 +45,14 @@ def window_off_by_one(q: Array, k: Array, v: Array, *, window: Any = None, **kw:
     return textbook(q, k, v, window=wider, **kw)
 
 
+def window_zero_is_none(q: Array, k: Array, v: Array, *, window: Any = None, **kw: Any) -> Array:
+    """A side of 0 read as "no limit" (as -1 is FlashAttention's): a one-token window (0, 0)
+    becomes no window, (0, right) a window with no left edge."""
+    n = q.shape[-2] + k.shape[-2]
+    wide = None if window is None else tuple(side or n for side in window)
+    return textbook(q, k, v, window=wide, **kw)
+
+
 def window_clipped(q: Array, k: Array, v: Array, *, window: Any = None, **kw: Any) -> Array:
     band = None if window is None else (min(window[0], 16), min(window[1], 16))  # a fixed 16-key band
     return textbook(q, k, v, window=band, **kw)
@@ -85,6 +93,8 @@ BROKEN = [
               "per-row slice k[i − left : i + right + 1]: a negative start wraps to the end of the keys"),
     _declared(window_off_by_one, "window_no_leak",
               "window of left + 1 keys: key diag − left − 1 leaks in (transformers#39408, vllm#3385)"),
+    _declared(window_zero_is_none, "window_matches_golden",
+              "a window side of 0 read as no limit: the one-token window (0, 0) is no window at all"),
     _declared(window_clipped, "window_wider_than_sequence", "window silently clipped to a fixed 16-key band"),
     _declared(window_top_left, "window_alignment",
               "window aligned top-left while the causal mask is bottom-right",
@@ -103,5 +113,30 @@ def per_row(q: Array, k: Array, v: Array, *, causal: bool = False, mask: Any = N
     return np.concatenate(rows, axis=-2)
 
 
+# --- serving kernels that take a window in one form only, each with its declaration ------------
+
+def left_window_kernel(q: Array, k: Array, v: Array, *, window: Any = None, **kw: Any) -> Array:
+    """A sliding window that looks back only: ``window=(left, 0)``; a right side has no spelling."""
+    if window is not None and window[1] != 0:
+        raise ValueError(f"window must be (left, 0): this kernel's window has no right side, got {window}")
+    return attention(q, k, v, window=window, **kw)
+
+
+def causal_window_kernel(q: Array, k: Array, v: Array, *, window: Any = None, causal: bool = False,
+                         **kw: Any) -> Array:
+    """A sliding window that exists only in the causal mode."""
+    if window is not None and not causal:
+        raise ValueError("window= needs causal=True: this kernel's window exists only in its causal mode")
+    return attention(q, k, v, window=window, causal=causal, **kw)
+
+
+SERVING = {"ndims": (2, 3, 4), "supports_scale": True, "supports_mask": True, "supports_kv_lengths": True,
+           "supports_softcap": True, "empty_keys": "compute"}
+"""What the serving kernels of the gallery take besides their keyword (`impl.attention` takes it all)."""
+
 # Its row max raises on an empty key axis (n_k = 0): declared.
-CORRECT = [Target(per_row, name="per_row_keywords", ndims=(2, 3, 4), empty_keys="raise", **KEYWORDS)]
+CORRECT = [Target(per_row, name="per_row_keywords", ndims=(2, 3, 4), empty_keys="raise", **KEYWORDS),
+           Target(left_window_kernel, name="left_window",
+                  supports_window=True, window_sides="left", **SERVING),
+           Target(causal_window_kernel, name="causal_window",
+                  supports_window=True, window_needs_causal=True, **SERVING)]
