@@ -17,6 +17,7 @@ import spec
 from spec import Target, TargetError
 from spec.cases import Case, cases, limits_text, outside_limits
 from spec.keywords import registered
+from spec.laws.cache import cache_cases
 from spec.laws.past import past_cases
 
 SERVING = ("causal_only", "decode_only", "keys_cover_queries", "self_attention_only")
@@ -97,12 +98,14 @@ def _drawn(declaration: str, keyword: str) -> st.SearchStrategy[Case]:
     target = Target(_plain, **{declaration: True}, **DRAWN)
     if keyword == "past_kv":
         return past_cases(target).map(lambda c: (target, c))
+    if keyword == "cache":  # the cache laws' decoding and chunked prefill
+        return cache_cases(target).map(lambda c: (target, c))
     keywords = (registered()[keyword],) if keyword else ()
     return cases(target, keywords=keywords).map(lambda c: (target, c))
 
 
 @pytest.mark.parametrize("declaration", SERVING)
-@pytest.mark.parametrize("keyword", ["", "kv_lengths", "varlen", "paged", "past_kv"])
+@pytest.mark.parametrize("keyword", ["", "kv_lengths", "varlen", "paged", "past_kv", "cache"])
 def test_every_draw_keeps_inside_the_declaration(declaration, keyword):
     @settings(max_examples=40, database=None, deadline=None, derandomize=True,
               suppress_health_check=list(HealthCheck))
