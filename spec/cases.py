@@ -348,9 +348,9 @@ SERVING = ("causal_only", "keys_cover_queries", "self_attention_only", "decode_o
 
 def _outside_serving(target: Target, causal: bool, queries: list[int], keys: list[int]) -> str | None:
     """Which serving declaration a call breaks: a non-causal call (``causal_only``), a sequence with
-    fewer keys than queries (``keys_cover_queries``, ``self_attention_only``), with as many keys as
-    queries but not equal (``self_attention_only``), with other than one query (``decode_only``);
-    ``queries``, ``keys``: each sequence's counts (`sequence_lengths`)."""
+    other than one query (``decode_only``), with keys not as many as its queries
+    (``self_attention_only``), with fewer keys than queries (``keys_cover_queries``); ``queries``,
+    ``keys``: each sequence's counts (`sequence_lengths`)."""
     if target.causal_only and not causal:
         return "causal_only=True"
     pairs = list(zip(queries, keys, strict=True))
