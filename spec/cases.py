@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from hypothesis import assume
+from hypothesis import assume, reject
 from hypothesis import strategies as st
 
 from spec.draws import (  # the drawing primitives the keywords' draws share
@@ -341,6 +341,27 @@ def outside_limits(target: Target, given: Case | Inputs, *, reads_pattern: bool 
         return f"seq_multiple={target.seq_multiple}"
     if target.max_seq is not None and any(n > target.max_seq for n in every):
         return f"max_seq={target.max_seq}"
+    return _outside_serving(target, inputs.causal, queries, keys)
+
+
+SERVING = ("causal_only", "keys_cover_queries", "self_attention_only", "decode_only")
+"""The declarations of serving kernels (`Target`), each a limit on the calls a target is given."""
+
+
+def _outside_serving(target: Target, causal: bool, queries: list[int], keys: list[int]) -> str | None:
+    """Which serving declaration a call breaks: a non-causal call (``causal_only``), a sequence with
+    other than one query (``decode_only``), with keys not as many as its queries
+    (``self_attention_only``), with fewer keys than queries (``keys_cover_queries``); ``queries``,
+    ``keys``: each sequence's counts (`sequence_lengths`)."""
+    if target.causal_only and not causal:
+        return "causal_only=True"
+    pairs = list(zip(queries, keys, strict=True))
+    if target.decode_only and any(n != 1 for n in queries):
+        return "decode_only=True"
+    if target.self_attention_only and any(n != k for n, k in pairs):
+        return "self_attention_only=True"
+    if target.keys_cover_queries and any(k < n for n, k in pairs):
+        return "keys_cover_queries=True"
     return None
 
 
@@ -388,6 +409,7 @@ def limits_text(target: Target) -> str:
             f"max_seq={target.max_seq}" if target.max_seq else "",
             "compiles_per_shape" if target.compiles_per_shape else "",
             *keyword_forms_text(target)]
+    said += [name for name in SERVING if getattr(target, name)]
     return ", ".join(x for x in said if x)
 
 
@@ -464,7 +486,8 @@ def _draw_plain(
         heads = (2 if few else draw(between(1, 4))) if ndim >= 3 else 1
     n_q = one_of(draw, sizes(target, n_max, n_q_min))
     n_k = n_q if n_q >= n_k_min and draw(BOOLEANS) else one_of(draw, sizes(target, n_max, n_k_min))
-    is_causal = pick(draw, tuple(causal)) if target.causal_alignment else False
+    n_q, n_k = serving_shape(target, n_q, n_k, n_q_min=n_q_min, n_k_min=n_k_min)
+    is_causal = serving_causal(draw, target, causal)
     if is_causal and not target.causal_shape_ok(n_q, n_k):  # square_or_decoding: n_q = n_k or 1
         n_q, n_k = (1, n_k) if n_q_min <= 1 and draw(BOOLEANS) else (n_q, n_q)
         assume(n_k >= n_k_min)
@@ -492,6 +515,36 @@ def _draw_plain(
     )
 
 
+def serving_causal(draw: st.DrawFn, target: Target, causal: tuple[bool, ...]) -> bool:
+    """The causal flag of a drawn case: one of ``causal`` where the target has a causal mode (False
+    otherwise); True for a ``causal_only`` target, whose draws are rejected where the law asks for
+    non-causal cases only (the law is then skipped, naming the declaration)."""
+    if not target.causal_alignment:
+        return False
+    if target.causal_only:
+        if True not in causal:
+            reject()
+        return True
+    return pick(draw, tuple(causal))
+
+
+def serving_shape(target: Target, n_q: int, n_k: int, *, n_q_min: int = 1,
+                  n_k_min: int = 1) -> tuple[int, int]:
+    """n_q and n_k narrowed to the serving declarations: one query (``decode_only``), as many keys
+    as queries (``self_attention_only``: n_k = n_q), at least as many (``keys_cover_queries``: the
+    two swapped when the keys are fewer, both lengths already within the limits); a draw whose
+    minimums that rules out is rejected."""
+    if target.decode_only:
+        n_q = 1
+    if target.self_attention_only:
+        n_k = n_q
+    elif target.keys_cover_queries and n_k < n_q:
+        n_q, n_k = n_k, n_q
+    if n_q < n_q_min or n_k < n_k_min:
+        reject()
+    return n_q, n_k
+
+
 @st.composite
 def tile_cases(
     draw: st.DrawFn,
@@ -507,9 +560,10 @@ def tile_cases(
     """n_q and n_k at the edges of the short tiles (independently: partial last tiles on either
     side), one head, narrow widths."""
     short = [n for n in edges_for(target) if n < LONG_TILE - 1]
-    is_causal = pick(draw, tuple(causal)) if target.causal_alignment else False
+    is_causal = serving_causal(draw, target, causal)
     n_q = pick(draw, tuple(n for n in short if n >= n_q_min) or (short[-1],))
     n_k = pick(draw, tuple(n for n in short if n >= n_k_min) or (short[-1],))
+    n_q, n_k = serving_shape(target, n_q, n_k, n_q_min=n_q_min, n_k_min=n_k_min)
     if is_causal and not target.causal_shape_ok(n_q, n_k):  # square_or_decoding: a square at the edge
         n_q = n_k = max(n_q, n_k)
     d_k = _tile_width(draw, target)

@@ -105,6 +105,25 @@ class Target:
     utilities that place query i at key position i + n_k − n_q and assume it non-negative). Cases
     with causal or a window are then drawn only with such shapes, and the laws that need a query
     before the first key are skipped, saying so."""
+    causal_only: bool = False
+    """The target has no non-causal mode: every call passes ``causal=True`` (a serving kernel that
+    asserts ``causal``). Cases are drawn causal only, and a law that needs a non-causal call is
+    skipped, naming this declaration. Needs a causal mode (``causal_alignment`` not None)."""
+    keys_cover_queries: bool = False
+    """Every call has at least as many keys as queries: n_k ≥ n_q, each batch row's
+    ``kv_lengths[b]`` ≥ n_q, each packed sequence's keys ≥ its queries, a past cache's keys and the
+    call's together ≥ n_q (a chunked-prefill kernel: a cached prefix plus one new key per query).
+    Wider than ``queries_within_keys``: non-causal calls too. Cases are drawn with such shapes, and
+    a law that needs a query without a key is skipped, naming this declaration."""
+    self_attention_only: bool = False
+    """n_q = n_k in every call, every batch row (``kv_lengths[b] = n_q``) and every packed sequence
+    (a prefill kernel with one length per sequence). Cases are drawn so; implies
+    ``keys_cover_queries``."""
+    decode_only: bool = False
+    """One query per sequence in every call: n_q = 1 (each packed sequence one query), as a decode
+    kernel. Cases are drawn so; a law that needs more queries is skipped, naming this declaration.
+    Not with ``self_attention_only`` (one key per call leaves no attention to test) nor with a
+    ``seq_multiple`` above 1."""
     masked_rows: MaskedRows | Mapping[str, MaskedRows] = dataclasses.field(default="zeros", hash=False)
     """Output of a query row that sees no key at all: ``zeros`` (PyTorch's fused kernels,
     FlashAttention, `impl`), ``nan`` (a plain softmax over all -inf), ``uniform`` (the plain
@@ -265,12 +284,13 @@ class Target:
         if self.deadline_s is not None and not self.deadline_s > 0:
             raise TargetError(f"Target deadline_s must be positive or None, got {self.deadline_s}")
         object.__setattr__(self, "grad_extras", _check_grad_extras(self))
-        _check_serving(self)
+        _check_keyword_forms(self)
         for keyword in registered().values():  # what each keyword needs of the other declarations
             wrong = keyword.check_target(self) if keyword.check_target is not None else None
             if wrong:
                 raise TargetError(wrong)
         _check_limits(self)
+        _check_call_shapes(self)
         if not isinstance(self.empty_lse, (int, float)) or math.isnan(self.empty_lse):
             raise TargetError(f"Target empty_lse must be a float (-inf, +inf or finite), "
                               f"got {self.empty_lse!r}")
@@ -526,6 +546,19 @@ def _check_grad_extras(target: Target) -> tuple[str, ...]:
     return tuple(dict.fromkeys(given))
 
 
+def _check_call_shapes(target: Target) -> None:
+    """The declarations of serving kernels (``causal_only``, ``keys_cover_queries``,
+    ``self_attention_only``, ``decode_only``): only the combinations that leave calls to make."""
+    if target.causal_only and target.causal_alignment is None:
+        raise TargetError("Target causal_only=True needs a causal mode: causal_alignment is None")
+    if target.decode_only and target.self_attention_only:
+        raise TargetError("Target decode_only=True with self_attention_only=True leaves one query over one "
+                          "key in every call: declare one of them")
+    if target.decode_only and target.seq_multiple and target.seq_multiple > 1:
+        raise TargetError(f"Target decode_only=True has n_q = 1 in every call, which seq_multiple="
+                          f"{target.seq_multiple} rules out")
+
+
 def _check_limits(target: Target) -> None:
     """The shape limits: positive integers, head sizes a non-empty tuple of them."""
     dims = target.head_dims
@@ -544,7 +577,7 @@ def _check_limits(target: Target) -> None:
                           "no length is both")
 
 
-def _check_serving(target: Target) -> None:
+def _check_keyword_forms(target: Target) -> None:
     """How a serving kernel takes its keywords: each choice among its own, ``block_multiple`` a
     positive integer, each with the capability it narrows (and a causal mode for
     ``window_needs_causal``)."""

@@ -48,9 +48,12 @@ def per_row_diagonal(n_q: int, kv_lengths: Array) -> Array:  # [batch] -> [batch
 
 def length_range(target: Target, case: Case) -> tuple[int, int]:
     """The key lengths a case may draw: [0, n_k], or [n_q, n_k] for a target whose causal mode
-    and windows need every row to hold at least n_q keys (`Target.queries_within_keys`)."""
-    low = case.n_q if target.queries_within_keys and case.n_q <= case.n_k else 0
-    return low, case.n_k
+    and windows need every row to hold at least n_q keys (`Target.queries_within_keys`), or whose
+    every call does (`Target.keys_cover_queries`); [n_q, n_q] for one that declares
+    ``self_attention_only``."""
+    covers = target.queries_within_keys or target.keys_cover_queries or target.self_attention_only
+    low = case.n_q if covers and case.n_q <= case.n_k else 0
+    return low, low if target.self_attention_only else case.n_k
 
 
 def draw_lengths(draw: st.DrawFn, target: Target, case: Case) -> Case:

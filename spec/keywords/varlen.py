@@ -48,7 +48,8 @@ def packed_diagonal(geo: Geometry, cu_q: Array, cu_k: Array) -> Array:  # -> [n_
 
 def draw_packing(draw: st.DrawFn, target: Target, case: Case) -> Case:
     """1–4 packed sequences, each with its own query and key count (0 allowed, not all 0; with
-    ``queries_within_keys`` and causal, no sequence has more queries than keys)."""
+    ``queries_within_keys`` and causal, no sequence has more queries than keys; narrowed to the
+    serving declarations, `_serving_packing`)."""
     count = draw(st.integers(1, 4))
     allowed = admissible_lengths(target, 0, 12)
     each = st.integers(0, 12) if allowed is None else st.sampled_from((0, *allowed[:2]))  # within the limits
@@ -58,7 +59,20 @@ def draw_packing(draw: st.DrawFn, target: Target, case: Case) -> Case:
         n_ks = [max(n, m) for n, m in zip(n_ks, n_qs, strict=True)]
     one = 1 if allowed is None else allowed[0]  # the smallest sequence the limits admit
     n_qs[0], n_ks[0] = max(n_qs[0], one if sum(n_qs) == 0 else 0), max(n_ks[0], one if sum(n_ks) == 0 else 0)
+    n_qs, n_ks = _serving_packing(target, n_qs, n_ks)
     return case.replace(n_q=sum(n_qs), n_k=sum(n_ks)).with_keyword("varlen", (offsets(n_qs), offsets(n_ks)))
+
+
+def _serving_packing(target: Target, n_qs: list[int], n_ks: list[int]) -> tuple[list[int], list[int]]:
+    """Each sequence's counts narrowed to the serving declarations: one query each (``decode_only``),
+    as many keys as queries (``self_attention_only``), at least as many (``keys_cover_queries``)."""
+    if target.decode_only:
+        n_qs = [1] * len(n_qs)
+    if target.self_attention_only:
+        n_ks = list(n_qs)
+    elif target.keys_cover_queries:
+        n_ks = [max(n, m) for n, m in zip(n_ks, n_qs, strict=True)]
+    return n_qs, n_ks
 
 
 VARLEN = Keyword(

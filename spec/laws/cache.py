@@ -242,7 +242,7 @@ def cache_cases(draw: st.DrawFn, t: Target) -> Case:
     paged = t.supports_paged_kv and (not _per_sequence_contiguous(t) or draw(BOOLEANS))
     base = draw(cases(t, ndims=(4,), causal=(True,), n_max=8, values=("normal",),
                       gqa=pick(draw, _gqa_choices(t))))
-    decoding = draw(BOOLEANS)
+    decoding = t.decode_only or draw(BOOLEANS)  # a decode kernel: every case decodes
     n_q = 1 if decoding else draw(between(2, 8))
     long = decoding and draw(BOOLEANS)
     d_k, d_v = _cache_widths(t, base)

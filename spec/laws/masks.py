@@ -112,7 +112,19 @@ def _longest_rows(t: Target) -> list[Case]:
                  seed=i, values="ints", amplitude=1e-4) for i, dtype in enumerate(t.dtypes)]
 
 
-@law(strategy=_long_row_cases, grid=_longest_rows, scope="generic")
+def _long_rows_served(t: Target, case: Case) -> Case:
+    """A long-row case narrowed to the serving declarations: one query (``decode_only``), a square
+    of the shortest long row (``self_attention_only``), causal (``causal_only``, where the alignment is
+    bottom-right, so that each query still sees about n_k keys; top-left, the law is skipped)."""
+    if t.decode_only:
+        case = case.replace(n_q=1)
+    if t.self_attention_only:  # a square of the shortest long row: 4,096² scores cost seconds a call
+        case = case.replace(n_q=min(case.n_k, LONG_ROWS[0]), n_k=min(case.n_k, LONG_ROWS[0]))
+    return case.replace(causal=t.causal_only and t.alignment != "top_left")
+
+
+@law(strategy=lambda t: _long_row_cases(t).map(lambda c: _long_rows_served(t, c)),
+     grid=lambda t: [_long_rows_served(t, c) for c in _longest_rows(t)], scope="generic")
 def long_rows_every_dtype(target: Target, case: Case) -> None:
     """Rows of 1,024–4,096 keys stay within the tolerance policy in every declared dtype (values
     in [1, ∞) and small amplitudes, so the weights are near-uniform, ~1/n_k each: the hardest
