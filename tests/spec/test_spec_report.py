@@ -274,3 +274,27 @@ def test_no_pass_note_has_an_unlabelled_figure():
             _, _, values = part.partition(": ")
             for value in values.split(", "):
                 assert re.fullmatch(r"b?float\w+(?: \(computed in \w+\))? \S+", value), note
+
+
+def test_skipped_laws_are_listed_once_under_each_reason_and_the_laws_not_run_counted_apart():
+    """Below the table, each skipped law is named once, under its reason, each reason once; the
+    summary counts the laws a run ended before (`Result.not_run`) apart from those skipped for a
+    capability, and the JSON marks them."""
+    report = spec.check(spec.Target(_raises, name="always raises"), profile="quick")
+    skipped = [r for r in report.results if r.status == "skip"]
+    ended = [r for r in skipped if r.not_run]
+    assert ended and len(ended) < len(skipped)
+    text = render(report, width=100)
+    section = text[text.index("\nskipped: "):text.index("\nFAIL ")]
+    assert f"skipped: {len(skipped)} laws, under each reason" in section
+    flat = " ".join(section.split())
+    for r in skipped:
+        assert len(re.findall(rf"[:,] {r.name}(?=[,\s]|$)", flat)) == 1, r.name
+    for reason in {r.message for r in skipped}:
+        assert flat.count(" ".join(reason.split()) + ":") == 1, reason
+    table_rows = text[:text.index("\nskipped: ")].splitlines()[2:]
+    assert not any(row.split()[1:2] == ["skip"] for row in table_rows if row[:1].strip())
+    summary_line = " ".join(text.splitlines()[-2:])
+    assert f"{len(skipped) - len(ended)} skipped, {len(ended)} not run" in summary_line
+    data = json.loads(report.to_json())
+    assert sum(r.get("not_run", False) for r in data["results"]) == len(ended)
