@@ -138,15 +138,10 @@ def _failure(result: Result, index: int, same_as: tuple[str, int] | None = None)
         lines.append(f"<p><b>broken:</b> {_e(result.message)}</p>")
     example = result.counterexample
     if example is not None:
-        case = " ".join(f"{key}={value}" for key, value in example.case.items())
-        lines.append(f"<p><b>case:</b> <code>{_e(case)}</code></p>")
+        lines.append(f"<p><b>case:</b> <code>{_e(example.case_text())}</code></p>")
         if example.call is not None:
-            who = "grad_fn" if example.call == "grad_fn" else "the target"
-            shapes = ", ".join(f"{name} {tuple(shape)} {example.dtypes[name]}"
-                               for name, shape in example.shapes.items())
-            given = ", ".join(f"{name}={value!r}" for name, value in example.keywords.items())
-            lines.append(f"<p><b>{who} received</b> (the law's last call): <code>{_e(shapes)}"
-                         f"{_e('; ' + given) if given else ''}</code></p>")
+            who, what = example.received()
+            lines.append(f"<p><b>{who} received</b> (the law's last call): <code>{_e(what)}</code></p>")
             lines += [f"<pre>{_e(name)} = {_e(values)}</pre>" for name, values in example.arrays.items()]
         lines.append(f"<p><b>reproduce:</b></p><pre>{_e(example.reproduce)}</pre>")
     if result.compared is not None:

@@ -47,6 +47,18 @@ class Counterexample:
     keywords: dict[str, Any] = field(default_factory=dict)
     """The keyword values passed (plain Python), by argument name."""
 
+    def case_text(self) -> str:
+        """The case as the reports write it: ``key=value`` pairs."""
+        return " ".join(f"{key}={value}" for key, value in self.case.items())
+
+    def received(self) -> tuple[str, str]:
+        """Who the law's last call reached (``grad_fn`` or ``the target``) and what it received:
+        each array's shape and dtype, then the keywords passed (``; name=value, ...``)."""
+        shapes = ", ".join(f"{name} {tuple(shape)} {self.dtypes[name]}"
+                           for name, shape in self.shapes.items())
+        given = ", ".join(f"{name}={value!r}" for name, value in self.keywords.items())
+        return "grad_fn" if self.call == "grad_fn" else "the target", shapes + (f"; {given}" if given else "")
+
     def to_dict(self) -> dict[str, Any]:
         """As the JSON report writes it: the call's fields only when a call was made."""
         found: dict[str, Any] = {"case": self.case, "reproduce": self.reproduce}
@@ -361,15 +373,10 @@ def failure(result: Result, *, headline: bool = False, width: int | None = None,
              *_wrap("broken: " + result.message, width)]
     example = result.counterexample
     if example:
-        case = " ".join(f"{key}={value}" for key, value in example.case.items())
-        lines += _wrap("case: " + case, width)
+        lines += _wrap("case: " + example.case_text(), width)
         if example.call is not None:
-            shapes = ", ".join(f"{name} {tuple(shape)} {example.dtypes[name]}"
-                               for name, shape in example.shapes.items())
-            given = ", ".join(f"{name}={value!r}" for name, value in example.keywords.items())
-            who = "grad_fn" if example.call == "grad_fn" else "the target"
-            received = f"{who} received (the law's last call): {shapes}" + (f"; {given}" if given else "")
-            lines += _wrap(received, width)
+            who, what = example.received()
+            lines += _wrap(f"{who} received (the law's last call): {what}", width)
             at = INDEX.search(result.message)
             focus = tuple(int(i) for i in at[1].split(", ")) if at else None
             for name, values in example.arrays.items():
