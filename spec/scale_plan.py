@@ -56,7 +56,12 @@ class Sizes:
     elements: tuple[int, int, int] = (8, 4_194_305, 64)
     """(heads, keys, width) of a call whose k and v each hold more than 2^31 elements (2^31 + 512)."""
     width: int = 32
-    """d_k = d_v of every case but ``elements`` and ``decode`` (64)."""
+    """d_k = d_v of every case but ``elements``, ``decode`` and ``needles`` (64)."""
+    needles: tuple[int, ...] = (2**16, 2**17, 2**18)
+    """The key indices of the needles case: each the first index past a power of two where an offset
+    kept in 16, 17 or 18 bits wraps (key 2^b read as key 0)."""
+    needle_keys: int = 2**18 + 2**12
+    """The needles case's keys: past its last needle by a tile of 4,096."""
 
 
 SIZES = Sizes()
@@ -184,6 +189,17 @@ def plan(target: Target) -> list[Planned]:
         found.append(Planned("packed_decode", Case(dtype=dtype, ndim=3, batch=1, heads=2, n_q=one * count,
                                                    n_k=n * count, d_k=width, d_v=width, seed=5, causal=corner,
                                                    keywords={"varlen": decoding})))
+    # one decode row per needle (heads of one query each; rows of one slice for a 2-D target)
+    count = len([p for p in s.needles if p < s.needle_keys])
+    n_k = _length(target, s.needle_keys)
+    needle_dtype = _dtype(target, "float16", "bfloat16", "float32")
+    if rank >= 3:
+        dense("needles", 1, count, _length(target, 1), n_k, _width(target, 64), corner, needle_dtype, 7)
+    elif target.decode_only:
+        found.append(Planned("needles", None, "needs inputs of rank 3 or 4 for one query a sequence (target "
+                             f"declares decode_only=True, ndims={target.ndims})"))
+    else:
+        dense("needles", 1, 1, _length(target, count), n_k, _width(target, 64), corner, needle_dtype, 7)
     heads, keys, width = s.elements
     dense("elements_2^31", 1, heads, _length(target, 16), _length(target, keys), _width(target, width), False,
           _dtype(target, "float16", "bfloat16", "float32"), 6)
@@ -276,12 +292,86 @@ def _values(rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dtype) -
     return out
 
 
-def inputs_of(case: Case) -> Inputs:
+NEEDLE_SCORE = 32.0
+"""A needle's score q·k·scale. Its row's other scores are about 2·N(0, 1) at d_k = 64 (their
+Σ exp over 2^18 keys ≈ 2^18·e² ≈ 2·10⁶), so e^32 ≈ 8·10¹³ outweighs them by 10⁷: the row reads
+the needle alone, to float32's precision."""
+
+
+@dataclass(frozen=True)
+class Needle:
+    """A key planted to dominate one query row, with a value no other key has (`planted`): a kernel
+    that reads another key in its place, or drops it, is wrong at that row by about the value."""
+
+    at: tuple[int, ...]
+    """The slice: an index into q's lead axes (and K/V's: the scale cases have no groups)."""
+    row: int
+    key: int
+    value: float
+    """Every value column of the needle's key but the last (the weight-sum column stays 1)."""
+    axis: int
+    """The one column of q's row and of the key that is not zero: needles of one slice are
+    orthogonal, so each row's score with another row's needle is 0."""
+
+    def text(self) -> str:
+        power = f" (2^{self.key.bit_length() - 1})" if self.key and self.key & (self.key - 1) == 0 else ""
+        at = f"slice {list(self.at)}, " if self.at else ""
+        return f"{at}row {self.row} → key {self.key:,}{power}"
+
+
+def needles_of(target: Target, case: Case) -> tuple[Needle, ...]:
+    """The needles planted in ``case`` (none in a case not named below): in ``needles``, key 2^b
+    for each power of `Sizes.needles`, each read by the last row of its own slice (a 2-D target:
+    row m of the one slice); in ``packed`` and ``packed_decode``, the last token at a power of two
+    (2^17 at the scale sizes), read by the last query of the sequence holding it; in
+    ``elements_2^31``, the last key and the first whose offset in a ``bhnd`` k passes 2^31, read
+    by rows 0 and 1 of the last slice."""
+    name = name_of(target, case)
+    lead = case.lead()
+    slices = int(np.prod(lead, dtype=np.int64))
+    last = tuple(int(i) for i in np.unravel_index(slices - 1, lead)) if lead else ()
+    found: list[tuple[tuple[int, ...], int, int]] = []
+    if name == "needles":
+        keys = [p for p in _SIZES.get().needles if p < case.n_k]
+        if slices >= len(keys):
+            found = [(tuple(int(i) for i in np.unravel_index(m, lead)), case.n_q - 1, p)
+                     for m, p in enumerate(keys)]
+        else:
+            found = [((), m, p) for m, p in enumerate(keys[:case.n_q])]
+    elif name in ("packed", "packed_decode"):
+        cu_q, cu_k = (np.asarray(x) for x in case.keywords["varlen"])
+        if cu_k[-1] > 1:
+            key = 1 << (int(cu_k[-1]) - 1).bit_length() - 1
+            s = int(np.searchsorted(cu_k, key, side="right") - 1)
+            if cu_q[s + 1] > cu_q[s]:
+                found = [(last, int(cu_q[s + 1]) - 1, key)]
+    elif name == "elements_2^31":
+        found = [(last, 0, case.n_k - 1)]
+        first = -(-2**31 // case.d_k) - (slices - 1) * case.n_k
+        if 0 <= first < case.n_k - 1 and case.n_q > 1:
+            found.append((last, 1, first))
+    return tuple(Needle(at, row, key, value=4.0 + m, axis=m % case.d_k)
+                 for m, (at, row, key) in enumerate(found))
+
+
+def _plant(q: Array, k: Array, v: Array, needles: tuple[Needle, ...], scale: float) -> None:
+    """Each needle's row of q and its key: a·e_axis, a² · scale = `NEEDLE_SCORE`; its value."""
+    a = np.sqrt(NEEDLE_SCORE / scale)
+    for n in needles:
+        q[(*n.at, n.row)] = 0
+        q[(*n.at, n.row, n.axis)] = a
+        k[(*n.at, n.key)] = 0
+        k[(*n.at, n.key, n.axis)] = a
+        v[(*n.at, n.key)] = n.value
+
+
+def inputs_of(case: Case, needles: tuple[Needle, ...] = ()) -> Inputs:
     """A scale case's arguments: q, k, v standard normal, drawn in float32 a block at a time from
     the case's seed and rounded to its dtype (`Case.arrays` draws in float64: at 2^31 values that
-    is 16 GiB), q and k times √amplitude; the last value column 1 for every key, so that the
-    output's last column is each row's weight sum, 1 (a wrong denominator shows there, whatever
-    the values average to); with the case's keywords (packed sequences' offsets)."""
+    is 16 GiB), q and k times √amplitude; the ``needles`` planted (`Needle`); the last value
+    column 1 for every key, so that the output's last column is each row's weight sum, 1 (a wrong
+    denominator shows there, whatever the values average to); with the case's keywords (packed
+    sequences' offsets)."""
     rng = case.rng()
     dtype = case.np_dtype
     lead, kv_lead = case.lead(), case.kv_lead
@@ -294,6 +384,7 @@ def inputs_of(case: Case) -> Inputs:
             for start in range(0, x.shape[-2], DRAW_BLOCK // max(1, x.shape[-1])):
                 block = x[..., start:start + DRAW_BLOCK // max(1, x.shape[-1]), :]
                 block[...] = (block.astype(np.float32) * root).astype(dtype)
+    _plant(q, k, v, needles, 1 / np.sqrt(case.d_k))
     v[..., -1] = 1
     for x in (q, k, v):
         x.flags.writeable = False
@@ -382,5 +473,6 @@ def checking(target: Target) -> Iterator[str]:
         _OUTPUTS.reset(token)
 
 
-__all__ = ["SIZES", "Outputs", "Planned", "Sizes", "budget", "checking", "default_budget", "footprint",
-           "header", "inputs_of", "name_of", "output", "patient", "plan", "rows_of", "scale_cases", "sized"]
+__all__ = ["NEEDLE_SCORE", "SIZES", "Needle", "Outputs", "Planned", "Sizes", "budget", "checking",
+           "default_budget", "footprint", "header", "inputs_of", "name_of", "needles_of", "output", "patient",
+           "plan", "rows_of", "scale_cases", "sized"]

@@ -17,7 +17,7 @@ from spec.laws import scale
 from spec.profiles import PROFILES, runs_at
 
 SMALL = scale_plan.Sizes(decode_keys=3_000, square=300, slices=(40, 3), packed=(6, 33), elements=(2, 700, 8),
-                         width=8)
+                         width=8, needles=(2**9, 2**10, 2**11), needle_keys=2**11 + 64)
 REFERENCE, FLASH = load_target("reference"), load_target("flash")
 
 
@@ -37,6 +37,65 @@ def test_the_cases_have_the_reports_shapes():
     assert offsets_q[-1] > 2**17 and offsets_q[-2] > 2**17  # more than 2^17 tokens, the last sequence past it
     big = shapes["elements_2^31"]
     assert big.heads * big.n_k * big.d_k > 2**31
+    needles = shapes["needles"]
+    assert needles.n_k > 2**18 and needles.heads == 3 and needles.n_q == 1  # a decode row per needle
+
+
+def test_the_needles_sit_past_each_power_of_two_where_an_index_wraps():
+    with context.memory(1e4 * 2**30):
+        plan = {p.name: p for p in scale_plan.plan(REFERENCE)}
+        keys = {name: [n.key for n in scale_plan.needles_of(REFERENCE, p.case)] for name, p in plan.items()}
+        packed = scale_plan.needles_of(REFERENCE, plan["packed"].case)[0]
+        flat = spec.Target(lambda q, k, v, causal=False: q, ndims=(2,))  # one slice: rows 0, 1, 2
+        case = planned(flat, 1e4)["needles"].case
+        rows = [(n.at, n.row, n.axis) for n in scale_plan.needles_of(flat, case)]
+    assert keys["needles"] == [2**16, 2**17, 2**18]
+    assert keys["packed"] == keys["packed_decode"] == [2**17]
+    big = plan["elements_2^31"].case
+    last, first = keys["elements_2^31"]
+    assert last == big.n_k - 1 and ((big.heads - 1) * big.n_k + first) * big.d_k >= 2**31  # past 2^31 in bhnd
+    assert keys["decode"] == keys["causal_square"] == keys["slices"] == []
+    cu_q, cu_k = plan["packed"].case.keywords["varlen"]
+    s = int(np.searchsorted(cu_k, 2**17, side="right")) - 1
+    assert packed.row == cu_q[s + 1] - 1  # the last query of the sequence holding token 2^17
+    assert rows == [((), 0, 0), ((), 1, 1), ((), 2, 2)]
+    decoding = planned(FLASH.replace(ndims=(2,), decode_only=True), 1e4)
+    assert decoding["needles"].case is None and "decode_only=True" in decoding["needles"].why
+
+
+def test_a_needle_dominates_its_row_and_its_value_is_the_rows_output():
+    with scale_plan.sized(SMALL), context.memory(2**30):
+        plan = {p.name: p.case for p in scale_plan.plan(REFERENCE)}
+        for name in ("needles", "packed", "elements_2^31"):
+            needles = scale_plan.needles_of(REFERENCE, plan[name])
+            inputs = scale_plan.inputs_of(plan[name], needles)
+            out = np.asarray(REFERENCE.fn(inputs.q, inputs.k, inputs.v, causal=inputs.causal,
+                                          **dict(inputs.keywords)), dtype=np.float64)
+            for n in needles:
+                assert scale._weight(inputs, n) > 1 - 1e-6
+                assert np.allclose(out[(*n.at, n.row)][:-1], n.value, rtol=1e-3), (name, n)
+                assert out[(*n.at, n.row, -1)] == pytest.approx(1, rel=1e-3)  # the weight sum column
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_a_key_index_that_wraps_fails_the_needles_where_a_diffuse_row_may_not_show_it(dtype):
+    """Key 2^18 read as key 0 (tests/spec/gallery/scale.py): the needle's row reads an ordinary
+    key's value; in bfloat16, the diffuse decode row over 350,000 keys is within tolerance."""
+    from gallery.scale import key_index_wraps
+
+    sizes = scale_plan.Sizes(**{**SMALL.__dict__, "needles": (2**16, 2**17, 2**18),
+                                "needle_keys": 2**18 + 2**12, "decode_keys": 350_000})
+    target = spec.Target(key_index_wraps, name="wraps", ndims=(3, 4), holds_scores=False, dtypes=(dtype,))
+    with scale_plan.sized(sizes):
+        report = spec.check(target, profile="scale", memory=4,
+                            only=["scale_matches_golden", "scale_needles_found"])
+    status = {r.name: r for r in report.results}
+    assert status["scale_needles_found"].status == "fail"
+    said = status["scale_needles_found"].message
+    assert "row 0 → key 262,144 (2^18) should read the needle's value 6" in said
+    assert "2^16" not in said  # the keys before the wrap are read
+    if dtype == "bfloat16":
+        assert status["scale_matches_golden"].status == "pass"
 
 
 def test_a_case_over_the_budget_is_not_run_naming_it():
@@ -115,7 +174,8 @@ def test_the_builtin_targets_conform_at_small_scale_sizes(name):
         report = spec.check(name, profile="scale", memory=2)
     assert report.ok, [(r.name, r.message) for r in report.failures]
     assert [r.name for r in report.results] == ["scale_matches_golden", "scale_finite_everywhere",
-                                               "scale_hidden_keys_unmoved", "scale_gradients_match_golden"]
+                                               "scale_hidden_keys_unmoved", "scale_needles_found",
+                                               "scale_gradients_match_golden"]
     assert all(r.status == "pass" and r.examples >= 1 for r in report.results)
     assert report.scale.startswith("memory budget 2 GiB")
     if name == "flash":  # no packed sequences: named in the header and the notes
@@ -128,7 +188,7 @@ def test_torch_conforms_at_small_scale_sizes():
     with scale_plan.sized(SMALL):
         report = spec.check("torch", profile="scale", memory=2)
     assert report.ok, [(r.name, r.message) for r in report.failures]
-    assert sum(r.status == "pass" for r in report.results) == 4
+    assert sum(r.status == "pass" for r in report.results) == 5
 
 
 def test_a_wrong_row_past_the_sampled_edges_fails_at_scale():

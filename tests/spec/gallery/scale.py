@@ -6,7 +6,8 @@ packed sequence, `impl.grad`), so no smaller profile's sizes can catch it (teste
 starts where the report it re-creates says: a packed row index kept in 17 bits (token 2^17 reads
 token 0: FlashDeBERTa#11's 190,485 tokens), a launch grid capped at 65,535 slices (#2260's
 132,800), a running denominator carried in float16 across key tiles (past 65,504 it is inf:
-flash-attention#47's 350,000 keys). Their ``sizes`` keep the scale profile's shape that starts the
+flash-attention#47's 350,000 keys), a key index kept in 18 bits (key 2^18 read as key 0 in a long
+decode: the needles case's key 2^18 is lost). Their ``sizes`` keep the scale profile's shape that starts the
 bug and shrink the others, so that the suite's own test of each runs in seconds (the scale
 profile at its own sizes catches them too: docs/laws.md says by which law).
 """
@@ -31,6 +32,8 @@ ROW_BITS = 17
 """The packed kernel's row index width: row 2^17 is read as row 0."""
 KEY_TILE = 2**12
 """The float16 kernel's key tile: each tile's sum is float32, the running sum across tiles float16."""
+KEY_BITS = 18
+"""The long decode kernel's key index width: key 2^18 is read as key 0."""
 
 SMALL = dict(decode_keys=2_000, square=129, slices=(3, 5), packed=(3, 20), elements=(1, 600, 8), width=8)
 """The scale profile's sizes, small: a gallery bug's ``sizes`` keep the one that starts its bug."""
@@ -92,6 +95,13 @@ def float16_denominator(q: Array, k: Array, v: Array, *, causal: bool = False) -
     return ((e @ v.astype(np.float32)) / total[..., None].astype(np.float32)).astype(q.dtype)
 
 
+def key_index_wraps(q: Array, k: Array, v: Array, *, causal: bool = False) -> Array:
+    """Tiled attention (`impl.flash_attention`), key j read at its index mod 2^18 (an 18-bit key
+    index: past 262,144 keys a row reads the first keys again in place of the last ones)."""
+    keys = np.arange(k.shape[-2]) % 2**KEY_BITS
+    return flash_attention(q, k[..., keys, :], v[..., keys, :], causal=causal)
+
+
 def backward_grid_capped(q: Array, k: Array, v: Array, d_out: Array, *, causal: bool = False) -> Any:
     """`impl.grad`'s backward, launched on at most 65,535 slices: dq, dk, dv past them stay 0."""
     return tuple(_capped(np.array(g), 0.0) for g in attention_backward(q, k, v, d_out, causal=causal))
@@ -117,6 +127,11 @@ BROKEN = [
            "past 65,504 (a diffuse row of 350,000 keys: Dao-AILab/flash-attention#47)",
            name="float16_denominator_overflows", ndims=(4,), dtypes=("float16", "float32"), profile="scale",
            sizes=Sizes(**{**SMALL, "decode_keys": 350_000})),
+    broken(key_index_wraps, "scale_needles_found",
+           "a long decode's key index kept in 18 bits: key 2^18 is read as key 0 (over 350,000 diffuse "
+           "keys the wrong ones average like the right ones, Dao-AILab/flash-attention#47; a dominant key "
+           "is lost)", name="key_index_wraps_at_2^18", ndims=(3, 4), holds_scores=False, profile="scale",
+           sizes=Sizes(**SMALL)),
     broken(plain, "scale_gradients_match_golden",
            "a backward launched on at most 65,535 slices of batch × heads: their dq, dk, dv left as zeros "
            "(Dao-AILab/flash-attention#1500: the backward past batch 10,000)",
