@@ -158,8 +158,26 @@ def target(device: str = "cpu") -> Target:
         masked_rows="zeros", supports_gqa=True, supports_window=True, empty_keys="raise",
         supports_paged_kv=True, supports_fp8_kv=dtypes.has_ml_dtypes(),
         fp8_kv_paged_only=dtypes.has_ml_dtypes(), deadline_s=60.0,
+        expected_failures=EXPECTED_FAILURES,
     )
 
+
+UNOWNED = ("the eager path computes every physical position of the pool and masks afterwards: weight 0 "
+           "times the NaN the suite leaves where no sequence's keys are (other blocks, the tail of a "
+           "last block) is NaN (docs/peers.md)")
+ORDER = ("the eager path sums a row over the pool in physical order: moving the blocks reorders the same "
+         "terms, and the last bits move (docs/peers.md)")
+EXPECTED_FAILURES = {
+    **{law: UNOWNED for law in ("paged_matches_golden", "paged_reads_only_its_keys",
+                                "paged_block_size_invariant", "causal_aligned_per_sequence",
+                                "fp8_matches_golden", "fp8_per_row_and_kv_head",
+                                "fp8_k_and_v_not_interchangeable", "keyword_pairs_match_golden")},
+    "paged_block_order_invariant": ORDER,
+}
+"""What the eager path is known to fail, measured at profile quick under no seed and seeds 0–2 (each
+law fails there in both dtypes, its boundary grid drawing the NaN the suite leaves in unowned
+positions): declared, so the run conforms with these shown as XFAIL and a law that starts to
+pass shows as XPASS (the declaration then stale)."""
 
 TARGETS = {"torch_flex_paged": target}
 """The built-in target of this module (`spec.adapters.ADAPTERS` names it)."""

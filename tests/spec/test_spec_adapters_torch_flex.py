@@ -120,9 +120,13 @@ def test_the_flex_paged_target_reads_blocks_its_sequences_do_not_own():
     import spec
     from spec.builtin import load_target
 
-    (result,) = spec.check(load_target("torch_flex_paged"), profile="quick", max_examples=4,
+    target = load_target("torch_flex_paged")
+    (result,) = spec.check(target, profile="quick", max_examples=4, only=["paged_matches_golden"]).results
+    assert result.status == "xfail" and "nan" in result.message  # declared: the run conforms
+    assert "masks afterwards" in result.expected
+    (result,) = spec.check(target.replace(expected_failures={}), profile="quick", max_examples=4,
                            only=["paged_matches_golden"]).results
-    assert result.status == "fail" and "nan" in result.message
+    assert result.status == "fail"
 
 
 def test_the_flex_paged_target_names_the_torch_extra_when_torch_is_missing(monkeypatch):
