@@ -2,7 +2,7 @@
 
 A law that compares outputs with the golden is only as strong as the cases it draws: a case whose
 golden is all zeros passes a kernel that returns zeros, a case with one key passes one that
-averages the values, a causal square whose mask hides nothing passes one that ignores the mask, a
+averages the values, a call whose masks hide nothing passes one that ignores the masks, a
 case with d_k = 1 passes one that forgets the scale. The guard judges the cases, never the
 target: while a law runs with ``power=True`` (`spec.runner.check`), each call it makes to the target
 is also given to each trivial kernel of `KERNELS` on the same arguments (`see`), and the kernel's
@@ -13,7 +13,7 @@ golden (`compared_with_golden`: it checks gradients, sums, bits, refusals) has n
 
 Each trivial kernel is a function of the call's `spec.inputs.Inputs` (and the target's alignment
 and declared precision), a transform of the golden's own terms; `as_target` wraps one as a
-`spec.Target`, which the laws themselves must fail (tests/spec/test_power.py).
+`spec.Target`, which the laws themselves must fail (tests/spec/test_spec_power.py).
 """
 
 from __future__ import annotations
@@ -187,10 +187,10 @@ class Power:
 
     def see(self, target: Target, inputs: Inputs) -> None:
         """Judge the call ``inputs`` (within `LIMIT`), adding what it rejects."""
-        if size(inputs) > LIMIT:
-            self.too_large += 1
-            return
         try:
+            if size(inputs) > LIMIT:
+                self.too_large += 1
+                return
             self.rejected |= rejected(target, inputs)
         except Exception as e:  # the guard's own failure never fails the law: it is reported instead
             self.error = self.error or f"{type(e).__name__}: {e}"

@@ -189,3 +189,15 @@ def test_a_trivial_target_computes_what_the_guard_judges():
 def test_a_trivial_target_is_a_plain_target():
     target = power.as_target("zeros")
     assert isinstance(target, Target) and target.supports_mask and target.supports_scale
+
+
+def test_the_guards_own_error_never_fails_a_law(monkeypatch):
+    """An error of the guard's (not the target's) leaves the law's verdict alone and is said in its note."""
+    def broken(target, inputs):
+        raise RuntimeError("guard broke")
+
+    monkeypatch.setattr(power, "rejected", broken)
+    report = spec.check("reference", profile="quick", only=["matches_golden"], power=True)
+    (result,) = report.results
+    assert result.status == "pass" and result.power is None
+    assert "power: RuntimeError: guard broke" in result.message
