@@ -61,6 +61,11 @@ def parser() -> argparse.ArgumentParser:
                        help="run every law, even after the target missed its deadline in two laws or "
                        "raised the same exception in three in a row (without it the run ends there, the "
                        "laws left reported not run)")
+    check.add_argument("--power", action="store_true",
+                       help="also judge the suite's own cases, never the target: which trivial kernels "
+                       "(zeros, the mean of V, uniform weights, ignoring the mask or the scale, a lower "
+                       "precision) each law's calls tell from the golden; each law's note says its power, "
+                       "a section sums it up and flags a law whose cases reject none (JSON: \"power\")")
     check.add_argument("--expected-failures", metavar="FILE",
                        help="known deviations, one 'law[dtype]  # reason' (or 'law  # reason') a line: "
                        "such a law still runs; a failure is XFAIL (the run conforms), a pass XPASS (the "
@@ -140,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report = check(target, profile=args.profile, max_examples=args.max_examples, seed=args.seed,
                        only=args.only, each=progress, source=args.target, memory=args.memory,
-                       keep_going=args.keep_going)
+                       keep_going=args.keep_going, power=args.power)
     except KeyboardInterrupt:  # Ctrl-C: the laws done so far were listed; every worker is reaped
         print("python -m spec: interrupted", file=sys.stderr)
         return 130  # 128 + SIGINT, as a shell reports it

@@ -34,6 +34,9 @@ class RunContext:
     compared: Any = None
     """The last comparison the example being run made (`spec.compared.Compared`: references to
     the arrays, no copies), or None; a failure keeps it (`spec.compared.compact`)."""
+    power: Any = None
+    """What the run's cases tell apart (`spec.power.Power`), when the check asks for its power
+    (``power=True``); None: not judged."""
 
     def record(self, call: Any) -> None:
         self.calls.append(call)

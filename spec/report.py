@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from spec import registry
+from spec import power, registry
 from spec.compared import Compared
 
 
@@ -98,6 +98,10 @@ class Result:
     `spec.compared.KEPT` a side), what ``spec.html`` draws, whether it held or not (the law may
     have failed on another check after it); None when its example compared no arrays. Not in the
     JSON report."""
+    power: list[str] | None = None
+    """The trivial kernels (`spec.power.KERNELS`) the law's cases told from the golden, when the
+    check judged its power (`Report.power`); None: n/a (the law compared no output with the
+    golden), or not judged."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -120,6 +124,7 @@ class Report:
     seconds: float = 0.0  # wall time of the whole run (for the summary line)
     limits: str = ""  # the shape limits the target declares, as the header says them
     scale: str = ""  # at --profile scale: the memory budget and the cases not run, as the header says them
+    power: bool = False  # the power guard judged the laws' cases (each Result's ``power``)
 
     @property
     def ok(self) -> bool:
@@ -141,8 +146,13 @@ class Report:
             "target": self.target, "ok": self.ok, "profile": self.profile, "seed": self.seed,
             **({"limits": self.limits} if self.limits else {}),
             **({"scale": self.scale} if self.scale else {}),
-            "results": [r.to_dict() for r in self.results],
+            "results": [r.to_dict() | ({"power": r.power} if self.power else {}) for r in self.results],
+            **({"power": self.power_table()} if self.power else {}),
         }
+
+    def power_table(self) -> dict[str, Any]:
+        """The run's power (`spec.power.table`) over the laws run (skipped ones are not judged)."""
+        return power.table({r.name: r.power for r in self.results if r.status != "skip"})
 
     def __str__(self) -> str:
         """What ``python -m spec check`` prints: the table, each failure, the summary line."""
@@ -294,7 +304,7 @@ def table(report: Report, *, width: int | None = None) -> str:
     shown = {r.name: group[0].name for group in failure_groups(report) for r in group[1:]}
     rows = [(r.name, r.status.upper() if r.status in LOUD else r.status, str(r.examples),
              f"{r.seconds:.2f}" if r.seconds else "0",
-             _note(r, shown.get(r.name))) for r in report.results if r.status != "skip"]
+             _note(r, shown.get(r.name), judged=report.power)) for r in report.results if r.status != "skip"]
     widths = [max([len(h), *(len(row[i]) for row in rows)]) for i, h in enumerate(HEADERS[:4])]
     left = sum(widths) + len(GAP) * 4
     note_width = width - left
@@ -337,7 +347,9 @@ def skipped(report: Report, *, width: int | None = None) -> str:
     return "\n".join(lines)
 
 
-def _note(result: Result, shown_at: str | None = None) -> str:
+def _note(result: Result, shown_at: str | None = None, *, judged: bool = False) -> str:
+    if judged:  # the law's power first (`spec.power.text`), then its note
+        return "; ".join(x for x in (power.text(result.power), _note(result, shown_at)) if x)
     if result.status == "xfail":
         return f"expected: {result.expected}"
     if shown_at is not None:
@@ -504,6 +516,8 @@ def render(report: Report, seconds: float | None = None, *, width: int | None = 
     parts += ["\n".join(_wrap(f"scale: {report.scale}", width, "")) + "\n"] if report.scale else []
     parts += [table(report, width=width)]
     parts += ["\n" + skipped(report, width=width)] if any(r.status == "skip" for r in report.results) else []
+    parts += ["\n" + "\n".join(line for x in power.summary_lines(report.power_table())
+                               for line in _wrap(x, width, "", "    "))] if report.power else []
     parts += ["\n" + failure(group[0], group=group, width=width) for group in failure_groups(report)]
     parts += ["\n" + stale(r, width=width) for r in report.results if r.status == "xpass"]
     parts += ["\n" + expected_failure(r, width=width) for r in report.expected_failures]

@@ -25,6 +25,7 @@ from spec.cases import Case, limits_text, outside_limits
 from spec.compared import Compared, compact
 from spec.context import RunContext, running
 from spec.isolation import TargetHung, TargetStopped, run_law, workers
+from spec.power import Power
 from spec.profiles import PROFILES, Profile, checking, runs_at
 from spec.registry import LAWS, Law
 from spec.report import Counterexample, Report, Result, figures
@@ -74,19 +75,21 @@ def _settings(profile: Profile, max_examples: int | None, seed: int | None) -> s
 
 def check_law(
     prop: Law, target: Target, *, profile: str = "ci", max_examples: int | None = None,
-    seed: int | None = None, source: str | NoSource | None = None,
+    seed: int | None = None, source: str | NoSource | None = None, power: bool = False,
 ) -> Result:
     """Run one law with Hypothesis; every outcome, however the target misbehaves, is a Result.
 
     ``source`` is how the target was named (for the reproduction line; a `NoSource` says
     why no line can name it); defaults to its name. The run goes where the target's isolation
     says (`spec.isolation.run_law`: in process isolation, first in the check's worker process).
+    ``power``: also judge the law's cases (`spec.power`): the Result's ``power`` then holds the
+    trivial kernels they reject (None: the law compares no output with the golden).
     """
     chosen = PROFILES[profile]
     reason = runs_at(prop.family, profile) or prop.needs(target)
     if reason:
         return Result(prop.name, "skip", 0, 0.0, reason, law=prop.statement)
-    run = RunContext(deadline=chosen.deadline_s)
+    run = RunContext(deadline=chosen.deadline_s, power=Power() if power else None)
     last: list[Case] = []  # the example being run; after a failure, the shrunk one
     made = run.calls  # the calls into the target of that example
     calls: list[int] = []  # one entry per example run
@@ -145,11 +148,21 @@ def check_law(
         failed.raised = (error.raised or "") if isinstance(error, TargetFailed) else ""
         return failed
 
+    def concluded(error: BaseException | None, crashed: str | None) -> Result:
+        result = conclude(error, crashed)
+        if run.power is not None:
+            result.power = run.power.verdict()
+            if run.power.error and result.status == "pass":  # the guard's trouble, said as a note
+                result.message = "; ".join(x for x in (result.message, f"power: {run.power.error}") if x)
+        return result
+
     # the law's run in the check's worker process when the target's calls must run in one (the
     # law found again there by name: only a registered law can go)
-    remote = (_run_in_worker, (prop.name, {"profile": profile, "max_examples": max_examples, "seed": seed,
-                                           "source": source})) if LAWS.get(prop.name) is prop else None
-    return run_law(target, attempt, conclude, remote=remote, deadline=target.call_deadline(chosen.deadline_s))
+    remote = ((_run_in_worker, (prop.name, {"profile": profile, "max_examples": max_examples, "seed": seed,
+                                           "source": source, "power": power}))
+              if LAWS.get(prop.name) is prop else None)
+    return run_law(target, attempt, concluded, remote=remote,
+                   deadline=target.call_deadline(chosen.deadline_s))
 
 
 class _Mismatched(Exception):
@@ -421,11 +434,12 @@ def _listed(names: list[str]) -> str:
 def run_all(
     props: Iterable[Law], target: Target, *, profile: str = "ci", max_examples: int | None = None,
     seed: int | None = None, source: str | NoSource | None = None,
-    each: Callable[[Result], None] | None = None, keep_going: bool = False,
+    each: Callable[[Result], None] | None = None, keep_going: bool = False, power: bool = False,
 ) -> list[Result]:
     """Each law in turn (``each`` sees every result as it comes), until the run ends early
     (`Stopping`: a signature that differs, deadlines missed, the same exception in law after
-    law; never with ``keep_going``): the laws left are then skipped, each saying why."""
+    law; never with ``keep_going``): the laws left are then skipped, each saying why. ``power``:
+    judge each law's cases too (`check_law`)."""
     results: list[Result] = []
     stopping = Stopping(keep_going=keep_going)
     with workers():  # process isolation: one worker for the whole run (a fresh one after a crash)
@@ -433,7 +447,8 @@ def run_all(
             result = stopping.not_run(law_run, profile)
             if result is None:
                 result = judged(law_run, check_law(law_run.prop, law_run.target, profile=profile,
-                                                      max_examples=max_examples, seed=seed, source=source))
+                                                      max_examples=max_examples, seed=seed, source=source,
+                                                      power=power))
                 stopping.see(result)
             results.append(result)
             if each is not None:
@@ -481,6 +496,7 @@ def check(
     seed: int | None = None, only: Iterable[str] | None = None, isolation: str | None = None,
     deadline: float | None = None, each: Callable[[Result], None] | None = None,
     source: str | NoSource | None = None, memory: float | None = None, keep_going: bool = False,
+    power: bool = False,
 ) -> Report:
     """Run the properties against ``target`` (a built-in name, ``module:attr``, ``file.py:attr``, a
     callable or a `spec.Target`) and return the `Report`. ``isolation`` (``thread``, ``caller``,
@@ -495,6 +511,11 @@ def check(
     ``memory`` (GiB) is what a call may need on the target's device at ``profile="scale"``
     (default: `spec.scale_plan.default_budget`). Without ``only``, a profile that runs one
     family alone (``scale``) runs its laws, the others every law but those.
+
+    ``power``: the power guard also judges the suite's own cases, never the target (`spec.power`):
+    each law's result says which trivial kernels (zeros, the mean of V, uniform weights, ignoring the
+    mask or the scale, a lower precision) its calls' cases tell from the golden, and the report
+    sums them up (`Report.power_table`); the verdict on the target is the same either way.
 
     Raises `spec.TargetError` when the target does not load and ValueError for an
     unknown profile or law name, or a memory budget that is not a positive number.
@@ -511,12 +532,12 @@ def check(
     loaded = configure(load(target), isolation=isolation, deadline=deadline)
     if source is None:
         source = target if isinstance(target, str) else source_of(target)
-    report = Report(target=loaded.name, profile=profile, seed=seed, limits=limits_text(loaded))
+    report = Report(target=loaded.name, profile=profile, seed=seed, limits=limits_text(loaded), power=power)
     start = time.perf_counter()
     with checking(profile, loaded, memory=memory) as header:
         report.scale = header
         report.results = run_all(props, loaded, profile=profile, max_examples=max_examples, seed=seed,
-                                 source=source, each=each, keep_going=keep_going)
+                                 source=source, each=each, keep_going=keep_going, power=power)
     report.seconds = time.perf_counter() - start
     return report
 

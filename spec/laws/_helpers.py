@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from spec import compared, context, dtypes, golden, oracle, tolerance
+from spec import compared, context, dtypes, golden, oracle, power, tolerance
 from spec.call import call
 from spec.cases import Case
 from spec.inputs import Inputs
@@ -79,13 +79,20 @@ def assert_matches(
     return cmp
 
 
+GOLDEN = "the float64 golden"
+"""What an output is compared with by default: the golden of the forward (the power guard counts
+such comparisons: `spec.power.compared_with_golden`)."""
+
+
 def assert_within_tolerance(
-    cmp: tolerance.Comparison, *, dtype: str, what: str, against: str = "the float64 golden"
+    cmp: tolerance.Comparison, *, dtype: str, what: str, against: str = GOLDEN
 ) -> None:
     """THE golden-tolerance assertion of every law: the ratio is observed (worst per dtype, for
     the report) and a ratio above 1 fails, saying what differed from what, where and by how much."""
     __tracebackhide__ = True
     compared.relabel(f"{what} against {against}")
+    if against == GOLDEN:
+        power.compared_with_golden()
     observe(f"error ratio {dtype}", cmp.ratio)
     assert cmp.ok, f"{what} differs from {against}: {cmp.explain()}"
 
