@@ -29,6 +29,8 @@ def invoke(target: Target, what: str, fn: Callable[[], Any], deadline: float | N
     `spec.signature.SignatureMismatch` (the target does not take the keywords it was declared to
     take). ``what`` names the callable in messages ("the target", "grad_fn")."""
     run = context.current()
+    if run is not None and run.spent():
+        raise context.BudgetSpent("the check's time budget (budget_s) was spent")
     seconds = target.call_deadline(deadline if deadline is not None or run is None else run.deadline)
     try:
         return call_in(target, what, fn, seconds)

@@ -66,6 +66,10 @@ def parser() -> argparse.ArgumentParser:
                        "(zeros, the mean of V, uniform weights, ignoring the mask or the scale, a lower "
                        "precision) each law's calls tell from the golden; each law's note says its power, "
                        "a section sums it up and flags a law whose cases reject none (JSON: \"power\")")
+    check.add_argument("--budget-s", type=_seconds, metavar="SECONDS",
+                       help="bound the wall time of the whole check: once spent no call of the target "
+                       "starts, the law in progress stops and the laws left are reported not run (the "
+                       "summary then says the run is incomplete)")
     check.add_argument("--expected-failures", metavar="FILE",
                        help="known deviations, one 'law[dtype]  # reason' (or 'law  # reason') a line: "
                        "such a law still runs; a failure is XFAIL (the run conforms), a pass XPASS (the "
@@ -145,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report = check(target, profile=args.profile, max_examples=args.max_examples, seed=args.seed,
                        only=args.only, each=progress, source=args.target, memory=args.memory,
-                       keep_going=args.keep_going, power=args.power)
+                       keep_going=args.keep_going, power=args.power, budget_s=args.budget_s)
     except KeyboardInterrupt:  # Ctrl-C: the laws done so far were listed; every worker is reaped
         print("python -m spec: interrupted", file=sys.stderr)
         return 130  # 128 + SIGINT, as a shell reports it

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +38,14 @@ class RunContext:
     power: Any = None
     """What the run's cases tell apart (`spec.power.Power`), when the check asks for its power
     (``power=True``); None: not judged."""
+    until: float | None = None
+    """The `time.monotonic` reading past which no call of the target starts (the check's
+    ``budget_s``: `spent`); None: no budget. The monotonic clock is the machine's, so a law run in
+    the check's worker process reads the same one."""
+
+    def spent(self) -> bool:
+        """The check's time budget has run out."""
+        return self.until is not None and time.monotonic() >= self.until
 
     def record(self, call: Any) -> None:
         self.calls.append(call)
@@ -50,6 +59,12 @@ class RunContext:
         """Keep ``value`` if it is the worst (largest) seen for ``key``."""
         if key not in self.observed or value > self.observed[key]:
             self.observed[key] = value
+
+
+class BudgetSpent(BaseException):
+    """The check's time budget (``budget_s``) ran out before a call of the target: the law stops
+    where it is, not run to its end. A ``BaseException``, as `spec.isolation.TargetHung` is:
+    Hypothesis stops at once, neither shrinking nor retrying."""
 
 
 _CURRENT: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar("RUN", default=None)

@@ -125,12 +125,19 @@ class Report:
     limits: str = ""  # the shape limits the target declares, as the header says them
     scale: str = ""  # at --profile scale: the memory budget and the cases not run, as the header says them
     power: bool = False  # the power guard judged the laws' cases (each Result's ``power``)
+    budget_s: float | None = None  # the wall-time budget the run was given (None: none)
 
     @property
     def ok(self) -> bool:
         """True when no law failed and no expected failure passed (skips and expected
         failures do not count against conformance; a stale declaration does)."""
         return all(r.status not in ("fail", "xpass") for r in self.results)
+
+    @property
+    def complete(self) -> bool:
+        """Every law ran to its end: none was left ``not run`` (by a run that ended early, or a
+        time budget spent)."""
+        return not any(r.not_run for r in self.results)
 
     @property
     def failures(self) -> list[Result]:
@@ -146,6 +153,7 @@ class Report:
             "target": self.target, "ok": self.ok, "profile": self.profile, "seed": self.seed,
             **({"limits": self.limits} if self.limits else {}),
             **({"scale": self.scale} if self.scale else {}),
+            **({"budget_s": self.budget_s, "complete": self.complete} if self.budget_s is not None else {}),
             "results": [r.to_dict() | ({"power": r.power} if self.power else {}) for r in self.results],
             **({"power": self.power_table()} if self.power else {}),
         }
@@ -486,7 +494,8 @@ def summary(report: Report, seconds: float) -> str:
     counts = {s: sum(r.status == s for r in report.results)
               for s in ("pass", "fail", "skip", "xfail", "xpass")}
     not_run = sum(r.not_run for r in report.results)
-    verdict = "conforms" if report.ok else "DOES NOT CONFORM"
+    verdict = "DOES NOT CONFORM" if not report.ok else "conforms" if report.complete else \
+        "no failure in the laws run (incomplete)"
     seed = "" if report.seed is None else f", seed {report.seed}"
     expected = "".join(f", {counts[s]} {s}" for s in ("xfail", "xpass") if counts[s])
     ended = f", {not_run} not run" if not_run else ""

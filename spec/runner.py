@@ -23,7 +23,7 @@ from spec.builtin import NoSource, did_you_mean, load_target, source_of
 from spec.call import Call
 from spec.cases import Case, limits_text, outside_limits
 from spec.compared import Compared, compact
-from spec.context import RunContext, running
+from spec.context import BudgetSpent, RunContext, running
 from spec.isolation import TargetHung, TargetStopped, run_law, workers
 from spec.power import Power
 from spec.profiles import PROFILES, Profile, checking, runs_at
@@ -76,6 +76,7 @@ def _settings(profile: Profile, max_examples: int | None, seed: int | None) -> s
 def check_law(
     prop: Law, target: Target, *, profile: str = "ci", max_examples: int | None = None,
     seed: int | None = None, source: str | NoSource | None = None, power: bool = False,
+    until: float | None = None,
 ) -> Result:
     """Run one law with Hypothesis; every outcome, however the target misbehaves, is a Result.
 
@@ -83,13 +84,15 @@ def check_law(
     why no line can name it); defaults to its name. The run goes where the target's isolation
     says (`spec.isolation.run_law`: in process isolation, first in the check's worker process).
     ``power``: also judge the law's cases (`spec.power`): the Result's ``power`` then holds the
-    trivial kernels they reject (None: the law compares no output with the golden).
+    trivial kernels they reject (None: the law compares no output with the golden). ``until``:
+    the `time.monotonic` reading past which no call starts (the check's budget): a law stopped
+    by it is ``skip``, not run to its end (`spec.context.BudgetSpent`).
     """
     chosen = PROFILES[profile]
     reason = runs_at(prop.family, profile) or prop.needs(target)
     if reason:
         return Result(prop.name, "skip", 0, 0.0, reason, law=prop.statement)
-    run = RunContext(deadline=chosen.deadline_s, power=Power() if power else None)
+    run = RunContext(deadline=chosen.deadline_s, power=Power() if power else None, until=until)
     last: list[Case] = []  # the example being run; after a failure, the shrunk one
     made = run.calls  # the calls into the target of that example
     calls: list[int] = []  # one entry per example run
@@ -138,6 +141,10 @@ def check_law(
                           f"cannot be drawn inside the declared limits ({limited})", law=prop.statement)
         if error is None:
             return _passed(prop, len(calls), time.perf_counter() - start, crashed, run.observed, run.notes)
+        if isinstance(error, BudgetSpent):
+            return Result(prop.name, "skip", len(calls), time.perf_counter() - start,
+                          f"not run to its end: {error} after {len(calls)} examples", law=prop.statement,
+                          observed=run.observed, not_run=True)
         message = f"the target {error}" if isinstance(error, TargetHung) else \
             str(error) if isinstance(error, (SignatureMismatch, TargetStopped, AssertionError)) else \
             f"{type(error).__name__}: {error}"
@@ -159,7 +166,7 @@ def check_law(
     # the law's run in the check's worker process when the target's calls must run in one (the
     # law found again there by name: only a registered law can go)
     remote = ((_run_in_worker, (prop.name, {"profile": profile, "max_examples": max_examples, "seed": seed,
-                                           "source": source, "power": power}))
+                                           "source": source, "power": power, "until": until}))
               if LAWS.get(prop.name) is prop else None)
     return run_law(target, attempt, concluded, remote=remote,
                    deadline=target.call_deadline(chosen.deadline_s))
@@ -382,6 +389,10 @@ class Stopping:
 
     keep_going: bool = False
     hint: str = "--keep-going runs every law"
+    until: float | None = None
+    """The `time.monotonic` reading at which the check's budget runs out (None: no budget): past
+    it no law starts, whatever ``keep_going`` says."""
+    budget_s: float | None = None
     fatal: Result | None = None
     missed: list[str] = field(default_factory=list)
     raised: str = ""  # the exception of the current row, "Type: message"
@@ -403,6 +414,8 @@ class Stopping:
 
     def why(self) -> str | None:
         """Why the laws left are not run, or None while the run goes on."""
+        if self.until is not None and time.monotonic() >= self.until:
+            return f"the check's time budget of {self.budget_s:g} s was spent"
         if self.keep_going:
             return None
         if self.fatal is not None:
@@ -435,20 +448,22 @@ def run_all(
     props: Iterable[Law], target: Target, *, profile: str = "ci", max_examples: int | None = None,
     seed: int | None = None, source: str | NoSource | None = None,
     each: Callable[[Result], None] | None = None, keep_going: bool = False, power: bool = False,
+    budget_s: float | None = None,
 ) -> list[Result]:
     """Each law in turn (``each`` sees every result as it comes), until the run ends early
     (`Stopping`: a signature that differs, deadlines missed, the same exception in law after
-    law; never with ``keep_going``): the laws left are then skipped, each saying why. ``power``:
-    judge each law's cases too (`check_law`)."""
+    law, never with ``keep_going``; the time budget ``budget_s`` spent, always): the laws left
+    are then skipped, each saying why. ``power``: judge each law's cases too (`check_law`)."""
     results: list[Result] = []
-    stopping = Stopping(keep_going=keep_going)
+    until = None if budget_s is None else time.monotonic() + budget_s
+    stopping = Stopping(keep_going=keep_going, until=until, budget_s=budget_s)
     with workers():  # process isolation: one worker for the whole run (a fresh one after a crash)
         for law_run in (one for prop in props for one in law_runs(prop, target)):
             result = stopping.not_run(law_run, profile)
             if result is None:
                 result = judged(law_run, check_law(law_run.prop, law_run.target, profile=profile,
                                                       max_examples=max_examples, seed=seed, source=source,
-                                                      power=power))
+                                                      power=power, until=until))
                 stopping.see(result)
             results.append(result)
             if each is not None:
@@ -496,7 +511,7 @@ def check(
     seed: int | None = None, only: Iterable[str] | None = None, isolation: str | None = None,
     deadline: float | None = None, each: Callable[[Result], None] | None = None,
     source: str | NoSource | None = None, memory: float | None = None, keep_going: bool = False,
-    power: bool = False,
+    power: bool = False, budget_s: float | None = None,
 ) -> Report:
     """Run the properties against ``target`` (a built-in name, ``module:attr``, ``file.py:attr``, a
     callable or a `spec.Target`) and return the `Report`. ``isolation`` (``thread``, ``caller``,
@@ -507,6 +522,9 @@ def check(
     A run ends early, the laws left skipped saying why, after the target's signature is found to
     differ, after it missed its deadline in two laws, or after it raised the same exception in
     three laws in a row (`Stopping`); ``keep_going`` runs every law whatever happens.
+    ``budget_s`` bounds the run's wall time: once it is spent no call of the target starts, the
+    law in progress stops where it is and the laws left are not run (each ``skip`` saying so;
+    `Report.complete` is then False); a run ends past it by at most one call.
 
     ``memory`` (GiB) is what a call may need on the target's device at ``profile="scale"``
     (default: `spec.scale_plan.default_budget`). Without ``only``, a profile that runs one
@@ -518,7 +536,7 @@ def check(
     sums them up (`Report.power_table`); the verdict on the target is the same either way.
 
     Raises `spec.TargetError` when the target does not load and ValueError for an
-    unknown profile or law name, or a memory budget that is not a positive number.
+    unknown profile or law name, or a memory or time budget that is not a positive number.
     """
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}")
@@ -526,18 +544,23 @@ def check(
         raise ValueError(f"max_examples must be a positive integer, got {max_examples}")
     if memory is not None and not (isinstance(memory, (int, float)) and math.isfinite(memory) and memory > 0):
         raise ValueError(f"memory must be a positive number of GiB, got {memory!r}")
+    if budget_s is not None and not (isinstance(budget_s, (int, float)) and not isinstance(budget_s, bool)
+                                     and math.isfinite(budget_s) and budget_s > 0):
+        raise ValueError(f"budget_s must be a positive number of seconds, got {budget_s!r}")
     props = select(only)
     if only is None:
         props = [p for p in props if runs_at(p.family, profile) is None]
     loaded = configure(load(target), isolation=isolation, deadline=deadline)
     if source is None:
         source = target if isinstance(target, str) else source_of(target)
-    report = Report(target=loaded.name, profile=profile, seed=seed, limits=limits_text(loaded), power=power)
+    report = Report(target=loaded.name, profile=profile, seed=seed, limits=limits_text(loaded), power=power,
+                    budget_s=budget_s)
     start = time.perf_counter()
     with checking(profile, loaded, memory=memory) as header:
         report.scale = header
         report.results = run_all(props, loaded, profile=profile, max_examples=max_examples, seed=seed,
-                                 source=source, each=each, keep_going=keep_going, power=power)
+                                 source=source, each=each, keep_going=keep_going, power=power,
+                                 budget_s=budget_s)
     report.seconds = time.perf_counter() - start
     return report
 

@@ -177,3 +177,36 @@ def test_a_signature_mismatch_shows_a_shrunk_case(isolation):
     assert (case["n_q"], case["n_k"], case["d_k"], case["d_v"]) == (1, 1, 1, 1), case
     assert "n_q=1 n_k=1 d_k=1 d_v=1" in str(report)
     assert failed.counterexample.keywords == {"causal": True}
+
+
+def slow_but_right(q, k, v, *, causal=False):
+    time.sleep(0.02)
+    return attention(q, k, v, causal=causal)
+
+
+def test_a_time_budget_bounds_the_whole_check_and_says_the_run_is_incomplete():
+    """``budget_s``: once spent no call starts; the law in progress stops where it is (skip, not
+    run to its end, its examples counted), the laws left are not run, the report is incomplete
+    and still conforms (nothing failed), keep_going or not; the JSON says both."""
+    start = time.perf_counter()
+    report = spec.check(slow_but_right, "ci", budget_s=2.0, keep_going=True)
+    seconds = time.perf_counter() - start
+    assert seconds < 2.0 + 1.0, seconds  # a call of 0.02 s, the law's own work after it
+    assert report.ok and not report.complete
+    stopped = [r for r in report.results if r.message.startswith("not run to its end:")]
+    assert len(stopped) == 1 and stopped[0].examples >= 1 and stopped[0].not_run
+    left = _not_run(report)
+    assert left and all(r.message == "not run: the check's time budget of 2 s was spent" for r in left)
+    assert "no failure in the laws run (incomplete)" in str(report)
+    data = report.to_dict()
+    assert data["budget_s"] == 2.0 and data["complete"] is False and data["ok"] is True
+    whole = spec.check(slow_but_right, "quick", only=["rows_sum_to_one"], budget_s=600)
+    assert whole.complete and "conforms —" in str(whole) and whole.to_dict()["complete"] is True
+
+
+def test_a_time_budget_must_be_a_positive_number_of_seconds(capsys):
+    for bad in (0, -1.0, float("nan"), "10", True):
+        with pytest.raises(ValueError, match="budget_s must be a positive number of seconds"):
+            spec.check("reference", budget_s=bad)
+    assert main(["check", "reference", "--budget-s", "0"]) == 2
+    assert "--budget-s" in capsys.readouterr().err
