@@ -11,6 +11,7 @@ import gc
 import os
 import sys
 
+import numpy as np
 from tabulate import tabulate
 
 from cmdline import Parser, UsageError, fail, int_at_least, positive_number
@@ -82,6 +83,16 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("--html", metavar="FILE", help="also write the report as one self-contained HTML page "
                        "(whatever the verdict): the table, each failure, and a heat map of the error of "
                        "each failure that compared arrays")
+    audit = commands.add_parser("audit", help="run another harness's check (a problem file) and the suite on "
+                                "wrong kernels, side by side")
+    audit.add_argument("problem", metavar="PROBLEM",
+                       help="a Python file in KernelBench's shape: get_inputs() (q, k, v), "
+                       "reference(q, k, v) or a class Model, atol and rtol")
+    audit.add_argument("--trials", type=_positive, default=5, metavar="N",
+                       help="the check's trials, each with get_inputs() under its own seed (default 5)")
+    audit.add_argument("--profile", choices=list(PROFILES), default="quick",
+                       help="the suite's profile for each kernel (default quick)")
+    audit.add_argument("--json", metavar="FILE", help="also write the rows as JSON ('-' for stdout only)")
     check.add_argument("--list", action="store_true", help="list the properties (and, with TARGET, "
                        "which it would skip) and exit")
     return top
@@ -110,16 +121,49 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     """The command line, options before or after TARGET: ``--only NAME... TARGET`` gives the
     last name to TARGET when it is not a law (``--only`` takes several names)."""
     args = parser().parse_args(argv)
-    if args.target is None and args.only and args.only[-1] not in LAWS:
+    if args.command == "check" and args.target is None and args.only and args.only[-1] not in LAWS:
         args.target = args.only.pop()
         if not args.only:
             raise UsageError("--only needs at least one law NAME before TARGET")
     return args
 
 
+def audit_main(args: argparse.Namespace) -> int:
+    """``python -m spec audit PROBLEM``: exit 0 when the suite rejects every wrong kernel, 1 when
+    one conforms, 2 for a problem file that cannot be read."""
+    import json
+
+    from spec import audit
+
+    try:
+        if args.json and args.json != "-":
+            writable(args.json, "--json")
+        problem = audit.load_problem(args.problem)
+        with np.errstate(all="ignore"):  # the wrong kernels' overflows are theirs to make
+            rows = audit.audit(problem, trials=args.trials, profile=args.profile,
+                               each=lambda r: print(f"  {r.kernel} …", file=sys.stderr, flush=True))
+    except (UsageError, ValueError, TypeError) as e:
+        return fail("python -m spec audit", e)
+    if args.json:
+        text = json.dumps({"problem": problem.name, "atol": problem.atol, "rtol": problem.rtol,
+                           "trials": args.trials, "profile": args.profile,
+                           "rows": [r.to_dict() for r in rows]}, indent=2, ensure_ascii=False,
+                          default=lambda x: str(x))
+        if args.json == "-":
+            print(text)
+        else:
+            with open(args.json, "w", encoding="utf-8") as f:
+                f.write(text + "\n")
+    if args.json != "-":
+        print(audit.render(problem, rows, args.trials, args.profile))
+    return 0 if all(not r.suite_ok for r in rows) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = parse(argv)
+        if args.command == "audit":
+            return audit_main(args)
         if args.list:
             print(list_properties(args.target))
             return 0
