@@ -534,15 +534,34 @@ def serving_shape(target: Target, n_q: int, n_k: int, *, n_q_min: int = 1,
     as queries (``self_attention_only``: n_k = n_q), at least as many (``keys_cover_queries``: the
     two swapped when the keys are fewer, both lengths already within the limits); a draw whose
     minimums that rules out is rejected."""
+    n_q, n_k = serving_lengths(target, n_q, n_k)
+    if n_q < n_q_min or n_k < n_k_min:
+        reject()
+    return n_q, n_k
+
+
+def serving_lengths(target: Target, n_q: int, n_k: int) -> tuple[int, int]:
+    """n_q and n_k narrowed to the serving declarations (`serving_shape`, which also rejects a
+    draw below its minimums)."""
     if target.decode_only:
         n_q = 1
     if target.self_attention_only:
         n_k = n_q
     elif target.keys_cover_queries and n_k < n_q:
         n_q, n_k = n_k, n_q
-    if n_q < n_q_min or n_k < n_k_min:
-        reject()
     return n_q, n_k
+
+
+def served(target: Target, case: Case) -> Case | None:
+    """An explicit (grid) case narrowed to the serving declarations as a draw is: its lengths by
+    `serving_lengths`, causal for a ``causal_only`` target; None where the causal mode is not
+    defined on the lengths that leaves (``square_or_decoding``, ``queries_within_keys``). Its
+    widths are kept (d_v is not resized with n_k)."""
+    n_q, n_k = serving_lengths(target, case.n_q, case.n_k)
+    causal = case.causal or (target.causal_only and target.causal_alignment is not None)
+    if causal and not target.causal_shape_ok(n_q, n_k):
+        return None
+    return case.replace(n_q=n_q, n_k=n_k, causal=causal)
 
 
 @st.composite
