@@ -31,7 +31,7 @@ from spec.dtypes import as_dtype
 from spec.inputs import Inputs
 from spec.keywords import Keyword, by_argument, registered
 from spec.oracle import meaning
-from spec.target import Target
+from spec.target import DECLARATIONS, Target
 
 # Widths worth hitting on purpose: perfect squares (where √d_k is exact) and their neighbours.
 WIDTHS = (1, 2, 3, 4, 7, 8, 9, 16, 17, 31, 32, 63, 64, 100, 128)
@@ -341,48 +341,35 @@ def outside_limits(target: Target, given: Case | Inputs, *, reads_pattern: bool 
         return f"seq_multiple={target.seq_multiple}"
     if target.max_seq is not None and any(n > target.max_seq for n in every):
         return f"max_seq={target.max_seq}"
-    return _outside_serving(target, inputs.causal, queries, keys)
+    return _outside_serving(target, inputs, queries, keys)
 
 
-SERVING = ("causal_only", "keys_cover_queries", "self_attention_only", "decode_only")
-"""The declarations of serving kernels (`Target`), each a limit on the calls a target is given."""
-
-
-def _outside_serving(target: Target, causal: bool, queries: list[int], keys: list[int]) -> str | None:
-    """Which serving declaration a call breaks: a non-causal call (``causal_only``), a sequence with
-    other than one query (``decode_only``), with keys not as many as its queries
-    (``self_attention_only``), with fewer keys than queries (``keys_cover_queries``); ``queries``,
-    ``keys``: each sequence's counts (`sequence_lengths`)."""
-    if target.causal_only and not causal:
-        return "causal_only=True"
-    pairs = list(zip(queries, keys, strict=True))
-    if target.decode_only and any(n != 1 for n in queries):
-        return "decode_only=True"
-    if target.self_attention_only and any(n != k for n, k in pairs):
-        return "self_attention_only=True"
-    if target.keys_cover_queries and any(k < n for n, k in pairs):
-        return "keys_cover_queries=True"
-    return None
+def _outside_serving(target: Target, inputs: Inputs, queries: list[int], keys: list[int]) -> str | None:
+    """Which declaration of the shape of every call (`spec.target.DECLARATIONS`) a call breaks: a
+    non-causal call (``causal_only``), a sequence with fewer keys than queries
+    (``keys_cover_queries``), with keys not as many as its queries (``self_attention_only``), with
+    other than one query (``decode_only``); ``queries``, ``keys``: each sequence's counts
+    (`sequence_lengths`)."""
+    return _broken(target, inputs, queries, keys, keyword_forms=False)
 
 
 def outside_keyword_forms(target: Target, inputs: Inputs) -> str | None:
-    """Which declaration of how the target takes a keyword a call breaks, or None: a window with a
-    right side (``window_sides="left"``) or without causal (``window_needs_causal``), ALiBi slopes
-    ``[batch, heads]`` (``alibi_shape="heads"``), descales that differ (``fp8_scale="tensor"``), a
-    paged block size that is not a multiple of ``block_multiple``."""
-    window = inputs.get("window")
-    if window is not None and target.window_sides == "left" and window[1] != 0:
-        return "window_sides='left'"
-    if window is not None and target.window_needs_causal and not inputs.causal:
-        return "window_needs_causal=True"
-    if target.alibi_shape == "heads" and np.ndim(inputs.get("alibi_slopes")) == 2:
-        return "alibi_shape='heads'"
-    scales = [np.asarray(x) for x in (inputs.get("k_descale"), inputs.get("v_descale")) if x is not None]
-    if target.fp8_scale == "tensor" and any(x.size and np.any(x != x.flat[0]) for x in scales):
-        return "fp8_scale='tensor'"
-    m = target.block_multiple
-    if m and inputs.get("block_table") is not None and inputs.k.shape[1] % m:
-        return f"block_multiple={m}"
+    """Which declaration of how the target takes a keyword (`spec.target.DECLARATIONS`) a call
+    breaks, or None: a window with a right side (``window_sides="left"``) or without causal
+    (``window_needs_causal``), ALiBi slopes ``[batch, heads]`` (``alibi_shape="heads"``),
+    descales that differ (``fp8_scale="tensor"``), a paged block size that is not a multiple of
+    ``block_multiple``."""
+    return _broken(target, inputs, [], [], keyword_forms=True)
+
+
+def _broken(target: Target, inputs: Inputs, queries: list[int], keys: list[int], *,
+            keyword_forms: bool) -> str | None:
+    """The first declaration of `DECLARATIONS` a call breaks, among the keywords' forms or among
+    the shapes of calls, as it names it (``decode_only=True``); None if none."""
+    for declaration in DECLARATIONS:
+        if (declaration.narrows is not None) == keyword_forms and declaration.declared(target) and \
+                declaration.broken_by(target, inputs, queries, keys):
+            return declaration.given(target)
     return None
 
 
@@ -402,24 +389,15 @@ def sequence_lengths(inputs: Inputs) -> tuple[list[int], list[int]]:
 
 
 def limits_text(target: Target) -> str:
-    """The declared shape limits as the report's header says them ("" if none)."""
+    """The declared shape limits, then the declarations of serving kernels (`DECLARATIONS`), as the
+    report's header says them ("" if none)."""
     said = [f"head_dims={target.head_dims}" if target.head_dims else "",
             "equal_head_dims" if target.equal_head_dims else "",
             f"seq_multiple={target.seq_multiple}" if target.seq_multiple else "",
             f"max_seq={target.max_seq}" if target.max_seq else "",
             "compiles_per_shape" if target.compiles_per_shape else "",
-            *keyword_forms_text(target)]
-    said += [name for name in SERVING if getattr(target, name)]
+            *(declaration.said(target) for declaration in DECLARATIONS if declaration.declared(target))]
     return ", ".join(x for x in said if x)
-
-
-def keyword_forms_text(target: Target) -> list[str]:
-    """The declarations of how the target takes its keywords, as the header says them."""
-    return [f"window_sides={target.window_sides!r}" if target.window_sides != "both" else "",
-            "window_needs_causal" if target.window_needs_causal else "",
-            f"alibi_shape={target.alibi_shape!r}" if target.alibi_shape != "both" else "",
-            f"fp8_scale={target.fp8_scale!r}" if target.fp8_scale != "kv_head" else "",
-            f"block_multiple={target.block_multiple}" if target.block_multiple else ""]
 
 
 @st.composite
@@ -534,15 +512,34 @@ def serving_shape(target: Target, n_q: int, n_k: int, *, n_q_min: int = 1,
     as queries (``self_attention_only``: n_k = n_q), at least as many (``keys_cover_queries``: the
     two swapped when the keys are fewer, both lengths already within the limits); a draw whose
     minimums that rules out is rejected."""
+    n_q, n_k = serving_lengths(target, n_q, n_k)
+    if n_q < n_q_min or n_k < n_k_min:
+        reject()
+    return n_q, n_k
+
+
+def serving_lengths(target: Target, n_q: int, n_k: int) -> tuple[int, int]:
+    """n_q and n_k narrowed to the serving declarations (`serving_shape`, which also rejects a
+    draw below its minimums)."""
     if target.decode_only:
         n_q = 1
     if target.self_attention_only:
         n_k = n_q
     elif target.keys_cover_queries and n_k < n_q:
         n_q, n_k = n_k, n_q
-    if n_q < n_q_min or n_k < n_k_min:
-        reject()
     return n_q, n_k
+
+
+def served(target: Target, case: Case) -> Case | None:
+    """An explicit (grid) case narrowed to the serving declarations as a draw is: its lengths by
+    `serving_lengths`, causal for a ``causal_only`` target; None where the causal mode is not
+    defined on the lengths that leaves (``square_or_decoding``, ``queries_within_keys``). Its
+    widths are kept (d_v is not resized with n_k)."""
+    n_q, n_k = serving_lengths(target, case.n_q, case.n_k)
+    causal = case.causal or (target.causal_only and target.causal_alignment is not None)
+    if causal and not target.causal_shape_ok(n_q, n_k):
+        return None
+    return case.replace(n_q=n_q, n_k=n_k, causal=causal)
 
 
 @st.composite

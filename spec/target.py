@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import numpy as np
 
 from spec import dtypes as dt
+from spec.inputs import Inputs
 from spec.keywords import CAUSES, Arrangement, Keyword, asked_outputs, gradient_extras, in_layout, registered
 
 Layout = Literal["bhnd", "bnhd"]
@@ -284,13 +285,13 @@ class Target:
         if self.deadline_s is not None and not self.deadline_s > 0:
             raise TargetError(f"Target deadline_s must be positive or None, got {self.deadline_s}")
         object.__setattr__(self, "grad_extras", _check_grad_extras(self))
-        _check_keyword_forms(self)
+        _check_declarations(self)
         for keyword in registered().values():  # what each keyword needs of the other declarations
             wrong = keyword.check_target(self) if keyword.check_target is not None else None
             if wrong:
                 raise TargetError(wrong)
         _check_limits(self)
-        _check_call_shapes(self)
+        _check_combinations(self)
         if not isinstance(self.empty_lse, (int, float)) or math.isnan(self.empty_lse):
             raise TargetError(f"Target empty_lse must be a float (-inf, +inf or finite), "
                               f"got {self.empty_lse!r}")
@@ -546,11 +547,9 @@ def _check_grad_extras(target: Target) -> tuple[str, ...]:
     return tuple(dict.fromkeys(given))
 
 
-def _check_call_shapes(target: Target) -> None:
-    """The declarations of serving kernels (``causal_only``, ``keys_cover_queries``,
-    ``self_attention_only``, ``decode_only``): only the combinations that leave calls to make."""
-    if target.causal_only and target.causal_alignment is None:
-        raise TargetError("Target causal_only=True needs a causal mode: causal_alignment is None")
+def _check_combinations(target: Target) -> None:
+    """The serving declarations that leave no call to make together: ``decode_only`` with
+    ``self_attention_only``, or with a ``seq_multiple`` above 1."""
     if target.decode_only and target.self_attention_only:
         raise TargetError("Target decode_only=True with self_attention_only=True leaves one query over one "
                           "key in every call: declare one of them")
@@ -577,28 +576,120 @@ def _check_limits(target: Target) -> None:
                           "no length is both")
 
 
-def _check_keyword_forms(target: Target) -> None:
-    """How a serving kernel takes its keywords: each choice among its own, ``block_multiple`` a
-    positive integer, each with the capability it narrows (and a causal mode for
-    ``window_needs_causal``)."""
-    _check_choice("window_sides", target.window_sides, ("both", "left"))
-    _check_choice("alibi_shape", target.alibi_shape, ("both", "heads"))
-    _check_choice("fp8_scale", target.fp8_scale, ("kv_head", "tensor"))
-    multiple = target.block_multiple
-    if multiple is not None and (not isinstance(multiple, int) or isinstance(multiple, bool) or multiple < 1):
-        raise TargetError(f"Target block_multiple must be a positive integer or None, got {multiple!r}")
-    narrowed = {"window_sides": (target.window_sides != "both", "supports_window"),
-                "window_needs_causal": (target.window_needs_causal, "supports_window"),
-                "alibi_shape": (target.alibi_shape != "both", "supports_alibi"),
-                "fp8_scale": (target.fp8_scale != "kv_head", "supports_fp8_kv"),
-                "block_multiple": (multiple is not None, "supports_paged_kv")}
-    for name, (given, capability) in narrowed.items():
-        if given and not getattr(target, capability):
-            raise TargetError(f"Target {name}={getattr(target, name)!r} needs {capability}=True "
+@dataclass(frozen=True)
+class Declaration:
+    """One declaration of a serving kernel, a field of `Target` that limits the calls it is given:
+    how it takes a keyword (``window_sides``) or the shape of its calls (``decode_only``). The one
+    record that `Target` checks it by (`allowed`, `narrows`, `causal`), that the report's header
+    says it by (`said`) and that a call is judged by (`broken_by`, read by
+    `spec.cases.outside_limits`)."""
+
+    field: str
+    default: Any
+    """The field's default, which declares nothing."""
+    broken_by: Callable[[Target, Inputs, list[int], list[int]], bool]
+    """Whether a call breaks it, given the target that declares it, the call's inputs and each of its
+    sequences' query and key counts (`spec.cases.sequence_lengths`; a keyword's form reads the
+    inputs alone)."""
+    allowed: tuple[Any, ...] | None = None
+    """The values it takes; None: True or False (a False default), or a positive integer (None)."""
+    narrows: str | None = None
+    """The capability of the keyword it says how to take (``supports_window``); None: it limits
+    the shape of every call."""
+    causal: str | None = None
+    """Where it needs a causal mode (``causal_alignment`` not None): the refusal's reason."""
+
+    def declared(self, target: Target) -> bool:
+        return getattr(target, self.field) != self.default
+
+    def said(self, target: Target) -> str:
+        """As the report's header lists it: ``causal_only``, ``window_sides='left'``."""
+        value = getattr(target, self.field)
+        return self.field if value is True else f"{self.field}={value!r}"
+
+    def given(self, target: Target) -> str:
+        """As a call that breaks it names it, and `Target`'s refusals: ``causal_only=True``."""
+        return f"{self.field}={getattr(target, self.field)!r}"
+
+
+def _right_side(target: Target, inputs: Inputs, queries: list[int], keys: list[int]) -> bool:
+    window = inputs.get("window")
+    return window is not None and window[1] != 0
+
+
+def _window_without_causal(target: Target, inputs: Inputs, queries: list[int], keys: list[int]) -> bool:
+    return inputs.get("window") is not None and not inputs.causal
+
+
+def _slopes_per_batch_row(target: Target, inputs: Inputs, queries: list[int], keys: list[int]) -> bool:
+    return bool(np.ndim(inputs.get("alibi_slopes")) == 2)
+
+
+def _descales_differ(target: Target, inputs: Inputs, queries: list[int], keys: list[int]) -> bool:
+    scales = [np.asarray(x) for x in (inputs.get("k_descale"), inputs.get("v_descale")) if x is not None]
+    return any(x.size and np.any(x != x.flat[0]) for x in scales)
+
+
+def _other_block_size(target: Target, inputs: Inputs, queries: list[int], keys: list[int]) -> bool:
+    return inputs.get("block_table") is not None and bool(inputs.k.shape[1] % target.block_multiple)
+
+
+def _not_causal(target: Target, inputs: Inputs, queries: list[int], keys: list[int]) -> bool:
+    return not inputs.causal
+
+
+def _fewer_keys(target: Target, inputs: Inputs, queries: list[int], keys: list[int]) -> bool:
+    return any(k < n for n, k in zip(queries, keys, strict=True))
+
+
+def _other_key_count(target: Target, inputs: Inputs, queries: list[int], keys: list[int]) -> bool:
+    return any(k != n for n, k in zip(queries, keys, strict=True))
+
+
+def _several_queries(target: Target, inputs: Inputs, queries: list[int], keys: list[int]) -> bool:
+    return any(n != 1 for n in queries)
+
+
+DECLARATIONS = (
+    # how a keyword is taken: a window with a left side only, or only with causal=True; ALiBi slopes
+    # [heads] only; one float8 descale per tensor; paged blocks of a multiple of m keys
+    Declaration("window_sides", "both", _right_side, allowed=("both", "left"), narrows="supports_window"),
+    Declaration("window_needs_causal", False, _window_without_causal, narrows="supports_window",
+                causal=": a window passed only with causal=True would never be passed"),
+    Declaration("alibi_shape", "both", _slopes_per_batch_row, allowed=("both", "heads"),
+                narrows="supports_alibi"),
+    Declaration("fp8_scale", "kv_head", _descales_differ, allowed=("kv_head", "tensor"),
+                narrows="supports_fp8_kv"),
+    Declaration("block_multiple", None, _other_block_size, narrows="supports_paged_kv"),
+    # the shape of every call: causal, at least as many keys as queries, as many, one query
+    Declaration("causal_only", False, _not_causal, causal=""),
+    Declaration("keys_cover_queries", False, _fewer_keys),
+    Declaration("self_attention_only", False, _other_key_count),
+    Declaration("decode_only", False, _several_queries),
+)
+"""The declarations of serving kernels, in the order the report's header lists them and a call is
+judged by them (docs/targets.md, "Declare a serving kernel")."""
+
+
+def _check_declarations(target: Target) -> None:
+    """Each of `DECLARATIONS`: a value among its own (a positive integer for ``block_multiple``;
+    True or False is checked with every flag), with the capability it narrows, and a causal mode
+    where it needs one."""
+    for declaration in DECLARATIONS:
+        name, value = declaration.field, getattr(target, declaration.field)
+        if declaration.allowed is not None:
+            _check_choice(name, value, declaration.allowed)
+        elif declaration.default is None and value is not None and \
+                (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise TargetError(f"Target {name} must be a positive integer or None, got {value!r}")
+        if not declaration.declared(target):
+            continue
+        if declaration.narrows is not None and not getattr(target, declaration.narrows):
+            raise TargetError(f"Target {declaration.given(target)} needs {declaration.narrows}=True "
                               "(it says how that keyword is taken)")
-    if target.window_needs_causal and target.causal_alignment is None:
-        raise TargetError("Target window_needs_causal=True needs a causal mode (causal_alignment is None): "
-                          "a window passed only with causal=True would never be passed")
+        if declaration.causal is not None and target.causal_alignment is None:
+            raise TargetError(f"Target {declaration.given(target)} needs a causal mode (causal_alignment is "
+                              f"None){declaration.causal}")
 
 
 EXPECTED = re.compile(r"(?P<law>\w+)(?:\[(?P<dtype>\w+)\])?")

@@ -13,7 +13,8 @@ A target is a name ``spec check`` takes, or a group of every correct target the 
 - ``gallery`` — every correct variant of the suite's gallery (``tests/spec/gallery``: each family's
   ``CORRECT``, the declarations the built-ins do not make among them), loaded from the checkout
   as ``gallery:CORRECT_BY_NAME.<name>`` beside the installed package (``gallery/<name>``: one);
-- ``examples`` — the example targets (``examples/my_attention.py:target``);
+- ``examples`` — the example targets (``examples/serving_kernels.py``'s five,
+  ``examples/my_attention.py:target``);
 - ``slow`` — the built-ins that take minutes a run (`SLOW`: JAX's, which compiles each shape,
   the Pallas kernels under their interpreters, FlexAttention over a paged cache eagerly), run at
   ``--slow-profile``;
@@ -52,7 +53,9 @@ SLOW = ("jax", "torch_flex_paged", "pallas_mha", "pallas_decode", "pallas_gpu_pa
 takes 7 minutes at profile ci on two shared cores): the group ``slow``."""
 LIBRARY = {"onnxruntime": "onnxruntime", "onnx_reference": "onnx"}
 """The library a framework built-in needs, where it is not its adapter's name (`spec.adapters.ADAPTERS`)."""
-EXAMPLES = ("examples/my_attention.py:target",)
+SERVING_EXAMPLES = ("causal", "decode", "chunked_prefill", "prefill", "paged")
+EXAMPLES = (*(f"examples/serving_kernels.py:{name}" for name in SERVING_EXAMPLES),
+            "examples/my_attention.py:target")
 GALLERY = ROOT / "tests" / "spec"
 """Where the gallery package is (``tests/spec/gallery``), put on the cells' path for its targets."""
 

@@ -29,6 +29,7 @@ from spec.cases import (
     largest_products,
     one_of,
     pick,
+    served,
     widths_for,
 )
 from spec.inputs import Inputs
@@ -432,13 +433,17 @@ drawn cases have groups of 2 or 3)."""
 
 def _wide_groups(t: Target) -> list[Case]:
     """One case per `WIDE_GROUPS` entry: the largest rank of 3 and 4 the target has, one batch
-    row, the boundary grid's longest square and its width, the dtypes in rotation."""
+    row, the boundary grid's longest square and its width, the dtypes in rotation; narrowed to
+    the serving declarations (`spec.cases.served`: one query over the keys for a decode kernel,
+    causal for a causal-only one)."""
     ranks = [r for r in (4, 3) if r in t.ndims]
     if not ranks:
         return []
     n, width = grid_length(t), grid_width(t)
-    return [Case(dtype=t.dtypes[i % len(t.dtypes)], ndim=ranks[0], batch=1, heads=heads, kv_heads=g, n_q=n,
-                 n_k=n, d_k=width, d_v=width, seed=heads) for i, (heads, g) in enumerate(WIDE_GROUPS)]
+    grid = [served(t, Case(dtype=t.dtypes[i % len(t.dtypes)], ndim=ranks[0], batch=1, heads=heads, kv_heads=g,
+                           n_q=n, n_k=n, d_k=width, d_v=width, seed=heads))
+            for i, (heads, g) in enumerate(WIDE_GROUPS)]
+    return [case for case in grid if case is not None]
 
 
 @law(strategy=lambda t: cases(t, ndims=(3, 4), gqa=True, n_max=48), needs=_needs.gqa, grid=_wide_groups)

@@ -5,6 +5,7 @@ broken variant of it still fails its law; the draws and grids never leave a decl
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -18,7 +19,9 @@ from spec import Target, TargetError
 from spec.cases import Case, cases, limits_text, outside_limits
 from spec.keywords import registered
 from spec.laws.cache import cache_cases
+from spec.laws.core import WIDE_GROUPS, _wide_groups
 from spec.laws.past import past_cases
+from spec.target import DECLARATIONS
 
 SERVING = ("causal_only", "decode_only", "keys_cover_queries", "self_attention_only")
 
@@ -119,6 +122,27 @@ def test_every_draw_keeps_inside_the_declaration(declaration, keyword):
     expected = "self_attention_only=True" if past_in_self_attention else None
 
     check()
+
+
+@pytest.mark.parametrize("declaration", SERVING)
+def test_the_wide_groups_grid_keeps_inside_the_declaration(declaration):
+    """The GQA law's explicit cases (groups of 17, 17 and 20 query heads, built by hand) are made
+    inside each declaration, so a decode or causal-only kernel meets them too."""
+    target = Target(_plain, **{declaration: True}, supports_gqa=True, ndims=(3, 4),
+                    causal_alignment="bottom_right")
+    grid = _wide_groups(target)
+    assert [(c.heads, c.kv_heads) for c in grid] == list(WIDE_GROUPS)
+    assert all(outside_limits(target, c) is None for c in grid), grid
+
+
+def test_each_declaration_of_the_table_is_a_target_field_with_its_default():
+    """`DECLARATIONS` is read for what a target declares (a value other than its default): a record
+    whose default drifted from the field's would call every target declared, or none."""
+    defaults = {f.name: f.default for f in dataclasses.fields(Target)}
+    assert {d.field for d in DECLARATIONS} >= set(SERVING)
+    for declaration in DECLARATIONS:
+        assert defaults[declaration.field] == declaration.default, declaration.field
+        assert not declaration.declared(Target(_plain)), declaration.field
 
 
 def test_the_declared_limits_header_names_each_declaration():

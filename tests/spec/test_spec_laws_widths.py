@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from gallery.core import gqa_decode_programs_of_16_heads, grouped
 
 import spec
-from impl import attention
 from spec.builtin import load_target
 from spec.laws.cache import CACHE_ENTRIES
 from spec.target import Target
@@ -49,25 +49,25 @@ def test_a_cache_case_holds_fewer_keys_where_heads_are_wide():
     assert seen and max(n_k for _, _, n_k in seen) <= CACHE_ENTRIES // 128  # a paged pool's keys, at most
 
 
-def _grouped(q: Array, k: Array, v: Array, *, causal: bool = False, per_program: int | None = None) -> Array:
-    """Grouped-query attention over K/V heads repeated to the query heads. With ``per_program``
-    (16), a decode kernel's programs: one per group where a group is at most that many heads,
-    else that many query heads each, reading the K/V head of the program's first head for all of
-    them (right where the group is a multiple of it; 34 heads over 2: heads 17–31 read K/V head 0)."""
-    h, g = q.shape[-3], k.shape[-3]
-    group = h // g
-    heads = np.arange(h)
-    if per_program is not None and group > per_program:
-        heads = heads // per_program * per_program  # the program's first head, for all of them
-    kv = heads // group
-    return attention(q, k[..., kv, :, :], v[..., kv, :, :], causal=causal)
+def test_a_decode_kernel_whose_programs_take_16_query_heads_fails_the_gqa_law_on_its_wide_groups():
+    """The gallery's decode kernel of 16-head programs is given the law's wide groups with one
+    query each (its calls: 17, 34 and 60 query heads first), and fails; the correct grouped
+    attention, declared the same, passes."""
+    seen: list[tuple[int, int, int]] = []
 
+    def recorded(fn: Any) -> Any:
+        def call(q: Array, k: Array, v: Array, **kw: Any) -> Any:
+            seen.append((q.shape[-3], k.shape[-3], q.shape[-2]))
+            return fn(q, k, v, **kw)
+        return call
 
-def test_a_kernel_whose_programs_take_16_query_heads_fails_the_gqa_law():
-    bad = Target(lambda q, k, v, *, causal=False: _grouped(q, k, v, causal=causal, per_program=16),
-                 name="gqa-16-head-programs", supports_gqa=True, ndims=(3, 4))
+    bad = Target(recorded(gqa_decode_programs_of_16_heads), name="gqa-16-head-programs", supports_gqa=True,
+                 decode_only=True, ndims=(3, 4))
     (result,) = spec.check(bad, profile="ci", only=["gqa_matches_repeated_kv"]).results
     assert result.status == "fail", result.message
-    good = bad.replace(fn=lambda q, k, v, *, causal=False: _grouped(q, k, v, causal=causal), name="gqa")
-    (result,) = spec.check(good, profile="ci", only=["gqa_matches_repeated_kv"]).results
+    assert seen[:2] == [(17, 1, 1), (34, 2, 1)]  # the grid's wide groups first, one query each
+    seen.clear()
+    (result,) = spec.check(bad.replace(fn=recorded(grouped), name="gqa"), profile="ci",
+                           only=["gqa_matches_repeated_kv"]).results
     assert result.status == "pass", result.message
+    assert seen[:3] == [(17, 1, 1), (34, 2, 1), (60, 3, 1)] and all(n_q == 1 for _, _, n_q in seen)

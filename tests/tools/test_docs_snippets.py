@@ -5,6 +5,7 @@ root; the tutorial's own claims about what its code does are checked too."""
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import re
 from pathlib import Path
 
@@ -69,3 +70,28 @@ def test_the_tutorials_torch_wrapper_passes_as_claimed():
     pytest.importorskip("torch")
     code = next(code for page, _, code in SNIPPETS if page == "tutorial.md" and "from_torch" in code)
     assert spec.check(run(code)["target"], profile="quick").ok
+
+
+SERVING_KERNELS = {"causal": "causal_attention", "decode": "decode_attention",
+                   "chunked_prefill": "chunked_prefill_attention", "prefill": "prefill_attention",
+                   "paged": "paged_attention"}
+
+
+def test_the_serving_kernels_shown_are_the_examples():
+    """docs/targets.md, "Declare a serving kernel", shows each kernel of examples/serving_kernels.py
+    as the file has it, and declares it as the file does: the file is what the tests check and what
+    the shown outputs ran, so a page that drifted from it would teach a kernel nothing checks."""
+    pytest.importorskip("ml_dtypes")  # the paged kernel's float8 caches
+    from examples import serving_kernels
+
+    page = (ROOT / "docs" / "targets.md").read_text(encoding="utf-8")
+    for name in ("attend", *SERVING_KERNELS.values()):
+        assert inspect.getsource(getattr(serving_kernels, name)) in page, name
+    shown: dict = {}
+    for path, _, code in SNIPPETS:
+        if path == "targets.md" and "from examples.serving_kernels import attend" in code:
+            shown |= run(code)
+    for target, fn in SERVING_KERNELS.items():
+        real = getattr(serving_kernels, target)
+        assert shown[target].fn.__name__ == fn
+        assert shown[target].replace(fn=real.fn) == real, target  # the same declarations as the file

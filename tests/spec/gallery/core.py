@@ -231,6 +231,22 @@ def gqa_tiled_heads(q: Array, k: Array, v: Array, *, causal: bool = False) -> Ar
     return plain(q, np.tile(k, reps), np.tile(v, reps), causal=causal)  # head i reads i mod g
 
 
+def gqa_decode_programs_of_16_heads(q: Array, k: Array, v: Array, *, causal: bool = False) -> Array:
+    """A grouped decode kernel (one query per sequence, refusing more) whose programs take 16 query
+    heads each and read the K/V head of the program's first head for all of them: right where a
+    group is at most 16 heads or a multiple of 16, wrong past 16 otherwise (34 query heads over 2
+    K/V heads: heads 17–31 read K/V head 0 instead of 1)."""
+    if q.shape[-2] != 1:
+        raise ValueError(f"q must hold one query per sequence (decoding), got n_q={q.shape[-2]}")
+    h, g = q.shape[-3], k.shape[-3]
+    group = h // g
+    heads = np.arange(h)
+    if group > 16:
+        heads = heads // 16 * 16  # each program's first head, for its 16
+    kv = heads // group
+    return plain(q, k[..., kv, :, :], v[..., kv, :, :], causal=causal)
+
+
 def ignores_scale_argument(q: Array, k: Array, v: Array, *, causal: bool = False,
                            scale: float | None = None) -> Array:
     return plain(q, k, v, causal=causal)
@@ -288,6 +304,9 @@ BROKEN = [
     broken(inverted_mask, "mask_semantics", "mask=True taken as 'hide'", supports_mask=True),
     broken(gqa_tiled_heads, "gqa_matches_repeated_kv", "K/V heads tiled instead of repeated",
             supports_gqa=True, ndims=(4,)),
+    broken(gqa_decode_programs_of_16_heads, "gqa_matches_repeated_kv",
+            "decode programs of 16 query heads reading the first head's K/V head", supports_gqa=True,
+            decode_only=True, ndims=(3, 4)),
     broken(raises_on_odd_lengths, "matches_golden", "raises for an odd number of keys"),
     broken(hangs_on_long_inputs, "matches_golden", "hangs for more than 8 keys", deadline_s=0.5),
     broken(nan_output, "matches_golden", "NaN in the last output row"),
