@@ -171,7 +171,13 @@ class Report:
         infinite error ratio, an inf or NaN in a counterexample's arrays) is written as the string
         ``"Infinity"``, ``"-Infinity"`` or ``"NaN"``, as JSON Schema and protobuf's JSON mapping
         write them, so any JSON parser reads the file and no figure is dropped."""
-        return json.dumps(_strict(self.to_dict()), indent=2, allow_nan=False, ensure_ascii=False)
+        return strict_json(self.to_dict())
+
+
+def strict_json(data: Any) -> str:
+    """``data`` as strict JSON (RFC 8259), indented: a non-finite float is written as the string
+    ``"Infinity"``, ``"-Infinity"`` or ``"NaN"`` (`Report.to_json` says why)."""
+    return json.dumps(_strict(data), indent=2, allow_nan=False, ensure_ascii=False)
 
 
 NON_FINITE = {math.inf: "Infinity", -math.inf: "-Infinity"}
