@@ -39,7 +39,8 @@ def parser() -> argparse.ArgumentParser:
                        "path/to/file.py:attr")
     check.add_argument("--profile", choices=list(PROFILES), default="ci",
                        help="quick: 10 examples per law; ci: 40, derandomized (default); thorough: 400; "
-                       "scale: the scale laws alone, a few calls each at the sizes where kernels overflow")
+                       "scale: the scale laws alone, a few calls each at the sizes where kernels overflow; "
+                       "judge: every ci law and the long runs (64 calls in a row, then 100 each judged)")
     check.add_argument("--memory", type=_gib, metavar="GIB",
                        help="with --profile scale: what one call may need on the target's device, in GiB "
                        "(default: half the memory this machine has available); a case over it is not run, "

@@ -29,6 +29,10 @@ class Profile:
     """The law family (`spec.registry.Law.family`) this profile runs alone, each law on its
     explicit cases only (its grid; nothing is drawn): ``scale``. Its laws run at no other profile.
     None: every law but those of such families."""
+    adds: tuple[str, ...] = ()
+    """Law families this profile runs besides every law of a profile without a ``family`` (each law
+    on its drawn examples, as the others): ``judge`` adds ``long_runs``. A family some profile adds
+    runs at no profile that does not."""
     setup: Callable[[Target], AbstractContextManager[str]] | None = None
     """What a check of a target at this profile runs within, giving the report's header line for
     the profile (`spec.scale_plan.checking`: the outputs its laws share, the cases not run);
@@ -41,9 +45,13 @@ PROFILES = {
     "thorough": Profile(max_examples=400, derandomize=False, deadline_s=30.0),
     "scale": Profile(max_examples=1, derandomize=True, deadline_s=900.0, family="scale",
                      setup=scale_plan.checking),
+    "judge": Profile(max_examples=40, derandomize=True, deadline_s=10.0, adds=("long_runs",)),
 }
 """``scale``: the laws of `spec.laws.scale`, a few calls each at the sizes where kernels overflow
-(``--memory GIB`` bounds them: `spec.scale_plan`)."""
+(``--memory GIB`` bounds them: `spec.scale_plan`). ``judge``: every law ``ci`` runs, as ``ci`` runs
+it, and the long runs of `spec.laws.long_runs` (64 calls in a row, then 100 each judged), for a
+kernel that may cheat: with the stateful laws every profile runs (`spec.laws.stateful`), state kept
+across calls cannot hide in its outputs."""
 
 
 @contextlib.contextmanager
@@ -63,19 +71,29 @@ def checking(profile: str, target: Target, *, memory: float | None = None) -> It
 
 
 def exclusive_families() -> set[str]:
-    """The law families that run only at their own profile."""
-    return {p.family for p in PROFILES.values() if p.family is not None}
+    """The law families that run only at the profiles that name them (`Profile.family`,
+    `Profile.adds`)."""
+    return {p.family for p in PROFILES.values() if p.family is not None} | {
+        family for p in PROFILES.values() for family in p.adds}
+
+
+def running(family: str) -> list[str]:
+    """The profiles at which a law of ``family`` runs: the profile that runs it alone, or every
+    profile without a ``family`` (of those, only the ones that add it, for a family added)."""
+    exclusive = exclusive_families()
+    return [name for name, p in PROFILES.items()
+            if (family == p.family if p.family is not None else family not in exclusive or family in p.adds)]
 
 
 def runs_at(family: str, profile: str) -> str | None:
     """Why a law of ``family`` does not run at ``profile`` (None when it does)."""
+    where = running(family)
+    if profile in where:
+        return None
     own = PROFILES[profile].family
-    if own is not None and family != own:
-        ordinary = "|".join(name for name, p in PROFILES.items() if p.family is None)
-        return f"runs at --profile {ordinary} (--profile {profile} runs the {own} laws alone)"
-    if own is None and family in exclusive_families():
-        return f"runs only at --profile {family}"
-    return None
+    if own is not None:
+        return f"runs at --profile {'|'.join(where)} (--profile {profile} runs the {own} laws alone)"
+    return f"runs only at --profile {'|'.join(where)}"
 
 
 def register_test_profiles() -> None:

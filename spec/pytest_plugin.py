@@ -6,9 +6,9 @@ adds one test per law, ``attention-spec::<law>``, to whatever else is collected
 (``-k`` selects among them; pytest-xdist spreads them over workers); with ``--attention-only``
 they are all that is collected (the project's own test files are not even imported). Registered
 through the ``pytest11`` entry point, so installing the package is enough; without a target the
-plugin adds nothing. Options: ``--attention-profile quick|ci|thorough`` (default ci), ``--attention-seed N``,
-``--attention-max-examples N``, ``--attention-isolation thread|caller|process`` (overrides the
-target's declaration; ``process`` turns a crash or a call stuck in C into that law's failure),
+plugin adds nothing. Options: ``--attention-profile quick|ci|thorough|judge|scale`` (default ci),
+``--attention-seed N``, ``--attention-max-examples N``, ``--attention-isolation thread|caller|process``
+(overrides the target's declaration; ``process`` turns a crash or a call stuck in C into that law's failure),
 ``--attention-deadline SECONDS`` (per call; overrides the profile's and the target's),
 ``--attention-keep-going`` (run every law: without it, once the target's signature is found to
 differ, it missed its deadline in two laws or raised the same exception in three in a row, the laws
@@ -65,7 +65,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--attention-only", action="store_true", default=False,
                     help="collect only the laws (none of the project's own tests)")
     group.addoption("--attention-profile", choices=list(PROFILES), default="ci",
-                    help="examples per law: quick, ci (default, derandomized) or thorough")
+                    help="examples per law: quick, ci (default, derandomized) or thorough; scale: the "
+                    "scale laws alone; judge: every ci law and the long runs")
     group.addoption("--attention-seed", type=int, default=None, metavar="N", help="random seed")
     group.addoption("--attention-max-examples", type=int, default=None, metavar="N",
                     help="examples per law")

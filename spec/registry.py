@@ -43,6 +43,8 @@ LAW_MODULES: tuple[str, ...] = (
     "spec.laws.pairs",
     "spec.laws.calls",
     "spec.laws.edges",
+    "spec.laws.stateful",
+    "spec.laws.long_runs",
     "spec.laws.scale",
 )
 """Every module of laws, in report order. Add a family here (one line)."""

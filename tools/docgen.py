@@ -38,13 +38,18 @@ def _catches(text: str) -> str:
 
 def law_reference() -> str:
     """Markdown: every law of `spec.registry.LAWS`, grouped by family, in report order."""
+    from spec.profiles import running
     from spec.registry import LAW_MODULES, LAWS
 
+    ordinary = running("core")  # a family no profile names
     lines: list[str] = []
     for module in LAW_MODULES:
         laws = [p for p in LAWS.values() if p.module == module]
         family = module.rsplit(".", 1)[-1]
-        lines += [f"## {family}", "", f"{len(laws)} laws in `{module}`.", ""]
+        where = running(family)
+        only = "" if where == ordinary else \
+            f" They run at {' and '.join(f'`--profile {name}`' for name in where)} only."
+        lines += [f"## {family}", "", f"{len(laws)} laws in `{module}`.{only}", ""]
         for prop in laws:
             needs = prop.requires or "nothing beyond a plain target"
             lines += [

@@ -19,6 +19,7 @@ from gallery import (
     edges,
     gradients,
     lengths,
+    long_runs,
     lse,
     masks,
     pairs,
@@ -27,12 +28,13 @@ from gallery import (
     scale,
     sinks,
     softcap,
+    stateful,
     window,
 )
 from gallery.base import Broken
 
 FAMILIES = (core, masks, gradients, range_edges, bias, alibi, window, softcap, sinks, lengths, cache, past,
-            dropout, lse, pairs, calls, edges, scale)
+            dropout, lse, pairs, calls, edges, stateful, long_runs, scale)
 
 BROKEN: list[Broken] = [b for family in FAMILIES for b in family.BROKEN]
 CORRECT = [t for family in FAMILIES for t in family.CORRECT]
