@@ -33,6 +33,8 @@ class Profile:
     """Law families this profile runs besides every law of a profile without a ``family`` (each law
     on its drawn examples, as the others): ``judge`` adds ``long_runs``. A family some profile adds
     runs at no profile that does not."""
+    power: bool = False
+    """Judge the suite's own cases too, whatever the check asks (`spec.power`): ``judge``."""
     setup: Callable[[Target], AbstractContextManager[str]] | None = None
     """What a check of a target at this profile runs within, giving the report's header line for
     the profile (`spec.scale_plan.checking`: the outputs its laws share, the cases not run);
@@ -45,13 +47,13 @@ PROFILES = {
     "thorough": Profile(max_examples=400, derandomize=False, deadline_s=30.0),
     "scale": Profile(max_examples=1, derandomize=True, deadline_s=900.0, family="scale",
                      setup=scale_plan.checking),
-    "judge": Profile(max_examples=40, derandomize=True, deadline_s=10.0, adds=("long_runs",)),
+    "judge": Profile(max_examples=40, derandomize=True, deadline_s=10.0, adds=("long_runs",), power=True),
 }
 """``scale``: the laws of `spec.laws.scale`, a few calls each at the sizes where kernels overflow
 (``--memory GIB`` bounds them: `spec.scale_plan`). ``judge``: every law ``ci`` runs, as ``ci`` runs
-it, and the long runs of `spec.laws.long_runs` (64 calls in a row, then 100 each judged), for a
-kernel that may cheat: with the stateful laws every profile runs (`spec.laws.stateful`), state kept
-across calls cannot hide in its outputs."""
+it, and the long runs of `spec.laws.long_runs` (64 calls in a row, then 100 each judged), the
+power guard on (`spec.power`), for a kernel that may cheat: with the stateful laws every profile
+runs (`spec.laws.stateful`), state kept across calls cannot hide in its outputs."""
 
 
 @contextlib.contextmanager

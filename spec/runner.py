@@ -533,7 +533,8 @@ def check(
     ``power``: the power guard also judges the suite's own cases, never the target (`spec.power`):
     each law's result says which trivial kernels (zeros, the mean of V, uniform weights, ignoring the
     mask or the scale, a lower precision) its calls' cases tell from the golden, and the report
-    sums them up (`Report.power_table`); the verdict on the target is the same either way.
+    sums them up (`Report.power_table`); the verdict on the target is the same either way. A
+    profile may turn it on whatever ``power`` says (``judge``: `spec.profiles.Profile.power`).
 
     Raises `spec.TargetError` when the target does not load and ValueError for an
     unknown profile or law name, or a memory or time budget that is not a positive number.
@@ -553,6 +554,7 @@ def check(
     loaded = configure(load(target), isolation=isolation, deadline=deadline)
     if source is None:
         source = target if isinstance(target, str) else source_of(target)
+    power = power or PROFILES[profile].power
     report = Report(target=loaded.name, profile=profile, seed=seed, limits=limits_text(loaded), power=power,
                     budget_s=budget_s)
     start = time.perf_counter()
