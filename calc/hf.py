@@ -541,6 +541,18 @@ def qwen_experts(r: Reader, fields: Fields) -> Fields:
     return fields
 
 
+def local_experts_alias(r: Reader, fields: Fields) -> Fields:
+    """Qwen3-VL-MoE: ``num_local_experts`` is what its config class saves for ``num_experts`` (an attribute
+    alias); where both are given they must agree."""
+    local = r.get("num_local_experts")
+    if local is not None:
+        if r.raw.get("num_experts", local) != local:
+            r.invalid("num_local_experts", f"{local!r} is not num_experts {r.raw['num_experts']!r}, which it "
+                      "stands for", None)
+        r.defaults = {**r.defaults, "num_experts": local}
+    return fields
+
+
 def deepseek_experts(r: Reader, fields: Fields) -> Fields:
     if r.get("moe_layer_freq", 1) != 1:
         r.invalid("moe_layer_freq", f"only 1 (every layer after the dense ones) is supported, "
@@ -805,6 +817,14 @@ TYPES: dict[str, ModelType] = {
     "qwen3_5_moe_text": ModelType(experts_only_body, parts=(no_extra_biases, qwen3_next_layers, qwen_experts),
                                   features={"qk_norm": True, "attention_output_gate": True},
                                   keys=QWEN_MOE_KEYS),
+    # Qwen3-VL's text model (Qwen3VLTextConfig): Qwen3's layers (q/k norms shared by the heads), no window;
+    # its multimodal rotary sections (mrope_section in the RoPE parameters) add no parameters
+    "qwen3_vl_text": ModelType(parts=(no_extra_biases,), features={"qk_norm": True}),
+    # Qwen3VLMoeTextConfig saves num_experts as num_local_experts, and sets sliding_window to null whatever
+    # the file says (no layer has a window)
+    "qwen3_vl_moe_text": ModelType(parts=(no_extra_biases, local_experts_alias, qwen_experts),
+                                   features={"qk_norm": True}, defaults={"tie_word_embeddings": True},
+                                   keys=QWEN_MOE_KEYS, ignored=frozenset({"sliding_window"})),
     # SmolLM3Config has no max_window_layers (its windows follow the NoPE layers)
     "smollm3": ModelType(parts=(no_extra_biases, smollm3_layers), defaults={"tie_word_embeddings": True},
                          ignored=frozenset({"max_window_layers"})),
@@ -871,7 +891,7 @@ ACTIVATION_KEYS = {"gpt2": "activation_function", "gpt_bigcode": "activation_fun
                    "gemma3_text": "hidden_activation"}
 # Multimodal configs hold their language model in text_config.
 OUTER = {"gemma3": "gemma3_text", "llama4": "llama4_text", "qwen3_5": "qwen3_5_text",
-         "qwen3_5_moe": "qwen3_5_moe_text"}
+         "qwen3_5_moe": "qwen3_5_moe_text", "qwen3_vl": "qwen3_vl_text", "qwen3_vl_moe": "qwen3_vl_moe_text"}
 SUPPORTED = (*TYPES, *OUTER)
 
 
@@ -935,8 +955,11 @@ def read_config(raw: Mapping[str, Any]) -> tuple[str, Reader, Fields]:
         if not isinstance(text, Mapping):
             raise ConfigError("text_config",
                               f"missing (a {model_type} config holds the language model there)")
+        # the multimodal model ties its head to the text embedding as its outer config says (Qwen3-VL-MoE's
+        # text config keeps a default of its own that the multimodal model does not read)
+        tie = {"tie_word_embeddings": raw["tie_word_embeddings"]} if "tie_word_embeddings" in raw else {}
         model_type = OUTER[model_type]
-        raw = {**text, "model_type": model_type}
+        raw = {**text, **tie, "model_type": model_type}
     if not isinstance(model_type, str) or model_type not in TYPES:
         if model_type is None:
             raise ConfigError("model_type", f"missing; supported: {', '.join(SUPPORTED)}")

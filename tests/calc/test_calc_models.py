@@ -67,6 +67,9 @@ MODELS = {
     # Qwen3.5's text models: 8 of 32 and 10 of 40 layers attend, the others are Gated DeltaNet
     "qwen3-5-transformers-defaults": Counted(8_953_803_264, None, 2 * 8 * 4 * 256 * 2),
     "qwen3-5-moe-transformers-defaults": Counted(34_660_610_688, 3_454_988_928, 2 * 10 * 2 * 256 * 2),
+    # Qwen3-VL's text models (the multimodal model's language model and head; its vision tower apart)
+    "qwen3-vl-transformers-defaults": Counted(12_049_461_248, None, 2 * 32 * 32 * 128 * 2),
+    "qwen3-vl-moe-transformers-defaults": Counted(13_485_121_536, 1_858_510_848, 2 * 24 * 16 * 128 * 2),
     # files with keys of calc.hf.INERT (runner_max_sequence_length, use_mrope, transformers.js_config)
     "santacoder": Counted(1_124_886_528, None, 2 * 24 * 1 * 128 * 2),  # multi-query
     "qwen2.5-0.5b": Counted(494_032_768, None, 2 * 24 * 2 * 64 * 2),
@@ -101,7 +104,7 @@ def test_every_new_type_has_a_fixture_here():
            "olmo2", "phi", "starcoder2", "cohere", "falcon", "stablelm", "gpt_bigcode", "opt",
            "qwen2", "llama",  # Qwen2.5 and SmolLM2: the inert keys of their files
            "olmo3", "minimax_m2", "glm_moe_dsa", "ernie4_5", "ernie4_5_moe", "qwen3_5",
-           "qwen3_5_moe"}
+           "qwen3_5_moe", "qwen3_vl", "qwen3_vl_moe"}
     assert {raw(name)["model_type"] for name in MODELS} == new
 
 
@@ -576,6 +579,9 @@ VARIANTS = {
         "qwen3-next-80b-a3b", mlp_only_layers=[1], num_hidden_layers=8, num_experts=8, num_experts_per_tok=2),
     "phi, grouped K/V": _variant("phi-2", num_key_value_heads=8, num_hidden_layers=2),
     "opt, untied": _variant("opt-125m", tie_word_embeddings=False, num_hidden_layers=2),
+    "qwen3_vl_moe, dense layers by index and by step": _variant(
+        "qwen3-vl-moe-transformers-defaults", mlp_only_layers=[0], decoder_sparse_step=2, num_hidden_layers=4,
+        num_local_experts=8, tie_word_embeddings=True),
 }
 
 
@@ -613,12 +619,31 @@ def test_keys_a_config_class_carries_and_the_variant_does_not_read_are_accepted(
         ("deepseek-v3.2", {"qk_head_dim": 128}, "qk_head_dim"),
         ("deepseek-v3.2", {"mlp_layer_types": ["sparse"] * 61}, "mlp_layer_types"),
         ("glm-moe-dsa-transformers-defaults", {"indexer_types": ["full", "shared"] * 39}, "indexer_types"),
+        # the alias Qwen3VLMoeTextConfig saves for num_experts, disagreeing with it
+        ("qwen3-vl-moe-transformers-defaults", {"num_experts": 8}, "num_local_experts"),
     ],
 )
 def test_keys_that_would_change_a_count_are_still_refused(name, changes, key):
+    config = raw(name)
+    if "text_config" in config:
+        config = {**config, "text_config": {**config["text_config"], **changes}}
+    else:
+        config = {**config, **changes}
     with pytest.raises(ConfigError) as err:
-        from_config({**raw(name), **changes})
+        from_config(config)
     assert err.value.field == key
+
+
+def test_a_multimodal_models_head_is_tied_as_its_outer_config_says():
+    # Qwen3VLMoeTextConfig's default ties (true), the multimodal config does not: transformers' model unties
+    outer = raw("qwen3-vl-moe-transformers-defaults")
+    assert outer["text_config"]["tie_word_embeddings"] is True and outer["tie_word_embeddings"] is False
+    untied, tied = from_config(outer), from_config({**outer, "tie_word_embeddings": True})
+    assert (untied.tied_embeddings, tied.tied_embeddings) == (False, True)
+    d, vocab = 2048, 151936
+    assert ledger.checkpoint(untied)["total"] - ledger.checkpoint(tied)["total"] == vocab * d
+    # a text config without the key (Qwen3VLTextConfig has none) takes the outer one too
+    assert from_config({**raw("qwen3-vl-transformers-defaults"), "tie_word_embeddings": True}).tied_embeddings
 
 
 def test_falcon_old_architecture_with_two_parallel_norms_counts_them():
