@@ -82,6 +82,30 @@ class Mamba:
 
 
 @dataclass(frozen=True)
+class Mamba2:
+    """A Mamba-2 layer (Dao & Gu 2024) as Nemotron-H uses it: h_m heads of d_in/h_m channels share one step
+    size and decay per head, and B, C are shared by the heads of each of G groups; it keeps a state of
+    d_in × d_st and the last K − 1 inputs of its convolution whatever the context, and no KV cache."""
+
+    d_inner: int  # d_in = h_m · head width
+    heads: int  # h_m
+    groups: int  # G, the groups that share B and C
+    d_state: int  # d_st
+    conv_kernel: int  # K
+    conv_bias: bool
+    proj_bias: bool  # biases on in_proj and out_proj
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "bool":
+                if not isinstance(value, bool):
+                    raise ConfigError(f"mamba2.{f.name}", f"must be True or False, got {value!r}")
+            else:
+                check_positive(f"mamba2.{f.name}", value)
+
+
+@dataclass(frozen=True)
 class Config:
     """One decoder-only transformer; field names are the JSON keys of ``config``."""
 
@@ -125,7 +149,11 @@ class Config:
     linear_attention: GatedDeltaNet | None = None  # the shape of its linear-attention layers
     n_linear_layers: int = 0  # L_lin: linear-attention layers (no KV cache)
     mamba: Mamba | None = None  # the shape of its Mamba layers
-    n_mamba_layers: int = 0  # L_m: Mamba layers (no KV cache)
+    mamba2: Mamba2 | None = None  # or of its Mamba-2 layers (Nemotron-H)
+    n_mamba_layers: int = 0  # L_m: Mamba or Mamba-2 layers (no KV cache)
+    # L_0: layers without an MLP. Nemotron-H's blocks hold one mixer or one MLP each: calc counts a layer per
+    # mixer (attention or Mamba-2) and gives its MLP blocks to as many of them, the same weights and costs
+    n_mlp_free_layers: int = 0
     # DeepSeek Sparse Attention (DeepSeek V3.2): each query of a sparse layer attends to the k_I keys its
     # indexer scores highest; the indexer scores every earlier key at h_I heads of width d_I
     n_sparse_layers: int = 0  # L_s: attention layers with top-k selection
@@ -170,7 +198,8 @@ class Config:
                      "d_shared_expert", "n_dense_layers", "kv_lora_rank", "q_lora_rank", "d_rope", "d_value",
                      "n_mtp_layers", "position_offset", "n_chunked_layers", "n_nope_layers",
                      "n_linear_layers",
-                     "n_mamba_layers", "n_sparse_layers", "index_topk", "index_heads", "index_head_dim"):
+                     "n_mamba_layers", "n_sparse_layers", "index_topk", "index_heads", "index_head_dim",
+                     "n_mlp_free_layers"):
             check_count(name, getattr(self, name))
         for name in ("tied_embeddings", "router_bias", "expert_bias", "shared_expert_gate", "lm_head_bias",
                      "qk_norm", "qk_norm_per_head", "attention_sinks", "attention_output_gate",
@@ -205,9 +234,15 @@ class Config:
             check_positive("attention_chunk", self.attention_chunk)
         if self.n_chunked_layers and self.attention_chunk is None:
             raise ConfigError("attention_chunk", f"missing, but {self.n_chunked_layers} layers are chunked")
-        for count, shape in (("n_linear_layers", "linear_attention"), ("n_mamba_layers", "mamba")):
-            if getattr(self, count) and getattr(self, shape) is None:
-                raise ConfigError(shape, f"missing, but {count} is {getattr(self, count)}")
+        if self.n_linear_layers and self.linear_attention is None:
+            raise ConfigError("linear_attention", f"missing, but n_linear_layers is {self.n_linear_layers}")
+        if self.mamba is not None and self.mamba2 is not None:
+            raise ConfigError("mamba2", "is set beside mamba: a model's Mamba layers are of one kind")
+        if self.n_mamba_layers and self.mamba is None and self.mamba2 is None:
+            raise ConfigError("mamba", f"missing, but n_mamba_layers is {self.n_mamba_layers}")
+        if self.n_mlp_free_layers >= self.n_layers:
+            raise ConfigError("n_mlp_free_layers", f"{self.n_mlp_free_layers} leaves no MLP in the "
+                              f"{self.n_layers} layers")
         if self.n_sparse_layers:
             for name in ("index_topk", "index_heads", "index_head_dim"):
                 check_positive(name, getattr(self, name))
@@ -240,9 +275,9 @@ class Config:
         check_positive("d_expert", self.d_expert)
         if self.shared_expert_gate and not self.n_shared_experts:
             raise ConfigError("shared_expert_gate", "is set, but there is no shared expert")
-        if self.n_dense_layers >= self.n_layers:
-            raise ConfigError("n_dense_layers",
-                              f"{self.n_dense_layers} leaves no MoE layer of {self.n_layers}")
+        if self.n_dense_layers >= self.n_mlp_layers:
+            raise ConfigError("n_dense_layers", f"{self.n_dense_layers} leaves no MoE layer of the "
+                              f"{self.n_mlp_layers} with an MLP")
 
     @property
     def attention_width(self) -> int:
@@ -263,6 +298,11 @@ class Config:
     def n_full_layers(self) -> int:
         """Attention layers that see every earlier key: neither windowed, chunked nor sparse."""
         return self.n_attention_layers - self.n_window_layers - self.n_chunked_layers - self.n_sparse_layers
+
+    @property
+    def n_mlp_layers(self) -> int:
+        """Layers with an MLP (dense or experts): all but the MLP-free ones."""
+        return self.n_layers - self.n_mlp_free_layers
 
     @property
     def is_moe(self) -> bool:

@@ -126,7 +126,7 @@ def state_formula(config: Config) -> Expr:
     if config.n_linear_layers:
         expr += f.L_lin * f.deltanet_state
     if config.n_mamba_layers:
-        expr += f.L_m * f.mamba_state
+        expr += f.L_m * (f.mamba2_state if config.mamba2 is not None else f.mamba_state)
     return expr * f.b
 
 

@@ -11,7 +11,9 @@
     d_s   shared expert width    C     attention chunk      L_c   chunked-attention layers
     m_C   ⌊n/C⌋ whole chunks     r_C   n mod C, the tokens of the last chunk (values given with n)
     L_lin linear-attention layers (h_lk, h_lv heads of d_lk, d_lv; convolution of K taps)
-    L_m   Mamba layers (inner width d_in, state d_st, step rank r_dt, convolution of K taps)
+    L_m   Mamba layers (inner width d_in, state d_st, step rank r_dt, convolution of K taps; Mamba-2:
+          h_m heads, G groups sharing B and C)
+    L_0   layers without an MLP (Nemotron-H: a block holds one mixer or one MLP)
     b_m   micro-batch            t     tensor-parallel degree   N_d  data-parallel devices   P  parameters
     b_w, b_g, b_o  bytes a parameter of weights, gradients and optimizer states (ZeRO's K)
 
@@ -43,6 +45,9 @@ m_C, r_C = symbols("m_C r_C", nonnegative=True, integer=True)
 # DeepSeek Sparse Attention: L_s layers whose queries attend to the k_I keys an indexer of h_I heads of width
 # d_I scores highest.
 L_s, k_I, h_I, d_I = symbols("L_s k_I h_I d_I", positive=True, integer=True)
+# Mamba-2: h_m heads, G groups that share B and C; L_0 layers without an MLP (may be 0).
+h_m, G = symbols("h_m G", positive=True, integer=True)
+L_0 = Symbol("L_0", nonnegative=True, integer=True)
 # Layers by kind: L_a = L − L_lin − L_m have softmax attention (linear-attention and Mamba layers hold a
 # fixed-size state and no KV cache); of those, L_w are windowed, L_c chunked and L_s sparse (top-k), and the
 # rest see every key.
@@ -120,9 +125,19 @@ expert_bias = 2 * d_e + d
 moe_expert_biases = (L - L_d) * E * expert_bias
 moe_inactive = (L - L_d) * (E - k_E) * expert
 moe_inactive_biases = (L - L_d) * (E - k_E) * expert_bias
+# Experts, shared experts and dense layers without a gate (Nemotron-H: up and down, a squared ReLU between).
+expert_ungated = 2 * d * d_e
+moe_experts_ungated = (L - L_d) * E * expert_ungated
+moe_shared_experts_ungated = (L - L_d) * S * 2 * d * d_s
+mlp_dense_layers_ungated = L_d * 2 * d * d_ff
+moe_inactive_ungated = (L - L_d) * (E - k_E) * expert_ungated
 # Biases of a dense MLP: up and down (GPT), or gate, up and down (a gated MLP with biases).
 mlp_dense_bias = L * (d_ff + d)
 mlp_gated_bias = L * (2 * d_ff + d)
+# In an MoE model, those of its dense layers and shared experts (Nemotron-H's mlp_bias; routed experts
+# keep none there).
+moe_mlp_dense_bias = L_d * (d_ff + d) + (L - L_d) * S * (d_s + d)
+moe_mlp_gated_bias = L_d * (2 * d_ff + d) + (L - L_d) * S * (2 * d_s + d)
 
 # Multi-head latent attention (DeepSeek-V2/V3). Queries go down to rank r_q, are normed, and go up to h
 # heads of d_k = d_nope + d_r; keys and values share one latent of rank r_kv (normed) plus one rotary key
@@ -158,6 +173,18 @@ mamba_proj_bias = 2 * d_in + d
 mamba_inner_norms = r_dt + 2 * d_st
 # Its state, per sequence and layer: the SSM state d_in × d_st and the last K − 1 inputs of the convolution.
 mamba_state = d_in * d_st + (K - 1) * d_in
+# Mamba-2 (Dao & Gu 2024; Nemotron-H's layer, NemotronHMamba2Mixer): in_proj d → 2·d_in + 2·G·d_st + h_m (x,
+# the gate z, B and C of G groups, a step per head), a depthwise convolution of K taps over x, B and C,
+# per-head dt_bias, A_log and D, a gated RMSNorm of d_in, out_proj d_in → d. Optional: the convolution's
+# bias, and in/out projection biases.
+mamba2_conv_width = d_in + 2 * G * d_st
+mamba2_per_layer = (d * (2 * d_in + 2 * G * d_st + h_m) + mamba2_conv_width * K + 3 * h_m + d_in
+                    + d_in * d)
+mamba2_conv_bias = mamba2_conv_width
+mamba2_proj_bias = 2 * d_in + 2 * G * d_st + h_m + d
+# Its state, per sequence and layer: h_m heads of (d_in/h_m) × d_st, and the last K − 1 inputs of the
+# convolution (x, B and C).
+mamba2_state = d_in * d_st + (K - 1) * mamba2_conv_width
 
 # --- Attention pattern: memory and FLOPs ----------------------------------------------------------
 entries_per_head = n**2

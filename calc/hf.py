@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from calc.config import Config, ConfigError, GatedDeltaNet, Mamba
+from calc.config import Config, ConfigError, GatedDeltaNet, Mamba, Mamba2
 
 _MISSING = object()
 Fields = dict[str, Any]
@@ -520,6 +520,118 @@ def jamba_layers(r: Reader, fields: Fields) -> Fields:
             "d_expert": fields["d_ff"], "n_dense_layers": n_layers - n_moe}
 
 
+NEMOTRON_H_PATTERN = {"M": "linear_attention", "E": "moe", "*": "full_attention", "-": "mlp"}
+# NemotronHConfig's older names of its Mamba keys: where a file gives one, it wins over the new name
+NEMOTRON_H_LEGACY = {"n_groups": "mamba_n_groups", "conv_kernel": "mamba_d_conv",
+                     "use_conv_bias": "mamba_conv_bias"}
+
+
+# keys that size nothing where no block is of their kind
+NEMOTRON_H_MAMBA_KEYS = ("mamba_num_heads", "mamba_head_dim", "n_groups", "ssm_state_size", "conv_kernel",
+                         "use_conv_bias", "use_bias", *NEMOTRON_H_LEGACY.values())
+NEMOTRON_H_EXPERT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts_per_tok",
+                          "moe_intermediate_size", "moe_shared_expert_intermediate_size")
+
+
+def nemotron_h_blocks(r: Reader) -> list[str]:
+    """Nemotron-H's blocks in order: ``layers_block_type`` (or its alias ``layer_types``), else
+    ``hybrid_override_pattern`` (M Mamba-2, * attention, - MLP, E experts), else NemotronHConfig's default;
+    ``num_hidden_layers`` is not read (transformers derives it from the list)."""
+    r.known("num_hidden_layers")
+    for key in ("layers_block_type", "layer_types"):
+        if r.get(key) is not None:
+            r.known("hybrid_override_pattern")
+            blocks = r.get(key)
+            kinds = NEMOTRON_H_PATTERN.values()
+            if not isinstance(blocks, list) or not blocks or not set(blocks) <= set(kinds):
+                return list(r.invalid(key, f"must list each block as one of {', '.join(kinds)}, got "
+                                      f"{blocks!r}", ["full_attention"]))
+            return blocks
+    pattern = r.get("hybrid_override_pattern")
+    if pattern is None:
+        return ["linear_attention", "moe", "full_attention", "mlp"]
+    if not isinstance(pattern, str) or not pattern or not set(pattern) <= set(NEMOTRON_H_PATTERN):
+        return list(r.invalid("hybrid_override_pattern", "must be a string of "
+                              f"{''.join(NEMOTRON_H_PATTERN)}, got {pattern!r}", ["full_attention"]))
+    return [NEMOTRON_H_PATTERN[c] for c in pattern]
+
+
+def nemotron_h_body(r: Reader) -> Fields:
+    """Nemotron-H (NemotronHConfig): blocks of one norm and one mixer each, a Mamba-2 layer, attention
+    (Q, K, V, O without biases), a dense MLP (up and down, no gate) or experts. calc counts a layer per
+    Mamba-2 or attention block and gives the MLP and expert blocks to as many of them (the same weights and
+    costs in another order); the blocks left over have no MLP."""
+    blocks = nemotron_h_blocks(r)
+    mixers = [b for b in blocks if b in ("linear_attention", "full_attention")]
+    n_mlp = len(blocks) - len(mixers)
+    if n_mlp > len(mixers):
+        r.invalid("layers_block_type", f"{n_mlp} MLP and expert blocks to {len(mixers)} Mamba-2 and "
+                  "attention blocks: calc pairs each MLP block with a mixer, and cannot pair more", None)
+    r.kinds = ["mamba" if b == "linear_attention" else "full_attention" for b in mixers]
+    d, n_heads = r.integer("hidden_size"), r.integer("num_attention_heads")
+    n_layers = max(len(mixers), 1)
+    n = Counter(blocks)
+    notes = [f"{len(blocks)} blocks of one mixer or one MLP each: {n['linear_attention']} Mamba-2, "
+             f"{n['full_attention']} attention, {n['mlp']} MLP, {n['moe']} experts; calc counts a layer per "
+             "Mamba-2 or attention block and gives it one of the MLP blocks while they last"]
+    if r.boolean("tie_word_embeddings", False):  # NemotronHForCausalLM ties no weights
+        notes.append("tie_word_embeddings is true, but transformers' Nemotron-H ties no weights: its head is "
+                     "counted apart from the embedding")
+    if r.get("num_nextn_predict_layers"):
+        r.invalid("num_nextn_predict_layers", "multi-token-prediction blocks, which transformers' Nemotron-H "
+                  "does not build, are not modelled", None)
+    r.known("mtp_layers_block_type", "mtp_hybrid_override_pattern")
+    return {
+        "arch": "llama", "n_layers": n_layers, "d_model": d, "n_heads": n_heads,
+        "d_head": r.head_dim(d, n_heads), "n_kv_heads": r.integer("num_key_value_heads", n_heads),
+        "d_ff": r.integer("intermediate_size"), "vocab_size": r.integer("vocab_size"),
+        "n_ctx": r.integer("max_position_embeddings"), "tied_embeddings": False, "mlp_gated": False,
+        "mlp_bias": r.boolean("mlp_bias", False), "n_mlp_free_layers": max(n_layers - n_mlp, 0),
+        "notes": tuple(notes), **nemotron_h_mamba2(r, blocks.count("linear_attention")),
+        **nemotron_h_experts(r, blocks.count("moe"), blocks.count("mlp")),
+    }
+
+
+def nemotron_h_mamba2(r: Reader, n_mamba: int) -> Fields:
+    """The shape of Nemotron-H's ``n_mamba`` Mamba-2 blocks (none: their keys size nothing); where a file
+    gives a legacy name (``mamba_n_groups``), NemotronHConfig takes its value over the new one."""
+    def named(key: str) -> str:
+        legacy = NEMOTRON_H_LEGACY[key]
+        r.known(key, legacy)
+        return legacy if legacy in r.raw else key
+
+    if not n_mamba:
+        r.known(*NEMOTRON_H_MAMBA_KEYS)
+        return {}
+    heads = r.integer("mamba_num_heads")
+    return {"n_mamba_layers": n_mamba, "mamba2": Mamba2(
+        d_inner=heads * r.integer("mamba_head_dim"), heads=heads, groups=r.integer(named("n_groups")),
+        d_state=r.integer("ssm_state_size"), conv_kernel=r.integer(named("conv_kernel")),
+        conv_bias=r.boolean(named("use_conv_bias"), True), proj_bias=r.boolean("use_bias", False))}
+
+
+def nemotron_h_experts(r: Reader, n_moe: int, n_mlp: int) -> Fields:
+    """Nemotron-H's ``n_moe`` expert blocks (NemotronHMoE): routed experts without a gate, one shared MLP of
+    ``moe_shared_expert_intermediate_size`` whatever ``n_shared_experts`` says, a sigmoid router with a
+    score-correction bias per expert (a saved buffer); its ``n_mlp`` MLP blocks are the dense layers."""
+    if r.get("moe_latent_size") is not None:
+        r.invalid("moe_latent_size", "the experts' latent projections (d → moe_latent_size → d) are not "
+                  "modelled", None)
+    if not n_moe:
+        r.known(*NEMOTRON_H_EXPERT_KEYS)
+        return {}
+    experts = r.get("num_local_experts")  # NemotronHConfig's alias of n_routed_experts
+    if experts is not None:
+        if r.raw.get("n_routed_experts", experts) != experts:
+            r.invalid("num_local_experts", f"{experts!r} is not n_routed_experts "
+                      f"{r.raw['n_routed_experts']!r}, which it stands for", None)
+        r.defaults = {**r.defaults, "n_routed_experts": experts}
+    return {"n_experts": r.integer("n_routed_experts"), "experts_per_token": r.integer("num_experts_per_tok"),
+            "d_expert": r.integer("moe_intermediate_size"), "n_shared_experts": 1,
+            "d_shared_expert": r.integer("moe_shared_expert_intermediate_size"), "n_dense_layers": n_mlp,
+            "router_bias": True}
+
+
 def mixtral_experts(r: Reader, fields: Fields) -> Fields:
     return {**fields, "n_experts": r.integer("num_local_experts"),
             "experts_per_token": r.integer("num_experts_per_tok"), "d_expert": fields["d_ff"]}
@@ -825,6 +937,26 @@ TYPES: dict[str, ModelType] = {
     "qwen3_vl_moe_text": ModelType(parts=(no_extra_biases, local_experts_alias, qwen_experts),
                                    features={"qk_norm": True}, defaults={"tie_word_embeddings": True},
                                    keys=QWEN_MOE_KEYS, ignored=frozenset({"sliding_window"})),
+    # Nemotron-H and Nemotron 3 (NemotronHConfig). Read by no weight: attention_bias and sliding_window (its
+    # attention has neither), expand (the Mamba-2 width is heads × head width), mamba_proj_bias (use_bias
+    # is), n_shared_experts (one shared MLP whatever), the Mamba step's initialisation and limits, the scan's
+    # chunking and kernels, the cache's dtype, the residual's dtype and the initialisation's rescaling
+    "nemotron_h": ModelType(nemotron_h_body, parts=(),
+                            keys={**LLAMA_KEYS, "n_layers": "layers_block_type",
+                                  "n_mamba_layers": "layers_block_type", "n_experts": "n_routed_experts",
+                                  "experts_per_token": "num_experts_per_tok",
+                                  "d_expert": "moe_intermediate_size", "n_dense_layers": "layers_block_type",
+                                  "n_mlp_free_layers": "layers_block_type"},
+                            defaults={"head_dim": 128},
+                            ignored=frozenset({
+                                "attention_bias", "sliding_window", "expand", "mamba_expand",
+                                "mamba_proj_bias", "n_shared_experts", "moe_shared_expert_overlap",
+                                "time_step_min", "time_step_max", "time_step_limit", "time_step_floor",
+                                "mamba_dt_min",
+                                "mamba_dt_max", "mamba_dt_limit", "mamba_dt_init_floor", "chunk_size",
+                                "mamba_chunk_size", "use_mamba_kernels", "mamba_ssm_cache_dtype",
+                                "residual_in_fp32", "rescale_prenorm_residual", "mamba_hidden_act",
+                                "mlp_hidden_act"})),
     # SmolLM3Config has no max_window_layers (its windows follow the NoPE layers)
     "smollm3": ModelType(parts=(no_extra_biases, smollm3_layers), defaults={"tie_word_embeddings": True},
                          ignored=frozenset({"max_window_layers"})),
@@ -888,7 +1020,7 @@ TYPES: dict[str, ModelType] = {
 # ACT2FN); it adds no parameters, but what the activation keeps for its backward is training memory.
 ACTIVATION_KEYS = {"gpt2": "activation_function", "gpt_bigcode": "activation_function",
                    "opt": "activation_function", "falcon": "activation", "gemma2": "hidden_activation",
-                   "gemma3_text": "hidden_activation"}
+                   "gemma3_text": "hidden_activation", "nemotron_h": "mlp_hidden_act"}
 # Multimodal configs hold their language model in text_config.
 OUTER = {"gemma3": "gemma3_text", "llama4": "llama4_text", "qwen3_5": "qwen3_5_text",
          "qwen3_5_moe": "qwen3_5_moe_text", "qwen3_vl": "qwen3_vl_text", "qwen3_vl_moe": "qwen3_vl_moe_text"}

@@ -32,7 +32,7 @@ def values(config: Config) -> dict[Symbol, int]:
            f.C: config.attention_chunk or config.n_ctx,
         f.L_lin: config.n_linear_layers, f.L_m: config.n_mamba_layers,
         f.L_s: config.n_sparse_layers, f.k_I: config.index_topk or config.n_ctx,
-        f.h_I: config.index_heads or 1, f.d_I: config.index_head_dim or 1,
+        f.h_I: config.index_heads or 1, f.d_I: config.index_head_dim or 1, f.L_0: config.n_mlp_free_layers,
     }
     if config.linear_attention is not None:
         la = config.linear_attention
@@ -41,6 +41,10 @@ def values(config: Config) -> dict[Symbol, int]:
     if config.mamba is not None:
         m = config.mamba
         env.update({f.d_in: m.d_inner, f.d_st: m.d_state, f.r_dt: m.dt_rank, f.K: m.conv_kernel})
+    if config.mamba2 is not None:
+        m2 = config.mamba2
+        env.update({f.d_in: m2.d_inner, f.d_st: m2.d_state, f.h_m: m2.heads, f.G: m2.groups,
+                    f.K: m2.conv_kernel})
     return env
 
 
@@ -58,16 +62,24 @@ def attention_per_layer_formula(config: Config) -> Expr:
     return f.attention_per_layer
 
 
+def mlp_layers(config: Config, expr: Expr) -> Expr:
+    """``expr``, a count over layers with an MLP, for ``config``: L becomes L − L_0 where L_0 layers have no
+    MLP (Nemotron-H's mixer blocks beyond its MLP blocks)."""
+    return expr.subs(f.L, f.L - f.L_0) if config.n_mlp_free_layers else expr
+
+
 def mlp_formulas(config: Config) -> dict[str, Expr]:
-    """The MLP's weight matrices by component: one dense or gated MLP per layer, or MoE's parts."""
+    """The MLP's weight matrices by component: one dense or gated MLP per layer, or MoE's parts (experts,
+    shared experts and dense layers gated or not, as the model's MLP is)."""
     if not config.is_moe:
-        return {"mlp": f.mlp_gated if config.mlp_gated else f.mlp_dense}
-    parts = {"experts": f.moe_experts, "router": f.moe_router}
+        return {"mlp": mlp_layers(config, f.mlp_gated if config.mlp_gated else f.mlp_dense)}
+    gated = config.mlp_gated
+    parts = {"experts": f.moe_experts if gated else f.moe_experts_ungated, "router": f.moe_router}
     if config.n_shared_experts:
-        parts["shared_experts"] = f.moe_shared_experts
+        parts["shared_experts"] = f.moe_shared_experts if gated else f.moe_shared_experts_ungated
     if config.n_dense_layers:
-        parts["dense_mlp"] = f.mlp_dense_layers
-    return parts
+        parts["dense_mlp"] = f.mlp_dense_layers if gated else f.mlp_dense_layers_ungated
+    return {name: mlp_layers(config, expr) for name, expr in parts.items()}
 
 
 def state_layer_formulas(config: Config) -> dict[str, Expr]:
@@ -76,7 +88,7 @@ def state_layer_formulas(config: Config) -> dict[str, Expr]:
     if config.n_linear_layers:
         parts["linear_attention"] = f.L_lin * f.deltanet_per_layer
     if config.n_mamba_layers:
-        parts["mamba"] = f.L_m * f.mamba_per_layer
+        parts["mamba"] = f.L_m * (f.mamba2_per_layer if config.mamba2 is not None else f.mamba_per_layer)
     return parts
 
 
@@ -131,15 +143,25 @@ def checkpoint_formulas(config: Config) -> dict[str, Expr]:
                  (config.mamba.inner_norms, f.mamba_inner_norms))
         if any(on for on, _ in extra):
             parts["mamba_biases_norms"] = f.L_m * sum((expr for on, expr in extra if on), Integer(0))
+    if config.mamba2 is not None:
+        m2 = config.mamba2
+        extra2 = ((m2.conv_bias, f.mamba2_conv_bias), (m2.proj_bias, f.mamba2_proj_bias))
+        if any(on for on, _ in extra2):
+            parts["mamba_biases"] = f.L_m * sum((expr for on, expr in extra2 if on), Integer(0))
     parts.update(mlp_formulas(config))
     if config.mlp_bias:
-        parts["mlp_bias"] = f.mlp_gated_bias if config.mlp_gated else f.mlp_dense_bias
+        biases = ((f.moe_mlp_gated_bias, f.moe_mlp_dense_bias) if config.is_moe
+                  else (f.mlp_gated_bias, f.mlp_dense_bias))
+        parts["mlp_bias"] = mlp_layers(config, biases[0] if config.mlp_gated else biases[1])
     for on, name, expr in ((config.router_bias, "router_bias", f.moe_router_bias),
                            (config.expert_bias, "expert_biases", f.moe_expert_biases),
                            (config.shared_expert_gate, "shared_expert_gate", f.moe_shared_expert_gate)):
         if on:
-            parts[name] = expr
-    parts["norms"] = f.norms(config.norms_per_layer, bias=bool(config.norm_bias))
+            parts[name] = mlp_layers(config, expr)
+    norms = f.norms(config.norms_per_layer, bias=bool(config.norm_bias))
+    if config.n_mlp_free_layers:  # a layer without an MLP has no norm before one
+        norms -= f.L_0 * f.d * (2 if config.norm_bias else 1)
+    parts["norms"] = norms
     if not config.tied_embeddings:
         parts["unembedding"] = f.unembedding
     if config.lm_head_bias:
@@ -156,7 +178,8 @@ def checkpoint(config: Config) -> dict[str, int]:
 
 def inactive_formula(config: Config) -> Expr:
     """Parameters of the routed experts a token skips (with their biases, where experts have them)."""
-    return f.moe_inactive + (f.moe_inactive_biases if config.expert_bias else 0)
+    inactive = f.moe_inactive if config.mlp_gated else f.moe_inactive_ungated
+    return mlp_layers(config, inactive + (f.moe_inactive_biases if config.expert_bias else 0))
 
 
 def active(config: Config) -> int:

@@ -36,7 +36,7 @@ FEATURE_KEYS = (
     "qk_norm_per_head", "attention_sinks", "attention_output_gate", "n_attention_layers", "attention_chunk",
     "n_chunked_layers", "n_nope_layers", "n_linear_layers", "linear_attention", "n_mamba_layers", "mamba",
     "d_shared_expert", "shared_expert_gate", "expert_bias", "n_sparse_layers", "index_topk", "index_heads",
-    "index_head_dim",
+    "index_head_dim", "mamba2", "n_mlp_free_layers",
     # added with the activations per layer kind (calc.activations)
     "d_rotary", "parallel_block", "activation",
 )
@@ -291,10 +291,13 @@ def _ledger(report: dict[str, Any]) -> Table:
     attention = "2·d·h·d_k + 2·d·g·d_k"
     if cfg["n_experts"]:
         shared = count(cfg["d_shared_expert"] or cfg["d_expert"])
-        mlp = (f"{cfg['n_experts']} experts of 3·d·d_e (d_e = {count(cfg['d_expert'])}) + a router d·E"
-               + (f" + {cfg['n_shared_experts']} shared expert(s) of 3·d·d_s (d_s = {shared})"
+        k = 3 if cfg["mlp_gated"] else 2
+        mlp = (f"{cfg['n_experts']} experts of {k}·d·d_e (d_e = {count(cfg['d_expert'])}) + a router d·E"
+               + (f" + {cfg['n_shared_experts']} shared expert(s) of {k}·d·d_s (d_s = {shared})"
                   if cfg["n_shared_experts"] else "")
-               + (f"; {cfg['n_dense_layers']} layers 3·d·d_ff" if cfg["n_dense_layers"] else ""))
+               + (f"; {cfg['n_dense_layers']} layers {k}·d·d_ff" if cfg["n_dense_layers"] else ""))
+    if cfg["n_mlp_free_layers"]:
+        mlp += f" ({cfg['n_layers'] - cfg['n_mlp_free_layers']} of {cfg['n_layers']} layers have an MLP)"
     if cfg["kv_lora_rank"]:
         q = "d·r_q + r_q·h·d_k" if cfg["q_lora_rank"] else "d·h·d_k"
         attention = f"MLA: {q} + d·(r_kv + d_r) + r_kv·h·(d_k − d_r + d_v) + h·d_v·d"
@@ -303,7 +306,8 @@ def _ledger(report: dict[str, Any]) -> Table:
     notes = [f"attention per layer = {attention}; mlp per layer = {mlp}; attention share = "
              f"{percent(led['attention_share'])} (exactly {led['attention_share']})"]
     if cfg["n_attention_layers"] != cfg["n_layers"]:
-        kind = "linear-attention (Gated DeltaNet)" if cfg["n_linear_layers"] else "Mamba"
+        kind = ("linear-attention (Gated DeltaNet)" if cfg["n_linear_layers"] else
+                "Mamba-2" if cfg["mamba2"] else "Mamba")
         notes.append(f"attention counts its {cfg['n_attention_layers']} attention layers; the other "
                      f"{cfg['n_layers'] - cfg['n_attention_layers']} are {kind} layers, a component of their "
                      "own")
@@ -377,7 +381,7 @@ def window_notes(cfg: dict[str, Any]) -> tuple[str, ...]:
                      f"{cfg['index_heads']} heads of {cfg['index_head_dim']} are in the per-kind "
                      f"table{largest}")
     if cfg["n_attention_layers"] != cfg["n_layers"]:
-        kind = "linear-attention" if cfg["n_linear_layers"] else "Mamba"
+        kind = "linear-attention" if cfg["n_linear_layers"] else "Mamba-2" if cfg["mamba2"] else "Mamba"
         notes.append(f"hybrid: {cfg['n_layers'] - cfg['n_attention_layers']} of {cfg['n_layers']} layers are "
                      f"{kind} layers, with no n×n pattern and no KV cache (a fixed-size state instead); the "
                      f"attention figures are those of the {cfg['n_attention_layers']} attention layers")
@@ -710,9 +714,12 @@ def feature_lines(cfg: dict[str, Any]) -> list[str]:
                      f"{cfg['n_layers']} layers")
     if cfg["n_nope_layers"]:
         parts.append(f"{cfg['n_nope_layers']} NoPE layers")
-    for key, kind in (("n_linear_layers", "linear-attention (Gated DeltaNet)"), ("n_mamba_layers", "Mamba")):
+    for key, kind in (("n_linear_layers", "linear-attention (Gated DeltaNet)"),
+                      ("n_mamba_layers", "Mamba-2" if cfg["mamba2"] else "Mamba")):
         if cfg[key]:
             parts.append(f"{cfg[key]} of {cfg['n_layers']} layers {kind}")
+    if cfg["n_mlp_free_layers"]:
+        parts.append(f"{cfg['n_mlp_free_layers']} of {cfg['n_layers']} layers without an MLP")
     layout = LAYOUTS[cfg["arch"]]
     parts += [LAYOUT_TEXT[key][0 if cfg[key] else 1] for key in LAYOUT_TEXT if cfg[key] != layout[key]]
     if cfg["qk_norm"]:

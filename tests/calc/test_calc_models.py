@@ -70,6 +70,8 @@ MODELS = {
     # Qwen3-VL's text models (the multimodal model's language model and head; its vision tower apart)
     "qwen3-vl-transformers-defaults": Counted(12_049_461_248, None, 2 * 32 * 32 * 128 * 2),
     "qwen3-vl-moe-transformers-defaults": Counted(13_485_121_536, 1_858_510_848, 2 * 24 * 16 * 128 * 2),
+    # Nemotron-H's four blocks (Mamba-2, experts, attention, MLP): 1 attention layer of 8 K/V heads of 128
+    "nemotron-h-transformers-defaults": Counted(1_968_355_720, 1_590_475_144, 2 * 1 * 8 * 128 * 2),
     # files with keys of calc.hf.INERT (runner_max_sequence_length, use_mrope, transformers.js_config)
     "santacoder": Counted(1_124_886_528, None, 2 * 24 * 1 * 128 * 2),  # multi-query
     "qwen2.5-0.5b": Counted(494_032_768, None, 2 * 24 * 2 * 64 * 2),
@@ -104,7 +106,7 @@ def test_every_new_type_has_a_fixture_here():
            "olmo2", "phi", "starcoder2", "cohere", "falcon", "stablelm", "gpt_bigcode", "opt",
            "qwen2", "llama",  # Qwen2.5 and SmolLM2: the inert keys of their files
            "olmo3", "minimax_m2", "glm_moe_dsa", "ernie4_5", "ernie4_5_moe", "qwen3_5",
-           "qwen3_5_moe", "qwen3_vl", "qwen3_vl_moe"}
+           "qwen3_5_moe", "qwen3_vl", "qwen3_vl_moe", "nemotron_h"}
     assert {raw(name)["model_type"] for name in MODELS} == new
 
 
@@ -152,6 +154,59 @@ def test_jamba_mamba_layers_and_interleaved_experts_by_hand():
     assert ledger.checkpoint(config)["total"] == total
     assert costs.kv_cache(config, [1],
                           "bf16")["state_bytes_per_sequence"] == 28 * (d_in * state + 3 * d_in) * 2
+
+
+# Nemotron-H at small sizes: 8 attention heads of 32 (2 K/V), 8 Mamba-2 heads of 16 in 2 groups of state 16
+NEMOTRON_H_SMALL = {"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 8,
+                    "num_key_value_heads": 2, "head_dim": 32, "mamba_num_heads": 8, "mamba_head_dim": 16,
+                    "n_groups": 2, "ssm_state_size": 16, "vocab_size": 1000, "moe_intermediate_size": 64,
+                    "moe_shared_expert_intermediate_size": 96, "n_routed_experts": 4}
+
+
+def _nemotron_h(drop: tuple[str, ...] = (), **changes) -> dict:
+    """The fixture at NEMOTRON_H_SMALL's sizes, its block list dropped (give one), keys dropped, changed."""
+    small = {k: v for k, v in NEMOTRON_H_SMALL.items() if k not in drop}
+    return _variant("nemotron-h-transformers-defaults", drop=("layers_block_type", *drop), **small, **changes)
+
+
+def test_nemotron_h_mamba2_blocks_and_layers_without_an_mlp_by_hand():
+    # 10 blocks: 5 Mamba-2, 2 attention, 3 MLP; biases on the Mamba-2 and MLP projections, none on the conv
+    config = from_config(_nemotron_h(hybrid_override_pattern="M-M*-MM-*M", use_bias=True, mlp_bias=True,
+                                     use_conv_bias=False))
+    d, d_in, groups, state, heads, vocab = 256, 128, 2, 16, 8, 1000
+    in_proj = 2 * d_in + 2 * groups * state + heads  # x, the gate z, B and C, a step per head
+    mamba2 = d * in_proj + in_proj + (d_in + 2 * groups * state) * 4 + 3 * heads + d_in + d_in * d + d
+    attention = 2 * d * 8 * 32 + 2 * d * 2 * 32
+    mlp = 2 * d * 512 + 512 + d  # up and down, no gate, their biases
+    total = 5 * mamba2 + 2 * attention + 3 * mlp + (10 + 1) * d + 2 * vocab * d  # a norm a block, the last
+    assert (config.n_layers, config.n_mamba_layers, config.n_mlp_free_layers) == (7, 5, 4)
+    assert ledger.checkpoint(config)["total"] == total
+    assert layer_types(_nemotron_h(hybrid_override_pattern="M-M*-MM-*M")) == ["mamba"] * 2 + [FULL] + \
+        ["mamba"] * 2 + [FULL] + ["mamba"]
+    # 5 layers keep 8 heads of 16 × 16 and K − 1 = 3 inputs of the convolution over x, B and C, at 2 bytes
+    kv = costs.kv_cache(config, [4096], "bf16")
+    assert kv["state_bytes_per_sequence"] == 5 * (d_in * state + 3 * (d_in + 2 * groups * state)) * 2
+    assert kv["bytes_per_token"] == 2 * 2 * 2 * 32 * 2
+
+
+def test_nemotron_h_experts_without_a_gate_and_one_shared_expert_by_hand():
+    # blocks: Mamba-2, experts, attention, MLP; 4 experts of 64 (2 a token), one shared of 96, a router bias
+    config = from_config(_nemotron_h(layers_block_type=["linear_attention", "moe", "full_attention", "mlp"],
+                                     n_shared_experts=3))  # NemotronHMoE builds one shared expert whatever
+    d = 256
+    moe = 4 * 2 * d * 64 + 4 * d + 4 + 2 * d * 96
+    assert ledger.checkpoint(config)["experts"] + ledger.checkpoint(config)["shared_experts"] == \
+        4 * 2 * d * 64 + 2 * d * 96
+    assert ledger.checkpoint(config)["router"] + ledger.checkpoint(config)["router_bias"] == 4 * d + 4
+    assert ledger.checkpoint(config)["dense_mlp"] == 2 * d * 512
+    assert ledger.checkpoint(config)["total"] - ledger.active(config) == (4 - 2) * 2 * d * 64 < moe
+
+
+def test_nemotron_h_ties_no_head_and_says_so():
+    untied = from_config(_nemotron_h())
+    tied = from_config(_nemotron_h(tie_word_embeddings=True))  # NemotronHForCausalLM ties no weights
+    assert not tied.tied_embeddings and ledger.checkpoint(tied) == ledger.checkpoint(untied)
+    assert any("ties no weights" in note for note in tied.notes)
 
 
 def test_deepseek_v32_indexer_by_hand():
@@ -337,11 +392,10 @@ def test_a_missing_key_does_not_hide_the_keys_a_type_would_read():
               "conv_kernel": 4, "n_groups": 1, "num_heads": 80, "use_conv_bias": True, "chunk_size": 256,
               "time_step_rank": 160, "rms_norm": True, "residual_in_fp32": True, "norm_before_gate": False}
     closest, unplaced = closest_type(mamba2)
-    # what no supported type reads is its SSM's shape: the keys of the llama family are all placed
-    assert closest != "opt"
-    assert unplaced == sorted({"state_size", "expand", "conv_kernel", "n_groups", "num_heads",
-                               "use_conv_bias", "chunk_size", "time_step_rank", "rms_norm",
-                               "residual_in_fp32", "norm_before_gate"})
+    # Nemotron-H's Mamba-2 blocks place the keys it shares with Mamba-2 (expand, n_groups, conv_kernel...),
+    # though it lacks the first key it reads (num_attention_heads); the rest are Mamba-2's own names
+    assert closest == "nemotron_h"
+    assert unplaced == sorted({"state_size", "num_heads", "time_step_rank", "rms_norm", "norm_before_gate"})
 
 
 def test_a_fully_placed_unknown_type_says_so():
@@ -502,6 +556,11 @@ def test_no_inert_key_is_read_anywhere_in_transformers():
         ({**raw("jamba-v0.1"), "mamba_d_state": 0}, "mamba_d_state", "positive integer"),
         ({**raw("qwen3-next-80b-a3b"), "linear_num_value_heads": None}, "linear_num_value_heads", "positive"),
         ({"model_type": "llama4"}, "text_config", "missing"),
+        (_nemotron_h(moe_latent_size=64), "moe_latent_size", "not modelled"),
+        (_nemotron_h(num_nextn_predict_layers=1), "num_nextn_predict_layers", "not modelled"),
+        (_nemotron_h(hybrid_override_pattern="M-*--"), "layers_block_type", "cannot pair more"),
+        (_nemotron_h(hybrid_override_pattern="M-X*"), "hybrid_override_pattern", "must be a string of"),
+        (_nemotron_h(layers_block_type=["mamba", "full_attention"]), "layers_block_type", "must list"),
     ],
 )
 def test_known_type_refuses_what_the_ledger_does_not_model(config, key, text):
@@ -579,6 +638,13 @@ VARIANTS = {
         "qwen3-next-80b-a3b", mlp_only_layers=[1], num_hidden_layers=8, num_experts=8, num_experts_per_tok=2),
     "phi, grouped K/V": _variant("phi-2", num_key_value_heads=8, num_hidden_layers=2),
     "opt, untied": _variant("opt-125m", tie_word_embeddings=False, num_hidden_layers=2),
+    "nemotron_h, a dense pattern, layers without an MLP, biases": _nemotron_h(
+        hybrid_override_pattern="M-M*-MM-*M", use_bias=True, mlp_bias=True, use_conv_bias=False),
+    "nemotron_h, experts, the legacy Mamba keys (which win), a tie it ignores": _nemotron_h(
+        hybrid_override_pattern="MEM*EMEM*E", mamba_n_groups=4, mamba_d_conv=3, tie_word_embeddings=True),
+    "nemotron_h, layer_types and num_local_experts (aliases), MoE MLP biases": _nemotron_h(
+        drop=("n_routed_experts",), mlp_bias=True, num_local_experts=6,
+        layer_types=["full_attention", "moe", "mlp", "full_attention", "linear_attention", "moe"]),
     "qwen3_vl_moe, dense layers by index and by step": _variant(
         "qwen3-vl-moe-transformers-defaults", mlp_only_layers=[0], decoder_sparse_step=2, num_hidden_layers=4,
         num_local_experts=8, tie_word_embeddings=True),
@@ -619,6 +685,8 @@ def test_keys_a_config_class_carries_and_the_variant_does_not_read_are_accepted(
         ("deepseek-v3.2", {"qk_head_dim": 128}, "qk_head_dim"),
         ("deepseek-v3.2", {"mlp_layer_types": ["sparse"] * 61}, "mlp_layer_types"),
         ("glm-moe-dsa-transformers-defaults", {"indexer_types": ["full", "shared"] * 39}, "indexer_types"),
+        # NemotronHConfig's alias of n_routed_experts, disagreeing with it
+        ("nemotron-h-transformers-defaults", {"num_local_experts": 4}, "num_local_experts"),
         # the alias Qwen3VLMoeTextConfig saves for num_experts, disagreeing with it
         ("qwen3-vl-moe-transformers-defaults", {"num_experts": 8}, "num_local_experts"),
     ],
