@@ -174,6 +174,7 @@ class Config:
     d_rope: int = 0  # d_r, the rotary part of an MLA head
     d_value: int = 0  # d_v when it differs from d_head (MLA); 0 = d_head
     n_mtp_layers: int = 0  # multi-token-prediction modules stored beside the model (DeepSeek-V3: 1), apart
+    vision_parameters: int = 0  # a multimodal checkpoint's vision tower (calc.vision), apart from every total
     name: str = "custom"
     source: str = "a custom configuration"
     published: int | None = None  # exact parameter count of the released checkpoint
@@ -199,7 +200,7 @@ class Config:
                      "n_mtp_layers", "position_offset", "n_chunked_layers", "n_nope_layers",
                      "n_linear_layers",
                      "n_mamba_layers", "n_sparse_layers", "index_topk", "index_heads", "index_head_dim",
-                     "n_mlp_free_layers"):
+                     "n_mlp_free_layers", "vision_parameters"):
             check_count(name, getattr(self, name))
         for name in ("tied_embeddings", "router_bias", "expert_bias", "shared_expert_gate", "lm_head_bias",
                      "qk_norm", "qk_norm_per_head", "attention_sinks", "attention_output_gate",

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from calc.config import Config, ConfigError, GatedDeltaNet, Mamba, Mamba2
+from calc.vision import vision_tower
 
 _MISSING = object()
 Fields = dict[str, Any]
@@ -1082,6 +1083,7 @@ def read_config(raw: Mapping[str, Any]) -> tuple[str, Reader, Fields]:
     if not isinstance(raw, Mapping):
         raise ConfigError("config", f"must be a JSON object, got {type(raw).__name__}")
     model_type = raw.get("model_type")
+    tower = vision_tower(raw)
     if model_type in OUTER:
         text = raw.get("text_config")
         if not isinstance(text, Mapping):
@@ -1123,6 +1125,8 @@ def read_config(raw: Mapping[str, Any]) -> tuple[str, Reader, Fields]:
             raise ConfigError(key, f"{json.dumps(r.raw[key])} is not a value calc can ignore: "
                               f"{INERT[key].reason}; only {shown} changes nothing calc counts, so calc "
                               "refuses rather than guessing")
+    if tower is not None:
+        fields["vision_parameters"] = tower["total"]
     return model_type, r, {**fields, "ignored_keys": tuple(inert)} if inert else fields
 
 

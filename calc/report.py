@@ -98,6 +98,7 @@ def build(
             "breakdown": {k: v for k, v in parts.items() if k != "total"},
             "non_embedding": ledger.non_embedding(config),
             "mtp_module": ledger.mtp_module(config),
+            "vision_tower": config.vision_parameters,
             "published": config.published,
             "paper_size": config.paper_size,
         },
@@ -348,6 +349,9 @@ def _checkpoint(report: dict[str, Any]) -> Table:
     if params["mtp_module"]:
         notes.append(f"not in the total: the multi-token-prediction module(s), {count(params['mtp_module'])} "
                      f"more in the released checkpoint ({count(total + params['mtp_module'])} in all)")
+    if params["vision_tower"]:
+        notes.append(f"not in the total: the vision tower, {count(params['vision_tower'])} more in the "
+                     f"multimodal checkpoint ({count(total + params['vision_tower'])} in all; calc.vision)")
     return Table(
         title="Checkpoint: every stored parameter (biases, norms, positions, tied embeddings once)",
         headers=("component", "parameters", "share"),

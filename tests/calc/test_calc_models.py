@@ -714,6 +714,47 @@ def test_a_multimodal_models_head_is_tied_as_its_outer_config_says():
     assert from_config({**raw("qwen3-vl-transformers-defaults"), "tie_word_embeddings": True}).tied_embeddings
 
 
+# transformers 5.25.0's Qwen3VLVisionModel on the meta device, at Qwen3VLVisionConfig's defaults (both
+# fixtures keep their vision_config)
+QWEN3_VL_TOWER = 566_949_104
+
+
+@pytest.mark.parametrize("name", ["qwen3-vl-transformers-defaults", "qwen3-vl-moe-transformers-defaults"])
+def test_a_multimodal_checkpoints_vision_tower_is_counted_apart_from_the_totals(name, capsys):
+    config = _load(name)
+    assert config.vision_parameters == QWEN3_VL_TOWER
+    without = from_config({k: v for k, v in raw(name).items() if k != "vision_config"})
+    assert without.vision_parameters == 0
+    assert ledger.checkpoint(config) == ledger.checkpoint(without)  # no total takes it in
+    assert main([str(CONFIGS / f"{name}.json"), "--format", "json"]) == 0
+    params = json.loads(capsys.readouterr().out)["params"]
+    assert (params["vision_tower"], params["total"]) == (QWEN3_VL_TOWER, MODELS[name].total)
+
+
+def test_a_vision_config_key_that_is_not_a_count_is_named():
+    config = raw("qwen3-vl-transformers-defaults")
+    with pytest.raises(ConfigError) as err:
+        from_config({**config, "vision_config": {**config["vision_config"], "depth": 0}})
+    assert err.value.field == "vision_config.depth"
+
+
+def test_qwen3_vl_vision_tower_equals_transformers_at_other_sizes():
+    pytest.importorskip("transformers")
+    import torch
+    import transformers as tf
+
+    from calc.vision import vision_tower
+
+    vision = {**raw("qwen3-vl-transformers-defaults")["vision_config"], "depth": 3, "hidden_size": 64,
+              "intermediate_size": 96, "num_heads": 4, "patch_size": 14, "spatial_merge_size": 3,
+              "out_hidden_size": 80, "deepstack_visual_indexes": [1], "num_position_embeddings": 100}
+    hf_config = tf.AutoConfig.for_model(vision.pop("model_type"), **vision)
+    with torch.device("meta"):
+        tower = tf.AutoModel.from_config(hf_config)
+    counted = vision_tower({"model_type": "qwen3_vl", "vision_config": vision})
+    assert counted is not None and counted["total"] == sum(p.numel() for p in tower.parameters())
+
+
 def test_falcon_old_architecture_with_two_parallel_norms_counts_them():
     one = ledger.checkpoint(from_config(raw("falcon-7b")))["total"]
     two = ledger.checkpoint(from_config({**raw("falcon-7b"), "num_ln_in_parallel_attn": 2}))["total"]
