@@ -202,6 +202,19 @@ def test_nemotron_h_experts_without_a_gate_and_one_shared_expert_by_hand():
     assert ledger.checkpoint(config)["total"] - ledger.active(config) == (4 - 2) * 2 * d * 64 < moe
 
 
+def test_nemotron_h_decode_step_reads_the_experts_of_its_expert_blocks_only():
+    # 6 mixer layers, 4 of them with an expert block (L_0 = 2): one token reads the active weights, less the
+    # embedding table but its own row; many tokens read every expert of the 4 blocks at most
+    from calc.serving import step_bytes
+
+    config = from_config(_nemotron_h(hybrid_override_pattern="MEM*EMEM*E"))
+    assert (config.n_layers, config.n_mlp_free_layers) == (6, 2)
+    d, vocab = 256, 1000
+    assert step_bytes(config, 1, 2) == 2 * (ledger.active(config) - vocab * d + d)
+    whole = 2 * (ledger.checkpoint(config)["total"] - vocab * d + 10**5 * d)
+    assert whole - 2 <= step_bytes(config, 10**5, 2) <= whole
+
+
 def test_nemotron_h_ties_no_head_and_says_so():
     untied = from_config(_nemotron_h())
     tied = from_config(_nemotron_h(tie_word_embeddings=True))  # NemotronHForCausalLM ties no weights
