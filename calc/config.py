@@ -143,6 +143,8 @@ class Config:
     activation: str | None = None  # the MLP's activation (an ACT2FN name of transformers); None: the default
     sliding_window: int | None = None  # w: keys a query of a windowed layer sees at most
     n_window_layers: int = 0  # L_w: layers with the sliding window (all for Mistral-7B, half for Gemma 2)
+    n_kv_heads_window: int = 0  # g_w: a windowed layer's key/value heads where not g (MiMo-V2-Flash: 2g)
+    window_sinks: bool = False  # attention sinks on the windowed layers only (MiMo-V2-Flash)
     attention_chunk: int | None = None  # C: chunked attention, a query sees only its own chunk of C tokens
     n_chunked_layers: int = 0  # L_c: layers with chunked attention (Llama 4: three of every four)
     n_nope_layers: int = 0  # attention layers without rotary positions (no parameters, no cost change)
@@ -200,11 +202,11 @@ class Config:
                      "n_mtp_layers", "position_offset", "n_chunked_layers", "n_nope_layers",
                      "n_linear_layers",
                      "n_mamba_layers", "n_sparse_layers", "index_topk", "index_heads", "index_head_dim",
-                     "n_mlp_free_layers", "vision_parameters"):
+                     "n_mlp_free_layers", "vision_parameters", "n_kv_heads_window"):
             check_count(name, getattr(self, name))
         for name in ("tied_embeddings", "router_bias", "expert_bias", "shared_expert_gate", "lm_head_bias",
                      "qk_norm", "qk_norm_per_head", "attention_sinks", "attention_output_gate",
-                     "parallel_block", *LAYOUTS[self.arch]):
+                     "window_sinks", "parallel_block", *LAYOUTS[self.arch]):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, f"must be True or False, got {getattr(self, name)!r}")
         if self.activation is not None and not isinstance(self.activation, str):
@@ -229,6 +231,14 @@ class Config:
             raise ConfigError("n_window_layers", f"{self.n_window_layers} exceeds the {self.n_layers} layers")
         if self.n_window_layers and self.sliding_window is None:
             raise ConfigError("sliding_window", f"missing, but {self.n_window_layers} layers have a window")
+        for name in ("n_kv_heads_window", "window_sinks"):
+            if getattr(self, name) and not self.n_window_layers:
+                raise ConfigError(name, "is set, but no layer has a window")
+        if self.n_kv_heads_window and (self.is_mla or self.n_heads % self.n_kv_heads_window):
+            raise ConfigError("n_kv_heads_window", f"{self.n_heads} query heads cannot share "
+                              f"{self.n_kv_heads_window} key/value heads of a windowed layer (nor can MLA's)")
+        if self.window_sinks and self.attention_sinks:
+            raise ConfigError("window_sinks", "is set beside attention_sinks (sinks on every layer)")
 
     def _check_layer_kinds(self) -> None:
         if self.attention_chunk is not None:
@@ -299,6 +309,12 @@ class Config:
     def n_full_layers(self) -> int:
         """Attention layers that see every earlier key: neither windowed, chunked nor sparse."""
         return self.n_attention_layers - self.n_window_layers - self.n_chunked_layers - self.n_sparse_layers
+
+    @property
+    def general_gqa(self) -> bool:
+        """Grouped-query attention whose values are not d_k wide, or whose windowed layers have their own
+        number of key/value heads: counted and cached by the formulas with d_v and g_w."""
+        return not self.is_mla and (self.d_v != self.d_head or bool(self.n_kv_heads_window))
 
     @property
     def n_mlp_layers(self) -> int:

@@ -38,6 +38,10 @@ FORMULAS: tuple[tuple[str, Expr | str], ...] = (
     ("q/k norms, per head (OLMo 2, Cohere, StableLM)", f.qk_norms_per_head),
     ("attention sinks (gpt-oss)", f.attention_sinks),
     ("output gate per layer (Qwen3-Next)", f.attention_output_gate),
+    ("attention per layer, values of d_v (MiMo-V2-Flash)", f.attention_per_layer_dv),
+    ("windowed layers' own K/V heads, their Q, K, V biases (MiMo-V2-Flash)",
+     f.window_kv_heads + f.qkv_bias_dv),
+    ("attention sinks on the windowed layers (MiMo-V2-Flash)", f.window_sinks),
     ("MLP biases, dense", f.mlp_dense_bias),
     ("MLP biases, gated", f.mlp_gated_bias),
     ("MLP biases of an MoE model's dense layers and shared experts, dense", f.moe_mlp_dense_bias),
@@ -84,6 +88,8 @@ FORMULAS: tuple[tuple[str, Expr | str], ...] = (
     ("forward FLOPs per token, PaLM", f.forward_flops_per_token_palm),
     ("KV cache bytes per token", f.kv_cache_bytes_per_token),
     ("KV cache bytes at n (windows, chunks)", f.kv_cache_bytes),
+    ("KV cache bytes per token, values of d_v, g_w heads on windowed layers", f.kv_cache_bytes_per_token_dv),
+    ("KV cache bytes at n, values of d_v, g_w heads on windowed layers", f.kv_cache_bytes_dv),
     ("MLA cache bytes per token", f.kv_cache_bytes_per_token_mla),
     ("MLA cache bytes at n", f.kv_cache_bytes_mla),
     ("naive bytes moved per model", f.naive_bytes_per_model),
@@ -144,7 +150,8 @@ SYMBOLS = (
     "L_c chunked (chunks of C; n = m_C·C + r_C) and L_s sparse (each query attends to the k_I keys an "
     "indexer of h_I heads of d_I scores highest). Linear attention: h_lk, h_lv heads of d_lk, d_lv, a "
     "convolution of K taps; Mamba: inner width d_in, state d_st, step rank r_dt (Mamba-2: h_m heads, G "
-    "groups sharing B and C); L_0 layers without an MLP (Nemotron-H). Training: micro-batch "
+    "groups sharing B and C); L_0 layers without an MLP (Nemotron-H); g_w key/value heads of a windowed "
+    "layer (MiMo-V2-Flash). Training: micro-batch "
     "b_m, tensor-parallel degree t, N_d data-parallel devices, P parameters a tensor-parallel rank holds at "
     "b_w, b_g, b_o bytes each of weights, gradients and optimizer states (ZeRO's K). Activations kept: "
     "b bytes a value, c_up 1 where b < 4 (casts to fp32 are then copies), s_1 1 for a micro-batch of one, "

@@ -521,6 +521,17 @@ def jamba_layers(r: Reader, fields: Fields) -> Fields:
             "d_expert": fields["d_ff"], "n_dense_layers": n_layers - n_moe}
 
 
+def aliased(r: Reader, alias: str, key: str) -> None:
+    """Read ``key`` from ``alias`` where the file gives it: a config class's attribute alias
+    (``attribute_map``), which it may save in place of the key; where both are given they must agree."""
+    value = r.get(alias)
+    if value is None:
+        return
+    if r.raw.get(key, value) != value:
+        r.invalid(alias, f"{value!r} is not {key} {r.raw[key]!r}, which it stands for", None)
+    r.defaults = {**r.defaults, key: value}
+
+
 NEMOTRON_H_PATTERN = {"M": "linear_attention", "E": "moe", "*": "full_attention", "-": "mlp"}
 # NemotronHConfig's older names of its Mamba keys: where a file gives one, it wins over the new name
 NEMOTRON_H_LEGACY = {"n_groups": "mamba_n_groups", "conv_kernel": "mamba_d_conv",
@@ -621,15 +632,50 @@ def nemotron_h_experts(r: Reader, n_moe: int, n_mlp: int) -> Fields:
     if not n_moe:
         r.known(*NEMOTRON_H_EXPERT_KEYS)
         return {}
-    experts = r.get("num_local_experts")  # NemotronHConfig's alias of n_routed_experts
-    if experts is not None:
-        if r.raw.get("n_routed_experts", experts) != experts:
-            r.invalid("num_local_experts", f"{experts!r} is not n_routed_experts "
-                      f"{r.raw['n_routed_experts']!r}, which it stands for", None)
-        r.defaults = {**r.defaults, "n_routed_experts": experts}
+    aliased(r, "num_local_experts", "n_routed_experts")
     return {"n_experts": r.integer("n_routed_experts"), "experts_per_token": r.integer("num_experts_per_tok"),
             "d_expert": r.integer("moe_intermediate_size"), "n_shared_experts": 1,
             "d_shared_expert": r.integer("moe_shared_expert_intermediate_size"), "n_dense_layers": n_mlp,
+            "router_bias": True}
+
+
+def mimo_v2_layers(r: Reader, fields: Fields) -> Fields:
+    """MiMo-V2-Flash (MiMoV2FlashConfig): full attention on layer 0 and every sixth, a window elsewhere
+    (``layer_types`` lists them); a windowed layer has twice the key/value heads and a sink per query
+    head; values of ``v_head_dim`` beside queries and keys of ``head_dim``; biases on Q, K, V
+    (``attention_bias``)."""
+    kinds = r.layer_kinds(fields["n_layers"], SLIDING_OR_FULL,
+                          lambda i: "full_attention" if i == 0 or (i + 1) % 6 == 0 else "sliding_attention")
+    r.known("sliding_window", "sliding_window_size")
+    window = bool(kinds["sliding_attention"])
+    if window and r.get("sliding_window_size") is not None:
+        # the hub files' key, the keys before the query: MiMoV2FlashConfig's window is one more, whatever
+        # sliding_window says
+        fields = {**fields, "sliding_window": r.integer("sliding_window_size") + 1,
+                  "n_window_layers": kinds["sliding_attention"]}
+    else:
+        fields = _windowed(r, fields, kinds, 129)
+    return {**fields, "d_value": r.integer("v_head_dim"), "qkv_bias": r.boolean("attention_bias", False),
+            "n_kv_heads_window": 2 * fields["n_kv_heads"] if window else 0, "window_sinks": window}
+
+
+def mimo_v2_experts(r: Reader, fields: Fields) -> Fields:
+    """MiMo-V2-Flash: experts where ``mlp_layer_types`` says "sparse" (by default every layer but the first),
+    a dense MLP elsewhere; a sigmoid router with a score-correction bias per expert (a saved buffer)."""
+    n = fields["n_layers"]
+    types = r.get("mlp_layer_types")
+    if types is None:
+        types = ["dense"] + ["sparse"] * (n - 1)
+    elif not isinstance(types, list) or len(types) != n or not set(types) <= {"dense", "sparse"}:
+        types = r.invalid("mlp_layer_types", f"must list {n} layers as dense or sparse, got {types!r}",
+                          ["dense"] * n)
+    if "sparse" not in types:
+        r.known("n_routed_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size")
+        return fields
+    aliased(r, "num_local_experts", "n_routed_experts")
+    return {**fields, "n_experts": r.integer("n_routed_experts"),
+            "experts_per_token": r.integer("num_experts_per_tok"),
+            "d_expert": r.integer("moe_intermediate_size"), "n_dense_layers": types.count("dense"),
             "router_bias": True}
 
 
@@ -655,14 +701,8 @@ def qwen_experts(r: Reader, fields: Fields) -> Fields:
 
 
 def local_experts_alias(r: Reader, fields: Fields) -> Fields:
-    """Qwen3-VL-MoE: ``num_local_experts`` is what its config class saves for ``num_experts`` (an attribute
-    alias); where both are given they must agree."""
-    local = r.get("num_local_experts")
-    if local is not None:
-        if r.raw.get("num_experts", local) != local:
-            r.invalid("num_local_experts", f"{local!r} is not num_experts {r.raw['num_experts']!r}, which it "
-                      "stands for", None)
-        r.defaults = {**r.defaults, "num_experts": local}
+    """Qwen3-VL-MoE: ``num_local_experts`` is what its config class saves for ``num_experts``."""
+    aliased(r, "num_local_experts", "num_experts")
     return fields
 
 
@@ -930,6 +970,14 @@ TYPES: dict[str, ModelType] = {
     "qwen3_5_moe_text": ModelType(experts_only_body, parts=(no_extra_biases, qwen3_next_layers, qwen_experts),
                                   features={"qk_norm": True, "attention_output_gate": True},
                                   keys=QWEN_MOE_KEYS),
+    # MiMo-V2-Flash; attention_value_scale: a scalar on the values (no weight)
+    "mimo_v2_flash": ModelType(parts=(mimo_v2_layers, mimo_v2_experts),
+                               keys={**LLAMA_KEYS, "n_experts": "n_routed_experts",
+                                     "experts_per_token": "num_experts_per_tok",
+                                     "d_expert": "moe_intermediate_size", "n_dense_layers": "mlp_layer_types",
+                                     "d_value": "v_head_dim", "n_kv_heads_window": "num_key_value_heads"},
+                               defaults={"head_dim": 192, "v_head_dim": 128},
+                               ignored=frozenset({"attention_value_scale"})),
     # Qwen3-VL's text model (Qwen3VLTextConfig): Qwen3's layers (q/k norms shared by the heads), no window;
     # its multimodal rotary sections (mrope_section in the RoPE parameters) add no parameters
     "qwen3_vl_text": ModelType(parts=(no_extra_biases,), features={"qk_norm": True}),

@@ -138,6 +138,9 @@ def kind_formula(config: Config, kind: str, metric: str) -> Expr:
     model caches the latent, as its dense layers do)."""
     one = KINDS[kind]
     if metric == "cache_bytes" and one.held is not None:
+        if config.general_gqa:  # K of d_k and V of d_v, a windowed layer's g_w heads
+            heads = f.g_w if kind == "sliding" else f.g
+            return heads * (f.d_k + f.d_v) * one.held * f.b
         return (mla_token if config.is_mla else gqa_token) * one.held * f.b
     return one.formula(metric)
 

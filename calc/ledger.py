@@ -24,6 +24,7 @@ def values(config: Config) -> dict[Symbol, int]:
         f.d: config.d_model, f.h: config.n_heads, f.d_k: config.d_head, f.g: config.n_kv_heads,
         f.d_ff: config.d_ff, f.L: config.n_layers, f.V: config.vocab_size, f.n_ctx: config.n_ctx,
         f.d_v: config.d_v, f.w: config.sliding_window or config.n_ctx, f.L_w: config.n_window_layers,
+        f.g_w: config.n_kv_heads_window or config.n_kv_heads,
         f.E: config.n_experts, f.k_E: config.experts_per_token, f.S: config.n_shared_experts,
         f.d_e: config.d_expert, f.d_s: config.d_shared_expert or config.d_expert,
            f.L_d: config.n_dense_layers,
@@ -59,7 +60,13 @@ def attention_per_layer_formula(config: Config) -> Expr:
         return (f.mla_q if config.q_lora_rank else f.mla_q_full) + f.mla_kv + f.mla_o
     if config.attention_output_gate:
         return f.attention_per_layer + f.attention_output_gate
-    return f.attention_per_layer
+    return f.attention_per_layer_dv if config.general_gqa else f.attention_per_layer
+
+
+def attention_formula(config: Config) -> Expr:
+    """The attention layers' weight matrices: L_a layers, a windowed layer's own K/V heads added."""
+    extra = f.window_kv_heads if config.n_kv_heads_window else Integer(0)
+    return f.L_a * attention_per_layer_formula(config) + extra
 
 
 def mlp_layers(config: Config, expr: Expr) -> Expr:
@@ -104,7 +111,7 @@ def source_ledger(config: Config) -> dict[str, int | Rational]:
     ledger: dict[str, int | Rational] = {
         "attention_per_head": f.evaluate(per_layer / f.h, values(config)),
         "attention_per_layer": _count(per_layer, config),
-        "attention": _count(f.L_a * per_layer, config),
+        "attention": _count(attention_formula(config), config),
         **{name: _count(expr, config) for name, expr in state_layer_formulas(config).items()},
         "mlp": _count(mlp, config),
         "embedding": _count(f.embedding, config),
@@ -124,13 +131,14 @@ def checkpoint_formulas(config: Config) -> dict[str, Expr]:
     parts: dict[str, Expr] = {"token_embedding": f.token_embedding}
     if config.learned_positions:
         parts["position_embedding"] = f.position_embedding(config.position_offset)
-    parts["attention"] = f.L_a * attention_per_layer_formula(config)
-    biases = {(True, True): ("attention_bias", f.attention_bias), (True, False): ("qkv_bias", f.qkv_bias),
+    parts["attention"] = attention_formula(config)
+    qkv_bias = f.qkv_bias_dv if config.general_gqa else f.qkv_bias
+    biases = {(True, True): ("attention_bias", qkv_bias + f.o_bias), (True, False): ("qkv_bias", qkv_bias),
               (False, True): ("o_bias", f.o_bias)}.get((bool(config.qkv_bias), bool(config.o_bias)))
     if biases:
         parts[biases[0]] = biases[1]
-    if config.attention_sinks:
-        parts["attention_sinks"] = f.attention_sinks
+    if config.attention_sinks or config.window_sinks:
+        parts["attention_sinks"] = f.attention_sinks if config.attention_sinks else f.window_sinks
     if config.qk_norm:
         parts["qk_norms"] = f.qk_norms_per_head if config.qk_norm_per_head else f.qk_norms
     if config.is_mla:

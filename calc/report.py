@@ -36,7 +36,7 @@ FEATURE_KEYS = (
     "qk_norm_per_head", "attention_sinks", "attention_output_gate", "n_attention_layers", "attention_chunk",
     "n_chunked_layers", "n_nope_layers", "n_linear_layers", "linear_attention", "n_mamba_layers", "mamba",
     "d_shared_expert", "shared_expert_gate", "expert_bias", "n_sparse_layers", "index_topk", "index_heads",
-    "index_head_dim", "mamba2", "n_mlp_free_layers",
+    "index_head_dim", "mamba2", "n_mlp_free_layers", "n_kv_heads_window", "window_sinks",
     # added with the activations per layer kind (calc.activations)
     "d_rotary", "parallel_block", "activation",
 )
@@ -304,6 +304,10 @@ def _ledger(report: dict[str, Any]) -> Table:
         attention = f"MLA: {q} + d·(r_kv + d_r) + r_kv·h·(d_k − d_r + d_v) + h·d_v·d"
     if cfg["attention_output_gate"]:
         attention = "3·d·h·d_k + 2·d·g·d_k (Q and its output gate, K, V, O)"
+    elif not cfg["kv_lora_rank"] and (cfg["d_v"] != cfg["d_head"] or cfg["n_kv_heads_window"]):
+        attention = ("d·h·d_k + d·g·d_k + d·g·d_v + h·d_v·d"
+                     + (f" (a windowed layer's K and V: g_w = {cfg['n_kv_heads_window']} heads)"
+                        if cfg["n_kv_heads_window"] else ""))
     notes = [f"attention per layer = {attention}; mlp per layer = {mlp}; attention share = "
              f"{percent(led['attention_share'])} (exactly {led['attention_share']})"]
     if cfg["n_attention_layers"] != cfg["n_layers"]:
@@ -493,6 +497,11 @@ def _kv(report: dict[str, Any]) -> Table:
     heads = (f"one latent of {cfg['kv_lora_rank']} and one rotary key of {cfg['d_rope']} per layer, "
              f"shared by the {cfg['n_heads']} heads" if cfg["kv_lora_rank"]
              else f"g = {cfg['n_kv_heads']} key/value heads of {cfg['n_heads']}")
+    if not cfg["kv_lora_rank"] and (cfg["d_v"] != cfg["d_head"] or cfg["n_kv_heads_window"]):
+        per_token = f"(({layers} − L_w)·g + L_w·g_w)·(d_k + d_v)·b"
+        heads += (f", keys of {cfg['d_head']} and values of {cfg['d_v']}"
+                  + (f"; g_w = {cfg['n_kv_heads_window']} on the windowed layers" if cfg["n_kv_heads_window"]
+                     else ""))
     if cfg.get("n_sparse_layers"):
         per_token = (f"MLA and indexer, (L_a·(r_kv + d_r) + L_s·d_I)·b = ({cfg['n_attention_layers']}·"
                      f"({cfg['kv_lora_rank']} + {cfg['d_rope']}) + {cfg['n_sparse_layers']}·"
@@ -695,6 +704,7 @@ LAYOUT_TEXT = {
 FEATURE_TEXT = {
     "attention_sinks": "attention sinks", "attention_output_gate": "gated attention output",
     "shared_expert_gate": "gated shared expert", "expert_bias": "expert biases",
+    "window_sinks": "attention sinks on the windowed layers",
                 "lm_head_bias": "unembedding bias",
 }
 
@@ -712,7 +722,8 @@ def feature_lines(cfg: dict[str, Any]) -> list[str]:
                      f"d_v = {cfg['d_v']}")
     if cfg["n_window_layers"]:
         parts.append(f"sliding window {count(cfg['sliding_window'])} on {cfg['n_window_layers']} of "
-                     f"{cfg['n_layers']} layers")
+                     f"{cfg['n_layers']} layers"
+                     + (f", {cfg['n_kv_heads_window']} K/V heads there" if cfg["n_kv_heads_window"] else ""))
     if cfg["n_chunked_layers"]:
         parts.append(f"chunked attention ({count(cfg['attention_chunk'])}) on {cfg['n_chunked_layers']} of "
                      f"{cfg['n_layers']} layers")

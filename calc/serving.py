@@ -66,8 +66,8 @@ def parse_size(text: str) -> int:
 def _split(config: Config, tp: int) -> dict[Any, int]:
     """The formula symbols for one device of ``tp``: its key/value heads and state channels."""
     env = values(config)
-    env[f.g] = math.ceil(config.n_kv_heads / tp)
-    for symbol in (f.h_lk, f.h_lv, f.d_in):
+    env[f.g] = math.ceil(config.n_kv_heads / tp)  # g_w, a windowed layer's, below
+    for symbol in (f.h_lk, f.h_lv, f.d_in, f.G, f.g_w):
         if symbol in env:
             env[symbol] = math.ceil(env[symbol] / tp)
     return env

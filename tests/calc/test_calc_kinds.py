@@ -69,6 +69,16 @@ def test_chunked_layer_by_hand():
     assert kinds.at(config, "chunked", "cache_bytes", N, dtype_bytes=BYTES) == CHUNK * 2 * G * D_K * BYTES
 
 
+def test_a_windowed_layer_with_its_own_kv_heads_caches_keys_and_values_of_their_widths():
+    # MiMo-V2-Flash's layout: keys of 4 and values of 3; 1 K/V head on the full layers, 2 on the windowed
+    config = small(d_value=3, sliding_window=W, n_window_layers=2, n_kv_heads_window=2)
+    held = {"dense": N, "sliding": min(N, W)}
+    heads = {"dense": 1, "sliding": 2}
+    for kind in ("dense", "sliding"):
+        assert kinds.at(config, kind, "cache_bytes", N, dtype_bytes=BYTES) == \
+            heads[kind] * (D_K + 3) * held[kind] * BYTES
+
+
 def test_mla_layer_caches_its_latent_and_rotary_key():
     config = small(d_head=6, **MLA)
     d_k, d_v = 6, 4

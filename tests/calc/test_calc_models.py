@@ -72,6 +72,9 @@ MODELS = {
     "qwen3-vl-moe-transformers-defaults": Counted(13_485_121_536, 1_858_510_848, 2 * 24 * 16 * 128 * 2),
     # Nemotron-H's four blocks (Mamba-2, experts, attention, MLP): 1 attention layer of 8 K/V heads of 128
     "nemotron-h-transformers-defaults": Counted(1_968_355_720, 1_590_475_144, 2 * 1 * 8 * 128 * 2),
+    # MiMo-V2-Flash: keys of 192 and values of 128; 9 full layers of 4 K/V heads, 39 windowed of 8 (w = 129)
+    "mimo-v2-flash-transformers-defaults": Counted(308_778_780_864, 15_445_936_320,
+                                                   (9 * 4 + 39 * 8) * (192 + 128) * 2),
     # files with keys of calc.hf.INERT (runner_max_sequence_length, use_mrope, transformers.js_config)
     "santacoder": Counted(1_124_886_528, None, 2 * 24 * 1 * 128 * 2),  # multi-query
     "qwen2.5-0.5b": Counted(494_032_768, None, 2 * 24 * 2 * 64 * 2),
@@ -106,7 +109,7 @@ def test_every_new_type_has_a_fixture_here():
            "olmo2", "phi", "starcoder2", "cohere", "falcon", "stablelm", "gpt_bigcode", "opt",
            "qwen2", "llama",  # Qwen2.5 and SmolLM2: the inert keys of their files
            "olmo3", "minimax_m2", "glm_moe_dsa", "ernie4_5", "ernie4_5_moe", "qwen3_5",
-           "qwen3_5_moe", "qwen3_vl", "qwen3_vl_moe", "nemotron_h"}
+           "qwen3_5_moe", "qwen3_vl", "qwen3_vl_moe", "nemotron_h", "mimo_v2_flash"}
     assert {raw(name)["model_type"] for name in MODELS} == new
 
 
@@ -220,6 +223,41 @@ def test_nemotron_h_ties_no_head_and_says_so():
     tied = from_config(_nemotron_h(tie_word_embeddings=True))  # NemotronHForCausalLM ties no weights
     assert not tied.tied_embeddings and ledger.checkpoint(tied) == ledger.checkpoint(untied)
     assert any("ties no weights" in note for note in tied.notes)
+
+
+# MiMo-V2-Flash at small sizes: 8 query heads, keys of 24 and values of 16, 2 K/V heads (4 on windowed
+# layers)
+MIMO_SMALL = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 8,
+              "num_key_value_heads": 2, "head_dim": 24, "v_head_dim": 16, "vocab_size": 1000,
+              "moe_intermediate_size": 32,
+              "n_routed_experts": 4, "num_experts_per_tok": 2, "num_hidden_layers": 6, "sliding_window": 8}
+
+
+def _mimo(**changes) -> dict:
+    return _variant("mimo-v2-flash-transformers-defaults", drop=("layer_types", "mlp_layer_types"),
+                    **{**MIMO_SMALL, **changes})
+
+
+def test_mimo_v2_flash_windowed_layers_with_twice_the_kv_heads_and_sinks_by_hand():
+    config = from_config(_mimo(attention_bias=True))
+    d, h, g, d_k, d_v = 128, 8, 2, 24, 16
+    # Q, K of d_k, V, O of d_v, biases on Q, K and V
+    full = d * h * d_k + d * g * d_k + d * g * d_v + h * d_v * d + h * d_k + g * (d_k + d_v)
+    windowed = full + d * g * (d_k + d_v) + g * (d_k + d_v) + h  # twice the K and V heads, and a sink a head
+    moe = 4 * 3 * d * 32 + 4 * d + 4  # experts, router, its score-correction bias
+    # layers 0 and 5 full, 1–4 windowed; layer 0 dense, 1–5 experts
+    total = 2 * full + 4 * windowed + 3 * d * 256 + 5 * moe + 6 * 2 * d + d + 2 * 1000 * d
+    assert (config.n_window_layers, config.n_kv_heads_window, config.n_dense_layers) == (4, 4, 1)
+    assert ledger.checkpoint(config)["total"] == total
+    # at n = 100 a full layer holds 100 tokens of 2 heads, a windowed one 8 tokens of 4, K of 24 and V of 16
+    (row,) = costs.kv_cache(config, [100], "bf16")["rows"]
+    assert row["bytes"] == (2 * 100 * 2 + 4 * 8 * 4) * (d_k + d_v) * 2
+
+
+def test_mimo_v2_flash_legacy_window_is_one_more():
+    # the hub files' sliding_window_size counts the keys before the query; MiMoV2FlashConfig adds 1
+    config = from_config(_mimo(sliding_window_size=127, sliding_window=None))
+    assert config.sliding_window == 128
 
 
 def test_deepseek_v32_indexer_by_hand():
@@ -658,6 +696,11 @@ VARIANTS = {
     "nemotron_h, layer_types and num_local_experts (aliases), MoE MLP biases": _nemotron_h(
         drop=("n_routed_experts",), mlp_bias=True, num_local_experts=6,
         layer_types=["full_attention", "moe", "mlp", "full_attention", "linear_attention", "moe"]),
+    "mimo_v2_flash, biases, listed layers, the legacy window": _mimo(
+        attention_bias=True, layer_types=[FULL, SLIDING, SLIDING, FULL, SLIDING, FULL],
+        mlp_layer_types=["dense", "sparse", "dense", "sparse", "sparse", "dense"], sliding_window_size=5),
+    "mimo_v2_flash, no window, every layer dense": _mimo(
+        layer_types=[FULL] * 6, mlp_layer_types=["dense"] * 6),
     "qwen3_vl_moe, dense layers by index and by step": _variant(
         "qwen3-vl-moe-transformers-defaults", mlp_only_layers=[0], decoder_sparse_step=2, num_hidden_layers=4,
         num_local_experts=8, tie_word_embeddings=True),
@@ -700,6 +743,9 @@ def test_keys_a_config_class_carries_and_the_variant_does_not_read_are_accepted(
         ("glm-moe-dsa-transformers-defaults", {"indexer_types": ["full", "shared"] * 39}, "indexer_types"),
         # NemotronHConfig's alias of n_routed_experts, disagreeing with it
         ("nemotron-h-transformers-defaults", {"num_local_experts": 4}, "num_local_experts"),
+        ("mimo-v2-flash-transformers-defaults", {"num_local_experts": 4}, "num_local_experts"),
+        ("mimo-v2-flash-transformers-defaults", {"mlp_layer_types": ["dense", "moe"] * 24},
+         "mlp_layer_types"),
         # the alias Qwen3VLMoeTextConfig saves for num_experts, disagreeing with it
         ("qwen3-vl-moe-transformers-defaults", {"num_experts": 8}, "num_local_experts"),
     ],
