@@ -170,6 +170,7 @@ class Config:
     shared_expert_gate: bool = False  # a sigmoid gate d → 1 on the shared expert (Qwen2-MoE, Qwen3-Next)
     n_dense_layers: int = 0  # L_d: layers with a dense MLP in an MoE model (DeepSeek-V3: the first 3)
     router_bias: bool = False  # a per-expert router bias (gpt-oss) or score correction (DeepSeek-V3)
+    n_zero_experts: int = 0  # Z: experts that pass a token on unchanged, scored by the router (LongCat-Flash)
     expert_bias: bool = False  # biases inside each expert (gpt-oss: 2·d_e + d)
     kv_lora_rank: int = 0  # r_kv; > 0 means multi-head latent attention (d_head is then d_nope + d_rope)
     q_lora_rank: int = 0  # r_q; 0 = an uncompressed query projection
@@ -202,7 +203,7 @@ class Config:
                      "n_mtp_layers", "position_offset", "n_chunked_layers", "n_nope_layers",
                      "n_linear_layers",
                      "n_mamba_layers", "n_sparse_layers", "index_topk", "index_heads", "index_head_dim",
-                     "n_mlp_free_layers", "vision_parameters", "n_kv_heads_window"):
+                     "n_mlp_free_layers", "vision_parameters", "n_kv_heads_window", "n_zero_experts"):
             check_count(name, getattr(self, name))
         for name in ("tied_embeddings", "router_bias", "expert_bias", "shared_expert_gate", "lm_head_bias",
                      "qk_norm", "qk_norm_per_head", "attention_sinks", "attention_output_gate",
@@ -276,7 +277,7 @@ class Config:
         if not self.n_experts:
             for name in ("experts_per_token", "n_shared_experts", "d_expert", "d_shared_expert",
                          "n_dense_layers",
-                         "shared_expert_gate", "expert_bias", "router_bias"):
+                         "shared_expert_gate", "expert_bias", "router_bias", "n_zero_experts"):
                 if getattr(self, name):
                     raise ConfigError(name, "is set, but n_experts is 0 (a dense model)")
             return
@@ -284,6 +285,9 @@ class Config:
             raise ConfigError("experts_per_token", f"must be between 1 and n_experts = {self.n_experts}, "
                               f"got {self.experts_per_token}")
         check_positive("d_expert", self.d_expert)
+        if self.n_zero_experts and not self.router_bias:
+            raise ConfigError("n_zero_experts", "is set without router_bias: the zero experts' rows are "
+                              "modelled beside a score correction for every expert")
         if self.shared_expert_gate and not self.n_shared_experts:
             raise ConfigError("shared_expert_gate", "is set, but there is no shared expert")
         if self.n_dense_layers >= self.n_mlp_layers:

@@ -51,6 +51,7 @@ FORMULAS: tuple[tuple[str, Expr | str], ...] = (
     ("MoE shared-expert gate (Qwen2-MoE, Qwen3-Next)", f.moe_shared_expert_gate),
     ("MoE router", f.moe_router),
     ("MoE router bias (gpt-oss, DeepSeek-V3)", f.moe_router_bias),
+    ("MoE router rows and score corrections of zero experts (LongCat-Flash)", f.moe_zero_experts),
     ("MoE expert biases (gpt-oss)", f.moe_expert_biases),
     ("MoE dense layers", f.mlp_dense_layers),
     ("MoE inactive per token (total − active)", f.moe_inactive),
@@ -151,7 +152,7 @@ SYMBOLS = (
     "indexer of h_I heads of d_I scores highest). Linear attention: h_lk, h_lv heads of d_lk, d_lv, a "
     "convolution of K taps; Mamba: inner width d_in, state d_st, step rank r_dt (Mamba-2: h_m heads, G "
     "groups sharing B and C); L_0 layers without an MLP (Nemotron-H); g_w key/value heads of a windowed "
-    "layer (MiMo-V2-Flash). Training: micro-batch "
+    "layer (MiMo-V2-Flash); Z zero experts (LongCat-Flash). Training: micro-batch "
     "b_m, tensor-parallel degree t, N_d data-parallel devices, P parameters a tensor-parallel rank holds at "
     "b_w, b_g, b_o bytes each of weights, gradients and optimizer states (ZeRO's K). Activations kept: "
     "b bytes a value, c_up 1 where b < 4 (casts to fp32 are then copies), s_1 1 for a micro-batch of one, "

@@ -15,6 +15,7 @@
           h_m heads, G groups sharing B and C)
     L_0   layers without an MLP (Nemotron-H: a block holds one mixer or one MLP)
     g_w   key/value heads of a windowed layer where they are not g (MiMo-V2-Flash)
+    Z     zero experts a router scores, which hold no weights (LongCat-Flash)
     b_m   micro-batch            t     tensor-parallel degree   N_d  data-parallel devices   P  parameters
     b_w, b_g, b_o  bytes a parameter of weights, gradients and optimizer states (ZeRO's K)
 
@@ -50,6 +51,8 @@ L_s, k_I, h_I, d_I = symbols("L_s k_I h_I d_I", positive=True, integer=True)
 h_m, G = symbols("h_m G", positive=True, integer=True)
 # MiMo-V2-Flash: its windowed layers have g_w key/value heads (g elsewhere).
 g_w = Symbol("g_w", positive=True, integer=True)
+# LongCat-Flash: Z zero experts, which its router scores and which hold no weights.
+Z = Symbol("Z", positive=True, integer=True)
 L_0 = Symbol("L_0", nonnegative=True, integer=True)
 # Layers by kind: L_a = L − L_lin − L_m have softmax attention (linear-attention and Mamba layers hold a
 # fixed-size state and no KV cache); of those, L_w are windowed, L_c chunked and L_s sparse (top-k), and the
@@ -128,6 +131,9 @@ moe_experts = (L - L_d) * E * expert
 moe_shared_experts = (L - L_d) * S * 3 * d * d_s
 moe_router = (L - L_d) * E * d
 moe_router_bias = (L - L_d) * E
+# LongCat-Flash's Z zero experts (a token routed there is passed on unchanged): Z more rows of the router and
+# of its score-correction bias.
+moe_zero_experts = (L - L_d) * Z * (d + 1)
 mlp_dense_layers = L_d * 3 * d * d_ff  # DeepSeek-V3's first L_d layers keep a dense gated MLP
 # The sigmoid gate d → 1 that Qwen2-MoE and Qwen3-Next put on the shared expert.
 moe_shared_expert_gate = (L - L_d) * d

@@ -679,6 +679,49 @@ def mimo_v2_experts(r: Reader, fields: Fields) -> Fields:
             "router_bias": True}
 
 
+# LongcatFlashConfig's attribute_map: names a file may give in place of its keys
+LONGCAT_ALIASES = {"intermediate_size": "ffn_hidden_size", "num_local_experts": "n_routed_experts",
+                   "num_experts_per_tok": "moe_topk", "moe_intermediate_size": "expert_ffn_hidden_size"}
+
+
+def longcat_body(r: Reader) -> Fields:
+    """LongCat-Flash (LongcatFlashConfig): ``num_layers`` layers of two MLA sublayers, two dense MLPs of
+    ``ffn_hidden_size`` and one MoE beside them. calc counts two layers per LongCat layer, each an MLA and a
+    dense MLP with its two norms; the second holds the MoE, its dense MLP counted as a shared expert (always
+    run, no gate): the same weights and costs. Aliases of its config class (``intermediate_size``,
+    ``num_local_experts``...) are read where a file gives them."""
+    for alias, key in LONGCAT_ALIASES.items():
+        aliased(r, alias, key)
+    pairs = r.integer("num_layers")
+    if r.get("num_hidden_layers") not in (None, 2 * pairs):
+        r.invalid("num_hidden_layers", f"{r.get('num_hidden_layers')!r} is not 2 × num_layers = {2 * pairs}, "
+                  "which LongcatFlashConfig derives it as", None)
+    d, n_heads = r.integer("hidden_size"), r.integer("num_attention_heads")
+    d_ff = r.integer("ffn_hidden_size")
+    r.refuse("router_bias", True, "a bias on the router's classifier beside its score correction")
+    return {
+        "arch": "llama", "n_layers": 2 * pairs, "d_model": d, "n_heads": n_heads, "d_head": 1,
+        "n_kv_heads": r.integer("num_key_value_heads", n_heads), "d_ff": d_ff,
+        "vocab_size": r.integer("vocab_size"), "n_ctx": r.integer("max_position_embeddings"),
+        "tied_embeddings": r.boolean("tie_word_embeddings", False),
+        "n_experts": r.integer("n_routed_experts"), "experts_per_token": r.integer("moe_topk"),
+        "d_expert": r.integer("expert_ffn_hidden_size"), "n_shared_experts": 1, "d_shared_expert": d_ff,
+        "n_dense_layers": pairs, "router_bias": True, "n_zero_experts": r.count("zero_expert_num"),
+        "notes": (f"{pairs} layers of two MLA sublayers, two dense MLPs and one MoE each: calc counts "
+                  f"{2 * pairs} layers of one MLA and one dense MLP, the second of each pair with the MoE "
+                  "(its dense MLP a shared expert)",
+                  "active: a token's moe_topk experts all real; zero experts, which run nothing, make "
+                  "LongCat-Flash's average lower"),
+    }
+
+
+def no_mtp(r: Reader, fields: Fields) -> Fields:
+    if fields.get("n_mtp_layers"):
+        r.invalid("num_nextn_predict_layers", "multi-token-prediction layers, which transformers' model of "
+                  "this type does not build, are not modelled", None)
+    return fields
+
+
 def mixtral_experts(r: Reader, fields: Fields) -> Fields:
     return {**fields, "n_experts": r.integer("num_local_experts"),
             "experts_per_token": r.integer("num_experts_per_tok"), "d_expert": fields["d_ff"]}
@@ -970,6 +1013,12 @@ TYPES: dict[str, ModelType] = {
     "qwen3_5_moe_text": ModelType(experts_only_body, parts=(no_extra_biases, qwen3_next_layers, qwen_experts),
                                   features={"qk_norm": True, "attention_output_gate": True},
                                   keys=QWEN_MOE_KEYS),
+    # LongCat-Flash: MLA (the DeepSeek layout), dense MLPs and experts with zero experts
+    "longcat_flash": ModelType(longcat_body, parts=(mla, mla_derived, no_mtp),
+                               keys={**DEEPSEEK_KEYS, "n_layers": "num_layers", "d_ff": "ffn_hidden_size",
+                                     "experts_per_token": "moe_topk", "d_expert": "expert_ffn_hidden_size",
+                                     "n_dense_layers": "num_layers", "n_zero_experts": "zero_expert_num"},
+                               defaults={"zero_expert_num": 256}),
     # MiMo-V2-Flash; attention_value_scale: a scalar on the values (no weight)
     "mimo_v2_flash": ModelType(parts=(mimo_v2_layers, mimo_v2_experts),
                                keys={**LLAMA_KEYS, "n_experts": "n_routed_experts",

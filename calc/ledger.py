@@ -24,7 +24,7 @@ def values(config: Config) -> dict[Symbol, int]:
         f.d: config.d_model, f.h: config.n_heads, f.d_k: config.d_head, f.g: config.n_kv_heads,
         f.d_ff: config.d_ff, f.L: config.n_layers, f.V: config.vocab_size, f.n_ctx: config.n_ctx,
         f.d_v: config.d_v, f.w: config.sliding_window or config.n_ctx, f.L_w: config.n_window_layers,
-        f.g_w: config.n_kv_heads_window or config.n_kv_heads,
+        f.g_w: config.n_kv_heads_window or config.n_kv_heads, f.Z: config.n_zero_experts or 1,
         f.E: config.n_experts, f.k_E: config.experts_per_token, f.S: config.n_shared_experts,
         f.d_e: config.d_expert, f.d_s: config.d_shared_expert or config.d_expert,
            f.L_d: config.n_dense_layers,
@@ -162,6 +162,7 @@ def checkpoint_formulas(config: Config) -> dict[str, Expr]:
                   else (f.mlp_gated_bias, f.mlp_dense_bias))
         parts["mlp_bias"] = mlp_layers(config, biases[0] if config.mlp_gated else biases[1])
     for on, name, expr in ((config.router_bias, "router_bias", f.moe_router_bias),
+                           (bool(config.n_zero_experts), "zero_experts_router", f.moe_zero_experts),
                            (config.expert_bias, "expert_biases", f.moe_expert_biases),
                            (config.shared_expert_gate, "shared_expert_gate", f.moe_shared_expert_gate)):
         if on:

@@ -37,6 +37,7 @@ FEATURE_KEYS = (
     "n_chunked_layers", "n_nope_layers", "n_linear_layers", "linear_attention", "n_mamba_layers", "mamba",
     "d_shared_expert", "shared_expert_gate", "expert_bias", "n_sparse_layers", "index_topk", "index_heads",
     "index_head_dim", "mamba2", "n_mlp_free_layers", "n_kv_heads_window", "window_sinks",
+    "n_zero_experts",
     # added with the activations per layer kind (calc.activations)
     "d_rotary", "parallel_block", "activation",
 )
@@ -716,6 +717,7 @@ def feature_lines(cfg: dict[str, Any]) -> list[str]:
         parts.append(f"MoE: {cfg['n_experts']} experts of d_e = {count(cfg['d_expert'])}, "
                      f"{cfg['experts_per_token']} per token"
                      + (f", {cfg['n_shared_experts']} shared" if cfg["n_shared_experts"] else "")
+                     + (f", {cfg['n_zero_experts']} zero experts" if cfg["n_zero_experts"] else "")
                      + (f", {plural(cfg['n_dense_layers'], 'layer')} dense" if cfg["n_dense_layers"] else ""))
     if cfg["kv_lora_rank"]:
         parts.append(f"MLA: r_q = {cfg['q_lora_rank']}, r_kv = {cfg['kv_lora_rank']}, d_r = {cfg['d_rope']}, "

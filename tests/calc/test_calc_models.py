@@ -75,6 +75,8 @@ MODELS = {
     # MiMo-V2-Flash: keys of 192 and values of 128; 9 full layers of 4 K/V heads, 39 windowed of 8 (w = 129)
     "mimo-v2-flash-transformers-defaults": Counted(308_778_780_864, 15_445_936_320,
                                                    (9 * 4 + 39 * 8) * (192 + 128) * 2),
+    # LongCat-Flash: 28 layers of two MLA sublayers, each caching its latent of 512 and rotary key of 64
+    "longcat-flash-transformers-defaults": Counted(560_664_980_480, 32_182_676_480, 56 * (512 + 64) * 2),
     # files with keys of calc.hf.INERT (runner_max_sequence_length, use_mrope, transformers.js_config)
     "santacoder": Counted(1_124_886_528, None, 2 * 24 * 1 * 128 * 2),  # multi-query
     "qwen2.5-0.5b": Counted(494_032_768, None, 2 * 24 * 2 * 64 * 2),
@@ -109,7 +111,8 @@ def test_every_new_type_has_a_fixture_here():
            "olmo2", "phi", "starcoder2", "cohere", "falcon", "stablelm", "gpt_bigcode", "opt",
            "qwen2", "llama",  # Qwen2.5 and SmolLM2: the inert keys of their files
            "olmo3", "minimax_m2", "glm_moe_dsa", "ernie4_5", "ernie4_5_moe", "qwen3_5",
-           "qwen3_5_moe", "qwen3_vl", "qwen3_vl_moe", "nemotron_h", "mimo_v2_flash"}
+           "qwen3_5_moe", "qwen3_vl", "qwen3_vl_moe", "nemotron_h", "mimo_v2_flash",
+           "longcat_flash"}
     assert {raw(name)["model_type"] for name in MODELS} == new
 
 
@@ -258,6 +261,35 @@ def test_mimo_v2_flash_legacy_window_is_one_more():
     # the hub files' sliding_window_size counts the keys before the query; MiMoV2FlashConfig adds 1
     config = from_config(_mimo(sliding_window_size=127, sliding_window=None))
     assert config.sliding_window == 128
+
+
+# LongCat-Flash at small sizes: 2 layers, 4 heads, MLA of ranks 32 (queries) and 16 (keys and values)
+LONGCAT_SMALL = {"hidden_size": 64, "num_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+                 "ffn_hidden_size": 96,
+                 "q_lora_rank": 32, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4,
+                 "head_dim": 4, "qk_head_dim": 12, "v_head_dim": 8, "n_routed_experts": 6, "moe_topk": 2,
+                 "zero_expert_num": 3, "expert_ffn_hidden_size": 16, "vocab_size": 500}
+
+
+def _longcat(drop: tuple[str, ...] = (), **changes) -> dict:
+    small = {k: v for k, v in LONGCAT_SMALL.items() if k not in drop}
+    return _variant("longcat-flash-transformers-defaults", drop=drop, **{**small, **changes})
+
+
+def test_longcat_flash_two_mla_sublayers_two_mlps_and_experts_with_zero_experts_by_hand():
+    config = from_config(_longcat())
+    d, h, vocab = 64, 4, 500
+    # queries down to 32, normed, up to 4 heads of 12; a latent of 16 and a rotary key of 4, the latent normed
+    # and up to keys of 8 and values of 8; the output from 4 values of 8
+    mla = d * 32 + 32 + 32 * h * 12 + d * (16 + 4) + 16 + 16 * h * (8 + 8) + h * 8 * d
+    mlp = 3 * d * 96
+    # 6 experts of 16, a router over the 6 and the 3 zero experts, its score correction over all 9
+    moe = 6 * 3 * d * 16 + 9 * d + 9
+    layer = 2 * mla + 2 * mlp + moe + 4 * d  # and the four norms
+    assert ledger.checkpoint(config)["total"] == 2 * layer + d + 2 * vocab * d
+    assert ledger.checkpoint(config)["total"] - ledger.active(config) == 2 * (6 - 2) * 3 * d * 16
+    assert (config.n_layers, config.n_dense_layers, config.n_zero_experts) == (4, 2, 3)
+    assert costs.kv_cache(config, [10], "bf16")["bytes_per_token"] == 4 * (16 + 4) * 2  # 4 MLA sublayers
 
 
 def test_deepseek_v32_indexer_by_hand():
@@ -701,6 +733,11 @@ VARIANTS = {
         mlp_layer_types=["dense", "sparse", "dense", "sparse", "sparse", "dense"], sliding_window_size=5),
     "mimo_v2_flash, no window, every layer dense": _mimo(
         layer_types=[FULL] * 6, mlp_layer_types=["dense"] * 6),
+    "longcat_flash, small": _longcat(),
+    "longcat_flash, its config class's aliases, no zero experts, untied": _longcat(
+        drop=("ffn_hidden_size", "n_routed_experts", "moe_topk", "expert_ffn_hidden_size"),
+        intermediate_size=80, num_local_experts=4, num_experts_per_tok=3, moe_intermediate_size=24,
+        zero_expert_num=0),
     "qwen3_vl_moe, dense layers by index and by step": _variant(
         "qwen3-vl-moe-transformers-defaults", mlp_only_layers=[0], decoder_sparse_step=2, num_hidden_layers=4,
         num_local_experts=8, tie_word_embeddings=True),
@@ -744,6 +781,12 @@ def test_keys_a_config_class_carries_and_the_variant_does_not_read_are_accepted(
         # NemotronHConfig's alias of n_routed_experts, disagreeing with it
         ("nemotron-h-transformers-defaults", {"num_local_experts": 4}, "num_local_experts"),
         ("mimo-v2-flash-transformers-defaults", {"num_local_experts": 4}, "num_local_experts"),
+        # LongcatFlashConfig's alias of ffn_hidden_size, disagreeing; a bias on its router's classifier; a
+        # layer count that is not twice num_layers; multi-token-prediction layers it does not build
+        ("longcat-flash-transformers-defaults", {"intermediate_size": 4096}, "intermediate_size"),
+        ("longcat-flash-transformers-defaults", {"router_bias": True}, "router_bias"),
+        ("longcat-flash-transformers-defaults", {"num_hidden_layers": 28}, "num_hidden_layers"),
+        ("longcat-flash-transformers-defaults", {"num_nextn_predict_layers": 1}, "num_nextn_predict_layers"),
         ("mimo-v2-flash-transformers-defaults", {"mlp_layer_types": ["dense", "moe"] * 24},
          "mlp_layer_types"),
         # the alias Qwen3VLMoeTextConfig saves for num_experts, disagreeing with it
