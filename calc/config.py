@@ -82,6 +82,30 @@ class Mamba:
 
 
 @dataclass(frozen=True)
+class Mamba2:
+    """A Mamba-2 layer (Dao & Gu 2024) as Nemotron-H uses it: h_m heads of d_in/h_m channels share one step
+    size and decay per head, and B, C are shared by the heads of each of G groups; it keeps a state of
+    d_in × d_st and the last K − 1 inputs of its convolution whatever the context, and no KV cache."""
+
+    d_inner: int  # d_in = h_m · head width
+    heads: int  # h_m
+    groups: int  # G, the groups that share B and C
+    d_state: int  # d_st
+    conv_kernel: int  # K
+    conv_bias: bool
+    proj_bias: bool  # biases on in_proj and out_proj
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "bool":
+                if not isinstance(value, bool):
+                    raise ConfigError(f"mamba2.{f.name}", f"must be True or False, got {value!r}")
+            else:
+                check_positive(f"mamba2.{f.name}", value)
+
+
+@dataclass(frozen=True)
 class Config:
     """One decoder-only transformer; field names are the JSON keys of ``config``."""
 
@@ -119,13 +143,19 @@ class Config:
     activation: str | None = None  # the MLP's activation (an ACT2FN name of transformers); None: the default
     sliding_window: int | None = None  # w: keys a query of a windowed layer sees at most
     n_window_layers: int = 0  # L_w: layers with the sliding window (all for Mistral-7B, half for Gemma 2)
+    n_kv_heads_window: int = 0  # g_w: a windowed layer's key/value heads where not g (MiMo-V2-Flash: 2g)
+    window_sinks: bool = False  # attention sinks on the windowed layers only (MiMo-V2-Flash)
     attention_chunk: int | None = None  # C: chunked attention, a query sees only its own chunk of C tokens
     n_chunked_layers: int = 0  # L_c: layers with chunked attention (Llama 4: three of every four)
     n_nope_layers: int = 0  # attention layers without rotary positions (no parameters, no cost change)
     linear_attention: GatedDeltaNet | None = None  # the shape of its linear-attention layers
     n_linear_layers: int = 0  # L_lin: linear-attention layers (no KV cache)
     mamba: Mamba | None = None  # the shape of its Mamba layers
-    n_mamba_layers: int = 0  # L_m: Mamba layers (no KV cache)
+    mamba2: Mamba2 | None = None  # or of its Mamba-2 layers (Nemotron-H)
+    n_mamba_layers: int = 0  # L_m: Mamba or Mamba-2 layers (no KV cache)
+    # L_0: layers without an MLP. Nemotron-H's blocks hold one mixer or one MLP each: calc counts a layer per
+    # mixer (attention or Mamba-2) and gives its MLP blocks to as many of them, the same weights and costs
+    n_mlp_free_layers: int = 0
     # DeepSeek Sparse Attention (DeepSeek V3.2): each query of a sparse layer attends to the k_I keys its
     # indexer scores highest; the indexer scores every earlier key at h_I heads of width d_I
     n_sparse_layers: int = 0  # L_s: attention layers with top-k selection
@@ -140,12 +170,14 @@ class Config:
     shared_expert_gate: bool = False  # a sigmoid gate d → 1 on the shared expert (Qwen2-MoE, Qwen3-Next)
     n_dense_layers: int = 0  # L_d: layers with a dense MLP in an MoE model (DeepSeek-V3: the first 3)
     router_bias: bool = False  # a per-expert router bias (gpt-oss) or score correction (DeepSeek-V3)
+    n_zero_experts: int = 0  # Z: experts that pass a token on unchanged, scored by the router (LongCat-Flash)
     expert_bias: bool = False  # biases inside each expert (gpt-oss: 2·d_e + d)
     kv_lora_rank: int = 0  # r_kv; > 0 means multi-head latent attention (d_head is then d_nope + d_rope)
     q_lora_rank: int = 0  # r_q; 0 = an uncompressed query projection
     d_rope: int = 0  # d_r, the rotary part of an MLA head
     d_value: int = 0  # d_v when it differs from d_head (MLA); 0 = d_head
     n_mtp_layers: int = 0  # multi-token-prediction modules stored beside the model (DeepSeek-V3: 1), apart
+    vision_parameters: int = 0  # a multimodal checkpoint's vision tower (calc.vision), apart from every total
     name: str = "custom"
     source: str = "a custom configuration"
     published: int | None = None  # exact parameter count of the released checkpoint
@@ -170,11 +202,12 @@ class Config:
                      "d_shared_expert", "n_dense_layers", "kv_lora_rank", "q_lora_rank", "d_rope", "d_value",
                      "n_mtp_layers", "position_offset", "n_chunked_layers", "n_nope_layers",
                      "n_linear_layers",
-                     "n_mamba_layers", "n_sparse_layers", "index_topk", "index_heads", "index_head_dim"):
+                     "n_mamba_layers", "n_sparse_layers", "index_topk", "index_heads", "index_head_dim",
+                     "n_mlp_free_layers", "vision_parameters", "n_kv_heads_window", "n_zero_experts"):
             check_count(name, getattr(self, name))
         for name in ("tied_embeddings", "router_bias", "expert_bias", "shared_expert_gate", "lm_head_bias",
                      "qk_norm", "qk_norm_per_head", "attention_sinks", "attention_output_gate",
-                     "parallel_block", *LAYOUTS[self.arch]):
+                     "window_sinks", "parallel_block", *LAYOUTS[self.arch]):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, f"must be True or False, got {getattr(self, name)!r}")
         if self.activation is not None and not isinstance(self.activation, str):
@@ -199,15 +232,29 @@ class Config:
             raise ConfigError("n_window_layers", f"{self.n_window_layers} exceeds the {self.n_layers} layers")
         if self.n_window_layers and self.sliding_window is None:
             raise ConfigError("sliding_window", f"missing, but {self.n_window_layers} layers have a window")
+        for name in ("n_kv_heads_window", "window_sinks"):
+            if getattr(self, name) and not self.n_window_layers:
+                raise ConfigError(name, "is set, but no layer has a window")
+        if self.n_kv_heads_window and (self.is_mla or self.n_heads % self.n_kv_heads_window):
+            raise ConfigError("n_kv_heads_window", f"{self.n_heads} query heads cannot share "
+                              f"{self.n_kv_heads_window} key/value heads of a windowed layer (nor can MLA's)")
+        if self.window_sinks and self.attention_sinks:
+            raise ConfigError("window_sinks", "is set beside attention_sinks (sinks on every layer)")
 
     def _check_layer_kinds(self) -> None:
         if self.attention_chunk is not None:
             check_positive("attention_chunk", self.attention_chunk)
         if self.n_chunked_layers and self.attention_chunk is None:
             raise ConfigError("attention_chunk", f"missing, but {self.n_chunked_layers} layers are chunked")
-        for count, shape in (("n_linear_layers", "linear_attention"), ("n_mamba_layers", "mamba")):
-            if getattr(self, count) and getattr(self, shape) is None:
-                raise ConfigError(shape, f"missing, but {count} is {getattr(self, count)}")
+        if self.n_linear_layers and self.linear_attention is None:
+            raise ConfigError("linear_attention", f"missing, but n_linear_layers is {self.n_linear_layers}")
+        if self.mamba is not None and self.mamba2 is not None:
+            raise ConfigError("mamba2", "is set beside mamba: a model's Mamba layers are of one kind")
+        if self.n_mamba_layers and self.mamba is None and self.mamba2 is None:
+            raise ConfigError("mamba", f"missing, but n_mamba_layers is {self.n_mamba_layers}")
+        if self.n_mlp_free_layers >= self.n_layers:
+            raise ConfigError("n_mlp_free_layers", f"{self.n_mlp_free_layers} leaves no MLP in the "
+                              f"{self.n_layers} layers")
         if self.n_sparse_layers:
             for name in ("index_topk", "index_heads", "index_head_dim"):
                 check_positive(name, getattr(self, name))
@@ -230,7 +277,7 @@ class Config:
         if not self.n_experts:
             for name in ("experts_per_token", "n_shared_experts", "d_expert", "d_shared_expert",
                          "n_dense_layers",
-                         "shared_expert_gate", "expert_bias", "router_bias"):
+                         "shared_expert_gate", "expert_bias", "router_bias", "n_zero_experts"):
                 if getattr(self, name):
                     raise ConfigError(name, "is set, but n_experts is 0 (a dense model)")
             return
@@ -238,11 +285,14 @@ class Config:
             raise ConfigError("experts_per_token", f"must be between 1 and n_experts = {self.n_experts}, "
                               f"got {self.experts_per_token}")
         check_positive("d_expert", self.d_expert)
+        if self.n_zero_experts and not self.router_bias:
+            raise ConfigError("n_zero_experts", "is set without router_bias: the zero experts' rows are "
+                              "modelled beside a score correction for every expert")
         if self.shared_expert_gate and not self.n_shared_experts:
             raise ConfigError("shared_expert_gate", "is set, but there is no shared expert")
-        if self.n_dense_layers >= self.n_layers:
-            raise ConfigError("n_dense_layers",
-                              f"{self.n_dense_layers} leaves no MoE layer of {self.n_layers}")
+        if self.n_dense_layers >= self.n_mlp_layers:
+            raise ConfigError("n_dense_layers", f"{self.n_dense_layers} leaves no MoE layer of the "
+                              f"{self.n_mlp_layers} with an MLP")
 
     @property
     def attention_width(self) -> int:
@@ -263,6 +313,17 @@ class Config:
     def n_full_layers(self) -> int:
         """Attention layers that see every earlier key: neither windowed, chunked nor sparse."""
         return self.n_attention_layers - self.n_window_layers - self.n_chunked_layers - self.n_sparse_layers
+
+    @property
+    def general_gqa(self) -> bool:
+        """Grouped-query attention whose values are not d_k wide, or whose windowed layers have their own
+        number of key/value heads: counted and cached by the formulas with d_v and g_w."""
+        return not self.is_mla and (self.d_v != self.d_head or bool(self.n_kv_heads_window))
+
+    @property
+    def n_mlp_layers(self) -> int:
+        """Layers with an MLP (dense or experts): all but the MLP-free ones."""
+        return self.n_layers - self.n_mlp_free_layers
 
     @property
     def is_moe(self) -> bool:

@@ -116,6 +116,8 @@ def kv_cache_formulas(config: Config) -> tuple[Expr, Expr]:
     of g heads per layer (GQA), or MLA's latent and rotary key; window layers hold at most w tokens."""
     if config.is_mla:
         return f.kv_cache_bytes_per_token_mla, f.kv_cache_bytes_mla
+    if config.general_gqa:
+        return f.kv_cache_bytes_per_token_dv, f.kv_cache_bytes_dv
     return f.kv_cache_bytes_per_token, f.kv_cache_bytes
 
 
@@ -126,7 +128,7 @@ def state_formula(config: Config) -> Expr:
     if config.n_linear_layers:
         expr += f.L_lin * f.deltanet_state
     if config.n_mamba_layers:
-        expr += f.L_m * f.mamba_state
+        expr += f.L_m * (f.mamba2_state if config.mamba2 is not None else f.mamba_state)
     return expr * f.b
 
 

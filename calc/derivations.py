@@ -38,17 +38,25 @@ FORMULAS: tuple[tuple[str, Expr | str], ...] = (
     ("q/k norms, per head (OLMo 2, Cohere, StableLM)", f.qk_norms_per_head),
     ("attention sinks (gpt-oss)", f.attention_sinks),
     ("output gate per layer (Qwen3-Next)", f.attention_output_gate),
+    ("attention per layer, values of d_v (MiMo-V2-Flash)", f.attention_per_layer_dv),
+    ("windowed layers' own K/V heads, their Q, K, V biases (MiMo-V2-Flash)",
+     f.window_kv_heads + f.qkv_bias_dv),
+    ("attention sinks on the windowed layers (MiMo-V2-Flash)", f.window_sinks),
     ("MLP biases, dense", f.mlp_dense_bias),
     ("MLP biases, gated", f.mlp_gated_bias),
+    ("MLP biases of an MoE model's dense layers and shared experts, dense", f.moe_mlp_dense_bias),
     ("unembedding bias (Phi-2)", f.lm_head_bias),
     ("MoE routed experts", f.moe_experts),
     ("MoE shared experts", f.moe_shared_experts),
     ("MoE shared-expert gate (Qwen2-MoE, Qwen3-Next)", f.moe_shared_expert_gate),
     ("MoE router", f.moe_router),
     ("MoE router bias (gpt-oss, DeepSeek-V3)", f.moe_router_bias),
+    ("MoE router rows and score corrections of zero experts (LongCat-Flash)", f.moe_zero_experts),
     ("MoE expert biases (gpt-oss)", f.moe_expert_biases),
     ("MoE dense layers", f.mlp_dense_layers),
     ("MoE inactive per token (total − active)", f.moe_inactive),
+    ("MoE experts, shared experts, dense layers without a gate (Nemotron-H)",
+     f.moe_experts_ungated + f.moe_shared_experts_ungated + f.mlp_dense_layers_ungated),
     ("MLA queries (down, up)", f.mla_q),
     ("MLA queries, no LoRA (DeepSeek-V2-Lite)", f.mla_q_full),
     ("MLA keys, values (latent, rotary key, up)", f.mla_kv),
@@ -61,6 +69,9 @@ FORMULAS: tuple[tuple[str, Expr | str], ...] = (
     ("Mamba conv bias, projection biases, inner norms",
      f.mamba_conv_bias + f.mamba_proj_bias + f.mamba_inner_norms),
     ("Mamba state per sequence", f.mamba_state),
+    ("Mamba-2 layer (Nemotron-H)", f.mamba2_per_layer),
+    ("Mamba-2 conv bias, projection biases", f.mamba2_conv_bias + f.mamba2_proj_bias),
+    ("Mamba-2 state per sequence", f.mamba2_state),
     ("pattern entries per head", f.entries_per_head),
     ("windowed entries per head", f.windowed_entries_per_head),
     ("chunked entries per head (Llama 4)", f.chunked_entries_per_head),
@@ -78,6 +89,8 @@ FORMULAS: tuple[tuple[str, Expr | str], ...] = (
     ("forward FLOPs per token, PaLM", f.forward_flops_per_token_palm),
     ("KV cache bytes per token", f.kv_cache_bytes_per_token),
     ("KV cache bytes at n (windows, chunks)", f.kv_cache_bytes),
+    ("KV cache bytes per token, values of d_v, g_w heads on windowed layers", f.kv_cache_bytes_per_token_dv),
+    ("KV cache bytes at n, values of d_v, g_w heads on windowed layers", f.kv_cache_bytes_dv),
     ("MLA cache bytes per token", f.kv_cache_bytes_per_token_mla),
     ("MLA cache bytes at n", f.kv_cache_bytes_mla),
     ("naive bytes moved per model", f.naive_bytes_per_model),
@@ -137,7 +150,9 @@ SYMBOLS = (
     "have softmax attention (L − L_lin linear-attention − L_m Mamba layers), L_w of them windowed (w) and "
     "L_c chunked (chunks of C; n = m_C·C + r_C) and L_s sparse (each query attends to the k_I keys an "
     "indexer of h_I heads of d_I scores highest). Linear attention: h_lk, h_lv heads of d_lk, d_lv, a "
-    "convolution of K taps; Mamba: inner width d_in, state d_st, step rank r_dt. Training: micro-batch "
+    "convolution of K taps; Mamba: inner width d_in, state d_st, step rank r_dt (Mamba-2: h_m heads, G "
+    "groups sharing B and C); L_0 layers without an MLP (Nemotron-H); g_w key/value heads of a windowed "
+    "layer (MiMo-V2-Flash); Z zero experts (LongCat-Flash). Training: micro-batch "
     "b_m, tensor-parallel degree t, N_d data-parallel devices, P parameters a tensor-parallel rank holds at "
     "b_w, b_g, b_o bytes each of weights, gradients and optimizer states (ZeRO's K). Activations kept: "
     "b bytes a value, c_up 1 where b < 4 (casts to fp32 are then copies), s_1 1 for a micro-batch of one, "

@@ -11,7 +11,11 @@
     d_s   shared expert width    C     attention chunk      L_c   chunked-attention layers
     m_C   ⌊n/C⌋ whole chunks     r_C   n mod C, the tokens of the last chunk (values given with n)
     L_lin linear-attention layers (h_lk, h_lv heads of d_lk, d_lv; convolution of K taps)
-    L_m   Mamba layers (inner width d_in, state d_st, step rank r_dt, convolution of K taps)
+    L_m   Mamba layers (inner width d_in, state d_st, step rank r_dt, convolution of K taps; Mamba-2:
+          h_m heads, G groups sharing B and C)
+    L_0   layers without an MLP (Nemotron-H: a block holds one mixer or one MLP)
+    g_w   key/value heads of a windowed layer where they are not g (MiMo-V2-Flash)
+    Z     zero experts a router scores, which hold no weights (LongCat-Flash)
     b_m   micro-batch            t     tensor-parallel degree   N_d  data-parallel devices   P  parameters
     b_w, b_g, b_o  bytes a parameter of weights, gradients and optimizer states (ZeRO's K)
 
@@ -43,6 +47,13 @@ m_C, r_C = symbols("m_C r_C", nonnegative=True, integer=True)
 # DeepSeek Sparse Attention: L_s layers whose queries attend to the k_I keys an indexer of h_I heads of width
 # d_I scores highest.
 L_s, k_I, h_I, d_I = symbols("L_s k_I h_I d_I", positive=True, integer=True)
+# Mamba-2: h_m heads, G groups that share B and C; L_0 layers without an MLP (may be 0).
+h_m, G = symbols("h_m G", positive=True, integer=True)
+# MiMo-V2-Flash: its windowed layers have g_w key/value heads (g elsewhere).
+g_w = Symbol("g_w", positive=True, integer=True)
+# LongCat-Flash: Z zero experts, which its router scores and which hold no weights.
+Z = Symbol("Z", positive=True, integer=True)
+L_0 = Symbol("L_0", nonnegative=True, integer=True)
 # Layers by kind: L_a = L − L_lin − L_m have softmax attention (linear-attention and Mamba layers hold a
 # fixed-size state and no KV cache); of those, L_w are windowed, L_c chunked and L_s sparse (top-k), and the
 # rest see every key.
@@ -59,6 +70,11 @@ mlp_dense = L * 2 * d * d_ff  # up and down projections (GPT)
 mlp_gated = L * 3 * d * d_ff  # gate, up and down projections (SwiGLU: Llama, Mistral)
 embedding = V * d
 unembedding = V * d
+
+# Values narrower than queries and keys (MiMo-V2-Flash: d_k 192, d_v 128): Q and K of d_k, V and O of d_v; a
+# windowed layer with g_w key/value heads has (g_w − g)·(d_k + d_v) more columns of K and V than a full one.
+attention_per_layer_dv = d * h * d_k + d * g * d_k + d * g * d_v + h * d_v * d
+window_kv_heads = L_w * (g_w - g) * d * (d_k + d_v)
 
 # --- Checkpoint: everything a real checkpoint stores ----------------------------------------------
 # Its parts beside the weight matrices (calc.ledger assembles a model's checkpoint from them, as its
@@ -85,12 +101,15 @@ def norms(per_layer: int, *, bias: bool) -> Expr:
 qkv_bias = L_a * (h + 2 * g) * d_k
 o_bias = L_a * d
 attention_bias = qkv_bias + o_bias
+# The same with values of d_v and the windowed layers' g_w heads (MiMo-V2-Flash: Q, K, V biases, O none).
+qkv_bias_dv = L_a * (h * d_k + g * (d_k + d_v)) + L_w * (g_w - g) * (d_k + d_v)
 # Qwen3, Gemma 3: an RMSNorm over each query and key head vector, one weight of d_k each, shared by heads.
 qk_norms = L_a * 2 * d_k
 # OLMo 2 (over the whole width h·d_k and g·d_k), Cohere and StableLM (one norm per head): h·d_k + g·d_k.
 qk_norms_per_head = L_a * (h + g) * d_k
 # gpt-oss: one learned sink logit per query head (it joins each row's softmax denominator, no value).
 attention_sinks = L_a * h
+window_sinks = L_w * h  # MiMo-V2-Flash: sinks on its windowed layers only
 # Qwen3-Next: the query projection is 2·h·d_k wide; half of it gates the attention output per channel.
 attention_output_gate = d * h * d_k
 # Phi-3, GPT-NeoX: Q, K and V as one fused matrix, d × (h + 2g)·d_k: the same count as three separate
@@ -112,6 +131,9 @@ moe_experts = (L - L_d) * E * expert
 moe_shared_experts = (L - L_d) * S * 3 * d * d_s
 moe_router = (L - L_d) * E * d
 moe_router_bias = (L - L_d) * E
+# LongCat-Flash's Z zero experts (a token routed there is passed on unchanged): Z more rows of the router and
+# of its score-correction bias.
+moe_zero_experts = (L - L_d) * Z * (d + 1)
 mlp_dense_layers = L_d * 3 * d * d_ff  # DeepSeek-V3's first L_d layers keep a dense gated MLP
 # The sigmoid gate d → 1 that Qwen2-MoE and Qwen3-Next put on the shared expert.
 moe_shared_expert_gate = (L - L_d) * d
@@ -120,9 +142,19 @@ expert_bias = 2 * d_e + d
 moe_expert_biases = (L - L_d) * E * expert_bias
 moe_inactive = (L - L_d) * (E - k_E) * expert
 moe_inactive_biases = (L - L_d) * (E - k_E) * expert_bias
+# Experts, shared experts and dense layers without a gate (Nemotron-H: up and down, a squared ReLU between).
+expert_ungated = 2 * d * d_e
+moe_experts_ungated = (L - L_d) * E * expert_ungated
+moe_shared_experts_ungated = (L - L_d) * S * 2 * d * d_s
+mlp_dense_layers_ungated = L_d * 2 * d * d_ff
+moe_inactive_ungated = (L - L_d) * (E - k_E) * expert_ungated
 # Biases of a dense MLP: up and down (GPT), or gate, up and down (a gated MLP with biases).
 mlp_dense_bias = L * (d_ff + d)
 mlp_gated_bias = L * (2 * d_ff + d)
+# In an MoE model, those of its dense layers and shared experts (Nemotron-H's mlp_bias; routed experts
+# keep none there).
+moe_mlp_dense_bias = L_d * (d_ff + d) + (L - L_d) * S * (d_s + d)
+moe_mlp_gated_bias = L_d * (2 * d_ff + d) + (L - L_d) * S * (2 * d_s + d)
 
 # Multi-head latent attention (DeepSeek-V2/V3). Queries go down to rank r_q, are normed, and go up to h
 # heads of d_k = d_nope + d_r; keys and values share one latent of rank r_kv (normed) plus one rotary key
@@ -158,6 +190,18 @@ mamba_proj_bias = 2 * d_in + d
 mamba_inner_norms = r_dt + 2 * d_st
 # Its state, per sequence and layer: the SSM state d_in × d_st and the last K − 1 inputs of the convolution.
 mamba_state = d_in * d_st + (K - 1) * d_in
+# Mamba-2 (Dao & Gu 2024; Nemotron-H's layer, NemotronHMamba2Mixer): in_proj d → 2·d_in + 2·G·d_st + h_m (x,
+# the gate z, B and C of G groups, a step per head), a depthwise convolution of K taps over x, B and C,
+# per-head dt_bias, A_log and D, a gated RMSNorm of d_in, out_proj d_in → d. Optional: the convolution's
+# bias, and in/out projection biases.
+mamba2_conv_width = d_in + 2 * G * d_st
+mamba2_per_layer = (d * (2 * d_in + 2 * G * d_st + h_m) + mamba2_conv_width * K + 3 * h_m + d_in
+                    + d_in * d)
+mamba2_conv_bias = mamba2_conv_width
+mamba2_proj_bias = 2 * d_in + 2 * G * d_st + h_m + d
+# Its state, per sequence and layer: h_m heads of (d_in/h_m) × d_st, and the last K − 1 inputs of the
+# convolution (x, B and C).
+mamba2_state = d_in * d_st + (K - 1) * mamba2_conv_width
 
 # --- Attention pattern: memory and FLOPs ----------------------------------------------------------
 entries_per_head = n**2
@@ -215,6 +259,10 @@ forward_flops_per_token_palm = 2 * N + 2 * h * (d_k + d_v) * keys_seen
 kv_cache_bytes_per_token = 2 * L_a * g * d_k * b  # one key and one value vector per layer and kv head
 # A sliding-window layer keeps at most w tokens (a rolling cache): bytes held at n tokens.
 kv_cache_bytes = 2 * g * d_k * b * keys_cached
+# With values of d_v and g_w heads on the windowed layers (MiMo-V2-Flash): K and V of g·(d_k + d_v) a token,
+# g_w·(d_k + d_v) on a windowed layer.
+kv_cache_bytes_per_token_dv = ((L_a - L_w) * g + L_w * g_w) * (d_k + d_v) * b
+kv_cache_bytes_dv = (g * (keys_cached - L_w * Min(n, w)) + g_w * L_w * Min(n, w)) * (d_k + d_v) * b
 # MLA caches one latent of r_kv and one shared rotary key of d_r per layer and token, not K and V per
 # head: the up-projections are applied to the cache (or absorbed into W_Q and W_O) at attention time. A sparse
 # layer also caches its indexer's key, d_I a token (transformers' DynamicIndexedLayer).

@@ -23,7 +23,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from calc.config import Config, ConfigError, GatedDeltaNet, Mamba
+from calc.config import Config, ConfigError, GatedDeltaNet, Mamba, Mamba2
+from calc.vision import vision_tower
 
 _MISSING = object()
 Fields = dict[str, Any]
@@ -520,6 +521,207 @@ def jamba_layers(r: Reader, fields: Fields) -> Fields:
             "d_expert": fields["d_ff"], "n_dense_layers": n_layers - n_moe}
 
 
+def aliased(r: Reader, alias: str, key: str) -> None:
+    """Read ``key`` from ``alias`` where the file gives it: a config class's attribute alias
+    (``attribute_map``), which it may save in place of the key; where both are given they must agree."""
+    value = r.get(alias)
+    if value is None:
+        return
+    if r.raw.get(key, value) != value:
+        r.invalid(alias, f"{value!r} is not {key} {r.raw[key]!r}, which it stands for", None)
+    r.defaults = {**r.defaults, key: value}
+
+
+NEMOTRON_H_PATTERN = {"M": "linear_attention", "E": "moe", "*": "full_attention", "-": "mlp"}
+# NemotronHConfig's older names of its Mamba keys: where a file gives one, it wins over the new name
+NEMOTRON_H_LEGACY = {"n_groups": "mamba_n_groups", "conv_kernel": "mamba_d_conv",
+                     "use_conv_bias": "mamba_conv_bias"}
+
+
+# keys that size nothing where no block is of their kind
+NEMOTRON_H_MAMBA_KEYS = ("mamba_num_heads", "mamba_head_dim", "n_groups", "ssm_state_size", "conv_kernel",
+                         "use_conv_bias", "use_bias", *NEMOTRON_H_LEGACY.values())
+NEMOTRON_H_EXPERT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts_per_tok",
+                          "moe_intermediate_size", "moe_shared_expert_intermediate_size")
+
+
+def nemotron_h_blocks(r: Reader) -> list[str]:
+    """Nemotron-H's blocks in order: ``layers_block_type`` (or its alias ``layer_types``), else
+    ``hybrid_override_pattern`` (M Mamba-2, * attention, - MLP, E experts), else NemotronHConfig's default;
+    ``num_hidden_layers`` is not read (transformers derives it from the list)."""
+    r.known("num_hidden_layers")
+    for key in ("layers_block_type", "layer_types"):
+        if r.get(key) is not None:
+            r.known("hybrid_override_pattern")
+            blocks = r.get(key)
+            kinds = NEMOTRON_H_PATTERN.values()
+            if not isinstance(blocks, list) or not blocks or not set(blocks) <= set(kinds):
+                return list(r.invalid(key, f"must list each block as one of {', '.join(kinds)}, got "
+                                      f"{blocks!r}", ["full_attention"]))
+            return blocks
+    pattern = r.get("hybrid_override_pattern")
+    if pattern is None:
+        return ["linear_attention", "moe", "full_attention", "mlp"]
+    if not isinstance(pattern, str) or not pattern or not set(pattern) <= set(NEMOTRON_H_PATTERN):
+        return list(r.invalid("hybrid_override_pattern", "must be a string of "
+                              f"{''.join(NEMOTRON_H_PATTERN)}, got {pattern!r}", ["full_attention"]))
+    return [NEMOTRON_H_PATTERN[c] for c in pattern]
+
+
+def nemotron_h_body(r: Reader) -> Fields:
+    """Nemotron-H (NemotronHConfig): blocks of one norm and one mixer each, a Mamba-2 layer, attention
+    (Q, K, V, O without biases), a dense MLP (up and down, no gate) or experts. calc counts a layer per
+    Mamba-2 or attention block and gives the MLP and expert blocks to as many of them (the same weights and
+    costs in another order); the blocks left over have no MLP."""
+    blocks = nemotron_h_blocks(r)
+    mixers = [b for b in blocks if b in ("linear_attention", "full_attention")]
+    n_mlp = len(blocks) - len(mixers)
+    if n_mlp > len(mixers):
+        r.invalid("layers_block_type", f"{n_mlp} MLP and expert blocks to {len(mixers)} Mamba-2 and "
+                  "attention blocks: calc pairs each MLP block with a mixer, and cannot pair more", None)
+    r.kinds = ["mamba" if b == "linear_attention" else "full_attention" for b in mixers]
+    d, n_heads = r.integer("hidden_size"), r.integer("num_attention_heads")
+    n_layers = max(len(mixers), 1)
+    n = Counter(blocks)
+    notes = [f"{len(blocks)} blocks of one mixer or one MLP each: {n['linear_attention']} Mamba-2, "
+             f"{n['full_attention']} attention, {n['mlp']} MLP, {n['moe']} experts; calc counts a layer per "
+             "Mamba-2 or attention block and gives it one of the MLP blocks while they last"]
+    if r.boolean("tie_word_embeddings", False):  # NemotronHForCausalLM ties no weights
+        notes.append("tie_word_embeddings is true, but transformers' Nemotron-H ties no weights: its head is "
+                     "counted apart from the embedding")
+    if r.get("num_nextn_predict_layers"):
+        r.invalid("num_nextn_predict_layers", "multi-token-prediction blocks, which transformers' Nemotron-H "
+                  "does not build, are not modelled", None)
+    r.known("mtp_layers_block_type", "mtp_hybrid_override_pattern")
+    return {
+        "arch": "llama", "n_layers": n_layers, "d_model": d, "n_heads": n_heads,
+        "d_head": r.head_dim(d, n_heads), "n_kv_heads": r.integer("num_key_value_heads", n_heads),
+        "d_ff": r.integer("intermediate_size"), "vocab_size": r.integer("vocab_size"),
+        "n_ctx": r.integer("max_position_embeddings"), "tied_embeddings": False, "mlp_gated": False,
+        "mlp_bias": r.boolean("mlp_bias", False), "n_mlp_free_layers": max(n_layers - n_mlp, 0),
+        "notes": tuple(notes), **nemotron_h_mamba2(r, blocks.count("linear_attention")),
+        **nemotron_h_experts(r, blocks.count("moe"), blocks.count("mlp")),
+    }
+
+
+def nemotron_h_mamba2(r: Reader, n_mamba: int) -> Fields:
+    """The shape of Nemotron-H's ``n_mamba`` Mamba-2 blocks (none: their keys size nothing); where a file
+    gives a legacy name (``mamba_n_groups``), NemotronHConfig takes its value over the new one."""
+    def named(key: str) -> str:
+        legacy = NEMOTRON_H_LEGACY[key]
+        r.known(key, legacy)
+        return legacy if legacy in r.raw else key
+
+    if not n_mamba:
+        r.known(*NEMOTRON_H_MAMBA_KEYS)
+        return {}
+    heads = r.integer("mamba_num_heads")
+    return {"n_mamba_layers": n_mamba, "mamba2": Mamba2(
+        d_inner=heads * r.integer("mamba_head_dim"), heads=heads, groups=r.integer(named("n_groups")),
+        d_state=r.integer("ssm_state_size"), conv_kernel=r.integer(named("conv_kernel")),
+        conv_bias=r.boolean(named("use_conv_bias"), True), proj_bias=r.boolean("use_bias", False))}
+
+
+def nemotron_h_experts(r: Reader, n_moe: int, n_mlp: int) -> Fields:
+    """Nemotron-H's ``n_moe`` expert blocks (NemotronHMoE): routed experts without a gate, one shared MLP of
+    ``moe_shared_expert_intermediate_size`` whatever ``n_shared_experts`` says, a sigmoid router with a
+    score-correction bias per expert (a saved buffer); its ``n_mlp`` MLP blocks are the dense layers."""
+    if r.get("moe_latent_size") is not None:
+        r.invalid("moe_latent_size", "the experts' latent projections (d → moe_latent_size → d) are not "
+                  "modelled", None)
+    if not n_moe:
+        r.known(*NEMOTRON_H_EXPERT_KEYS)
+        return {}
+    aliased(r, "num_local_experts", "n_routed_experts")
+    return {"n_experts": r.integer("n_routed_experts"), "experts_per_token": r.integer("num_experts_per_tok"),
+            "d_expert": r.integer("moe_intermediate_size"), "n_shared_experts": 1,
+            "d_shared_expert": r.integer("moe_shared_expert_intermediate_size"), "n_dense_layers": n_mlp,
+            "router_bias": True}
+
+
+def mimo_v2_layers(r: Reader, fields: Fields) -> Fields:
+    """MiMo-V2-Flash (MiMoV2FlashConfig): full attention on layer 0 and every sixth, a window elsewhere
+    (``layer_types`` lists them); a windowed layer has twice the key/value heads and a sink per query
+    head; values of ``v_head_dim`` beside queries and keys of ``head_dim``; biases on Q, K, V
+    (``attention_bias``)."""
+    kinds = r.layer_kinds(fields["n_layers"], SLIDING_OR_FULL,
+                          lambda i: "full_attention" if i == 0 or (i + 1) % 6 == 0 else "sliding_attention")
+    r.known("sliding_window", "sliding_window_size")
+    window = bool(kinds["sliding_attention"])
+    if window and r.get("sliding_window_size") is not None:
+        # the hub files' key, the keys before the query: MiMoV2FlashConfig's window is one more, whatever
+        # sliding_window says
+        fields = {**fields, "sliding_window": r.integer("sliding_window_size") + 1,
+                  "n_window_layers": kinds["sliding_attention"]}
+    else:
+        fields = _windowed(r, fields, kinds, 129)
+    return {**fields, "d_value": r.integer("v_head_dim"), "qkv_bias": r.boolean("attention_bias", False),
+            "n_kv_heads_window": 2 * fields["n_kv_heads"] if window else 0, "window_sinks": window}
+
+
+def mimo_v2_experts(r: Reader, fields: Fields) -> Fields:
+    """MiMo-V2-Flash: experts where ``mlp_layer_types`` says "sparse" (by default every layer but the first),
+    a dense MLP elsewhere; a sigmoid router with a score-correction bias per expert (a saved buffer)."""
+    n = fields["n_layers"]
+    types = r.get("mlp_layer_types")
+    if types is None:
+        types = ["dense"] + ["sparse"] * (n - 1)
+    elif not isinstance(types, list) or len(types) != n or not set(types) <= {"dense", "sparse"}:
+        types = r.invalid("mlp_layer_types", f"must list {n} layers as dense or sparse, got {types!r}",
+                          ["dense"] * n)
+    if "sparse" not in types:
+        r.known("n_routed_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size")
+        return fields
+    aliased(r, "num_local_experts", "n_routed_experts")
+    return {**fields, "n_experts": r.integer("n_routed_experts"),
+            "experts_per_token": r.integer("num_experts_per_tok"),
+            "d_expert": r.integer("moe_intermediate_size"), "n_dense_layers": types.count("dense"),
+            "router_bias": True}
+
+
+# LongcatFlashConfig's attribute_map: names a file may give in place of its keys
+LONGCAT_ALIASES = {"intermediate_size": "ffn_hidden_size", "num_local_experts": "n_routed_experts",
+                   "num_experts_per_tok": "moe_topk", "moe_intermediate_size": "expert_ffn_hidden_size"}
+
+
+def longcat_body(r: Reader) -> Fields:
+    """LongCat-Flash (LongcatFlashConfig): ``num_layers`` layers of two MLA sublayers, two dense MLPs of
+    ``ffn_hidden_size`` and one MoE beside them. calc counts two layers per LongCat layer, each an MLA and a
+    dense MLP with its two norms; the second holds the MoE, its dense MLP counted as a shared expert (always
+    run, no gate): the same weights and costs. Aliases of its config class (``intermediate_size``,
+    ``num_local_experts``...) are read where a file gives them."""
+    for alias, key in LONGCAT_ALIASES.items():
+        aliased(r, alias, key)
+    pairs = r.integer("num_layers")
+    if r.get("num_hidden_layers") not in (None, 2 * pairs):
+        r.invalid("num_hidden_layers", f"{r.get('num_hidden_layers')!r} is not 2 × num_layers = {2 * pairs}, "
+                  "which LongcatFlashConfig derives it as", None)
+    d, n_heads = r.integer("hidden_size"), r.integer("num_attention_heads")
+    d_ff = r.integer("ffn_hidden_size")
+    r.refuse("router_bias", True, "a bias on the router's classifier beside its score correction")
+    return {
+        "arch": "llama", "n_layers": 2 * pairs, "d_model": d, "n_heads": n_heads, "d_head": 1,
+        "n_kv_heads": r.integer("num_key_value_heads", n_heads), "d_ff": d_ff,
+        "vocab_size": r.integer("vocab_size"), "n_ctx": r.integer("max_position_embeddings"),
+        "tied_embeddings": r.boolean("tie_word_embeddings", False),
+        "n_experts": r.integer("n_routed_experts"), "experts_per_token": r.integer("moe_topk"),
+        "d_expert": r.integer("expert_ffn_hidden_size"), "n_shared_experts": 1, "d_shared_expert": d_ff,
+        "n_dense_layers": pairs, "router_bias": True, "n_zero_experts": r.count("zero_expert_num"),
+        "notes": (f"{pairs} layers of two MLA sublayers, two dense MLPs and one MoE each: calc counts "
+                  f"{2 * pairs} layers of one MLA and one dense MLP, the second of each pair with the MoE "
+                  "(its dense MLP a shared expert)",
+                  "active: a token's moe_topk experts all real; zero experts, which run nothing, make "
+                  "LongCat-Flash's average lower"),
+    }
+
+
+def no_mtp(r: Reader, fields: Fields) -> Fields:
+    if fields.get("n_mtp_layers"):
+        r.invalid("num_nextn_predict_layers", "multi-token-prediction layers, which transformers' model of "
+                  "this type does not build, are not modelled", None)
+    return fields
+
+
 def mixtral_experts(r: Reader, fields: Fields) -> Fields:
     return {**fields, "n_experts": r.integer("num_local_experts"),
             "experts_per_token": r.integer("num_experts_per_tok"), "d_expert": fields["d_ff"]}
@@ -538,6 +740,12 @@ def qwen_experts(r: Reader, fields: Fields) -> Fields:
               "d_expert": r.integer("moe_intermediate_size"), "n_dense_layers": n_layers - n_moe}
     if shared:
         fields.update(n_shared_experts=1, d_shared_expert=shared, shared_expert_gate=True)
+    return fields
+
+
+def local_experts_alias(r: Reader, fields: Fields) -> Fields:
+    """Qwen3-VL-MoE: ``num_local_experts`` is what its config class saves for ``num_experts``."""
+    aliased(r, "num_local_experts", "num_experts")
     return fields
 
 
@@ -805,6 +1013,48 @@ TYPES: dict[str, ModelType] = {
     "qwen3_5_moe_text": ModelType(experts_only_body, parts=(no_extra_biases, qwen3_next_layers, qwen_experts),
                                   features={"qk_norm": True, "attention_output_gate": True},
                                   keys=QWEN_MOE_KEYS),
+    # LongCat-Flash: MLA (the DeepSeek layout), dense MLPs and experts with zero experts
+    "longcat_flash": ModelType(longcat_body, parts=(mla, mla_derived, no_mtp),
+                               keys={**DEEPSEEK_KEYS, "n_layers": "num_layers", "d_ff": "ffn_hidden_size",
+                                     "experts_per_token": "moe_topk", "d_expert": "expert_ffn_hidden_size",
+                                     "n_dense_layers": "num_layers", "n_zero_experts": "zero_expert_num"},
+                               defaults={"zero_expert_num": 256}),
+    # MiMo-V2-Flash; attention_value_scale: a scalar on the values (no weight)
+    "mimo_v2_flash": ModelType(parts=(mimo_v2_layers, mimo_v2_experts),
+                               keys={**LLAMA_KEYS, "n_experts": "n_routed_experts",
+                                     "experts_per_token": "num_experts_per_tok",
+                                     "d_expert": "moe_intermediate_size", "n_dense_layers": "mlp_layer_types",
+                                     "d_value": "v_head_dim", "n_kv_heads_window": "num_key_value_heads"},
+                               defaults={"head_dim": 192, "v_head_dim": 128},
+                               ignored=frozenset({"attention_value_scale"})),
+    # Qwen3-VL's text model (Qwen3VLTextConfig): Qwen3's layers (q/k norms shared by the heads), no window;
+    # its multimodal rotary sections (mrope_section in the RoPE parameters) add no parameters
+    "qwen3_vl_text": ModelType(parts=(no_extra_biases,), features={"qk_norm": True}),
+    # Qwen3VLMoeTextConfig saves num_experts as num_local_experts, and sets sliding_window to null whatever
+    # the file says (no layer has a window)
+    "qwen3_vl_moe_text": ModelType(parts=(no_extra_biases, local_experts_alias, qwen_experts),
+                                   features={"qk_norm": True}, defaults={"tie_word_embeddings": True},
+                                   keys=QWEN_MOE_KEYS, ignored=frozenset({"sliding_window"})),
+    # Nemotron-H and Nemotron 3 (NemotronHConfig). Read by no weight: attention_bias and sliding_window (its
+    # attention has neither), expand (the Mamba-2 width is heads × head width), mamba_proj_bias (use_bias
+    # is), n_shared_experts (one shared MLP whatever), the Mamba step's initialisation and limits, the scan's
+    # chunking and kernels, the cache's dtype, the residual's dtype and the initialisation's rescaling
+    "nemotron_h": ModelType(nemotron_h_body, parts=(),
+                            keys={**LLAMA_KEYS, "n_layers": "layers_block_type",
+                                  "n_mamba_layers": "layers_block_type", "n_experts": "n_routed_experts",
+                                  "experts_per_token": "num_experts_per_tok",
+                                  "d_expert": "moe_intermediate_size", "n_dense_layers": "layers_block_type",
+                                  "n_mlp_free_layers": "layers_block_type"},
+                            defaults={"head_dim": 128},
+                            ignored=frozenset({
+                                "attention_bias", "sliding_window", "expand", "mamba_expand",
+                                "mamba_proj_bias", "n_shared_experts", "moe_shared_expert_overlap",
+                                "time_step_min", "time_step_max", "time_step_limit", "time_step_floor",
+                                "mamba_dt_min",
+                                "mamba_dt_max", "mamba_dt_limit", "mamba_dt_init_floor", "chunk_size",
+                                "mamba_chunk_size", "use_mamba_kernels", "mamba_ssm_cache_dtype",
+                                "residual_in_fp32", "rescale_prenorm_residual", "mamba_hidden_act",
+                                "mlp_hidden_act"})),
     # SmolLM3Config has no max_window_layers (its windows follow the NoPE layers)
     "smollm3": ModelType(parts=(no_extra_biases, smollm3_layers), defaults={"tie_word_embeddings": True},
                          ignored=frozenset({"max_window_layers"})),
@@ -868,10 +1118,10 @@ TYPES: dict[str, ModelType] = {
 # ACT2FN); it adds no parameters, but what the activation keeps for its backward is training memory.
 ACTIVATION_KEYS = {"gpt2": "activation_function", "gpt_bigcode": "activation_function",
                    "opt": "activation_function", "falcon": "activation", "gemma2": "hidden_activation",
-                   "gemma3_text": "hidden_activation"}
+                   "gemma3_text": "hidden_activation", "nemotron_h": "mlp_hidden_act"}
 # Multimodal configs hold their language model in text_config.
 OUTER = {"gemma3": "gemma3_text", "llama4": "llama4_text", "qwen3_5": "qwen3_5_text",
-         "qwen3_5_moe": "qwen3_5_moe_text"}
+         "qwen3_5_moe": "qwen3_5_moe_text", "qwen3_vl": "qwen3_vl_text", "qwen3_vl_moe": "qwen3_vl_moe_text"}
 SUPPORTED = (*TYPES, *OUTER)
 
 
@@ -930,13 +1180,17 @@ def read_config(raw: Mapping[str, Any]) -> tuple[str, Reader, Fields]:
     if not isinstance(raw, Mapping):
         raise ConfigError("config", f"must be a JSON object, got {type(raw).__name__}")
     model_type = raw.get("model_type")
+    tower = vision_tower(raw)
     if model_type in OUTER:
         text = raw.get("text_config")
         if not isinstance(text, Mapping):
             raise ConfigError("text_config",
                               f"missing (a {model_type} config holds the language model there)")
+        # the multimodal model ties its head to the text embedding as its outer config says (Qwen3-VL-MoE's
+        # text config keeps a default of its own that the multimodal model does not read)
+        tie = {"tie_word_embeddings": raw["tie_word_embeddings"]} if "tie_word_embeddings" in raw else {}
         model_type = OUTER[model_type]
-        raw = {**text, "model_type": model_type}
+        raw = {**text, **tie, "model_type": model_type}
     if not isinstance(model_type, str) or model_type not in TYPES:
         if model_type is None:
             raise ConfigError("model_type", f"missing; supported: {', '.join(SUPPORTED)}")
@@ -968,6 +1222,8 @@ def read_config(raw: Mapping[str, Any]) -> tuple[str, Reader, Fields]:
             raise ConfigError(key, f"{json.dumps(r.raw[key])} is not a value calc can ignore: "
                               f"{INERT[key].reason}; only {shown} changes nothing calc counts, so calc "
                               "refuses rather than guessing")
+    if tower is not None:
+        fields["vision_parameters"] = tower["total"]
     return model_type, r, {**fields, "ignored_keys": tuple(inert)} if inert else fields
 
 

@@ -3,7 +3,8 @@
 A layer's kind says how its queries see earlier tokens: every key (``dense``; ``mla`` when it caches MLA's
 latent), the last w (``sliding``), its own chunk of C (``chunked``), the k_I its indexer selects (``sparse``,
 with the indexer, a kind of its own: ``indexer``), or none, through a fixed-size state (``linear``: Gated
-DeltaNet; ``mamba``). For each kind, per layer and one sequence, five formulas of `calc.formulas`' symbols:
+DeltaNet; ``mamba``, ``mamba2``). For each kind, per layer and one sequence, five formulas of
+`calc.formulas`' symbols:
 
 - ``prefill_flops``: the sequence-mixing FLOPs of a causal forward pass over n tokens (QKᵀ and AV of the
   entries a query sees; the indexer's scores; the recurrent state's updates and readouts and the short
@@ -61,6 +62,9 @@ deltanet_token = 7 * f.h_lv * f.d_lk * f.d_lv + 2 * f.K * f.deltanet_conv_width
 # Mamba's selective scan per token and channel (Gu & Dao 2023, Algorithm 2): the decay exp(ΔA)·h (1), the
 # write ΔB·x (a product and a sum, 2) and the readout C·h (2) per state entry; plus its convolution of K taps.
 mamba_token = 5 * f.d_in * f.d_st + 2 * f.K * f.d_in
+# Mamba-2's the same per state entry (its decay is one scalar per head, still a product per entry); its
+# convolution runs over x, B and C.
+mamba2_token = 5 * f.d_in * f.d_st + 2 * f.K * f.mamba2_conv_width
 tile = f.B**2 + 2 * f.n  # FlashAttention: a B×B tile and a running max and sum per query
 indexer_tile = f.B**2 + 2 * f.B * f.k_I  # a B×B tile and the B queries' running top-k_I values and indices
 gqa_token = 2 * f.g * f.d_k  # K and V of g heads
@@ -111,6 +115,9 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("mamba", "a state of d_in × d_st (Mamba, O(n))",
          prefill_flops=f.n * mamba_token, score_bytes_naive=Integer(0), score_bytes_tiled=Integer(0),
          cache_bytes=f.mamba_state * f.b, decode_flops=mamba_token),
+    Kind("mamba2", "a state of d_in × d_st in h_m heads (Mamba-2, O(n))",
+         prefill_flops=f.n * mamba2_token, score_bytes_naive=Integer(0), score_bytes_tiled=Integer(0),
+         cache_bytes=f.mamba2_state * f.b, decode_flops=mamba2_token),
 )}
 
 
@@ -121,7 +128,8 @@ def layer_kinds(config: Config) -> dict[str, int]:
     counts = {full: config.n_full_layers, "sliding": config.n_window_layers,
               "chunked": config.n_chunked_layers, "sparse": config.n_sparse_layers,
               "indexer": config.n_sparse_layers,
-              "linear": config.n_linear_layers, "mamba": config.n_mamba_layers}
+              "linear": config.n_linear_layers,
+              "mamba2" if config.mamba2 is not None else "mamba": config.n_mamba_layers}
     return {name: counts[name] for name in KINDS if counts.get(name)}
 
 
@@ -130,6 +138,9 @@ def kind_formula(config: Config, kind: str, metric: str) -> Expr:
     model caches the latent, as its dense layers do)."""
     one = KINDS[kind]
     if metric == "cache_bytes" and one.held is not None:
+        if config.general_gqa:  # K of d_k and V of d_v, a windowed layer's g_w heads
+            heads = f.g_w if kind == "sliding" else f.g
+            return heads * (f.d_k + f.d_v) * one.held * f.b
         return (mla_token if config.is_mla else gqa_token) * one.held * f.b
     return one.formula(metric)
 

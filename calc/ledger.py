@@ -24,6 +24,7 @@ def values(config: Config) -> dict[Symbol, int]:
         f.d: config.d_model, f.h: config.n_heads, f.d_k: config.d_head, f.g: config.n_kv_heads,
         f.d_ff: config.d_ff, f.L: config.n_layers, f.V: config.vocab_size, f.n_ctx: config.n_ctx,
         f.d_v: config.d_v, f.w: config.sliding_window or config.n_ctx, f.L_w: config.n_window_layers,
+        f.g_w: config.n_kv_heads_window or config.n_kv_heads, f.Z: config.n_zero_experts or 1,
         f.E: config.n_experts, f.k_E: config.experts_per_token, f.S: config.n_shared_experts,
         f.d_e: config.d_expert, f.d_s: config.d_shared_expert or config.d_expert,
            f.L_d: config.n_dense_layers,
@@ -32,7 +33,7 @@ def values(config: Config) -> dict[Symbol, int]:
            f.C: config.attention_chunk or config.n_ctx,
         f.L_lin: config.n_linear_layers, f.L_m: config.n_mamba_layers,
         f.L_s: config.n_sparse_layers, f.k_I: config.index_topk or config.n_ctx,
-        f.h_I: config.index_heads or 1, f.d_I: config.index_head_dim or 1,
+        f.h_I: config.index_heads or 1, f.d_I: config.index_head_dim or 1, f.L_0: config.n_mlp_free_layers,
     }
     if config.linear_attention is not None:
         la = config.linear_attention
@@ -41,6 +42,10 @@ def values(config: Config) -> dict[Symbol, int]:
     if config.mamba is not None:
         m = config.mamba
         env.update({f.d_in: m.d_inner, f.d_st: m.d_state, f.r_dt: m.dt_rank, f.K: m.conv_kernel})
+    if config.mamba2 is not None:
+        m2 = config.mamba2
+        env.update({f.d_in: m2.d_inner, f.d_st: m2.d_state, f.h_m: m2.heads, f.G: m2.groups,
+                    f.K: m2.conv_kernel})
     return env
 
 
@@ -55,19 +60,33 @@ def attention_per_layer_formula(config: Config) -> Expr:
         return (f.mla_q if config.q_lora_rank else f.mla_q_full) + f.mla_kv + f.mla_o
     if config.attention_output_gate:
         return f.attention_per_layer + f.attention_output_gate
-    return f.attention_per_layer
+    return f.attention_per_layer_dv if config.general_gqa else f.attention_per_layer
+
+
+def attention_formula(config: Config) -> Expr:
+    """The attention layers' weight matrices: L_a layers, a windowed layer's own K/V heads added."""
+    extra = f.window_kv_heads if config.n_kv_heads_window else Integer(0)
+    return f.L_a * attention_per_layer_formula(config) + extra
+
+
+def mlp_layers(config: Config, expr: Expr) -> Expr:
+    """``expr``, a count over layers with an MLP, for ``config``: L becomes L − L_0 where L_0 layers have no
+    MLP (Nemotron-H's mixer blocks beyond its MLP blocks)."""
+    return expr.subs(f.L, f.L - f.L_0) if config.n_mlp_free_layers else expr
 
 
 def mlp_formulas(config: Config) -> dict[str, Expr]:
-    """The MLP's weight matrices by component: one dense or gated MLP per layer, or MoE's parts."""
+    """The MLP's weight matrices by component: one dense or gated MLP per layer, or MoE's parts (experts,
+    shared experts and dense layers gated or not, as the model's MLP is)."""
     if not config.is_moe:
-        return {"mlp": f.mlp_gated if config.mlp_gated else f.mlp_dense}
-    parts = {"experts": f.moe_experts, "router": f.moe_router}
+        return {"mlp": mlp_layers(config, f.mlp_gated if config.mlp_gated else f.mlp_dense)}
+    gated = config.mlp_gated
+    parts = {"experts": f.moe_experts if gated else f.moe_experts_ungated, "router": f.moe_router}
     if config.n_shared_experts:
-        parts["shared_experts"] = f.moe_shared_experts
+        parts["shared_experts"] = f.moe_shared_experts if gated else f.moe_shared_experts_ungated
     if config.n_dense_layers:
-        parts["dense_mlp"] = f.mlp_dense_layers
-    return parts
+        parts["dense_mlp"] = f.mlp_dense_layers if gated else f.mlp_dense_layers_ungated
+    return {name: mlp_layers(config, expr) for name, expr in parts.items()}
 
 
 def state_layer_formulas(config: Config) -> dict[str, Expr]:
@@ -76,7 +95,7 @@ def state_layer_formulas(config: Config) -> dict[str, Expr]:
     if config.n_linear_layers:
         parts["linear_attention"] = f.L_lin * f.deltanet_per_layer
     if config.n_mamba_layers:
-        parts["mamba"] = f.L_m * f.mamba_per_layer
+        parts["mamba"] = f.L_m * (f.mamba2_per_layer if config.mamba2 is not None else f.mamba_per_layer)
     return parts
 
 
@@ -92,7 +111,7 @@ def source_ledger(config: Config) -> dict[str, int | Rational]:
     ledger: dict[str, int | Rational] = {
         "attention_per_head": f.evaluate(per_layer / f.h, values(config)),
         "attention_per_layer": _count(per_layer, config),
-        "attention": _count(f.L_a * per_layer, config),
+        "attention": _count(attention_formula(config), config),
         **{name: _count(expr, config) for name, expr in state_layer_formulas(config).items()},
         "mlp": _count(mlp, config),
         "embedding": _count(f.embedding, config),
@@ -112,13 +131,14 @@ def checkpoint_formulas(config: Config) -> dict[str, Expr]:
     parts: dict[str, Expr] = {"token_embedding": f.token_embedding}
     if config.learned_positions:
         parts["position_embedding"] = f.position_embedding(config.position_offset)
-    parts["attention"] = f.L_a * attention_per_layer_formula(config)
-    biases = {(True, True): ("attention_bias", f.attention_bias), (True, False): ("qkv_bias", f.qkv_bias),
+    parts["attention"] = attention_formula(config)
+    qkv_bias = f.qkv_bias_dv if config.general_gqa else f.qkv_bias
+    biases = {(True, True): ("attention_bias", qkv_bias + f.o_bias), (True, False): ("qkv_bias", qkv_bias),
               (False, True): ("o_bias", f.o_bias)}.get((bool(config.qkv_bias), bool(config.o_bias)))
     if biases:
         parts[biases[0]] = biases[1]
-    if config.attention_sinks:
-        parts["attention_sinks"] = f.attention_sinks
+    if config.attention_sinks or config.window_sinks:
+        parts["attention_sinks"] = f.attention_sinks if config.attention_sinks else f.window_sinks
     if config.qk_norm:
         parts["qk_norms"] = f.qk_norms_per_head if config.qk_norm_per_head else f.qk_norms
     if config.is_mla:
@@ -131,15 +151,26 @@ def checkpoint_formulas(config: Config) -> dict[str, Expr]:
                  (config.mamba.inner_norms, f.mamba_inner_norms))
         if any(on for on, _ in extra):
             parts["mamba_biases_norms"] = f.L_m * sum((expr for on, expr in extra if on), Integer(0))
+    if config.mamba2 is not None:
+        m2 = config.mamba2
+        extra2 = ((m2.conv_bias, f.mamba2_conv_bias), (m2.proj_bias, f.mamba2_proj_bias))
+        if any(on for on, _ in extra2):
+            parts["mamba_biases"] = f.L_m * sum((expr for on, expr in extra2 if on), Integer(0))
     parts.update(mlp_formulas(config))
     if config.mlp_bias:
-        parts["mlp_bias"] = f.mlp_gated_bias if config.mlp_gated else f.mlp_dense_bias
+        biases = ((f.moe_mlp_gated_bias, f.moe_mlp_dense_bias) if config.is_moe
+                  else (f.mlp_gated_bias, f.mlp_dense_bias))
+        parts["mlp_bias"] = mlp_layers(config, biases[0] if config.mlp_gated else biases[1])
     for on, name, expr in ((config.router_bias, "router_bias", f.moe_router_bias),
+                           (bool(config.n_zero_experts), "zero_experts_router", f.moe_zero_experts),
                            (config.expert_bias, "expert_biases", f.moe_expert_biases),
                            (config.shared_expert_gate, "shared_expert_gate", f.moe_shared_expert_gate)):
         if on:
-            parts[name] = expr
-    parts["norms"] = f.norms(config.norms_per_layer, bias=bool(config.norm_bias))
+            parts[name] = mlp_layers(config, expr)
+    norms = f.norms(config.norms_per_layer, bias=bool(config.norm_bias))
+    if config.n_mlp_free_layers:  # a layer without an MLP has no norm before one
+        norms -= f.L_0 * f.d * (2 if config.norm_bias else 1)
+    parts["norms"] = norms
     if not config.tied_embeddings:
         parts["unembedding"] = f.unembedding
     if config.lm_head_bias:
@@ -156,7 +187,8 @@ def checkpoint(config: Config) -> dict[str, int]:
 
 def inactive_formula(config: Config) -> Expr:
     """Parameters of the routed experts a token skips (with their biases, where experts have them)."""
-    return f.moe_inactive + (f.moe_inactive_biases if config.expert_bias else 0)
+    inactive = f.moe_inactive if config.mlp_gated else f.moe_inactive_ungated
+    return mlp_layers(config, inactive + (f.moe_inactive_biases if config.expert_bias else 0))
 
 
 def active(config: Config) -> int:

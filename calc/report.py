@@ -36,7 +36,8 @@ FEATURE_KEYS = (
     "qk_norm_per_head", "attention_sinks", "attention_output_gate", "n_attention_layers", "attention_chunk",
     "n_chunked_layers", "n_nope_layers", "n_linear_layers", "linear_attention", "n_mamba_layers", "mamba",
     "d_shared_expert", "shared_expert_gate", "expert_bias", "n_sparse_layers", "index_topk", "index_heads",
-    "index_head_dim",
+    "index_head_dim", "mamba2", "n_mlp_free_layers", "n_kv_heads_window", "window_sinks",
+    "n_zero_experts",
     # added with the activations per layer kind (calc.activations)
     "d_rotary", "parallel_block", "activation",
 )
@@ -98,6 +99,7 @@ def build(
             "breakdown": {k: v for k, v in parts.items() if k != "total"},
             "non_embedding": ledger.non_embedding(config),
             "mtp_module": ledger.mtp_module(config),
+            "vision_tower": config.vision_parameters,
             "published": config.published,
             "paper_size": config.paper_size,
         },
@@ -291,19 +293,27 @@ def _ledger(report: dict[str, Any]) -> Table:
     attention = "2·d·h·d_k + 2·d·g·d_k"
     if cfg["n_experts"]:
         shared = count(cfg["d_shared_expert"] or cfg["d_expert"])
-        mlp = (f"{cfg['n_experts']} experts of 3·d·d_e (d_e = {count(cfg['d_expert'])}) + a router d·E"
-               + (f" + {cfg['n_shared_experts']} shared expert(s) of 3·d·d_s (d_s = {shared})"
+        k = 3 if cfg["mlp_gated"] else 2
+        mlp = (f"{cfg['n_experts']} experts of {k}·d·d_e (d_e = {count(cfg['d_expert'])}) + a router d·E"
+               + (f" + {cfg['n_shared_experts']} shared expert(s) of {k}·d·d_s (d_s = {shared})"
                   if cfg["n_shared_experts"] else "")
-               + (f"; {cfg['n_dense_layers']} layers 3·d·d_ff" if cfg["n_dense_layers"] else ""))
+               + (f"; {cfg['n_dense_layers']} layers {k}·d·d_ff" if cfg["n_dense_layers"] else ""))
+    if cfg["n_mlp_free_layers"]:
+        mlp += f" ({cfg['n_layers'] - cfg['n_mlp_free_layers']} of {cfg['n_layers']} layers have an MLP)"
     if cfg["kv_lora_rank"]:
         q = "d·r_q + r_q·h·d_k" if cfg["q_lora_rank"] else "d·h·d_k"
         attention = f"MLA: {q} + d·(r_kv + d_r) + r_kv·h·(d_k − d_r + d_v) + h·d_v·d"
     if cfg["attention_output_gate"]:
         attention = "3·d·h·d_k + 2·d·g·d_k (Q and its output gate, K, V, O)"
+    elif not cfg["kv_lora_rank"] and (cfg["d_v"] != cfg["d_head"] or cfg["n_kv_heads_window"]):
+        attention = ("d·h·d_k + d·g·d_k + d·g·d_v + h·d_v·d"
+                     + (f" (a windowed layer's K and V: g_w = {cfg['n_kv_heads_window']} heads)"
+                        if cfg["n_kv_heads_window"] else ""))
     notes = [f"attention per layer = {attention}; mlp per layer = {mlp}; attention share = "
              f"{percent(led['attention_share'])} (exactly {led['attention_share']})"]
     if cfg["n_attention_layers"] != cfg["n_layers"]:
-        kind = "linear-attention (Gated DeltaNet)" if cfg["n_linear_layers"] else "Mamba"
+        kind = ("linear-attention (Gated DeltaNet)" if cfg["n_linear_layers"] else
+                "Mamba-2" if cfg["mamba2"] else "Mamba")
         notes.append(f"attention counts its {cfg['n_attention_layers']} attention layers; the other "
                      f"{cfg['n_layers'] - cfg['n_attention_layers']} are {kind} layers, a component of their "
                      "own")
@@ -344,6 +354,9 @@ def _checkpoint(report: dict[str, Any]) -> Table:
     if params["mtp_module"]:
         notes.append(f"not in the total: the multi-token-prediction module(s), {count(params['mtp_module'])} "
                      f"more in the released checkpoint ({count(total + params['mtp_module'])} in all)")
+    if params["vision_tower"]:
+        notes.append(f"not in the total: the vision tower, {count(params['vision_tower'])} more in the "
+                     f"multimodal checkpoint ({count(total + params['vision_tower'])} in all; calc.vision)")
     return Table(
         title="Checkpoint: every stored parameter (biases, norms, positions, tied embeddings once)",
         headers=("component", "parameters", "share"),
@@ -377,7 +390,7 @@ def window_notes(cfg: dict[str, Any]) -> tuple[str, ...]:
                      f"{cfg['index_heads']} heads of {cfg['index_head_dim']} are in the per-kind "
                      f"table{largest}")
     if cfg["n_attention_layers"] != cfg["n_layers"]:
-        kind = "linear-attention" if cfg["n_linear_layers"] else "Mamba"
+        kind = "linear-attention" if cfg["n_linear_layers"] else "Mamba-2" if cfg["mamba2"] else "Mamba"
         notes.append(f"hybrid: {cfg['n_layers'] - cfg['n_attention_layers']} of {cfg['n_layers']} layers are "
                      f"{kind} layers, with no n×n pattern and no KV cache (a fixed-size state instead); the "
                      f"attention figures are those of the {cfg['n_attention_layers']} attention layers")
@@ -485,6 +498,11 @@ def _kv(report: dict[str, Any]) -> Table:
     heads = (f"one latent of {cfg['kv_lora_rank']} and one rotary key of {cfg['d_rope']} per layer, "
              f"shared by the {cfg['n_heads']} heads" if cfg["kv_lora_rank"]
              else f"g = {cfg['n_kv_heads']} key/value heads of {cfg['n_heads']}")
+    if not cfg["kv_lora_rank"] and (cfg["d_v"] != cfg["d_head"] or cfg["n_kv_heads_window"]):
+        per_token = f"(({layers} − L_w)·g + L_w·g_w)·(d_k + d_v)·b"
+        heads += (f", keys of {cfg['d_head']} and values of {cfg['d_v']}"
+                  + (f"; g_w = {cfg['n_kv_heads_window']} on the windowed layers" if cfg["n_kv_heads_window"]
+                     else ""))
     if cfg.get("n_sparse_layers"):
         per_token = (f"MLA and indexer, (L_a·(r_kv + d_r) + L_s·d_I)·b = ({cfg['n_attention_layers']}·"
                      f"({cfg['kv_lora_rank']} + {cfg['d_rope']}) + {cfg['n_sparse_layers']}·"
@@ -687,6 +705,7 @@ LAYOUT_TEXT = {
 FEATURE_TEXT = {
     "attention_sinks": "attention sinks", "attention_output_gate": "gated attention output",
     "shared_expert_gate": "gated shared expert", "expert_bias": "expert biases",
+    "window_sinks": "attention sinks on the windowed layers",
                 "lm_head_bias": "unembedding bias",
 }
 
@@ -698,21 +717,26 @@ def feature_lines(cfg: dict[str, Any]) -> list[str]:
         parts.append(f"MoE: {cfg['n_experts']} experts of d_e = {count(cfg['d_expert'])}, "
                      f"{cfg['experts_per_token']} per token"
                      + (f", {cfg['n_shared_experts']} shared" if cfg["n_shared_experts"] else "")
+                     + (f", {cfg['n_zero_experts']} zero experts" if cfg["n_zero_experts"] else "")
                      + (f", {plural(cfg['n_dense_layers'], 'layer')} dense" if cfg["n_dense_layers"] else ""))
     if cfg["kv_lora_rank"]:
         parts.append(f"MLA: r_q = {cfg['q_lora_rank']}, r_kv = {cfg['kv_lora_rank']}, d_r = {cfg['d_rope']}, "
                      f"d_v = {cfg['d_v']}")
     if cfg["n_window_layers"]:
         parts.append(f"sliding window {count(cfg['sliding_window'])} on {cfg['n_window_layers']} of "
-                     f"{cfg['n_layers']} layers")
+                     f"{cfg['n_layers']} layers"
+                     + (f", {cfg['n_kv_heads_window']} K/V heads there" if cfg["n_kv_heads_window"] else ""))
     if cfg["n_chunked_layers"]:
         parts.append(f"chunked attention ({count(cfg['attention_chunk'])}) on {cfg['n_chunked_layers']} of "
                      f"{cfg['n_layers']} layers")
     if cfg["n_nope_layers"]:
         parts.append(f"{cfg['n_nope_layers']} NoPE layers")
-    for key, kind in (("n_linear_layers", "linear-attention (Gated DeltaNet)"), ("n_mamba_layers", "Mamba")):
+    for key, kind in (("n_linear_layers", "linear-attention (Gated DeltaNet)"),
+                      ("n_mamba_layers", "Mamba-2" if cfg["mamba2"] else "Mamba")):
         if cfg[key]:
             parts.append(f"{cfg[key]} of {cfg['n_layers']} layers {kind}")
+    if cfg["n_mlp_free_layers"]:
+        parts.append(f"{cfg['n_mlp_free_layers']} of {cfg['n_layers']} layers without an MLP")
     layout = LAYOUTS[cfg["arch"]]
     parts += [LAYOUT_TEXT[key][0 if cfg[key] else 1] for key in LAYOUT_TEXT if cfg[key] != layout[key]]
     if cfg["qk_norm"]:

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 from calc import costs
 from calc import formulas as f
 from calc.config import Config, ConfigError
-from calc.ledger import active, checkpoint, non_embedding, values
+from calc.ledger import active, checkpoint, mlp_layers, non_embedding, values
 
 
 class Device(NamedTuple):
@@ -66,8 +66,8 @@ def parse_size(text: str) -> int:
 def _split(config: Config, tp: int) -> dict[Any, int]:
     """The formula symbols for one device of ``tp``: its key/value heads and state channels."""
     env = values(config)
-    env[f.g] = math.ceil(config.n_kv_heads / tp)
-    for symbol in (f.h_lk, f.h_lv, f.d_in):
+    env[f.g] = math.ceil(config.n_kv_heads / tp)  # g_w, a windowed layer's, below
+    for symbol in (f.h_lk, f.h_lv, f.d_in, f.G, f.g_w):
         if symbol in env:
             env[symbol] = math.ceil(env[symbol] / tp)
     return env
@@ -136,7 +136,8 @@ def matmul_params(config: Config) -> int:
 
 def _expert_params(config: Config) -> int:
     """p_e: one routed expert's parameters (with its biases, where experts have them)."""
-    return f.evaluate_count(f.expert + (f.expert_bias if config.expert_bias else 0), values(config))
+    expert = f.expert if config.mlp_gated else f.expert_ungated
+    return f.evaluate_count(expert + (f.expert_bias if config.expert_bias else 0), values(config))
 
 
 def step_bytes(config: Config, tokens: int, weight_bytes: int) -> int:
@@ -151,9 +152,9 @@ def step_bytes(config: Config, tokens: int, weight_bytes: int) -> int:
     if not config.is_moe:
         return weight_bytes * shared
     p_e = _expert_params(config)
-    routed = (config.n_layers - config.n_dense_layers) * config.n_experts * p_e
+    routed = (config.n_mlp_layers - config.n_dense_layers) * config.n_experts * p_e
     env.update({f.P_s: shared - routed, f.p_e: p_e})
-    value = f.evaluate(f.step_weight_bytes, env)
+    value = f.evaluate(mlp_layers(config, f.step_weight_bytes), env)
     return -(-int(value.p) // int(value.q))
 
 

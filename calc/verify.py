@@ -39,7 +39,9 @@ def build_model(config: Config) -> Any:
         hf = dict(config.hf_config)
         hf_config: Any = tf.AutoConfig.for_model(hf.pop("model_type"), **hf)
         with torch.device("meta"):
-            return tf.AutoModelForCausalLM.from_config(hf_config)
+            if type(hf_config) in tf.MODEL_FOR_CAUSAL_LM_MAPPING:
+                return tf.AutoModelForCausalLM.from_config(hf_config)
+            return text_model_with_head(hf_config, config.tied_embeddings)
     if config.arch == "gpt":
         if config.attention_width != config.d_model or config.n_kv_heads != config.n_heads:
             return None
@@ -64,6 +66,21 @@ def build_model(config: Config) -> Any:
         model_class = tf.MistralForCausalLM if mistral else tf.LlamaForCausalLM
     with torch.device("meta"):
         return model_class(hf_config)
+
+
+def text_model_with_head(hf_config: Any, tied: bool) -> Any:
+    """A text model that transformers builds only inside its multimodal model (Qwen3-VL's): the text model
+    and the unembedding the multimodal model puts on it (d → V, no bias; the embedding's own tensor where
+    tied), as the language model of its ``...ForConditionalGeneration``."""
+    import torch
+    import transformers as tf
+
+    model = tf.AutoModel.from_config(hf_config)
+    embedding = model.get_input_embeddings()
+    head = torch.nn.Linear(embedding.embedding_dim, embedding.num_embeddings, bias=False)
+    if tied:
+        head.weight = embedding.weight
+    return torch.nn.ModuleDict({"model": model, "lm_head": head})
 
 
 def stored_count(model: Any) -> int:

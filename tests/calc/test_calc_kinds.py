@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from calc import kinds
-from calc.config import Config, GatedDeltaNet, Mamba
+from calc.config import Config, GatedDeltaNet, Mamba, Mamba2
 from calc.hf import from_config
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
@@ -67,6 +67,16 @@ def test_chunked_layer_by_hand():
     stored = H * (3 * 3 + 3 * 3 + 1 * 1)  # the block-diagonal scores
     assert kinds.at(config, "chunked", "score_bytes_naive", N, dtype_bytes=BYTES) == stored * BYTES
     assert kinds.at(config, "chunked", "cache_bytes", N, dtype_bytes=BYTES) == CHUNK * 2 * G * D_K * BYTES
+
+
+def test_a_windowed_layer_with_its_own_kv_heads_caches_keys_and_values_of_their_widths():
+    # MiMo-V2-Flash's layout: keys of 4 and values of 3; 1 K/V head on the full layers, 2 on the windowed
+    config = small(d_value=3, sliding_window=W, n_window_layers=2, n_kv_heads_window=2)
+    held = {"dense": N, "sliding": min(N, W)}
+    heads = {"dense": 1, "sliding": 2}
+    for kind in ("dense", "sliding"):
+        assert kinds.at(config, kind, "cache_bytes", N, dtype_bytes=BYTES) == \
+            heads[kind] * (D_K + 3) * held[kind] * BYTES
 
 
 def test_mla_layer_caches_its_latent_and_rotary_key():
@@ -136,6 +146,21 @@ def test_mamba_layer_and_its_state_by_hand():
     per_token = scan + 6 * 4 * 2  # and the convolution: a multiply-add per tap and channel
     assert kinds.at(config, "mamba", "prefill_flops", N) == N * per_token
     assert kinds.at(config, "mamba", "cache_bytes", N, dtype_bytes=BYTES) == (6 * 3 + 3 * 6) * BYTES
+
+
+def test_mamba2_layer_and_its_state_by_hand():
+    # 3 heads of 2 channels (d_in = 6), 2 groups of B and C with a state of 3, a convolution of 4 taps
+    shape = Mamba2(d_inner=6, heads=3, groups=2, d_state=3, conv_kernel=4, conv_bias=True, proj_bias=False)
+    config = small(mamba2=shape, n_mamba_layers=3)
+    assert kinds.layer_kinds(config) == {"dense": 1, "mamba2": 3}
+    scan = sum(1 + 2 + 2 for _ in range(6) for _ in range(3))  # decay, write, readout per state entry
+    conv_channels = 6 + 2 * 2 * 3  # x, and B and C of each group
+    per_token = scan + conv_channels * 4 * 2  # a multiply-add per tap and channel
+    assert kinds.at(config, "mamba2", "prefill_flops", N) == N * per_token
+    assert kinds.at(config, "mamba2", "decode_flops", N) == per_token
+    state_values = 6 * 3 + 3 * conv_channels  # 6 channels × 3, and the last K − 1 = 3 convolution inputs
+    for n in (1, N, 10**6):  # whatever n
+        assert kinds.at(config, "mamba2", "cache_bytes", n, dtype_bytes=BYTES) == state_values * BYTES
 
 
 def test_model_tables_sum_their_kinds():

@@ -67,6 +67,16 @@ MODELS = {
     # Qwen3.5's text models: 8 of 32 and 10 of 40 layers attend, the others are Gated DeltaNet
     "qwen3-5-transformers-defaults": Counted(8_953_803_264, None, 2 * 8 * 4 * 256 * 2),
     "qwen3-5-moe-transformers-defaults": Counted(34_660_610_688, 3_454_988_928, 2 * 10 * 2 * 256 * 2),
+    # Qwen3-VL's text models (the multimodal model's language model and head; its vision tower apart)
+    "qwen3-vl-transformers-defaults": Counted(12_049_461_248, None, 2 * 32 * 32 * 128 * 2),
+    "qwen3-vl-moe-transformers-defaults": Counted(13_485_121_536, 1_858_510_848, 2 * 24 * 16 * 128 * 2),
+    # Nemotron-H's four blocks (Mamba-2, experts, attention, MLP): 1 attention layer of 8 K/V heads of 128
+    "nemotron-h-transformers-defaults": Counted(1_968_355_720, 1_590_475_144, 2 * 1 * 8 * 128 * 2),
+    # MiMo-V2-Flash: keys of 192 and values of 128; 9 full layers of 4 K/V heads, 39 windowed of 8 (w = 129)
+    "mimo-v2-flash-transformers-defaults": Counted(308_778_780_864, 15_445_936_320,
+                                                   (9 * 4 + 39 * 8) * (192 + 128) * 2),
+    # LongCat-Flash: 28 layers of two MLA sublayers, each caching its latent of 512 and rotary key of 64
+    "longcat-flash-transformers-defaults": Counted(560_664_980_480, 32_182_676_480, 56 * (512 + 64) * 2),
     # files with keys of calc.hf.INERT (runner_max_sequence_length, use_mrope, transformers.js_config)
     "santacoder": Counted(1_124_886_528, None, 2 * 24 * 1 * 128 * 2),  # multi-query
     "qwen2.5-0.5b": Counted(494_032_768, None, 2 * 24 * 2 * 64 * 2),
@@ -101,7 +111,8 @@ def test_every_new_type_has_a_fixture_here():
            "olmo2", "phi", "starcoder2", "cohere", "falcon", "stablelm", "gpt_bigcode", "opt",
            "qwen2", "llama",  # Qwen2.5 and SmolLM2: the inert keys of their files
            "olmo3", "minimax_m2", "glm_moe_dsa", "ernie4_5", "ernie4_5_moe", "qwen3_5",
-           "qwen3_5_moe"}
+           "qwen3_5_moe", "qwen3_vl", "qwen3_vl_moe", "nemotron_h", "mimo_v2_flash",
+           "longcat_flash"}
     assert {raw(name)["model_type"] for name in MODELS} == new
 
 
@@ -149,6 +160,136 @@ def test_jamba_mamba_layers_and_interleaved_experts_by_hand():
     assert ledger.checkpoint(config)["total"] == total
     assert costs.kv_cache(config, [1],
                           "bf16")["state_bytes_per_sequence"] == 28 * (d_in * state + 3 * d_in) * 2
+
+
+# Nemotron-H at small sizes: 8 attention heads of 32 (2 K/V), 8 Mamba-2 heads of 16 in 2 groups of state 16
+NEMOTRON_H_SMALL = {"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 8,
+                    "num_key_value_heads": 2, "head_dim": 32, "mamba_num_heads": 8, "mamba_head_dim": 16,
+                    "n_groups": 2, "ssm_state_size": 16, "vocab_size": 1000, "moe_intermediate_size": 64,
+                    "moe_shared_expert_intermediate_size": 96, "n_routed_experts": 4}
+
+
+def _nemotron_h(drop: tuple[str, ...] = (), **changes) -> dict:
+    """The fixture at NEMOTRON_H_SMALL's sizes, its block list dropped (give one), keys dropped, changed."""
+    small = {k: v for k, v in NEMOTRON_H_SMALL.items() if k not in drop}
+    return _variant("nemotron-h-transformers-defaults", drop=("layers_block_type", *drop), **small, **changes)
+
+
+def test_nemotron_h_mamba2_blocks_and_layers_without_an_mlp_by_hand():
+    # 10 blocks: 5 Mamba-2, 2 attention, 3 MLP; biases on the Mamba-2 and MLP projections, none on the conv
+    config = from_config(_nemotron_h(hybrid_override_pattern="M-M*-MM-*M", use_bias=True, mlp_bias=True,
+                                     use_conv_bias=False))
+    d, d_in, groups, state, heads, vocab = 256, 128, 2, 16, 8, 1000
+    in_proj = 2 * d_in + 2 * groups * state + heads  # x, the gate z, B and C, a step per head
+    mamba2 = d * in_proj + in_proj + (d_in + 2 * groups * state) * 4 + 3 * heads + d_in + d_in * d + d
+    attention = 2 * d * 8 * 32 + 2 * d * 2 * 32
+    mlp = 2 * d * 512 + 512 + d  # up and down, no gate, their biases
+    total = 5 * mamba2 + 2 * attention + 3 * mlp + (10 + 1) * d + 2 * vocab * d  # a norm a block, the last
+    assert (config.n_layers, config.n_mamba_layers, config.n_mlp_free_layers) == (7, 5, 4)
+    assert ledger.checkpoint(config)["total"] == total
+    assert layer_types(_nemotron_h(hybrid_override_pattern="M-M*-MM-*M")) == ["mamba"] * 2 + [FULL] + \
+        ["mamba"] * 2 + [FULL] + ["mamba"]
+    # 5 layers keep 8 heads of 16 × 16 and K − 1 = 3 inputs of the convolution over x, B and C, at 2 bytes
+    kv = costs.kv_cache(config, [4096], "bf16")
+    assert kv["state_bytes_per_sequence"] == 5 * (d_in * state + 3 * (d_in + 2 * groups * state)) * 2
+    assert kv["bytes_per_token"] == 2 * 2 * 2 * 32 * 2
+
+
+def test_nemotron_h_experts_without_a_gate_and_one_shared_expert_by_hand():
+    # blocks: Mamba-2, experts, attention, MLP; 4 experts of 64 (2 a token), one shared of 96, a router bias
+    config = from_config(_nemotron_h(layers_block_type=["linear_attention", "moe", "full_attention", "mlp"],
+                                     n_shared_experts=3))  # NemotronHMoE builds one shared expert whatever
+    d = 256
+    moe = 4 * 2 * d * 64 + 4 * d + 4 + 2 * d * 96
+    assert ledger.checkpoint(config)["experts"] + ledger.checkpoint(config)["shared_experts"] == \
+        4 * 2 * d * 64 + 2 * d * 96
+    assert ledger.checkpoint(config)["router"] + ledger.checkpoint(config)["router_bias"] == 4 * d + 4
+    assert ledger.checkpoint(config)["dense_mlp"] == 2 * d * 512
+    assert ledger.checkpoint(config)["total"] - ledger.active(config) == (4 - 2) * 2 * d * 64 < moe
+
+
+def test_nemotron_h_decode_step_reads_the_experts_of_its_expert_blocks_only():
+    # 6 mixer layers, 4 of them with an expert block (L_0 = 2): one token reads the active weights, less the
+    # embedding table but its own row; many tokens read every expert of the 4 blocks at most
+    from calc.serving import step_bytes
+
+    config = from_config(_nemotron_h(hybrid_override_pattern="MEM*EMEM*E"))
+    assert (config.n_layers, config.n_mlp_free_layers) == (6, 2)
+    d, vocab = 256, 1000
+    assert step_bytes(config, 1, 2) == 2 * (ledger.active(config) - vocab * d + d)
+    whole = 2 * (ledger.checkpoint(config)["total"] - vocab * d + 10**5 * d)
+    assert whole - 2 <= step_bytes(config, 10**5, 2) <= whole
+
+
+def test_nemotron_h_ties_no_head_and_says_so():
+    untied = from_config(_nemotron_h())
+    tied = from_config(_nemotron_h(tie_word_embeddings=True))  # NemotronHForCausalLM ties no weights
+    assert not tied.tied_embeddings and ledger.checkpoint(tied) == ledger.checkpoint(untied)
+    assert any("ties no weights" in note for note in tied.notes)
+
+
+# MiMo-V2-Flash at small sizes: 8 query heads, keys of 24 and values of 16, 2 K/V heads (4 on windowed
+# layers)
+MIMO_SMALL = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 8,
+              "num_key_value_heads": 2, "head_dim": 24, "v_head_dim": 16, "vocab_size": 1000,
+              "moe_intermediate_size": 32,
+              "n_routed_experts": 4, "num_experts_per_tok": 2, "num_hidden_layers": 6, "sliding_window": 8}
+
+
+def _mimo(**changes) -> dict:
+    return _variant("mimo-v2-flash-transformers-defaults", drop=("layer_types", "mlp_layer_types"),
+                    **{**MIMO_SMALL, **changes})
+
+
+def test_mimo_v2_flash_windowed_layers_with_twice_the_kv_heads_and_sinks_by_hand():
+    config = from_config(_mimo(attention_bias=True))
+    d, h, g, d_k, d_v = 128, 8, 2, 24, 16
+    # Q, K of d_k, V, O of d_v, biases on Q, K and V
+    full = d * h * d_k + d * g * d_k + d * g * d_v + h * d_v * d + h * d_k + g * (d_k + d_v)
+    windowed = full + d * g * (d_k + d_v) + g * (d_k + d_v) + h  # twice the K and V heads, and a sink a head
+    moe = 4 * 3 * d * 32 + 4 * d + 4  # experts, router, its score-correction bias
+    # layers 0 and 5 full, 1–4 windowed; layer 0 dense, 1–5 experts
+    total = 2 * full + 4 * windowed + 3 * d * 256 + 5 * moe + 6 * 2 * d + d + 2 * 1000 * d
+    assert (config.n_window_layers, config.n_kv_heads_window, config.n_dense_layers) == (4, 4, 1)
+    assert ledger.checkpoint(config)["total"] == total
+    # at n = 100 a full layer holds 100 tokens of 2 heads, a windowed one 8 tokens of 4, K of 24 and V of 16
+    (row,) = costs.kv_cache(config, [100], "bf16")["rows"]
+    assert row["bytes"] == (2 * 100 * 2 + 4 * 8 * 4) * (d_k + d_v) * 2
+
+
+def test_mimo_v2_flash_legacy_window_is_one_more():
+    # the hub files' sliding_window_size counts the keys before the query; MiMoV2FlashConfig adds 1
+    config = from_config(_mimo(sliding_window_size=127, sliding_window=None))
+    assert config.sliding_window == 128
+
+
+# LongCat-Flash at small sizes: 2 layers, 4 heads, MLA of ranks 32 (queries) and 16 (keys and values)
+LONGCAT_SMALL = {"hidden_size": 64, "num_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+                 "ffn_hidden_size": 96,
+                 "q_lora_rank": 32, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4,
+                 "head_dim": 4, "qk_head_dim": 12, "v_head_dim": 8, "n_routed_experts": 6, "moe_topk": 2,
+                 "zero_expert_num": 3, "expert_ffn_hidden_size": 16, "vocab_size": 500}
+
+
+def _longcat(drop: tuple[str, ...] = (), **changes) -> dict:
+    small = {k: v for k, v in LONGCAT_SMALL.items() if k not in drop}
+    return _variant("longcat-flash-transformers-defaults", drop=drop, **{**small, **changes})
+
+
+def test_longcat_flash_two_mla_sublayers_two_mlps_and_experts_with_zero_experts_by_hand():
+    config = from_config(_longcat())
+    d, h, vocab = 64, 4, 500
+    # queries down to 32, normed, up to 4 heads of 12; a latent of 16 and a rotary key of 4, the latent normed
+    # and up to keys of 8 and values of 8; the output from 4 values of 8
+    mla = d * 32 + 32 + 32 * h * 12 + d * (16 + 4) + 16 + 16 * h * (8 + 8) + h * 8 * d
+    mlp = 3 * d * 96
+    # 6 experts of 16, a router over the 6 and the 3 zero experts, its score correction over all 9
+    moe = 6 * 3 * d * 16 + 9 * d + 9
+    layer = 2 * mla + 2 * mlp + moe + 4 * d  # and the four norms
+    assert ledger.checkpoint(config)["total"] == 2 * layer + d + 2 * vocab * d
+    assert ledger.checkpoint(config)["total"] - ledger.active(config) == 2 * (6 - 2) * 3 * d * 16
+    assert (config.n_layers, config.n_dense_layers, config.n_zero_experts) == (4, 2, 3)
+    assert costs.kv_cache(config, [10], "bf16")["bytes_per_token"] == 4 * (16 + 4) * 2  # 4 MLA sublayers
 
 
 def test_deepseek_v32_indexer_by_hand():
@@ -334,11 +475,10 @@ def test_a_missing_key_does_not_hide_the_keys_a_type_would_read():
               "conv_kernel": 4, "n_groups": 1, "num_heads": 80, "use_conv_bias": True, "chunk_size": 256,
               "time_step_rank": 160, "rms_norm": True, "residual_in_fp32": True, "norm_before_gate": False}
     closest, unplaced = closest_type(mamba2)
-    # what no supported type reads is its SSM's shape: the keys of the llama family are all placed
-    assert closest != "opt"
-    assert unplaced == sorted({"state_size", "expand", "conv_kernel", "n_groups", "num_heads",
-                               "use_conv_bias", "chunk_size", "time_step_rank", "rms_norm",
-                               "residual_in_fp32", "norm_before_gate"})
+    # Nemotron-H's Mamba-2 blocks place the keys it shares with Mamba-2 (expand, n_groups, conv_kernel...),
+    # though it lacks the first key it reads (num_attention_heads); the rest are Mamba-2's own names
+    assert closest == "nemotron_h"
+    assert unplaced == sorted({"state_size", "num_heads", "time_step_rank", "rms_norm", "norm_before_gate"})
 
 
 def test_a_fully_placed_unknown_type_says_so():
@@ -499,6 +639,11 @@ def test_no_inert_key_is_read_anywhere_in_transformers():
         ({**raw("jamba-v0.1"), "mamba_d_state": 0}, "mamba_d_state", "positive integer"),
         ({**raw("qwen3-next-80b-a3b"), "linear_num_value_heads": None}, "linear_num_value_heads", "positive"),
         ({"model_type": "llama4"}, "text_config", "missing"),
+        (_nemotron_h(moe_latent_size=64), "moe_latent_size", "not modelled"),
+        (_nemotron_h(num_nextn_predict_layers=1), "num_nextn_predict_layers", "not modelled"),
+        (_nemotron_h(hybrid_override_pattern="M-*--"), "layers_block_type", "cannot pair more"),
+        (_nemotron_h(hybrid_override_pattern="M-X*"), "hybrid_override_pattern", "must be a string of"),
+        (_nemotron_h(layers_block_type=["mamba", "full_attention"]), "layers_block_type", "must list"),
     ],
 )
 def test_known_type_refuses_what_the_ledger_does_not_model(config, key, text):
@@ -576,6 +721,26 @@ VARIANTS = {
         "qwen3-next-80b-a3b", mlp_only_layers=[1], num_hidden_layers=8, num_experts=8, num_experts_per_tok=2),
     "phi, grouped K/V": _variant("phi-2", num_key_value_heads=8, num_hidden_layers=2),
     "opt, untied": _variant("opt-125m", tie_word_embeddings=False, num_hidden_layers=2),
+    "nemotron_h, a dense pattern, layers without an MLP, biases": _nemotron_h(
+        hybrid_override_pattern="M-M*-MM-*M", use_bias=True, mlp_bias=True, use_conv_bias=False),
+    "nemotron_h, experts, the legacy Mamba keys (which win), a tie it ignores": _nemotron_h(
+        hybrid_override_pattern="MEM*EMEM*E", mamba_n_groups=4, mamba_d_conv=3, tie_word_embeddings=True),
+    "nemotron_h, layer_types and num_local_experts (aliases), MoE MLP biases": _nemotron_h(
+        drop=("n_routed_experts",), mlp_bias=True, num_local_experts=6,
+        layer_types=["full_attention", "moe", "mlp", "full_attention", "linear_attention", "moe"]),
+    "mimo_v2_flash, biases, listed layers, the legacy window": _mimo(
+        attention_bias=True, layer_types=[FULL, SLIDING, SLIDING, FULL, SLIDING, FULL],
+        mlp_layer_types=["dense", "sparse", "dense", "sparse", "sparse", "dense"], sliding_window_size=5),
+    "mimo_v2_flash, no window, every layer dense": _mimo(
+        layer_types=[FULL] * 6, mlp_layer_types=["dense"] * 6),
+    "longcat_flash, small": _longcat(),
+    "longcat_flash, its config class's aliases, no zero experts, untied": _longcat(
+        drop=("ffn_hidden_size", "n_routed_experts", "moe_topk", "expert_ffn_hidden_size"),
+        intermediate_size=80, num_local_experts=4, num_experts_per_tok=3, moe_intermediate_size=24,
+        zero_expert_num=0),
+    "qwen3_vl_moe, dense layers by index and by step": _variant(
+        "qwen3-vl-moe-transformers-defaults", mlp_only_layers=[0], decoder_sparse_step=2, num_hidden_layers=4,
+        num_local_experts=8, tie_word_embeddings=True),
 }
 
 
@@ -613,12 +778,83 @@ def test_keys_a_config_class_carries_and_the_variant_does_not_read_are_accepted(
         ("deepseek-v3.2", {"qk_head_dim": 128}, "qk_head_dim"),
         ("deepseek-v3.2", {"mlp_layer_types": ["sparse"] * 61}, "mlp_layer_types"),
         ("glm-moe-dsa-transformers-defaults", {"indexer_types": ["full", "shared"] * 39}, "indexer_types"),
+        # NemotronHConfig's alias of n_routed_experts, disagreeing with it
+        ("nemotron-h-transformers-defaults", {"num_local_experts": 4}, "num_local_experts"),
+        ("mimo-v2-flash-transformers-defaults", {"num_local_experts": 4}, "num_local_experts"),
+        # LongcatFlashConfig's alias of ffn_hidden_size, disagreeing; a bias on its router's classifier; a
+        # layer count that is not twice num_layers; multi-token-prediction layers it does not build
+        ("longcat-flash-transformers-defaults", {"intermediate_size": 4096}, "intermediate_size"),
+        ("longcat-flash-transformers-defaults", {"router_bias": True}, "router_bias"),
+        ("longcat-flash-transformers-defaults", {"num_hidden_layers": 28}, "num_hidden_layers"),
+        ("longcat-flash-transformers-defaults", {"num_nextn_predict_layers": 1}, "num_nextn_predict_layers"),
+        ("mimo-v2-flash-transformers-defaults", {"mlp_layer_types": ["dense", "moe"] * 24},
+         "mlp_layer_types"),
+        # the alias Qwen3VLMoeTextConfig saves for num_experts, disagreeing with it
+        ("qwen3-vl-moe-transformers-defaults", {"num_experts": 8}, "num_local_experts"),
     ],
 )
 def test_keys_that_would_change_a_count_are_still_refused(name, changes, key):
+    config = raw(name)
+    if "text_config" in config:
+        config = {**config, "text_config": {**config["text_config"], **changes}}
+    else:
+        config = {**config, **changes}
     with pytest.raises(ConfigError) as err:
-        from_config({**raw(name), **changes})
+        from_config(config)
     assert err.value.field == key
+
+
+def test_a_multimodal_models_head_is_tied_as_its_outer_config_says():
+    # Qwen3VLMoeTextConfig's default ties (true), the multimodal config does not: transformers' model unties
+    outer = raw("qwen3-vl-moe-transformers-defaults")
+    assert outer["text_config"]["tie_word_embeddings"] is True and outer["tie_word_embeddings"] is False
+    untied, tied = from_config(outer), from_config({**outer, "tie_word_embeddings": True})
+    assert (untied.tied_embeddings, tied.tied_embeddings) == (False, True)
+    d, vocab = 2048, 151936
+    assert ledger.checkpoint(untied)["total"] - ledger.checkpoint(tied)["total"] == vocab * d
+    # a text config without the key (Qwen3VLTextConfig has none) takes the outer one too
+    assert from_config({**raw("qwen3-vl-transformers-defaults"), "tie_word_embeddings": True}).tied_embeddings
+
+
+# transformers 5.25.0's Qwen3VLVisionModel on the meta device, at Qwen3VLVisionConfig's defaults (both
+# fixtures keep their vision_config)
+QWEN3_VL_TOWER = 566_949_104
+
+
+@pytest.mark.parametrize("name", ["qwen3-vl-transformers-defaults", "qwen3-vl-moe-transformers-defaults"])
+def test_a_multimodal_checkpoints_vision_tower_is_counted_apart_from_the_totals(name, capsys):
+    config = _load(name)
+    assert config.vision_parameters == QWEN3_VL_TOWER
+    without = from_config({k: v for k, v in raw(name).items() if k != "vision_config"})
+    assert without.vision_parameters == 0
+    assert ledger.checkpoint(config) == ledger.checkpoint(without)  # no total takes it in
+    assert main([str(CONFIGS / f"{name}.json"), "--format", "json"]) == 0
+    params = json.loads(capsys.readouterr().out)["params"]
+    assert (params["vision_tower"], params["total"]) == (QWEN3_VL_TOWER, MODELS[name].total)
+
+
+def test_a_vision_config_key_that_is_not_a_count_is_named():
+    config = raw("qwen3-vl-transformers-defaults")
+    with pytest.raises(ConfigError) as err:
+        from_config({**config, "vision_config": {**config["vision_config"], "depth": 0}})
+    assert err.value.field == "vision_config.depth"
+
+
+def test_qwen3_vl_vision_tower_equals_transformers_at_other_sizes():
+    pytest.importorskip("transformers")
+    import torch
+    import transformers as tf
+
+    from calc.vision import vision_tower
+
+    vision = {**raw("qwen3-vl-transformers-defaults")["vision_config"], "depth": 3, "hidden_size": 64,
+              "intermediate_size": 96, "num_heads": 4, "patch_size": 14, "spatial_merge_size": 3,
+              "out_hidden_size": 80, "deepstack_visual_indexes": [1], "num_position_embeddings": 100}
+    hf_config = tf.AutoConfig.for_model(vision.pop("model_type"), **vision)
+    with torch.device("meta"):
+        tower = tf.AutoModel.from_config(hf_config)
+    counted = vision_tower({"model_type": "qwen3_vl", "vision_config": vision})
+    assert counted is not None and counted["total"] == sum(p.numel() for p in tower.parameters())
 
 
 def test_falcon_old_architecture_with_two_parallel_norms_counts_them():
