@@ -280,12 +280,16 @@ def audit(problem: Problem, *, trials: int = 5, profile: str = "quick",
     return rows
 
 
+def _laws(n: int) -> str:
+    return f"{n} law" if n == 1 else f"{n} laws"
+
+
 def render(problem: Problem, rows: list[Row], trials: int, profile: str) -> str:
     """The audit as a table and one line each for what the suite failed."""
     from tabulate import tabulate
 
     table = [[r.kernel, "passes" if r.check_passes else "fails", f"{r.worst:.3g}", f"{r.check_seconds:.2f}",
-              "conforms" if r.suite_ok else f"rejects ({len(r.suite_failed)} laws)", f"{r.suite_seconds:.2f}"]
+              "conforms" if r.suite_ok else f"rejects ({_laws(len(r.suite_failed))})", f"{r.suite_seconds:.2f}"]
              for r in rows]
     head = (f"{problem.name}: its check (allclose, atol={problem.atol:g}, rtol={problem.rtol:g}, {trials} "
             f"trials) against python -m spec check --profile {profile}")

@@ -161,9 +161,9 @@ def test_the_pytest_door_at_profile_scale_applies_the_memory_budget(tmp_path):
                   "--attention-memory=0.001", "-rs", env=WIDE)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "scale: memory budget 0.001 GiB; not run: decode: needs about" in run.stdout, run.stdout
-    assert "4 skipped" in run.stdout
+    assert "5 skipped" in run.stdout
     skips = [s for s in run.stdout.splitlines() if s.startswith("SKIPPED")]
-    assert len(skips) == 4 and all("over the memory budget of 0.001 GiB" in s for s in skips), skips
+    assert len(skips) == 5 and all("over the memory budget of 0.001 GiB" in s for s in skips), skips
     report = spec.check("reference", profile="scale", memory=0.001)
     assert f"scale: {report.scale}" in run.stdout  # the CLI's header, word for word
     run = _pytest(tmp_path, "--attention-target=reference", "--attention-memory=1")
