@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 
 from gallery.base import broken, plain
-from spec import Target
+from spec import Target, audit
 
 Array = np.ndarray
 
@@ -16,12 +16,8 @@ RIGHT_FOR = 10  # calls
 EVERY = 37  # calls
 
 
-_CALLS = itertools.count(1)
-
-
-def wrong_after_ten_calls(q: Array, k: Array, v: Array, *, causal: bool = False) -> Array:
-    out = plain(q, k, v, causal=causal)
-    return out if next(_CALLS) <= RIGHT_FOR else out[..., ::-1, :].copy()  # rows in the wrong order
+wrong_after_ten_calls = audit.corrupt_after(RIGHT_FOR)
+"""Right for its first calls, its rows in the wrong order after (`spec.audit.corrupt_after`)."""
 
 
 _NAN_CALLS = itertools.count(1)
@@ -36,7 +32,8 @@ def nan_every_37th_call(q: Array, k: Array, v: Array, *, causal: bool = False) -
 
 BROKEN = [
     broken(wrong_after_ten_calls, "right_after_64_calls",
-           f"right for its first {RIGHT_FOR} calls, its rows reversed after", profile="judge"),
+           f"right for its first {RIGHT_FOR} calls, its rows reversed after", name="wrong_after_ten_calls",
+           profile="judge"),
     broken(nan_every_37th_call, "long_run_matches_golden", f"a NaN in its output every {EVERY}th call",
            profile="judge"),
 ]

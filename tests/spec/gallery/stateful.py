@@ -13,39 +13,17 @@ import numpy as np
 
 from gallery.base import broken, plain
 from impl.masks import causal_mask
-from spec import Target
+from spec import Target, audit
 
 Array = np.ndarray
 
 
 # --- broken ------------------------------------------------------------------------------------
 
-_LAST: dict[str, Any] = {}
-
-
-def _fingerprint(x: Array) -> tuple[Any, ...]:
-    """What a cheap cache looks at: shape, dtype, the first and last element, the sum, every 7th."""
-    flat = x.reshape(-1)
-    return (x.shape, x.dtype.str, flat[:1].tobytes(), flat[-1:].tobytes(), float(np.sum(x, dtype=np.float64)),
-            flat[::7].tobytes())
-
-
-def fingerprint_cache(q: Array, k: Array, v: Array, *, causal: bool = False) -> Array:
-    key = (causal, *(_fingerprint(x) for x in (q, k, v)))
-    if _LAST.get("key") != key:
-        _LAST["key"], _LAST["out"] = key, plain(q, k, v, causal=causal)
-    return _LAST["out"].copy()
-
-
-_BY_BUFFER: dict[tuple[Any, ...], Array] = {}
-
-
-def buffer_identity_cache(q: Array, k: Array, v: Array, *, causal: bool = False) -> Array:
-    # keyed on where the inputs live (a tensor's data_ptr()), as if the same buffers held the same values
-    key = (causal, *((x.__array_interface__["data"][0], x.shape, x.strides) for x in (q, k, v)))
-    if key not in _BY_BUFFER:
-        _BY_BUFFER[key] = plain(q, k, v, causal=causal)
-    return _BY_BUFFER[key].copy()
+fingerprint_cache = audit.fingerprint_cache()
+"""The last output cached on a fingerprint of the inputs (`spec.audit.fingerprint_cache`)."""
+buffer_identity_cache = audit.buffer_cache()
+"""Outputs cached on where the inputs live (`spec.audit.buffer_cache`)."""
 
 
 _OUT: dict[tuple[Any, ...], Array] = {}
@@ -98,9 +76,11 @@ def lower_precision(q: Array, k: Array, v: Array, *, causal: bool = False) -> Ar
 
 BROKEN = [
     broken(fingerprint_cache, "fingerprint_twins_each_match_golden",
-           "the last output cached on a fingerprint of the inputs (shapes, ends, sum, every 7th element)"),
+           "the last output cached on a fingerprint of the inputs (shapes, ends, sum, every 7th element)",
+           name="fingerprint_cache"),
     broken(buffer_identity_cache, "refilled_inputs_give_new_outputs",
-           "outputs cached on the input buffers' addresses: the same buffers refilled give the old output"),
+           "outputs cached on the input buffers' addresses: the same buffers refilled give the old output",
+           name="buffer_identity_cache"),
     broken(output_buffer_reused, "outputs_unchanged_and_unshared",
            "one output buffer per shape, overwritten by the next call"),
     broken(output_is_input, "outputs_unchanged_and_unshared",
