@@ -34,7 +34,7 @@ from hypothesis import assume
 from hypothesis import strategies as st
 
 from spec import oracle
-from spec.cases import BOOLEANS, Case, between, cases, pick
+from spec.cases import BOOLEANS, Case, between, cases, grid_width, pick
 from spec.inputs import Inputs
 from spec.keywords.fp8 import FP8, SCALE_RANGE, draw_scales
 from spec.keywords.kv_lengths import draw_lengths
@@ -154,11 +154,24 @@ def paged_reads_only_its_keys(target: Target, case: Case) -> None:
                              f"{float(before[at])!r} to {float(after[at])!r}")
 
 
-@law(strategy=paged_cases, needs=needs_paged)
+def _long_blocks(t: Target) -> list[Case]:
+    """One case whose sums are long enough to round differently in another order: two sequences
+    of 48 and 37 keys in blocks of 4 (or the target's block multiple), each row summing over
+    every key it sees, a finite poison (so a kernel that reads the whole pool keeps finite sums,
+    whose order then shows), in the target's first dtype and the boundary grid's width."""
+    block = max(4, t.block_multiple or 1)
+    width = grid_width(t)
+    return [Case(dtype=t.dtypes[0], ndim=4, batch=2, heads=1, n_q=4, n_k=48, d_k=width, d_v=width, seed=62,
+                 causal=False, keywords={"kv_lengths": (48, 37), "paged": (block, "huge")})]
+
+
+@law(strategy=paged_cases, needs=needs_paged, grid=_long_blocks)
 def paged_block_order_invariant(target: Target, case: Case) -> None:
     """Moving the physical blocks of the pool (a permutation, the table rewritten to match) leaves
     the output bit-identical (within tolerance if deterministic=False): a correct kernel reads
     each sequence's keys in their logical order, so where a block sits changes no operation.
+    First a case of rows long enough (48 keys) that another order of their sums rounds
+    differently (`_long_blocks`), then drawn ones.
 
     Catches: a kernel that visits a sequence's blocks in physical order (a sorted table, or a
     pool-order scan with the positions carried along): right up to rounding, but its sums

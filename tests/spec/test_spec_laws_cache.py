@@ -122,3 +122,19 @@ def test_a_float8_kernel_computing_in_float64_conforms_in_every_dtype(target, se
     seeds 0-19 (the whole suite: the false-alarm sweep)."""
     report = spec.check(target, profile="ci", seed=seed, only=FP8_LAWS)
     assert report.ok, [(r.name, r.message) for r in report.failures]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_a_pool_order_sum_is_seen_at_every_seed_by_the_long_blocks_case(seed):
+    """paged_block_order_invariant's explicit case (rows of 48 keys) shows a kernel that sums in
+    the pool's physical order whatever the seed (drawn cases of a few keys alone may round alike:
+    FlexAttention's eager path passed them at profile quick under seed 2); a kernel that reads in
+    logical order stays bit-identical on it."""
+    from gallery.cache import PAGED, physical_order
+
+    bad = spec.Target(physical_order, name="physical_order", **PAGED)
+    (result,) = spec.check(bad, "quick", seed=seed, max_examples=1,
+                           only=["paged_block_order_invariant"]).results
+    assert result.status == "fail" and result.counterexample.case["n_k"] == 48, result.message
+    (result,) = spec.check("reference", "quick", seed=seed, only=["paged_block_order_invariant"]).results
+    assert result.status == "pass"
