@@ -70,14 +70,17 @@ def chunk_no_leak(target: Target, case: Case) -> None:
 
 @law(strategy=lambda t: chunk_cases(t, masks=("none", "random")), needs=needs_chunk)
 def chunk_wider_than_sequence(target: Target, case: Case) -> None:
-    """A chunk of C ≥ n_q + n_k positions holds every position of the call: it equals no chunk
-    (within tolerance; with causal, causal alone), and matches the golden.
+    """A chunk of C ≥ n_q + n_k positions holds every position of the call from 0 on: where no
+    query lies before the first key (every position ≥ 0 on the target's diagonal) it equals no
+    chunk (within tolerance; with causal, causal alone), and it matches the golden.
 
     Catches: a chunk size silently clipped to a kernel's tile (a fixed 16-key chunk); chunk
     indices taken modulo a table of chunk starts sized for the shortest sequence.
     """
     chunk = case.n_q + case.n_k + case.param("chunk")
     inputs = case.inputs().replace(attention_chunk=chunk)
+    geo = oracle.geometry(target.alignment, inputs)
+    assume(bool(np.all(np.asarray(geo.diagonal) - np.asarray(geo.origin) >= 0)))  # −1 lies in chunk −1
     out = run(target, inputs)
     assert_matches(target, inputs, out, what=f"with attention_chunk={chunk}, the output")
     plain = inputs.replace(attention_chunk=None)
