@@ -128,7 +128,15 @@ def chunk_sequence_by_sequence(q: Array, k: Array, v: Array, *, attention_chunk:
     return out
 
 
+def chunk_bottom_right(q: Array, k: Array, v: Array, **kw: Any) -> Array:
+    """Correct: impl's chunks on the bottom-right diagonal, so that with more queries than keys the
+    first queries lie before the first key (chunk −1) and see nothing, as declared."""
+    return attention(q, k, v, align="bottom_right", **kw)
+
+
 # A plain softmax's row max raises on an empty key axis (n_k = 0): declared.
 CORRECT = [Target(chunk_as_mask, name="chunk_as_mask", empty_keys="raise", **PLAIN),
            Target(chunk_sequence_by_sequence, name="chunk_sequence_by_sequence", supports_chunk=True,
-                  supports_varlen=True, supports_scale=True, ndims=(3,), empty_keys="raise")]
+                  supports_varlen=True, supports_scale=True, ndims=(3,), empty_keys="raise"),
+           Target(chunk_bottom_right, name="chunk_bottom_right", causal_alignment="bottom_right",
+                  empty_keys="compute", **PLAIN)]
