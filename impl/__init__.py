@@ -10,12 +10,13 @@ from impl.flash import flash_attention
 from impl.flash import flash_attention_backward as flash_attention_backward  # re-exported
 from impl.grad import attention_backward, gradcheck
 from impl.layers import multi_head_attention, self_attention
-from impl.masks import causal_mask, packed_mask, padding_mask, sliding_window_mask
+from impl.masks import causal_mask, chunk_mask, packed_mask, padding_mask, sliding_window_mask
 
 __all__ = [
     "attention",
     "attention_backward",
     "causal_mask",
+    "chunk_mask",
     "flash_attention",
     "gradcheck",
     "multi_head_attention",

@@ -10,7 +10,7 @@ Dimension letters, used in every shape code of this package:
     attention(Q, K, V) = softmax(Q Kᵀ · scale + mask) V,   scale = 1/√d_k by default
 
 and with every keyword, in this order: ``s = scale·q·kᵀ`` → softcap ``c·tanh(s/c)`` → ``+ bias``
-and ALiBi's ``−slope·|i + n_k − n_q − j|`` → ``-inf`` where hidden (causal ∧ window ∧ mask ∧
+and ALiBi's ``−slope·|i + n_k − n_q − j|`` → ``-inf`` where hidden (causal ∧ window ∧ chunk ∧ mask ∧
 kv_lengths ∧ same packed sequence) → softmax with the sinks in its denominator → dropout → ``@ v``.
 Three layers, as JAX's: `attention` validates (through ``_checked``, which the backward in
 ``impl.grad`` shares), `_grouped` maps grouped K/V heads, `_core` is the maths. The keywords are
@@ -46,7 +46,9 @@ from impl.masks import (
     ALIGNMENTS,
     Align,
     causal_mask,
+    check_chunk,
     check_window,
+    chunk_mask,
     key_distance,
     packed_mask,
     padding_mask,
@@ -372,9 +374,9 @@ def _all(*masks: Array | None) -> Array | None:  # broadcastable masks -> their 
 def visible(
     n_q: int, n_k: int, *, causal: bool, window: tuple[int, int] | None, align: Align,
     mask: Array | None, kv_lengths: Array | None, packed: tuple[Array, Array] | None,
-    lengths: Array | None = None,
+    lengths: Array | None = None, chunk: int | None = None,
 ) -> Array | None:  # -> [..., n_q, n_k] bool, or None when every key is visible
-    """Which keys each query sees: causal ∧ window (per packed sequence) ∧ mask ∧ kv_lengths.
+    """Which keys each query sees: causal ∧ window ∧ chunk (per packed sequence) ∧ mask ∧ kv_lengths.
 
     ``kv_lengths`` is the padding mask; ``lengths`` the validated ``[batch]`` lengths themselves,
     which place the diagonal when ``align="kv_lengths"``.
@@ -385,7 +387,9 @@ def visible(
         causal_part = causal_mask(n_q, n_k, align=align, kv_lengths=diagonal_lengths) if causal else None
         window_part = None if window is None else sliding_window_mask(
             n_q, n_k, window=window, align=align, kv_lengths=diagonal_lengths)
-        return _all(causal_part, window_part)
+        chunk_part = None if chunk is None else chunk_mask(
+            n_q, n_k, attention_chunk=chunk, align=align, kv_lengths=diagonal_lengths)
+        return _all(causal_part, window_part, chunk_part)
 
     positions = within(n_q, n_k) if packed is None else packed_mask(*packed, within)
     return _all(positions, mask, kv_lengths)
@@ -502,6 +506,7 @@ def _checked(
     keep = visible(
         n_q, n_k, causal=keywords["causal"], align=align,
         window=None if window is None else check_window(window),
+        chunk=None if keywords["attention_chunk"] is None else check_chunk(keywords["attention_chunk"]),
         mask=None if mask is None else check_mask(mask, shape),
         kv_lengths=padding, packed=packed, lengths=lengths,
     )
@@ -551,8 +556,8 @@ def attention(
     """Scaled dot-product attention, ``softmax(q kᵀ · scale) v``, with the keywords real kernels take.
 
     In order: ``s = scale·q·kᵀ`` → ``c·tanh(s/c)`` (softcap) → ``+ bias`` and ALiBi's term → hidden
-    keys to ``-inf`` (causal ∧ window ∧ mask ∧ kv_lengths ∧ same packed sequence) → softmax with the
-    sinks in the denominator → dropout → ``@ v``.
+    keys to ``-inf`` (causal ∧ window ∧ chunk ∧ mask ∧ kv_lengths ∧ same packed sequence) → softmax
+    with the sinks in the denominator → dropout → ``@ v``.
 
     Args:
       q: queries ``[..., h, n_q, d_k]`` (or any leading dims ``[..., n_q, d_k]``).
@@ -564,10 +569,14 @@ def attention(
       scale: multiplies the scores; default ``1/√d_k``.
       bias: float, broadcastable to ``[..., n_q, n_k]``, added to the (capped) scores; ``-inf`` hides a key.
       window: ``(left, right)``, ints ≥ 0: query i sees keys ``diag − left … diag + right``.
-      align: where the diagonal of ``causal`` and ``window`` sits: ``"top_left"`` (diag = i, the
-        default for contiguous keys), ``"bottom_right"`` (diag = i + n_k − n_q, FlashAttention ≥ 2.1;
-        per sequence when packed) or ``"kv_lengths"`` (diag = i + kv_lengths[b] − n_q, bottom-right
-        per batch row: a KV cache's alignment, and the default with ``block_table``).
+      attention_chunk: C, an int > 0: query i sees key j only when ``diag // C == j // C`` (Llama 4's
+        chunked attention, with ``causal``): both in one chunk of C positions, query i at position
+        ``diag`` (below), key j at j; a query before the first key (diag < 0) sees no key.
+      align: where the diagonal of ``causal``, ``window`` and ``attention_chunk`` sits:
+        ``"top_left"`` (diag = i, the default for contiguous keys), ``"bottom_right"``
+        (diag = i + n_k − n_q, FlashAttention ≥ 2.1; per sequence when packed) or ``"kv_lengths"``
+        (diag = i + kv_lengths[b] − n_q, bottom-right per batch row: a KV cache's alignment, and the
+        default with ``block_table``).
       softcap: c > 0: scores become ``c·tanh(s/c)`` before bias and masks.
       sinks: float ``[h]`` (``[1]`` for 2-D inputs): one extra logit per query head in every row's
         softmax denominator that carries no value; the row's weights then sum to less than 1.

@@ -19,8 +19,8 @@ Speed in NumPy comes from doing as little per score as possible outside BLAS:
 
 * tiles are large (hundreds of query rows by thousands of keys), so each matmul is a big sgemm
   and Python's per-tile overhead is negligible;
-* tiles that a causal mask or a sliding window hides entirely are never computed, and only the
-  tiles that a bound crosses are masked, through a cached mask of the rectangle it reaches;
+* tiles that a causal mask, a sliding window or a chunk hides entirely are never computed, and
+  only the tiles that a bound crosses are masked, through a cached mask of the rectangle it reaches;
 * per score outside BLAS there is one max and one exp, in place in a preallocated buffer: the
   shift is 0 (no pass) whenever every row max of the tile is small, and the row sums come from a
   matrix-vector product;
@@ -62,7 +62,7 @@ from impl.attention import (
 )
 from impl.grad import _check_d_out, _unbroadcast
 from impl.keywords import CacheKeywords, CommonKeywords, WithLse, WithoutLse, given, takes
-from impl.masks import _diagonal, check_window
+from impl.masks import _diagonal, check_chunk, check_window
 
 # Query rows × keys per tile. A 256 × 2048 float32 score tile is 2 MiB: big enough that each matmul
 # runs near full sgemm speed and Python's per-tile cost vanishes, small enough to stay in cache.
@@ -109,25 +109,39 @@ class Visibility:
 
     ``offset`` moves the diagonal to key ``i + offset`` (a KV cache's ``kv_lengths[b] − n_q``): the
     bounds become ``right + offset`` and ``left − offset``, which may be negative.
+
+    ``chunk`` = C (Llama 4's chunked attention) also hides key j from query i unless
+    ``(i + offset) // C == j // C``: a block of rows sees the keys of the chunks its rows lie in, so
+    the tiles of other chunks are skipped, and a tile inside one chunk needs no mask.
     """
 
-    def __init__(self, *, causal: bool, window: tuple[int, int] | None, offset: int = 0) -> None:
+    def __init__(self, *, causal: bool, window: tuple[int, int] | None, offset: int = 0,
+                 chunk: int | None = None) -> None:
         left, right = window if window is not None else (None, None)
         if causal:
             right = 0 if right is None else min(right, 0)
         self.left = None if left is None else left - offset
         self.right = None if right is None else right + offset
+        self.chunk, self.offset = chunk, offset
 
     def keys(self, q0: int, q1: int, n_k: int) -> tuple[int, int]:
         """The key range ``[k0, k1)`` that rows ``q0:q1`` see, clipped to ``[0, n_k]`` (may be empty)."""
         k0 = 0 if self.left is None else max(0, q0 - self.left)
         k1 = n_k if self.right is None else min(n_k, q1 + self.right)
+        if self.chunk is not None:  # from the first row's chunk to the end of the last row's
+            c = self.chunk
+            k0 = max(k0, (q0 + self.offset) // c * c)
+            k1 = min(k1, ((q1 - 1 + self.offset) // c + 1) * c)
         return k0, max(k0, k1)
 
     def queries(self, k0: int, k1: int, n_q: int) -> tuple[int, int]:
         """The query range ``[q0, q1)`` that sees any of keys ``k0:k1`` (the transpose of `keys`)."""
         q0 = 0 if self.right is None else max(0, k0 - self.right)
         q1 = n_q if self.left is None else min(n_q, k1 + self.left)
+        if self.chunk is not None:  # the rows whose positions lie in the keys' chunks
+            c = self.chunk
+            q0 = max(q0, k0 // c * c - self.offset)
+            q1 = min(q1, ((k1 - 1) // c + 1) * c - self.offset)
         return q0, max(q0, q1)
 
     def hide(self, s: Array, q0: int, k0: int) -> None:  # [rows, cols] score tile at (q0, k0), in place
@@ -150,12 +164,23 @@ class Visibility:
             if r0 < q1 and k0 < c1:
                 before = _diagonal_mask(q1 - r0, c1 - k0, r0 - k0 - self.left, above=False)
                 np.copyto(s[r0 - q0 :, : c1 - k0], -np.inf, where=before)
+        if self.chunk is not None and self._crosses_chunks(q0, q1, k0, k1):
+            rows_in = (np.arange(q0, q1) + self.offset)[:, None] // self.chunk
+            np.copyto(s, -np.inf, where=rows_in != np.arange(k0, k1)[None, :] // self.chunk)
+
+    def _crosses_chunks(self, q0: int, q1: int, k0: int, k1: int) -> bool:
+        """Whether the tile's rows and keys do not all lie in one chunk."""
+        assert self.chunk is not None
+        c = self.chunk
+        first, last = (q0 + self.offset) // c, (q1 - 1 + self.offset) // c
+        return not (first == last == k0 // c == (k1 - 1) // c)
 
     def crosses(self, q0: int, q1: int, k0: int, k1: int) -> bool:
         """Whether the tile rows ``q0:q1`` × keys ``k0:k1`` holds any hidden pair."""
         over = self.right is not None and k1 - 1 > q0 + self.right
         under = self.left is not None and k0 < q1 - 1 - self.left
-        return over or under
+        chunks = self.chunk is not None and self._crosses_chunks(q0, q1, k0, k1)
+        return over or under or chunks
 
 
 class Alibi:
@@ -342,6 +367,10 @@ def _prepare(q: Any, k: Any, v: Any, scale: Any) -> tuple[Array, Array, Array, t
     return qs, ks, vs, batch, scale
 
 
+def _chunk(attention_chunk: Any) -> int | None:
+    return None if attention_chunk is None else check_chunk(attention_chunk)
+
+
 def _alibi(alibi_slopes: Any, batch: tuple[int, ...], n_q: int, n_k: int, work: np.dtype) -> Alibi | None:
     slopes = check_alibi_slopes(alibi_slopes, batch, work)
     return None if slopes is None else Alibi(slopes, batch, n_q, n_k)
@@ -383,6 +412,9 @@ def flash_attention(
         and output is about ``threads × block_q × block_k`` scores.
       window: ``(left, right)``, ints ≥ 0: query i sees keys ``i − left ≤ j ≤ i + right``
         (top-left aligned, ANDed with ``causal``); tiles entirely outside it are skipped.
+      attention_chunk: C, an int > 0: query i sees key j only when ``i // C == j // C`` (top-left
+        aligned, ANDed with ``causal`` and ``window``: Llama 4's chunked attention); the tiles of
+        other chunks are skipped.
       softcap: ``c > 0``: the scaled scores ``s`` become ``c·tanh(s/c)`` before the masks.
       return_lse: return ``(out, lse)``, ``lse [..., n_q]`` the natural-log logsumexp of each
         row's final scores (−∞ for a row that sees nothing), in the compute dtype: float32 for
@@ -392,8 +424,8 @@ def flash_attention(
         in ``impl.attention``.
       block_table, kv_lengths: a paged KV cache, as in `impl.attention`: q
         ``[batch, h, n_q, d_k]``, k and v ``[num_blocks, block_size, g, d]``, key j of sequence b at
-        ``k[block_table[b, j // block_size], j % block_size]`` for ``j < kv_lengths[b]``. ``causal``
-        and ``window`` are then aligned per sequence (diag = i + kv_lengths[b] − n_q, as
+        ``k[block_table[b, j // block_size], j % block_size]`` for ``j < kv_lengths[b]``. ``causal``,
+        ``window`` and ``attention_chunk`` are then aligned per sequence (diag = i + kv_lengths[b] − n_q, as
         FlashAttention's ``flash_attn_with_kvcache``); query head i reads K/V head ``i // (h // g)``.
         ``kv_lengths`` is taken only with a block table: contiguous keys have top-left masks here.
       k_descale, v_descale: float ``[batch, g]``: a paged cache in ``float8_e4m3fn`` meaning
@@ -417,7 +449,8 @@ def flash_attention(
     causal, window, softcap = bool(keywords["causal"]), keywords["window"], keywords["softcap"]
     qs, ks, vs, batch, scale = _prepare(q, k, v, keywords["scale"])
     block_q, block_k = _tile_shape(keywords["block"])
-    seen = Visibility(causal=causal, window=None if window is None else check_window(window))
+    seen = Visibility(causal=causal, window=None if window is None else check_window(window),
+                      chunk=_chunk(keywords["attention_chunk"]))
     softcap = check_softcap(softcap)
     most = _check_threads(keywords["threads"])
     n_q, n_k, d_v = qs.shape[-2], ks.shape[-2], vs.shape[-1]
@@ -474,6 +507,7 @@ def _paged(
     block_q, block_k = _tile_shape(keywords["block"])
     causal, window = bool(keywords["causal"]), keywords["window"]
     window = None if window is None else check_window(window)
+    chunk = _chunk(keywords["attention_chunk"])
     softcap = check_softcap(keywords["softcap"])
     most = _check_threads(keywords["threads"])
     qs = q.astype(work, copy=False)
@@ -484,7 +518,7 @@ def _paged(
     for b, length in enumerate(lengths.tolist()):  # [g, length, d_k], [g, length, d_v] in work
         keys.append(cache.sequence(k, table[b], length, None if k_scale is None else k_scale[b], work))
         values.append(cache.sequence(v, table[b], length, None if v_scale is None else v_scale[b], work))
-        seen.append(Visibility(causal=causal, window=window, offset=length - n_q))
+        seen.append(Visibility(causal=causal, window=window, offset=length - n_q, chunk=chunk))
         alibi.append(_alibi(slopes, (batch, heads), n_q, length, work))  # its diagonal: length − n_q
     finite = [_all_finite(x) for x in values]  # as in flash_attention: skip only when exact
 
@@ -665,6 +699,7 @@ def flash_attention_backward(
     causal: bool = False,
     scale: float | None = None,
     window: tuple[int, int] | None = None,
+    attention_chunk: int | None = None,
     softcap: float | None = None,
     block: int | tuple[int, int] = DEFAULT_BACKWARD_BLOCK,
     alibi_slopes: Any = None,
@@ -673,7 +708,8 @@ def flash_attention_backward(
     """Gradients ``(dq, dk, dv)`` of `flash_attention`, tile by tile (FlashAttention-2).
 
     Args:
-      q, k, v, causal, scale, window, softcap, alibi_slopes: as given to the forward call.
+      q, k, v, causal, scale, window, attention_chunk, softcap, alibi_slopes: as given to the
+        forward call.
       out, lse: what ``flash_attention(q, k, v, ..., return_lse=True)`` returned.
       d_out: ``∂loss/∂out``, the shape of ``out`` and the dtype of q.
       block: tile shape (query rows, keys). Key blocks are shared between cores; each tile's
@@ -695,7 +731,8 @@ def flash_attention_backward(
     """
     qs, ks, vs, batch, scale = _prepare(q, k, v, scale)
     block_q, block_k = _tile_shape(block)
-    seen = Visibility(causal=bool(causal), window=None if window is None else check_window(window))
+    seen = Visibility(causal=bool(causal), window=None if window is None else check_window(window),
+                      chunk=_chunk(attention_chunk))
     softcap = check_softcap(softcap)
     most = _check_threads(threads)
     n_q, n_k = qs.shape[-2], ks.shape[-2]

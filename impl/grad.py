@@ -107,7 +107,8 @@ def attention_backward(
       q, k, v: as for `impl.attention`, grouped K/V heads included.
       d_out: ``∂loss/∂out``, the shape of the output ``[..., n_q, d_v]`` (leading dims broadcast
         from q, k and v) and the dtype of q.
-      causal, mask, scale, bias, window, align, softcap, sinks: exactly as given to the forward.
+      causal, mask, scale, bias, window, attention_chunk, align, softcap, sinks: exactly as given to
+        the forward.
       kv_lengths, cu_seqlens_q, cu_seqlens_k, dropout_p, seed, alibi_slopes: likewise (the same
         validation, the same errors); with dropout, the same seed gives the forward's kept set.
       return_extras: also return a dict of the gradients of the extra inputs given in this call:

@@ -7,6 +7,7 @@ and take the keywords of the groups they understand as ``**keywords: Unpack[...]
 
     group             keywords                                              taken by
     CommonKeywords    causal scale window softcap kv_lengths alibi_slopes   all three
+                        attention_chunk
     Keywords          + mask bias align sinks cu_seqlens_q cu_seqlens_k     attention, its backward
                         dropout_p seed
     CacheKeywords     block_table k_descale v_descale                       attention, flash
@@ -37,6 +38,7 @@ class CommonKeywords(TypedDict, total=False):
     causal: bool
     scale: float | None
     window: tuple[int, int] | None
+    attention_chunk: int | None
     softcap: float | None
     kv_lengths: Any
     alibi_slopes: Any

@@ -149,6 +149,41 @@ def sliding_window_mask(
     return (j >= diag - left) & (j <= diag + right)
 
 
+def check_chunk(attention_chunk: object) -> int:
+    """Validate ``attention_chunk``: an integer > 0 (``TypeError``/``ValueError`` naming it)."""
+    if isinstance(attention_chunk, bool) or not isinstance(attention_chunk, (int, np.integer)):
+        raise TypeError(f"attention_chunk must be an integer > 0, got {attention_chunk!r}")
+    if attention_chunk <= 0:
+        raise ValueError(f"attention_chunk must be an integer > 0, got {attention_chunk}")
+    return int(attention_chunk)
+
+
+def chunk_mask(
+    n_q: int, n_k: int | None = None, *, attention_chunk: int, align: Align = "top_left",
+    kv_lengths: object = None,
+) -> np.ndarray:  # -> [n_q, n_k]; align="kv_lengths": [batch, 1, n_q, n_k]
+    """Chunked local attention (Llama 4's): query i sees key j only when both lie in the same chunk
+    of ``attention_chunk`` = C positions: ``diag // C == j // C``.
+
+    Query i sits at position ``diag`` (as in [causal_mask][impl.masks.causal_mask]: i, i + n_k − n_q
+    or i + kv_lengths[b] − n_q), key j at position j. A query before the first key (diag < 0) floors
+    to a chunk of negative index, which holds no key (FlashAttention's ``construct_chunk_mask``).
+    ANDed with ``causal`` it is Llama 4's chunked attention.
+
+    >>> chunk_mask(4, attention_chunk=2).astype(int)
+    array([[1, 1, 0, 0],
+           [1, 1, 0, 0],
+           [0, 0, 1, 1],
+           [0, 0, 1, 1]])
+    >>> chunk_mask(2, 3, attention_chunk=2, align="bottom_right").astype(int)
+    array([[1, 1, 0],
+           [0, 0, 1]])
+    """
+    chunk = check_chunk(attention_chunk)
+    diag, j = _diagonal(n_q, n_k, align, kv_lengths)
+    return np.floor_divide(diag, chunk) == j // chunk
+
+
 def key_distance(
     n_q: int, n_k: int | None = None, *, align: Align = "bottom_right", kv_lengths: object = None,
 ) -> np.ndarray:  # -> [n_q, n_k] int ([batch, 1, n_q, n_k] with align="kv_lengths")

@@ -57,6 +57,7 @@ def _reference() -> Target:
                   supports_bias=True, supports_window=True, supports_softcap=True, supports_sinks=True,
                   supports_kv_lengths=True, supports_varlen=True, supports_dropout=True, returns_lse=True,
                   supports_alibi=True, supports_paged_kv=True, supports_fp8_kv=dt.has_ml_dtypes(),
+                  supports_chunk=True,
                   empty_keys="compute")  # no keys: zeros of the output's shape, as impl promises
 
 
@@ -77,7 +78,7 @@ def _flash() -> Target:
     return Target(flash_attention, name="flash", supports_scale=True,
                   dtypes=("float16", "float32", "float64", *dt.bfloat16_if_installed()), ndims=(2, 3, 4),
                   supports_window=True, supports_softcap=True, returns_lse=True, grad_fn=_flash_grad,
-                  grad_takes_residuals=True, supports_alibi=True,
+                  grad_takes_residuals=True, supports_alibi=True, supports_chunk=True,
                   # a paged cache, float8 or not, and its kv_lengths (carried by block_table): the
                   # float8 path and kv_lengths only with a block table, ALiBi only without
                   supports_paged_kv=True, supports_fp8_kv=dt.has_ml_dtypes(),

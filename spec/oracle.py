@@ -111,7 +111,8 @@ def geometry(align: golden.Alignment, inputs: Inputs, rows: Array | None = None)
         return whole
     rows = check_rows(rows, inputs.n_q)
     return dataclasses.replace(whole, diagonal=_at(whole.diagonal, rows, whole.n_q),
-                               bottom_right=_at(whole.bottom_right, rows, whole.n_q), rows=rows)
+                               bottom_right=_at(whole.bottom_right, rows, whole.n_q), rows=rows,
+                               origin=_at(whole.origin, rows, whole.n_q))
 
 
 def _geometry(align: golden.Alignment, inputs: Inputs) -> Geometry:
@@ -124,7 +125,8 @@ def _geometry(align: golden.Alignment, inputs: Inputs) -> Geometry:
         if isinstance(term, Realigns):  # the bottom-right diagonal moves as in a bottom-right target
             corner = dataclasses.replace(geo, align=corner_align, diagonal=geo.bottom_right)
             geo = dataclasses.replace(geo, diagonal=term.diagonal(geo, *values),
-                                      bottom_right=term.diagonal(corner, *values))
+                                      bottom_right=term.diagonal(corner, *values),
+                                      origin=geo.origin if term.origin is None else term.origin(geo, *values))
     return geo
 
 

@@ -32,6 +32,7 @@ LAW_MODULES: tuple[str, ...] = (
     "spec.laws.bias",
     "spec.laws.alibi",
     "spec.laws.window",
+    "spec.laws.chunk",
     "spec.laws.softcap",
     "spec.laws.sinks",
     "spec.laws.lengths",

@@ -132,7 +132,7 @@ class Target:
     would have without the mask: a finite fill that every score of the row shares, such as
     picoGPT's -1e10 in float64; checked to a score error of ``eps·FINITE_FILL``, see
     `FINITE_FILL`), ``any`` (unspecified; not tested). A mapping gives a policy per cause of
-    emptiness (`CAUSES`: ``causal``, ``window``, ``mask``, ``bias``, ``kv_lengths``,
+    emptiness (`CAUSES`: ``causal``, ``window``, ``chunk``, ``mask``, ``bias``, ``kv_lengths``,
     ``varlen``, ``no_keys``), causes it does not name taking ``zeros``: FlashAttention's reference
     zeroes a row emptied by its causal or window mask and gives NaN for one emptied by key padding
     or a −inf bias, ``{"mask": "nan", "bias": "nan", "kv_lengths": "nan"}``. A row's cause is the

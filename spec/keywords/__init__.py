@@ -63,6 +63,7 @@ KEYWORD_MODULES: tuple[str, ...] = (
     "spec.keywords.fp8",
     "spec.keywords.past",
     "spec.keywords.dropout",
+    "spec.keywords.chunk",
 )
 """Every keyword module, in declaration order. Add a keyword here (one line)."""
 

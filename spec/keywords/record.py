@@ -40,7 +40,7 @@ from spec import golden
 
 Array = np.ndarray
 
-CAUSES = ("causal", "window", "mask", "bias", "kv_lengths", "varlen", "no_keys")
+CAUSES = ("causal", "window", "chunk", "mask", "bias", "kv_lengths", "varlen", "no_keys")
 """Why a query row sees no key, in the order the causes are checked: a row's cause is the first
 restriction after which, ANDed with those before it, the row sees nothing (the order of
 FlashAttention's reference: its causal and window mask before key padding). ``no_keys`` is a
@@ -54,8 +54,11 @@ class Geometry:
     i + n_k − n_q bottom-right, or per sequence where a keyword realigns it (packed sequences).
     ``bottom_right`` is the bottom-right diagonal whatever the alignment (ALiBi's distances are
     measured from it, as FlashAttention defines them). ``rows``: the query positions the arrays
-    are for, where a term is evaluated at some rows only (`spec.sampled`: ``diagonal`` and
-    ``bottom_right`` then hold those rows'); None: every query, 0..n_q − 1."""
+    are for, where a term is evaluated at some rows only (`spec.sampled`: ``diagonal``,
+    ``bottom_right`` and ``origin`` then hold those rows'); None: every query, 0..n_q − 1.
+    ``origin``: the first key of each query's sequence, broadcastable as ``diagonal`` (0; packed
+    sequences: their ``cu_seqlens_k[s]``), so that key j lies at position j − origin of the
+    query's sequence and the query at diagonal − origin (positions restart in each sequence)."""
 
     lead: tuple[int, ...]
     n_q: int
@@ -64,6 +67,7 @@ class Geometry:
     diagonal: Array
     bottom_right: Array
     rows: Array | None = None
+    origin: Array | int = 0
 
     @property
     def ndim(self) -> int:
@@ -141,9 +145,12 @@ class Realigns:
     """Moves each query's diagonal key: ``diagonal(geometry, *values)`` -> broadcastable to
     ``[*lead, n_q, 1]``, in the alignment ``geometry.align`` (packed sequences: each sequence
     aligned on its own). Causal, windows and ALiBi's distances all read the diagonals from the
-    geometry, so they follow."""
+    geometry, so they follow. ``origin(geometry, *values)``, where given, moves the first key of
+    each query's sequence as well (`Geometry.origin`: packed sequences), broadcastable as the
+    diagonal; what counts positions from a sequence's start (chunks) reads it."""
 
     diagonal: Callable[..., Array]
+    origin: Callable[..., Array] | None = None
 
 
 @dataclass(frozen=True)

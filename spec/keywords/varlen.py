@@ -46,6 +46,13 @@ def packed_diagonal(geo: Geometry, cu_q: Array, cu_k: Array) -> Array:  # -> [n_
     return (cu_k[seq] + within + shift)[:, None]
 
 
+def packed_origin(geo: Geometry, cu_q: Array, cu_k: Array) -> Array:  # -> [n_q, 1]
+    """The first key of each query's own sequence (``cu_seqlens_k[s]``): positions in a sequence
+    count from it."""
+    cu_k = np.asarray(cu_k)
+    return cu_k[_sequence_ids(np.asarray(cu_q), geo.n_q)][:, None]
+
+
 def draw_packing(draw: st.DrawFn, target: Target, case: Case) -> Case:
     """1–4 packed sequences, each with its own query and key count (0 allowed, not all 0; with
     ``queries_within_keys`` and causal, no sequence has more queries than keys; narrowed to the
@@ -82,7 +89,7 @@ VARLEN = Keyword(
     meaning="Int arrays of length b + 1 (0 first, non-decreasing): packed sequences; inputs are 3-D "
             "(heads, total, d) in bhnd ((total, heads, d) in bnhd); attention only within a sequence; "
             "causal alignment per sequence.",
-    terms=(Restricts(packed_visible, cause="varlen"), Realigns(packed_diagonal)),
+    terms=(Restricts(packed_visible, cause="varlen"), Realigns(packed_diagonal, origin=packed_origin)),
     received=lambda case, packing: tuple(np.asarray(offsets, dtype=np.int64) for offsets in packing),
     draw=draw_packing,
     lengths=lambda n_q, cu_q, cu_k: ([int(n) for n in np.diff(cu_q)], [int(n) for n in np.diff(cu_k)]),

@@ -27,7 +27,7 @@ FLOAT8 = ml_dtypes.float8_e4m3fn
 
 
 def golden(q, k_seqs, v_seqs, *, causal=False, window=None, align="kv_lengths", scale=None, slopes=None,
-           softcap=None):
+           softcap=None, attention_chunk=None):
     """(out, lse) float64 for q [B, H, n_q, d_k] and per-sequence keys/values [L_b, g, d];
     ``softcap`` c: each score s becomes c·tanh(s/c); then ``slopes [B, H]``: ALiBi's
     −slope·|i + L_b − n_q − j| added to it."""
@@ -48,6 +48,8 @@ def golden(q, k_seqs, v_seqs, *, causal=False, window=None, align="kv_lengths", 
                         continue
                     if window is not None and not diag - window[0] <= j <= diag + window[1]:
                         continue
+                    if attention_chunk is not None and diag // attention_chunk != j // attention_chunk:
+                        continue  # Python's // floors: a query before the first key has no chunk's keys
                     logits[j] = scale * sum(float(q[b, h, i, t]) * float(k_seqs[b][j, kv, t])
                                             for t in range(d_k))
                     if softcap is not None:
@@ -75,7 +77,8 @@ def paged_problems(draw):
     k_seqs, v_seqs = draw_seqs(rng, lengths, g, 3), draw_seqs(rng, lengths, g, 2)
     q = rng.standard_normal((b, h, n_q, 3))
     window = st.none() | st.tuples(st.integers(0, 4), st.integers(0, 4))
-    kw = {"causal": draw(st.booleans()), "window": draw(window)}
+    kw = {"causal": draw(st.booleans()), "window": draw(window),
+          "attention_chunk": draw(st.none() | st.integers(1, 6))}
     note({"lengths": lengths, "block_size": block_size, "h": h, "g": g, "n_q": n_q, **kw})
     return q, k_seqs, v_seqs, block_size, rng, kw
 

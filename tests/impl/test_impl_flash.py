@@ -399,7 +399,7 @@ def test_bad_block_is_refused_and_named(block):
 # --- window, softcap and logsumexp, against an independent float64 golden -------------------------
 
 
-def visible(n_q, n_k, *, causal=False, window=None):
+def visible(n_q, n_k, *, causal=False, window=None, attention_chunk=None):
     """Which (query, key) pairs are seen, written from the definitions (not impl's code)."""
     i, j = np.arange(n_q)[:, None], np.arange(n_k)[None, :]
     seen = np.ones((n_q, n_k), dtype=bool)
@@ -408,16 +408,20 @@ def visible(n_q, n_k, *, causal=False, window=None):
     if window is not None:
         left, right = window
         seen &= (i - left <= j) & (j <= i + right)
+    if attention_chunk is not None:  # the chunk a position lies in: position // C
+        chunk_of = np.array([[x // attention_chunk for x in range(max(n_q, n_k))]])
+        seen &= chunk_of[0, : n_q][:, None] == chunk_of[:, : n_k]
     return seen
 
 
-def golden(q, k, v, *, causal=False, window=None, softcap=None, scale=None):
+def golden(q, k, v, *, causal=False, window=None, softcap=None, scale=None, attention_chunk=None):
     """(out, lse) in float64: scores, cap, mask, logsumexp and weighted sum, written out in full."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     s = q @ np.swapaxes(k, -1, -2) * (1 / np.sqrt(q.shape[-1]) if scale is None else scale)
     if softcap is not None:
         s = softcap * np.tanh(s / softcap)
-    s = np.where(visible(q.shape[-2], k.shape[-2], causal=causal, window=window), s, -np.inf)
+    seen = visible(q.shape[-2], k.shape[-2], causal=causal, window=window, attention_chunk=attention_chunk)
+    s = np.where(seen, s, -np.inf)
     top = np.max(s, axis=-1, keepdims=True, initial=-np.inf)
     top = np.where(np.isneginf(top), 0.0, top)
     e = np.exp(s - top)
@@ -462,6 +466,32 @@ def test_a_sliding_window_matches_the_golden_at_every_tile_edge(block, causal, w
     for n_q, n_k in [(1, 1), (4, 3), (9, 9), (17, 33), (33, 17), (65, 64), (40, 8)]:
         q, k, v = qkv(rng, n_q, n_k, 4, 3)
         assert_matches_golden(q, k, v, block=block, causal=causal, window=window)
+
+
+# Chunks of one key, chunks dividing a tile, not dividing n, a tile's multiple, and wider than n.
+CHUNKS = [1, 2, 3, 5, 8, 16, 32, 100]
+
+
+@pytest.mark.parametrize("block", [(8, 8), (16, 32), (3, 5)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("attention_chunk", CHUNKS)
+def test_a_chunk_matches_the_golden_at_every_tile_edge(block, causal, attention_chunk):
+    rng = np.random.default_rng(27)
+    for n_q, n_k in [(1, 1), (4, 3), (9, 9), (17, 33), (33, 17), (65, 64)]:
+        q, k, v = qkv(rng, n_q, n_k, 4, 3)
+        assert_matches_golden(q, k, v, block=block, causal=causal, attention_chunk=attention_chunk)
+        assert_matches_golden(q, k, v, block=block, causal=causal, attention_chunk=attention_chunk,
+                              window=(4, 1))
+
+
+def test_keys_of_another_chunk_cannot_leak():
+    q, k, v = qkv(np.random.default_rng(28), 48, 48)
+    before = flash_attention(q, k, v, attention_chunk=12, block=(8, 8))
+    k[24:36], v[24:36] = 100.0, -100.0  # the third chunk: seen by queries 24 … 35 alone
+    after = flash_attention(q, k, v, attention_chunk=12, block=(8, 8))
+    np.testing.assert_array_equal(after[:24], before[:24])
+    np.testing.assert_array_equal(after[36:], before[36:])
+    assert not np.allclose(after[24:36], before[24:36])
 
 
 def test_window_equals_impl_attention_with_the_sliding_window_mask():
@@ -989,3 +1019,18 @@ def test_flash_backward_is_not_causal_by_default():
     got = flash_attention_backward(q, k, v, out, lse, d_out)
     for g, w in zip(got, attention_backward(q, k, v, d_out), strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("attention_chunk", [1, 3, 8, 16, 50])
+def test_backward_with_a_chunk_equals_attention_backward_with_its_mask(causal, attention_chunk):
+    rng = np.random.default_rng(43)
+    for n_q, n_k in [(17, 17), (33, 16), (9, 40)]:
+        q, k, v = qkv(rng, n_q, n_k, 4, 3)
+        got, d_out = grads(rng, q, k, v, block=(8, 8), causal=causal, attention_chunk=attention_chunk)
+        mask = visible(n_q, n_k, causal=causal, attention_chunk=attention_chunk)
+        want = attention_backward(q, k, v, d_out, mask=mask)
+        by_keyword = attention_backward(q, k, v, d_out, causal=causal, attention_chunk=attention_chunk)
+        for g, w, by_chunk in zip(got, want, by_keyword, strict=True):
+            np.testing.assert_allclose(g, w, **GRAD_TOL[np.float64])
+            np.testing.assert_allclose(by_chunk, w, **GRAD_TOL[np.float64])

@@ -11,7 +11,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from impl.masks import causal_mask, key_distance, packed_mask, padding_mask, per_sequence, sliding_window_mask
+from impl.masks import (
+    causal_mask,
+    chunk_mask,
+    key_distance,
+    packed_mask,
+    padding_mask,
+    per_sequence,
+    sliding_window_mask,
+)
 
 # Small sizes in every combination (0 and 1 included, n_q < n_k, n_q = n_k, n_q > n_k), plus a few
 # sizes past the usual tile edges.
@@ -71,6 +79,30 @@ def test_window_and_causal_match_their_definitions_at_any_size(n_q, n_k, left, r
         causal_mask(n_q, n_k, align=align),
         loop_mask(n_q, n_k, lambda i, j: j <= diagonal(i, n_q, n_k, align)),
     )
+
+
+@pytest.mark.parametrize("align", ["top_left", "bottom_right"])
+@pytest.mark.parametrize("chunk", [1, 2, 3, 4, 40])
+@pytest.mark.parametrize(("n_q", "n_k"), SIZES)
+def test_chunk_mask_is_the_definition(n_q, n_k, chunk, align):
+    def sees(i, j):  # Python's // floors, so a query before the first key lies in a chunk below 0
+        return diagonal(i, n_q, n_k, align) // chunk == j // chunk
+
+    got = chunk_mask(n_q, n_k, attention_chunk=chunk, align=align)
+    assert got.dtype == bool and got.shape == (n_q, n_k)
+    np.testing.assert_array_equal(got, loop_mask(n_q, n_k, sees))
+
+
+def test_chunk_mask_per_cache_row_and_its_argument_checks():
+    got = chunk_mask(2, 5, attention_chunk=2, align="kv_lengths", kv_lengths=[1, 5])
+    for b, length in enumerate([1, 5]):
+        want = loop_mask(2, 5, lambda i, j, n=length: (i + n - 2) // 2 == j // 2)
+        np.testing.assert_array_equal(got[b, 0], want)
+    assert not got[0, 0, 0].any()  # query 0 of row 0 sits at position −1: no key is in its chunk
+    refused = ((0, ValueError), (-2, ValueError), (1.5, TypeError), (True, TypeError), ("2", TypeError))
+    for bad, error in refused:
+        with pytest.raises(error, match="attention_chunk"):
+            chunk_mask(3, attention_chunk=bad)
 
 
 def test_square_defaults_and_the_default_alignment():

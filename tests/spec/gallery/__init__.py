@@ -14,6 +14,7 @@ from gallery import (
     bias,
     cache,
     calls,
+    chunk,
     core,
     dropout,
     edges,
@@ -33,8 +34,8 @@ from gallery import (
 )
 from gallery.base import Broken
 
-FAMILIES = (core, masks, gradients, range_edges, bias, alibi, window, softcap, sinks, lengths, cache, past,
-            dropout, lse, pairs, calls, edges, stateful, long_runs, scale)
+FAMILIES = (core, masks, gradients, range_edges, bias, alibi, window, chunk, softcap, sinks, lengths, cache,
+            past, dropout, lse, pairs, calls, edges, stateful, long_runs, scale)
 
 BROKEN: list[Broken] = [b for family in FAMILIES for b in family.BROKEN]
 CORRECT = [t for family in FAMILIES for t in family.CORRECT]

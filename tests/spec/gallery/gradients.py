@@ -240,6 +240,8 @@ BROKEN = [
                  "alibi_slopes= left out of the backward", supports_alibi=True),
     _keyword_bug(backward_without("window"), "grad_keywords_match_golden", "window= left out of the backward",
                  supports_window=True),
+    _keyword_bug(backward_without("attention_chunk"), "grad_keywords_match_golden",
+                 "attention_chunk= left out of the backward", supports_chunk=True),
     _keyword_bug(backward_without("kv_lengths"), "grad_keywords_match_golden",
                  "kv_lengths= left out of the backward", supports_kv_lengths=True),
     _keyword_bug(backward_without("cu_seqlens_q", "cu_seqlens_k"), "grad_keywords_match_golden",
