@@ -56,4 +56,4 @@ def test_a_spent_budget_makes_the_verdict_incomplete_never_conforms():
     assert verdict.verdict == "incomplete" and not verdict.ok and verdict.report.ok
     data = verdict.to_dict()
     assert data["complete"] is False and data["budget_s"] == 1.0
-    assert data["seconds"] < 1.0 + 1.0
+    assert data["seconds"] < 1.0 + 8.0  # one call past the budget at most, on a loaded machine

@@ -191,7 +191,9 @@ def test_a_time_budget_bounds_the_whole_check_and_says_the_run_is_incomplete():
     start = time.perf_counter()
     report = spec.check(slow_but_right, "ci", budget_s=2.0, keep_going=True)
     seconds = time.perf_counter() - start
-    assert seconds < 2.0 + 1.0, seconds  # a call of 0.02 s, the law's own work after it
+    # a call of 0.02 s and the law's own work after it, on a loaded machine; without the budget
+    # the ci profile takes minutes at 0.02 s a call
+    assert seconds < 2.0 + 8.0, seconds
     assert report.ok and not report.complete
     stopped = [r for r in report.results if r.message.startswith("not run to its end:")]
     assert len(stopped) == 1 and stopped[0].examples >= 1 and stopped[0].not_run
