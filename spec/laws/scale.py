@@ -260,8 +260,9 @@ def _reads(row: Array, value: float) -> bool:
 
 
 def _weight(inputs: Inputs, n: Needle) -> float:
-    """The needle's weight in its row, in float64: each score of the row is one product (the row
-    of q is zero but in column ``n.axis``)."""
+    """The needle's weight in its row, in float64 (each score of the row is one product: the row of
+    q is zero but in column ``n.axis``), over every key of its slice, those the row does not see
+    included: a lower bound of the weight it has."""
     q = float(inputs.q[n.at][n.row, n.axis])
     s = inputs.scale_value * q * inputs.k[n.at][:, n.axis].astype(np.float64)
     return float(1 / np.sum(np.exp(s - s[n.key])))
