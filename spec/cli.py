@@ -19,7 +19,7 @@ from spec.builtin import BUILTIN
 from spec.html import render_html
 from spec.profiles import PROFILES
 from spec.registry import LAWS
-from spec.report import LOUD, Result, render
+from spec.report import LOUD, Result, render, strict_json
 from spec.runner import check, configure, load, select
 from spec.target import TargetError
 
@@ -132,8 +132,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def audit_main(args: argparse.Namespace) -> int:
     """``python -m spec audit PROBLEM``: exit 0 when the suite rejects every wrong kernel, 1 when
     one conforms, 2 for a problem file that cannot be read."""
-    import json
-
     from spec import audit
 
     try:
@@ -146,10 +144,9 @@ def audit_main(args: argparse.Namespace) -> int:
     except (UsageError, ValueError, TypeError) as e:
         return fail("python -m spec audit", e)
     if args.json:
-        text = json.dumps({"problem": problem.name, "atol": problem.atol, "rtol": problem.rtol,
-                           "trials": args.trials, "profile": args.profile,
-                           "rows": [r.to_dict() for r in rows]}, indent=2, ensure_ascii=False,
-                          default=lambda x: str(x))
+        text = strict_json({"problem": problem.name, "atol": problem.atol, "rtol": problem.rtol,
+                            "trials": args.trials, "profile": args.profile,
+                            "rows": [r.to_dict() for r in rows]})
         if args.json == "-":
             print(text)
         else:

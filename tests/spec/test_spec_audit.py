@@ -122,6 +122,7 @@ def test_the_command_prints_the_table_writes_json_and_refuses_a_bad_file(problem
     rows = {r["kernel"]: r for r in data["rows"]}
     assert set(rows) == {k.name for k in audit.KERNELS}
     assert rows["mean_v"]["check_passes"] and not rows["mean_v"]["suite_conforms"]
+    assert isinstance(rows["zeros"]["check_worst_ratio"], float)  # strict JSON: a NaN output's is "Infinity"
     assert main(["audit", str(tmp_path / "missing.py")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "PROBLEM must be a Python file" in err
