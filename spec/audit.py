@@ -174,23 +174,21 @@ def one_shape(shape: tuple[int, ...]) -> Kernel:
 
 @dataclass(frozen=True)
 class Audited:
-    """A kernel the audit runs: its name, what it does, and how it is made for a problem (the
-    cheats are stateful: a fresh one for each check, the harness's and the suite's)."""
+    """A kernel the audit runs: its name, what it does, and how it is made for the shape of the
+    check's q (the cheats are stateful: a fresh one for each check, the harness's and the
+    suite's)."""
 
     name: str
     does: str
-    make: Callable[[Problem, tuple[int, ...]], Target]
+    make: Callable[[tuple[int, ...]], Target]
 
 
-def _trivial(name: str) -> Callable[[Problem, tuple[int, ...]], Target]:
-    return lambda problem, shape: power.as_target(name)
+def _trivial(name: str) -> Callable[[tuple[int, ...]], Target]:
+    return lambda shape: power.as_target(name)
 
 
-Make = Callable[[Problem, tuple[int, ...]], Target]
-
-
-def _cheat(build: Callable[[tuple[int, ...]], Kernel], name: str) -> Make:
-    return lambda problem, shape: Target(build(shape), name=f"cheat {name}", dtypes=("float32", "float64"),
+def _cheat(build: Callable[[tuple[int, ...]], Kernel], name: str) -> Callable[[tuple[int, ...]], Target]:
+    return lambda shape: Target(build(shape), name=f"cheat {name}", dtypes=("float32", "float64"),
                                          supports_mask=True, supports_scale=True)
 
 
@@ -269,10 +267,10 @@ def audit(problem: Problem, *, trials: int = 5, profile: str = "quick",
     rows = []
     for kernel in kernels:
         start = time.perf_counter()
-        passes, worst = allclose_check(problem, kernel.make(problem, shape).fn, trials, references)
+        passes, worst = allclose_check(problem, kernel.make(shape).fn, trials, references)
         took = time.perf_counter() - start
         start = time.perf_counter()
-        report = check(kernel.make(problem, shape), profile)
+        report = check(kernel.make(shape), profile)
         row = Row(kernel.name, kernel.does, passes, worst, took, report.ok, [r.name for r in report.failures],
                   time.perf_counter() - start)
         rows.append(row)
