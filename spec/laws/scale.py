@@ -229,16 +229,17 @@ def scale_needles_found(target: Target, case: Case) -> None:
     hidden = [n for n in planted if not vis[(*n.at, at[n.row], n.key)]]
     assert not hidden, (f"at {name_of(target, case)}, {', '.join(n.text() for n in hidden)}: the needle "
                         "is hidden from its row (a bug of the law)")
-    weak = [n for n in planted if _weight(inputs, n) < 0.99]
+    weights = {n: _weight(inputs, n) for n in planted}
+    weak = [n for n in planted if weights[n] < 0.99]
     assert not weak, f"at {name_of(target, case)}, {weak[0].text()}: the needle does not dominate its row " \
-                     f"(weight {_weight(inputs, weak[0]):.3g}: a bug of the law)"
+                     f"(weight {weights[weak[0]]:.3g}: a bug of the law)"
     out = call(patient(target), inputs)[..., rows, :]
     lost = [n for n in planted if not _reads(out[(*n.at, at[n.row])], n.value)]
     if lost:
         raise AssertionError(
             f"at {name_of(target, case)}, " + "; ".join(
                 f"{n.text()} should read the needle's value {n.value:g} (its weight in the row "
-                f"1 − {1 - _weight(inputs, n):.2g}): the row's output is "
+                f"1 − {1 - weights[n]:.2g}): the row's output is "
                 f"{_values_text(out[(*n.at, at[n.row])])}" for n in lost)
             + ": another key was read in the needle's place, or none")
     want = sampled.expected_rows(target, inputs, rows, baseline_in=accumulator(target, inputs))
