@@ -33,6 +33,8 @@ LAW_MODULES: tuple[str, ...] = (
     "spec.laws.alibi",
     "spec.laws.window",
     "spec.laws.chunk",
+    "spec.laws.topk",
+    "spec.laws.topk_blocks",
     "spec.laws.softcap",
     "spec.laws.sinks",
     "spec.laws.lengths",

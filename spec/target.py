@@ -40,6 +40,8 @@ EmptyKeys = Literal["either", "compute", "raise"]
 WindowSides = Literal["both", "left"]
 AlibiShape = Literal["both", "heads"]
 Fp8Scale = Literal["kv_head", "tensor"]
+LseBase = Literal["e", 2]
+TopkDuplicates = Literal["once", "each"]
 
 FLOAT_DTYPES = ("float16", "float32", "float64", "bfloat16")
 
@@ -234,6 +236,12 @@ class Target:
     empty_lse: float = -math.inf
     """The LSE a row that sees no key returns: −∞ (the logsumexp of nothing, the default), +∞
     (FlashAttention's CUDA kernels) or another float."""
+    lse_base: LseBase = "e"
+    """The base of the LSE the target returns: ``"e"`` (natural, the default: log Σ exp(s)) or ``2``
+    (log2 Σ 2^(s·log2 e): FlashInfer, FlashMLA's sparse prefill). Needs ``returns_lse``."""
+    topk_duplicates: TopkDuplicates = "once"
+    """A key listed twice in one row of ``topk_indices`` counts ``once`` (a mask: the default) or
+    ``each`` time (a gather: its weight doubles). Needs ``supports_topk``."""
     expected_failures: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False)
     """Known deviations, each with its reason: ``{"law": "reason"}`` for every dtype,
     ``{"law[float16]": "reason"}`` for one. The law still runs: a failure is XFAIL (the run still
@@ -296,6 +304,11 @@ class Target:
             raise TargetError(f"Target empty_lse must be a float (-inf, +inf or finite), "
                               f"got {self.empty_lse!r}")
         object.__setattr__(self, "empty_lse", float(self.empty_lse))
+        _check_lse_base(self)
+        _check_choice("topk_duplicates", self.topk_duplicates, ("once", "each"))
+        if self.topk_duplicates != "once" and not getattr(self, "supports_topk", False):
+            raise TargetError("Target topk_duplicates='each' needs supports_topk=True (it says how "
+                              "topk_indices is read)")
         object.__setattr__(self, "expected_failures", _check_expected(self.expected_failures, self.dtypes))
 
     @property
@@ -556,6 +569,17 @@ def _check_combinations(target: Target) -> None:
     if target.decode_only and target.seq_multiple and target.seq_multiple > 1:
         raise TargetError(f"Target decode_only=True has n_q = 1 in every call, which seq_multiple="
                           f"{target.seq_multiple} rules out")
+
+
+def _check_lse_base(target: Target) -> None:
+    """``lse_base``: ``"e"`` or ``2`` (the int; ``"2"`` is read as it), and 2 only for a target that
+    returns an LSE."""
+    if target.lse_base == "2":
+        object.__setattr__(target, "lse_base", 2)
+    if isinstance(target.lse_base, bool) or target.lse_base not in ("e", 2):
+        raise TargetError(f"Target lse_base must be 'e' (natural) or 2, got {target.lse_base!r}")
+    if target.lse_base == 2 and not target.returns_lse:
+        raise TargetError("Target lse_base=2 needs returns_lse=True (it says how the returned LSE is read)")
 
 
 def _check_limits(target: Target) -> None:

@@ -64,6 +64,8 @@ KEYWORD_MODULES: tuple[str, ...] = (
     "spec.keywords.past",
     "spec.keywords.dropout",
     "spec.keywords.chunk",
+    "spec.keywords.topk",
+    "spec.keywords.topk_blocks",
 )
 """Every keyword module, in declaration order. Add a keyword here (one line)."""
 

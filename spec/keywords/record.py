@@ -40,7 +40,7 @@ from spec import golden
 
 Array = np.ndarray
 
-CAUSES = ("causal", "window", "chunk", "mask", "bias", "kv_lengths", "varlen", "no_keys")
+CAUSES = ("causal", "window", "chunk", "topk", "mask", "bias", "kv_lengths", "varlen", "no_keys")
 """Why a query row sees no key, in the order the causes are checked: a row's cause is the first
 restriction after which, ANDed with those before it, the row sees nothing (the order of
 FlashAttention's reference: its causal and window mask before key padding). ``no_keys`` is a

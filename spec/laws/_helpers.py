@@ -29,9 +29,12 @@ def run_lse(target: Target, inputs: Inputs, *, as_returned: bool = False) -> tup
     # -> [..., n_q, d_v], [..., n_q]
     """``run`` with ``return_lse=True``: the output and the target's logsumexp, as float64; the
     LSE the target declares for a row that sees no key (``empty_lse``, +inf for FlashAttention's
-    CUDA kernels) read as what it stands for, −inf, unless ``as_returned``."""
+    CUDA kernels) read as what it stands for, −inf, unless ``as_returned``; a base-2 LSE
+    (``lse_base=2``) read as the natural one it stands for, times ln 2, unless ``as_returned``."""
     out, lse = call(target, inputs.replace(return_lse=True))
     lse = lse.astype(np.float64)
+    if not as_returned and target.lse_base == 2:
+        lse = lse * np.log(2.0)  # ±inf stays ±inf
     if not as_returned and target.empty_lse != -np.inf:
         blind = ~np.asarray(visible(target, inputs).any(axis=-1))
         lse = np.where(np.broadcast_to(blind, lse.shape) & (lse == target.empty_lse), -np.inf, lse)

@@ -77,8 +77,9 @@ def assert_lse_close(target: Target, inputs: Inputs, lse: Array, gold: Array, *,
 @law(strategy=lambda t: cases(t, masks=("none", "random"), scale=True, n_max=96), needs=needs_lse)
 def lse_matches_golden(target: Target, case: Case) -> None:
     """With ``return_lse=True``, lse is the natural-log logsumexp of each row's scaled, masked
-    scores, within the scores' rounding of the float64 golden, and the output is the call's
-    without it, within twice the tolerance. Not bit-identical: asking for lse may rightly select
+    scores (base 2 for a target that declares ``lse_base=2``: read times ln 2), within the
+    scores' rounding of the float64 golden, and the output is the call's without it, within
+    twice the tolerance. Not bit-identical: asking for lse may rightly select
     another fused graph (measured on JAX's XLA path: 4e-9 apart in float32).
 
     Catches: an unnormalised accumulator returned as the output when lse is asked for (the
@@ -91,7 +92,8 @@ def lse_matches_golden(target: Target, case: Case) -> None:
     out, lse = run_lse(target, inputs)
     assert_same(target, inputs, run(target, inputs), out,
                 what="with return_lse=True, against the call without it, the output")
-    assert_lse_close(target, inputs, lse, expected(target, inputs).lse, what="lse")
+    assert_lse_close(target, inputs, lse, expected(target, inputs).lse,
+                     what="lse" if target.lse_base == "e" else "lse (lse_base=2, read times ln 2)")
     assert_matches(target, inputs, out, what="with return_lse=True, the output")
 
 

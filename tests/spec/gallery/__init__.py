@@ -30,12 +30,13 @@ from gallery import (
     sinks,
     softcap,
     stateful,
+    topk,
     window,
 )
 from gallery.base import Broken
 
 FAMILIES = (core, masks, gradients, range_edges, bias, alibi, window, chunk, softcap, sinks, lengths, cache,
-            past, dropout, lse, pairs, calls, edges, stateful, long_runs, scale)
+            past, dropout, lse, pairs, calls, edges, stateful, long_runs, scale, topk)
 
 BROKEN: list[Broken] = [b for family in FAMILIES for b in family.BROKEN]
 CORRECT = [t for family in FAMILIES for t in family.CORRECT]

@@ -52,6 +52,9 @@ BROKEN = [
            **_DECLARED),
     broken(lse_plus_inf_for_empty_rows, "lse_empty_row_as_declared", "+inf lse for a row that sees nothing",
            **_DECLARED),
+    broken(attention, "lse_matches_golden", "a natural-log lse declared base 2 (lse_base=2): a base-2 LSE "
+           "merged as natural, or the reverse, is off by a factor ln 2 (sglang PR #35045)",
+           name="lse_natural_declared_base2", lse_base=2, **_DECLARED),
 ]
 
 
@@ -84,4 +87,6 @@ def tiled(q: Array, k: Array, v: Array, *, causal: bool = False, mask: Any = Non
 CORRECT = [Target(tiled, name="lse_tiled", dtypes=("float16", "float32", "float64"), **_DECLARED),
            # +inf for a row that sees nothing, declared (FlashAttention's CUDA kernels)
            Target(lse_plus_inf_for_empty_rows, name="lse_plus_inf_declared", empty_lse=float("inf"),
-                  **_DECLARED)]
+                  **_DECLARED),
+           # log2 Σ exp, declared (FlashInfer, FlashMLA's sparse prefill)
+           Target(lse_base2, name="lse_base2_declared", lse_base=2, **_DECLARED)]
