@@ -139,3 +139,41 @@ def test_the_flex_paged_target_names_the_torch_extra_when_torch_is_missing(monke
     with pytest.raises(TargetError,
                        match=r"built-in target 'torch_flex_paged' needs torch.*attention-spec\[torch\]"):
         load_target("torch_flex_paged")
+
+
+# --- FlexAttention given top-k lists (spec.adapters.torch_flex_sparse) ---------------------------
+
+
+def test_the_lists_table_is_each_read_entry_in_range():
+    from spec.adapters.torch_flex_sparse import block_table, listed_table
+
+    idx = np.array([[[[3, -1, 0, 9], [2, 2, 1, 0]]]])  # [1, 1, 2, 4], n_k = 4
+    table = listed_table(idx, 4, np.array([[4, 2]])).numpy()
+    np.testing.assert_array_equal(table[0, 0].astype(int), [[1, 0, 0, 1], [0, 0, 1, 0]])
+    blocks = block_table(np.array([[[[1, -1], [0, 5]]]]), 3, 5).numpy()  # blocks of 3 over 5 keys
+    np.testing.assert_array_equal(blocks[0, 0].astype(int), [[0, 0, 0, 1, 1], [1, 1, 1, 0, 0]])
+
+
+def test_flex_with_lists_matches_a_dense_masked_softmax_with_grouped_heads():
+    from spec.adapters.torch_flex_sparse import torch_flex_sparse
+
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.standard_normal(s) for s in ((2, 4, 5, 8), (2, 2, 7, 8), (2, 2, 7, 8)))
+    idx = rng.integers(-2, 9, size=(2, 2, 5, 3)).astype(np.int32)
+    idx[0, 0, 0] = -1  # a row that lists no key: zeros
+    listed = np.zeros((2, 2, 5, 7), dtype=bool)
+    for at in np.ndindex(2, 2, 5):
+        listed[at][[j for j in idx[at] if 0 <= j < 7]] = True
+    out, lse = torch_flex_sparse(q, k, v, topk_indices=idx, causal=True, return_lse=True)
+    want = attention(q, k, v, mask=np.repeat(listed, 2, axis=1), causal=True)
+    np.testing.assert_allclose(out, want, atol=1e-12)
+    assert not out[0, :2, 0].any() and np.isneginf(lse[0, :2, 0]).all()
+
+
+def test_the_flex_topk_target_conforms_to_the_sparse_laws():
+    import spec
+
+    laws = [name for name in spec.LAWS if name.startswith("topk")]
+    report = spec.check("torch_flex_topk", profile="quick", max_examples=4, only=laws)
+    assert report.ok, [r.message for r in report.failures]
+    assert sum(r.status == "pass" for r in report.results) == len(laws) - 1  # no backward on the CPU
