@@ -44,7 +44,8 @@ def block_table(blocks: Array, size: int, n_k: int) -> Any:
 
 def torch_flex_sparse(
     q: Array, k: Array, v: Array, *, causal: bool = False, mask: Array | None = None,
-    scale: float | None = None, topk_indices: Array | None = None, topk_length: Array | None = None, topk_blocks: Array | None = None,
+    scale: float | None = None, topk_indices: Array | None = None, topk_length: Array | None = None,
+    topk_blocks: Array | None = None,
     topk_block_size: int | None = None, return_lse: bool = False,
 ) -> Any:  # [b, h, n_q, d_k], [b, g, n_k, d_k], [b, g, n_k, d_v] -> [b, h, n_q, d_v] (and lse [b, h, n_q])
     """FlexAttention's eager ``flex_attention`` with a ``mask_mod`` that reads the lists: query
