@@ -53,14 +53,15 @@ def failure_lines(rows: list[dict[str, Any]], width: int = WIDTH) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m spec.peers [torch] [jax] [torch_flex_paged] [mlx] [onnxruntime] [onnx_reference]
+    """``python -m spec.peers [torch] [jax] [torch_flex_paged] [torch_flex_topk] [mlx] [onnxruntime]
+    [onnx_reference]
     [--profile P] [--max-examples N]``: the per-dtype table.
 
     torch, JAX and the ONNX reference evaluator run in float16, bfloat16, float32 and float64: those
     they do not declare too (JAX's float64, the ONNX reference's float64), to show the recorded
     deviations; ONNX Runtime in float16, float32 and float64 (its bfloat16 Attention is refused when
     the session is made: docs/peers.md). torch_flex_paged (FlexAttention's eager path over a paged
-    cache, minutes per dtype) and mlx run in the dtypes they declare.
+    cache, minutes per dtype), torch_flex_topk (its eager path given top-k lists) and mlx run in the dtypes they declare.
     """
     import argparse
 
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m spec.peers", description=main.__doc__)
     every = ("float16", *bfloat16_if_installed(), "float32", "float64")
     # each peer and the dtypes it runs in (None: those it declares)
-    peers = {"torch": every, "jax": every, "torch_flex_paged": None, "mlx": None,
+    peers = {"torch": every, "jax": every, "torch_flex_paged": None, "torch_flex_topk": None, "mlx": None,
              "onnxruntime": ("float16", "float32", "float64"), "onnx_reference": every}
     parser.add_argument("peers", nargs="*", choices=list(peers), default=["torch", "jax"])
     parser.add_argument("--profile", choices=["quick", "ci", "thorough"], default="ci")
