@@ -187,4 +187,5 @@ TOPK = Keyword(
     received=received,
     draw=draw,
     excludes=("block_table", "cu_seqlens_q", "cu_seqlens_k", "past_key", "past_value"),
+    in_layout=("topk_indices",),  # bnhd: [batch, n_q, heads_kv, topk], as FlashMLA takes them
 )

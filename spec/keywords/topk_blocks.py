@@ -102,4 +102,5 @@ TOPK_BLOCKS = Keyword(
     received=received,
     draw=draw,
     excludes=("block_table", "cu_seqlens_q", "cu_seqlens_k", "past_key", "past_value"),
+    in_layout=("topk_blocks",),  # bnhd: [batch, n_q, heads_kv, n_blocks]
 )

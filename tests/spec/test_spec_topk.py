@@ -188,3 +188,19 @@ def test_lse_base_2_is_read_as_its_natural_value():
 
 def test_topk_and_blocks_are_drawn_together_in_pairs():
     assert TOPK.combines_with(TOPK_BLOCKS)
+
+
+def test_a_bnhd_target_gets_the_lists_with_heads_and_queries_swapped():
+    """4-D lists reach a ``bnhd`` target as ``[batch, n_q, heads_kv, topk]`` (FlashMLA's order), as q
+    does; the suite's arrays stay ``bhnd``."""
+    seen = {}
+
+    def kernel(q, k, v, *, topk_indices=None):
+        seen["q"], seen["idx"] = q.shape, topk_indices.shape
+        return np.zeros((*q.shape[:-1], v.shape[-1]), dtype=q.dtype)
+
+    target = spec.Target(kernel, layout="bnhd", supports_topk=True, supports_gqa=True, ndims=(4,))
+    q, k = np.zeros((2, 4, 3, 8), np.float32), np.zeros((2, 2, 5, 8), np.float32)
+    idx = np.zeros((2, 2, 3, 6), np.int32)
+    spec.call.call(target, Inputs(q, k, k, keywords={"topk_indices": idx}))
+    assert seen == {"q": (2, 3, 4, 8), "idx": (2, 3, 2, 6)}
