@@ -91,6 +91,7 @@ class Case:
     v_max: float | None = None  # v scaled so that its largest magnitude is this
     mask: str = "none"  # "none"; "random": every row keeps a key; "rows": some rows see nothing
     scale: float | None = None  # passed as scale= (targets that declare supports_scale)
+    v_prefix: bool = False  # v is k[..., :d_v] (d_v ≤ d_k): a target that declares v_from_k
     keywords: Mapping[str, Any] = dataclasses.field(default_factory=dict, hash=False)
     """Each keyword's drawn parameter, by keyword name (its declaration turns it into the values
     passed: `spec.keywords.Keyword.received`)."""
@@ -158,6 +159,10 @@ class Case:
         if root != 1.0:
             q, k = ((x * root).astype(self.np_dtype) for x in (q, k))
         k, v = self._to_max(k, self.k_max), self._to_max(v, self.v_max)
+        if self.v_prefix:  # MLA's shared latent: the values are the keys' first d_v columns
+            if self.d_v > self.d_k:
+                raise ValueError(f"a case with v_prefix needs d_v ≤ d_k, got d_v={self.d_v}, d_k={self.d_k}")
+            v = k[..., :self.d_v]
         return _frozen(q), _frozen(k), _frozen(v)
 
     def _to_max(self, x: np.ndarray, largest: float | None) -> np.ndarray:
@@ -435,6 +440,8 @@ def cases(
         case = _draw_plain(draw, target, ndims=ndims, causal=causal, n_max=n_max, n_k_min=n_k_min,
                            n_q_min=n_q_min, pattern=pattern, masks=masks, values=values,
                            amplitudes=amplitudes, gqa=gqa, scale=scale)
+    if target.v_from_k:  # the values are the keys' prefix: d_v ≤ d_k, each among the head_dims
+        case = case.replace(d_v=min(case.d_v, case.d_k), v_prefix=True)
     for kw in sorted(keywords, key=lambda kw: not kw.reshapes):  # those that resize the case first
         if kw.draw is None:
             raise ValueError(f"keyword {kw.name!r} declares no draw: its laws build their cases")

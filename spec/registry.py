@@ -33,6 +33,7 @@ LAW_MODULES: tuple[str, ...] = (
     "spec.laws.alibi",
     "spec.laws.window",
     "spec.laws.chunk",
+    "spec.laws.mla",
     "spec.laws.softcap",
     "spec.laws.sinks",
     "spec.laws.lengths",

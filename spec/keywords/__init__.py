@@ -37,6 +37,7 @@ from spec.keywords.record import (
     Sinks,
     Term,
     Transforms,
+    Widens,
     not_floats,
 )
 
@@ -45,9 +46,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CAPABILITY", "CAUSES", "KEYWORD_MODULES", "TERMS", "Adds", "Arrangement", "Geometry", "Keyword",
-    "Leaves", "Reads", "Realigns", "Restricts", "Returns", "Sinks", "Term", "Transforms", "arrangement",
-    "asked_outputs", "by_argument", "carried", "check_keywords", "collect_keywords", "declared", "declares",
-    "gradient_extras", "in_layout", "not_floats", "registered",
+    "Leaves", "Reads", "Realigns", "Restricts", "Returns", "Sinks", "Term", "Transforms", "Widens",
+    "arrangement", "asked_outputs", "by_argument", "carried", "check_keywords", "collect_keywords",
+    "declared", "declares", "gradient_extras", "in_layout", "not_floats", "registered",
 ]
 
 KEYWORD_MODULES: tuple[str, ...] = (
@@ -64,6 +65,7 @@ KEYWORD_MODULES: tuple[str, ...] = (
     "spec.keywords.past",
     "spec.keywords.dropout",
     "spec.keywords.chunk",
+    "spec.keywords.qv",
 )
 """Every keyword module, in declaration order. Add a keyword here (one line)."""
 
@@ -165,10 +167,11 @@ def declares(target: Target, keyword: str) -> bool:
 
 
 def gradient_extras() -> dict[str, Keyword]:
-    """Each gradient a backward may return beside dq, dk, dv (the ``grad`` of an `Adds` or `Sinks`
-    term: ``dbias``, ``dsinks``), with the keyword whose first value it is the gradient of."""
+    """Each gradient a backward may return beside dq, dk, dv (the ``grad`` of an `Adds`, `Sinks`
+    or `Widens` term: ``dbias``, ``dsinks``, ``dqv``), with the keyword whose first value it is
+    the gradient of."""
     return {term.grad: kw for kw in registered().values() for term in kw.terms
-            if isinstance(term, (Adds, Sinks)) and term.grad is not None}
+            if isinstance(term, (Adds, Sinks, Widens)) and term.grad is not None}
 
 
 def carried(target: Target, name: str, arguments: Mapping[str, Any]) -> bool:

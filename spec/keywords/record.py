@@ -172,6 +172,21 @@ class Reads:
 
 
 @dataclass(frozen=True)
+class Widens:
+    """Widens every score's product: ``query(*values)`` -> float ``[*lead, n_q, w]`` columns
+    appended to each query, the values' ``w = d_v`` columns appended to each key, so that the
+    score of query i and key j gains ``scale · query_i · v_j`` (FlashAttention 3's ``qv``,
+    absorbed MLA): attention with ``q' = [q | query]`` and ``k' = [k | v]`` at the same explicit
+    scale. `spec.oracle.meaning` applies it after every `Reads` term, so the golden, the baseline,
+    the floor (products of d_k + d_v terms) and the gradients all follow. ``grad``: the name of
+    the gradient of its first value among a backward's extras (``"dqv"``); the gradient of the
+    key columns joins dv."""
+
+    query: Callable[..., Array]
+    grad: str | None = None
+
+
+@dataclass(frozen=True)
 class Leaves:
     """Leaves the golden as it is, for the ``reason`` given (dropout: the golden is the undropped
     output, and its laws read the kept set; an output asked for changes no number)."""
@@ -212,8 +227,8 @@ def not_floats(x: Any, said: str) -> str | None:
 CAPABILITY = re.compile(r"(supports|returns)_[a-z0-9_]+")
 """How a keyword's capability is named: ``supports_window``, ``returns_lse``."""
 
-Term = Restricts | Transforms | Adds | Sinks | Realigns | Reads | Leaves
-TERMS = (Restricts, Transforms, Adds, Sinks, Realigns, Reads, Leaves)
+Term = Restricts | Transforms | Adds | Sinks | Realigns | Reads | Widens | Leaves
+TERMS = (Restricts, Transforms, Adds, Sinks, Realigns, Reads, Widens, Leaves)
 
 Arrangement = Literal["dense", "packed", "paged"]
 """How a call's arrays are arranged: the one definition (`spec.target` imports it)."""
@@ -289,7 +304,7 @@ class Keyword:
     def __post_init__(self) -> None:
         if not self.terms or not all(isinstance(t, TERMS) for t in self.terms):
             raise ValueError(f"keyword {self.name!r} needs its terms (Restricts, Transforms, Adds, Sinks, "
-                             f"Realigns, Reads or Leaves): the golden and the baseline read them, "
+                             f"Realigns, Reads, Widens or Leaves): the golden and the baseline read them, "
                              f"got {self.terms!r}")
         if not CAPABILITY.fullmatch(self.field):
             raise ValueError(f"keyword {self.name!r}: its capability must be named supports_… or returns_… "

@@ -23,6 +23,7 @@ from gallery import (
     long_runs,
     lse,
     masks,
+    mla,
     pairs,
     past,
     range_edges,
@@ -34,7 +35,7 @@ from gallery import (
 )
 from gallery.base import Broken
 
-FAMILIES = (core, masks, gradients, range_edges, bias, alibi, window, chunk, softcap, sinks, lengths, cache,
+FAMILIES = (core, masks, gradients, range_edges, bias, alibi, window, chunk, mla, softcap, sinks, lengths, cache,
             past, dropout, lse, pairs, calls, edges, stateful, long_runs, scale)
 
 BROKEN: list[Broken] = [b for family in FAMILIES for b in family.BROKEN]
