@@ -146,14 +146,12 @@ def from_latent(target: Target, inputs: Inputs, args: tuple[Any, ...],
                 kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The arguments of a ``v_from_k`` target (`Target.v_from_k`): v as ``None`` and ``d_v=`` its
     width, the target reading ``v = k[..., :d_v]``; ``args`` and ``kwargs`` as they are for any
-    other target. A call whose v is not that prefix of k (a law's own values) is not made: the
-    example is rejected, as one outside the target's shape limits (`_within_limits`)."""
+    other target. A call whose v is not that prefix of k (a law's own values) is not made: it lies
+    outside the target's declarations (`spec.cases.outside_limits`), and `_within_limits`, run
+    first, rejects it."""
     if not target.v_from_k:
         return args, kwargs
-    d_v = int(inputs.v.shape[-1])
-    if d_v > inputs.k.shape[-1] or not np.array_equal(inputs.v, inputs.k[..., :d_v], equal_nan=True):
-        reject()
-    return (*args[:2], None, *args[3:]), kwargs | {"d_v": d_v}
+    return (*args[:2], None, *args[3:]), kwargs | {"d_v": int(inputs.v.shape[-1])}
 
 
 def _within_limits(target: Target, inputs: Inputs) -> None:

@@ -340,6 +340,8 @@ def outside_limits(target: Target, given: Case | Inputs, *, reads_pattern: bool 
         return "equal_head_dims=True"
     if (taken := outside_keyword_forms(target, inputs)) is not None:
         return taken
+    if target.v_from_k and not is_latent(inputs):
+        return "v_from_k"
     queries, keys = sequence_lengths(inputs)
     every = [*queries, *keys]
     if target.seq_multiple and any(n % target.seq_multiple for n in every):
@@ -393,6 +395,13 @@ def sequence_lengths(inputs: Inputs) -> tuple[list[int], list[int]]:
     return list(queries), list(keys)
 
 
+def is_latent(inputs: Inputs) -> bool:
+    """Whether the call's values are its keys' first d_v columns (``v = k[..., :d_v]``, d_v ≤ d_k),
+    the only calls a ``v_from_k`` target takes (`spec.target.Target.v_from_k`)."""
+    d_v = int(inputs.v.shape[-1])
+    return d_v <= inputs.k.shape[-1] and bool(np.array_equal(inputs.v, inputs.k[..., :d_v], equal_nan=True))
+
+
 def limits_text(target: Target) -> str:
     """The declared shape limits, then the declarations of serving kernels (`DECLARATIONS`), as the
     report's header says them ("" if none)."""
@@ -401,6 +410,7 @@ def limits_text(target: Target) -> str:
             f"seq_multiple={target.seq_multiple}" if target.seq_multiple else "",
             f"max_seq={target.max_seq}" if target.max_seq else "",
             "compiles_per_shape" if target.compiles_per_shape else "",
+            "v_from_k" if target.v_from_k else "",
             *(declaration.said(target) for declaration in DECLARATIONS if declaration.declared(target))]
     return ", ".join(x for x in said if x)
 

@@ -127,7 +127,7 @@ def _forward_of(**bug: Any) -> Any:
 
 
 QV = {"supports_qv": True, "supports_mask": True, "supports_scale": True, "supports_gqa": True,
-      "ndims": (2, 3, 4), "empty_keys": "raise"}
+      "ndims": (2, 3, 4), "empty_keys": "compute"}
 """What the qv variants declare (top-left causal, grouped K/V heads)."""
 LATENT = {**QV, "v_from_k": True}
 """What the latent variants declare."""
