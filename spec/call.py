@@ -202,6 +202,8 @@ def call_grad(
 
     args = tuple(given(name, x) for name, x in zip(("q", "k", "v", "d_out"), (q, k, v, d_out), strict=True))
     args, kwargs = from_latent(target, inputs, args, kwargs)
+    kwargs = {name: given(name, x) if name in moved and isinstance(x, np.ndarray) else x  # qv= as q
+              for name, x in kwargs.items()}
     if residuals is not None:
         kwargs["out"], kwargs["lse"] = given("d_out", residuals[0]), np.array(residuals[1], copy=True)
     got = invoke(target, "grad_fn", Request(target, "grad_fn", args, kwargs), deadline)
@@ -213,19 +215,24 @@ def call_grad(
                   f"{target.grad_extras!r})") if size == 4 else "the three (dq, dk, dv)"
         raise TargetFailed(f"grad_fn returned {got_what}, not {wanted}")
     grads = []
-    for name, g, x in zip(GRADS, _latent_gradients(target, got[:3], v), (q, k, v), strict=True):
+    v_given = np.swapaxes(v, *axes) if axes and "v" in moved else v  # v's shape in the target's layout
+    for name, g, x in zip(GRADS, _latent_gradients(target, got[:3], v_given), (q, k, v), strict=True):
         g = Target._from_layout(np.asarray(g), axes)
         _check_gradient(g, name, x.shape, x.dtype)
         grads.append(g)
     extras = _extras(target, kwargs, got[3]) if size == 4 else {}
+    known = gradient_extras()  # an extra whose input moved with the layout moves back (dqv, as qv)
+    extras = {name: Target._from_layout(g, axes) if known[name].passes[0] in moved else g
+              for name, g in extras.items()}
     return grads[0], grads[1], grads[2], extras
 
 
 def _latent_gradients(target: Target, got: Any, v: np.ndarray) -> tuple[Any, ...]:
     """``(dq, dk, dv)`` as ``grad_fn`` returned them; for a ``v_from_k`` target, which returns
     ``(dq, dk, None)`` (dk the latent's, the values' gradient folded into its first d_v columns),
-    dv is zeros of v's shape and dtype: v is no input of its call, so nothing reaches it but
-    through k (`spec.oracle.gradients` folds the golden the same way)."""
+    dv is zeros of the shape and dtype of ``v`` (as the target would have received it): v is no
+    input of its call, so nothing reaches it but through k (`spec.oracle.gradients` folds the
+    golden the same way)."""
     if not target.v_from_k:
         return tuple(got)
     if got[2] is not None:

@@ -196,10 +196,12 @@ def in_layout(arranged: str) -> tuple[str, ...]:
     """The arrays ``fn`` receives in its layout (``bnhd`` swaps their heads and positions) in a call
     of this arrangement (`arrangement`): the ones the keyword that arranges it moves
     (`Keyword.moves`: a paged cache's k and v never move, only q), or, in a dense call, q, k, v and
-    every argument laid out as they are (`Keyword.in_layout`: a past cache)."""
+    every argument laid out as they are (`Keyword.in_layout`: a past cache); and in every
+    arrangement the arguments laid out as q (`Keyword.with_q`: ``qv``)."""
+    with_q = tuple(arg for kw in registered().values() for arg in kw.with_q)  # laid out as q: move with it
     if arranged != "dense":
-        return next(kw.moves for kw in registered().values() if kw.arrangement == arranged)
-    return ("q", "k", "v", *(arg for kw in registered().values() for arg in kw.in_layout))
+        return (*next(kw.moves for kw in registered().values() if kw.arrangement == arranged), *with_q)
+    return ("q", "k", "v", *(arg for kw in registered().values() for arg in kw.in_layout), *with_q)
 
 
 def asked_outputs(arguments: Mapping[str, Any]) -> list[Returns]:

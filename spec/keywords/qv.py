@@ -117,7 +117,7 @@ QV = Keyword(
     terms=(Widens(query_columns, grad="dqv"),),
     received=lambda case, size: (qv_values(case, float(size)),),
     draw=draw,
-    in_layout=("qv",),
+    with_q=("qv",),
     reshapes=True,
     check_target=qv_declared,
 )

@@ -287,6 +287,9 @@ class Keyword:
     in_layout: tuple[str, ...] = ()
     """Arguments it passes that are laid out as k and v, in the target's layout (a past cache:
     ``past_key``, ``past_value``): they move with q, k and v in a dense call (`in_layout`)."""
+    with_q: tuple[str, ...] = ()
+    """Arguments it passes that are laid out as q (``qv``: a row per query head and query): they
+    move with q in every arrangement, dense, packed or paged (`in_layout`)."""
     switch: bool = False
     """Its one argument is a switch (``return_lse``): False is the same as not giving it, and is
     never passed; it asks the forward for something, so ``grad_fn`` never receives it."""
@@ -320,7 +323,7 @@ class Keyword:
         if self.switch and len(self.passes) != 1:
             raise ValueError(f"keyword {self.name!r} is a switch: it passes one argument, "
                              f"got {self.passes!r}")
-        if set(self.in_layout) - set(self.passes) or set(self.moves) - {"q", "k", "v"}:
+        if set(self.in_layout + self.with_q) - set(self.passes) or set(self.moves) - {"q", "k", "v"}:
             raise ValueError(f"keyword {self.name!r}: in_layout names arguments it passes, moves some of "
                              f"q, k, v; got {self.in_layout!r}, {self.moves!r}")
         if self.draw is not None and self.writes is None and any(isinstance(t, Reads) for t in self.terms):

@@ -262,3 +262,28 @@ def test_scale_is_passed_whenever_qv_is():
     case = find(cases(target, keywords=(QV,)), lambda c: True, settings=FIND)
     assert case.inputs().scale is not None
     assert math.isfinite(case.scale)
+
+
+def _bnhd(fn):  # a bhnd function taking and returning (batch, n, heads, d): qv=, like q, swapped too
+    def swapped(*arrays, **kw):
+        moved = [None if a is None else np.swapaxes(a, 1, 2) for a in arrays]
+        if kw.get("qv") is not None:
+            kw["qv"] = np.swapaxes(kw["qv"], 1, 2)
+        got = fn(*moved, **kw)
+        if isinstance(got, tuple):  # a backward: (dq, dk, dv, extras)
+            dq, dk, dv, extras = got
+            return (*(None if g is None else np.swapaxes(g, 1, 2) for g in (dq, dk, dv)),
+                    {name: np.swapaxes(g, 1, 2) for name, g in extras.items()})
+        return np.swapaxes(got, 1, 2)
+    return swapped
+
+
+@pytest.mark.parametrize("latent", [False, True])
+def test_qv_moves_with_q_in_a_bnhd_layout_forward_and_backward(latent):
+    """qv is laid out as q: a bnhd target gets it (batch, n_q, heads, d_v), and its dqv is read back."""
+    target = Target(_bnhd(mla.forward), name="mla_bnhd", layout="bnhd", grad_fn=_bnhd(mla.backward),
+                    grad_extras=("dqv",), **(mla.QV | {"ndims": (4,), "v_from_k": latent}))
+    report = spec.check(target, profile="ci", seed=3,
+                        only=["qv_matches_golden", "qv_with_causal", "qv_gradients_match_golden"])
+    assert report.ok, [(r.name, r.message) for r in report.failures]
+    assert all(r.status == "pass" for r in report.results)
