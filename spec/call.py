@@ -116,6 +116,7 @@ def call(
     _within_limits(target, inputs)
     args = tuple(np.array(x, copy=copy) for x in (inputs.q, inputs.k, inputs.v))
     kwargs = arguments(target, inputs, copy=copy)
+    args, kwargs = from_latent(target, inputs, args, kwargs)
     kwargs["arrangement"] = arranged = arrangement(kwargs)
     _record(Call("fn", inputs, axes=target._layout_axes(inputs.q.ndim, packed=arranged == "packed"),
                  arrangement=arranged))
@@ -139,6 +140,18 @@ def call(
             raise TargetFailed(wrong)
         at += len(returns.names)
     return (out, *returned)
+
+
+def from_latent(target: Target, inputs: Inputs, args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The arguments of a ``v_from_k`` target (`Target.v_from_k`): v as ``None`` and ``d_v=`` its
+    width, the target reading ``v = k[..., :d_v]``; ``args`` and ``kwargs`` as they are for any
+    other target. A call whose v is not that prefix of k (a law's own values) is not made: it lies
+    outside the target's declarations (`spec.cases.outside_limits`), and `_within_limits`, run
+    first, rejects it."""
+    if not target.v_from_k:
+        return args, kwargs
+    return (*args[:2], None, *args[3:]), kwargs | {"d_v": int(inputs.v.shape[-1])}
 
 
 def _within_limits(target: Target, inputs: Inputs) -> None:
@@ -188,6 +201,9 @@ def call_grad(
         return np.array(x, copy=True)
 
     args = tuple(given(name, x) for name, x in zip(("q", "k", "v", "d_out"), (q, k, v, d_out), strict=True))
+    args, kwargs = from_latent(target, inputs, args, kwargs)
+    kwargs = {name: given(name, x) if name in moved and isinstance(x, np.ndarray) else x  # qv= as q
+              for name, x in kwargs.items()}
     if residuals is not None:
         kwargs["out"], kwargs["lse"] = given("d_out", residuals[0]), np.array(residuals[1], copy=True)
     got = invoke(target, "grad_fn", Request(target, "grad_fn", args, kwargs), deadline)
@@ -199,12 +215,30 @@ def call_grad(
                   f"{target.grad_extras!r})") if size == 4 else "the three (dq, dk, dv)"
         raise TargetFailed(f"grad_fn returned {got_what}, not {wanted}")
     grads = []
-    for name, g, x in zip(GRADS, got[:3], (q, k, v), strict=True):
+    v_given = np.swapaxes(v, *axes) if axes and "v" in moved else v  # v's shape in the target's layout
+    for name, g, x in zip(GRADS, _latent_gradients(target, got[:3], v_given), (q, k, v), strict=True):
         g = Target._from_layout(np.asarray(g), axes)
         _check_gradient(g, name, x.shape, x.dtype)
         grads.append(g)
     extras = _extras(target, kwargs, got[3]) if size == 4 else {}
+    known = gradient_extras()  # an extra whose input moved with the layout moves back (dqv, as qv)
+    extras = {name: Target._from_layout(g, axes) if known[name].passes[0] in moved else g
+              for name, g in extras.items()}
     return grads[0], grads[1], grads[2], extras
+
+
+def _latent_gradients(target: Target, got: Any, v: np.ndarray) -> tuple[Any, ...]:
+    """``(dq, dk, dv)`` as ``grad_fn`` returned them; for a ``v_from_k`` target, which returns
+    ``(dq, dk, None)`` (dk the latent's, the values' gradient folded into its first d_v columns),
+    dv is zeros of the shape and dtype of ``v`` (as the target would have received it): v is no
+    input of its call, so nothing reaches it but through k (`spec.oracle.gradients` folds the
+    golden the same way)."""
+    if not target.v_from_k:
+        return tuple(got)
+    if got[2] is not None:
+        raise TargetFailed(f"grad_fn returned dv of type {type(got[2]).__name__}; a v_from_k target returns "
+                           "(dq, dk, None), the values' gradient added into dk's first d_v columns")
+    return (got[0], got[1], np.zeros(v.shape, dtype=v.dtype))
 
 
 def _check_gradient(g: np.ndarray, name: str, shape: tuple[int, ...], dtype: np.dtype) -> None:

@@ -91,6 +91,7 @@ class Case:
     v_max: float | None = None  # v scaled so that its largest magnitude is this
     mask: str = "none"  # "none"; "random": every row keeps a key; "rows": some rows see nothing
     scale: float | None = None  # passed as scale= (targets that declare supports_scale)
+    v_prefix: bool = False  # v is k[..., :d_v] (d_v ≤ d_k): a target that declares v_from_k
     keywords: Mapping[str, Any] = dataclasses.field(default_factory=dict, hash=False)
     """Each keyword's drawn parameter, by keyword name (its declaration turns it into the values
     passed: `spec.keywords.Keyword.received`)."""
@@ -158,6 +159,10 @@ class Case:
         if root != 1.0:
             q, k = ((x * root).astype(self.np_dtype) for x in (q, k))
         k, v = self._to_max(k, self.k_max), self._to_max(v, self.v_max)
+        if self.v_prefix:  # MLA's shared latent: the values are the keys' first d_v columns
+            if self.d_v > self.d_k:
+                raise ValueError(f"a case with v_prefix needs d_v ≤ d_k, got d_v={self.d_v}, d_k={self.d_k}")
+            v = k[..., :self.d_v]
         return _frozen(q), _frozen(k), _frozen(v)
 
     def _to_max(self, x: np.ndarray, largest: float | None) -> np.ndarray:
@@ -335,6 +340,8 @@ def outside_limits(target: Target, given: Case | Inputs, *, reads_pattern: bool 
         return "equal_head_dims=True"
     if (taken := outside_keyword_forms(target, inputs)) is not None:
         return taken
+    if target.v_from_k and not is_latent(inputs):
+        return "v_from_k"
     queries, keys = sequence_lengths(inputs)
     every = [*queries, *keys]
     if target.seq_multiple and any(n % target.seq_multiple for n in every):
@@ -388,6 +395,13 @@ def sequence_lengths(inputs: Inputs) -> tuple[list[int], list[int]]:
     return list(queries), list(keys)
 
 
+def is_latent(inputs: Inputs) -> bool:
+    """Whether the call's values are its keys' first d_v columns (``v = k[..., :d_v]``, d_v ≤ d_k),
+    the only calls a ``v_from_k`` target takes (`spec.target.Target.v_from_k`)."""
+    d_v = int(inputs.v.shape[-1])
+    return d_v <= inputs.k.shape[-1] and bool(np.array_equal(inputs.v, inputs.k[..., :d_v], equal_nan=True))
+
+
 def limits_text(target: Target) -> str:
     """The declared shape limits, then the declarations of serving kernels (`DECLARATIONS`), as the
     report's header says them ("" if none)."""
@@ -396,6 +410,7 @@ def limits_text(target: Target) -> str:
             f"seq_multiple={target.seq_multiple}" if target.seq_multiple else "",
             f"max_seq={target.max_seq}" if target.max_seq else "",
             "compiles_per_shape" if target.compiles_per_shape else "",
+            "v_from_k" if target.v_from_k else "",
             *(declaration.said(target) for declaration in DECLARATIONS if declaration.declared(target))]
     return ", ".join(x for x in said if x)
 
@@ -435,6 +450,8 @@ def cases(
         case = _draw_plain(draw, target, ndims=ndims, causal=causal, n_max=n_max, n_k_min=n_k_min,
                            n_q_min=n_q_min, pattern=pattern, masks=masks, values=values,
                            amplitudes=amplitudes, gqa=gqa, scale=scale)
+    if target.v_from_k:  # the values are the keys' prefix: d_v ≤ d_k, each among the head_dims
+        case = case.replace(d_v=min(case.d_v, case.d_k), v_prefix=True)
     for kw in sorted(keywords, key=lambda kw: not kw.reshapes):  # those that resize the case first
         if kw.draw is None:
             raise ValueError(f"keyword {kw.name!r} declares no draw: its laws build their cases")

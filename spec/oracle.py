@@ -44,6 +44,7 @@ from spec.keywords import (
     Restricts,
     Sinks,
     Transforms,
+    Widens,
     by_argument,
     registered,
 )
@@ -64,14 +65,29 @@ def meaning(inputs: Inputs) -> Inputs:
 
 def _meaning(inputs: Inputs) -> Inputs:
     reads = [(term, values) for _, term, values in bound(inputs) if isinstance(term, Reads)]
-    if not reads:
+    widens = [(term, values) for _, term, values in bound(inputs) if isinstance(term, Widens)]
+    if not reads and not widens:
         return inputs
-    k, v = inputs.k, inputs.v
+    q, k, v = inputs.q, inputs.k, inputs.v
     for term, values in reads:
         k, v = term.read(k, v, *values)
-    read = dataclasses.replace(inputs, k=k, v=v)
+    for wide, given in widens:
+        q, k = widened(q, k, v, wide.query(*given))
+    read = dataclasses.replace(inputs, q=q, k=k, v=v)
     read.memo["meaning"] = read
     return read
+
+
+def widened(q: Array, k: Array, v: Array, extra: Array) -> tuple[Array, Array]:
+    # q, k, v, extra -> [..., n_q, d_k + d_v], [..., n_k, d_k + d_v]
+    """``q' = [q | extra]`` and ``k' = [k | v]`` on the last axis (a `Widens` term: the score of
+    query i and key j gains ``extra_i · v_j`` at the call's scale), in the wider of the dtypes.
+    Refused with ValueError naming ``qv`` unless ``extra`` has q's leading shape and v's width."""
+    extra = np.asarray(extra)
+    if extra.shape != (*np.shape(q)[:-1], np.shape(v)[-1]):
+        raise ValueError(f"qv must have shape {(*np.shape(q)[:-1], np.shape(v)[-1])} (q's queries, v's "
+                         f"width d_v), got {extra.shape}")
+    return np.concatenate([q, extra.astype(q.dtype, copy=False)], axis=-1), np.concatenate([k, v], axis=-1)
 
 
 def check_rows(rows: Array, n_q: int) -> Array:  # -> [r] int64
@@ -470,9 +486,10 @@ class ExpectedGradients:
     """The floors entry by entry, in each gradient's shape (``floors`` are their largest)."""
 
 
-BACKWARD_TERMS = (Restricts, Transforms, Adds, Sinks, Realigns, Leaves)
+BACKWARD_TERMS = (Restricts, Transforms, Adds, Sinks, Realigns, Widens, Leaves)
 """The kinds of term the golden backward differentiates through (`gradients`); a `Leaves` term
-leaves it as it is (dropout's kept set is the ``keep`` given). Not `Reads`: a cache is read at
+leaves it as it is (dropout's kept set is the ``keep`` given); a `Widens` term's columns are split
+back off dq and dk (`unwidened`). Not `Reads`: a cache is read at
 inference, and the gradient of a paged pool or of float8 codes is no kernel's contract."""
 
 
@@ -502,11 +519,30 @@ def gradients(
     inputs = meaning(inputs)
     work = as_dtype(target.precision(np.dtype(inputs.q.dtype).name))
     if rows is not None or slices is not None or baseline_in is not None:
-        return _gradients_at(target.alignment, work, inputs, d_out, keep, rows, slices,
-                             work if baseline_in is None else as_dtype(baseline_in))
-    key = ("gradients", target.alignment, work.name, np.asarray(d_out).tobytes(),
-           None if keep is None else np.asarray(keep, dtype=np.float64).tobytes())
-    return inputs.remember(key, lambda: _gradients(target.alignment, work, inputs, d_out, keep))
+        found = _gradients_at(target.alignment, work, inputs, d_out, keep, rows, slices,
+                              work if baseline_in is None else as_dtype(baseline_in))
+    else:
+        key = ("gradients", target.alignment, work.name, np.asarray(d_out).tobytes(),
+               None if keep is None else np.asarray(keep, dtype=np.float64).tobytes())
+        found = inputs.remember(key, lambda: _gradients(target.alignment, work, inputs, d_out, keep))
+    return folded(found) if target.v_from_k else found
+
+
+def folded(grads: ExpectedGradients) -> ExpectedGradients:
+    """The gradients of a ``v_from_k`` call (`spec.target.Target.v_from_k`: v is k's first d_v
+    columns, the one input being the latent k): dv added into the first d_v columns of dk, and dv
+    zeros (nothing reaches v but through k), in the golden, the baseline and the floors."""
+    def fold(found: dict[str, Array]) -> dict[str, Array]:
+        dk, dv = np.array(found["dk"], copy=True), found["dv"]
+        dk[..., :dv.shape[-1]] += dv
+        return found | {"dk": dk, "dv": np.zeros_like(dv)}
+
+    floors = dict(grads.floors) | {"dk": grads.floors["dk"] + grads.floors["dv"], "dv": 0.0}
+    entry = fold(grads.entry_floors) if grads.entry_floors else {}
+    if entry:
+        floors |= {"dk": float(np.max(entry["dk"], initial=0.0))}
+    return dataclasses.replace(grads, golden=fold(grads.golden), baseline=fold(grads.baseline), floors=floors,
+                               entry_floors=entry)
 
 
 def _differentiable(inputs: Inputs) -> None:
@@ -531,7 +567,7 @@ def _gradients(align: golden.Alignment, work: np.dtype, inputs: Inputs, d_out: A
     floors = tolerance.grad_floors(qw, kw, vw, dw, p=gold.weights, scale=scale, terms=gold_terms)
     found: dict[str, dict[str, Array]] = {}
     for grads, into in ((gold, "golden"), (base, "baseline"), (floors, "floors")):
-        found[into] = dict(zip(golden.GRADS, (grads.dq, grads.dk, grads.dv), strict=True))
+        found[into] = unwidened(inputs, dict(zip(golden.GRADS, (grads.dq, grads.dk, grads.dv), strict=True)))
         found[into] |= _extras(inputs, geo, grads)
     return ExpectedGradients(found["golden"], found["baseline"],
                              {name: float(np.max(x, initial=0.0)) for name, x in found["floors"].items()},
@@ -568,11 +604,30 @@ def _gradients_at(align: golden.Alignment, precision: np.dtype, inputs: Inputs, 
                                        terms=dataclasses.replace(part.work_terms, keep=keep))
     floors = tolerance.grad_floors(*(np.asarray(x).astype(precision) for x in (q, part.k, part.v, d_out)),
                                    p=gold.weights, scale=scale, terms=gold_terms)
-    found = {into: dict(zip(golden.GRADS, (grads.dq, grads.dk, grads.dv), strict=True))
+    found = {into: unwidened(inputs, dict(zip(golden.GRADS, (grads.dq, grads.dk, grads.dv), strict=True)))
              for grads, into in ((gold, "golden"), (base, "baseline"), (floors, "floors"))}
     return ExpectedGradients(found["golden"], found["baseline"],
                              {name: float(np.max(x, initial=0.0)) for name, x in found["floors"].items()},
                              gold.weights, part.visible, found["floors"])
+
+
+def unwidened(inputs: Inputs, grads: dict[str, Array]) -> dict[str, Array]:
+    """The gradients of a call whose `Widens` terms widened q and k (``q' = [q | qv]``,
+    ``k' = [k | v]``; ``inputs`` its `meaning`) split back: dq and dk lose the appended columns,
+    the query columns' gradient is the term's ``grad`` (``dqv``, in the shape of what was
+    passed), and the key columns' is added to dv (v reaches the scores through them). The last
+    term's columns come off first. ``grads`` as it is without a `Widens` term."""
+    found = dict(grads)
+    for _, term, values in reversed(bound(inputs)):
+        if not isinstance(term, Widens):
+            continue
+        dq, dk = found["dq"], found["dk"]
+        cut = dq.shape[-1] - int(np.shape(values[0])[-1])  # the width before the term's columns
+        found["dq"], found["dk"] = dq[..., :cut], dk[..., :cut]
+        found["dv"] = found["dv"] + dk[..., cut:]
+        if term.grad is not None:
+            found[term.grad] = dq[..., cut:]
+    return found
 
 
 def _extras(inputs: Inputs, geo: Geometry, grads: golden.Gradients) -> dict[str, Array]:

@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     they do not declare too (JAX's float64, the ONNX reference's float64), to show the recorded
     deviations; ONNX Runtime in float16, float32 and float64 (its bfloat16 Attention is refused when
     the session is made: docs/peers.md). torch_flex_paged (FlexAttention's eager path over a paged
-    cache, minutes per dtype), torch_flex_topk (its eager path given top-k lists) and mlx run in the dtypes they declare.
+    cache, minutes per dtype), torch_flex_topk (its eager path given top-k lists) and mlx run in the
+    dtypes they declare.
     """
     import argparse
 

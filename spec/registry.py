@@ -35,6 +35,7 @@ LAW_MODULES: tuple[str, ...] = (
     "spec.laws.chunk",
     "spec.laws.topk",
     "spec.laws.topk_blocks",
+    "spec.laws.mla",
     "spec.laws.softcap",
     "spec.laws.sinks",
     "spec.laws.lengths",

@@ -226,6 +226,12 @@ class Target:
     case is drawn with widths among them."""
     equal_head_dims: bool = False
     """d_v must equal d_k (FlashAttention and most fused kernels)."""
+    v_from_k: bool = False
+    """The values are the keys' first d_v columns (MLA's shared latent, FlashMLA): ``fn`` is called
+    with ``v=None`` and ``d_v=`` (an int) and reads ``v = k[..., :d_v]``; ``grad_fn`` is called the
+    same way and returns ``(dq, dk, None)``, dk the gradient of the latent, the values' gradient
+    added into its first d_v columns. Every case is drawn with v that prefix (d_v ≤ d_k), and a
+    call whose v is not (a law's own values) is not made. Needs head_dims that allow d_v ≤ d_k."""
     seq_multiple: int | None = None
     """n_q and n_k (each packed sequence's, each cache's length too) are multiples of this: the
     block sizes of a kernel that does not mask a partial tile (Pallas' ``mha``: 128, or n itself
@@ -384,7 +390,7 @@ class Target:
         return name in self.capabilities
 
     def __call__(
-        self, q: np.ndarray, k: np.ndarray, v: np.ndarray, *, arrangement: Arrangement = "dense",
+        self, q: np.ndarray, k: np.ndarray, v: np.ndarray | None, *, arrangement: Arrangement = "dense",
         **kwargs: Any,
     ) -> Any:  # [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v] -> [..., n_q, d_v] (, extras)
         """Call ``fn`` on ``(..., n, d)`` arrays with ``kwargs`` as given, translating the layout
@@ -401,8 +407,10 @@ class Target:
         axes = self._layout_axes(q.ndim, packed=arrangement == "packed")
         if axes:
             moved = in_layout(arrangement)
-            q, k, v = (np.ascontiguousarray(np.swapaxes(x, *axes)) if name in moved else x
-                       for name, x in zip("qkv", (q, k, v), strict=True))
+            q, k = (np.ascontiguousarray(np.swapaxes(x, *axes)) if name in moved else x
+                    for name, x in zip("qk", (q, k), strict=True))
+            if v is not None and "v" in moved:  # None: a v_from_k target reads it from k
+                v = np.ascontiguousarray(np.swapaxes(v, *axes))
             kwargs = {name: np.ascontiguousarray(np.swapaxes(x, *axes))
                       if name in moved and isinstance(x, np.ndarray) else x for name, x in kwargs.items()}
         got = self.fn(q, k, v, **kwargs)
@@ -591,6 +599,7 @@ def _check_limits(target: Target) -> None:
             raise TargetError(f"Target head_dims must be a non-empty tuple of positive integers or None, "
                               f"got {dims!r}")
         object.__setattr__(target, "head_dims", tuple(sorted(set(dims))))
+    _check_v_from_k(target)
     for name in ("seq_multiple", "max_seq"):
         value = getattr(target, name)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
@@ -598,6 +607,23 @@ def _check_limits(target: Target) -> None:
     if target.seq_multiple and target.max_seq and target.max_seq < target.seq_multiple:
         raise TargetError(f"Target max_seq={target.max_seq} is below seq_multiple={target.seq_multiple}: "
                           "no length is both")
+
+
+def v_from_k_widths(target: Target) -> list[tuple[int, int]]:
+    """The widths ``(d_k, d_v)`` a ``v_from_k`` target can be called with: d_v ≤ d_k, each among
+    its head_dims (equal under ``equal_head_dims``); None: any (an empty list is not)."""
+    dims = target.head_dims
+    if dims is None:
+        return [(1, 1)]
+    return [(d_k, d_v) for d_k in dims for d_v in dims
+            if d_v <= d_k and (d_v == d_k or not target.equal_head_dims)]
+
+
+def _check_v_from_k(target: Target) -> None:
+    """A ``v_from_k`` target reads v from k's first d_v columns: it needs widths with d_v ≤ d_k."""
+    if target.v_from_k and not v_from_k_widths(target):
+        raise TargetError(f"Target v_from_k=True reads v = k[..., :d_v], which needs d_v ≤ d_k; its "
+                          f"head_dims={target.head_dims!r} allow no such widths")
 
 
 @dataclass(frozen=True)

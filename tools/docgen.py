@@ -123,6 +123,10 @@ def _term_text(term: object) -> str:
         rounding = (f"; the tolerance allows weights rounded to `{term.weights_in}` for P·V"
                     if term.weights_in else "")
         return f"changes how k and v are stored (the golden reads them: `{term.read.__name__}`){rounding}"
+    if isinstance(term, kw.Widens):
+        grad = f"; its gradient is `{term.grad}`, and dv gains the part through the scores" \
+            if term.grad else ""
+        return f"widens every score's product: q' = [q \\| qv], k' = [k \\| v] at the same scale{grad}"
     assert isinstance(term, kw.Leaves)
     return f"leaves the golden as it is: {term.reason}"
 

@@ -37,6 +37,7 @@ from spec.keywords.record import (
     Sinks,
     Term,
     Transforms,
+    Widens,
     not_floats,
 )
 
@@ -45,9 +46,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CAPABILITY", "CAUSES", "KEYWORD_MODULES", "TERMS", "Adds", "Arrangement", "Geometry", "Keyword",
-    "Leaves", "Reads", "Realigns", "Restricts", "Returns", "Sinks", "Term", "Transforms", "arrangement",
-    "asked_outputs", "by_argument", "carried", "check_keywords", "collect_keywords", "declared", "declares",
-    "gradient_extras", "in_layout", "not_floats", "registered",
+    "Leaves", "Reads", "Realigns", "Restricts", "Returns", "Sinks", "Term", "Transforms", "Widens",
+    "arrangement", "asked_outputs", "by_argument", "carried", "check_keywords", "collect_keywords",
+    "declared", "declares", "gradient_extras", "in_layout", "not_floats", "registered",
 ]
 
 KEYWORD_MODULES: tuple[str, ...] = (
@@ -66,6 +67,7 @@ KEYWORD_MODULES: tuple[str, ...] = (
     "spec.keywords.chunk",
     "spec.keywords.topk",
     "spec.keywords.topk_blocks",
+    "spec.keywords.qv",
 )
 """Every keyword module, in declaration order. Add a keyword here (one line)."""
 
@@ -167,10 +169,11 @@ def declares(target: Target, keyword: str) -> bool:
 
 
 def gradient_extras() -> dict[str, Keyword]:
-    """Each gradient a backward may return beside dq, dk, dv (the ``grad`` of an `Adds` or `Sinks`
-    term: ``dbias``, ``dsinks``), with the keyword whose first value it is the gradient of."""
+    """Each gradient a backward may return beside dq, dk, dv (the ``grad`` of an `Adds`, `Sinks`
+    or `Widens` term: ``dbias``, ``dsinks``, ``dqv``), with the keyword whose first value it is
+    the gradient of."""
     return {term.grad: kw for kw in registered().values() for term in kw.terms
-            if isinstance(term, (Adds, Sinks)) and term.grad is not None}
+            if isinstance(term, (Adds, Sinks, Widens)) and term.grad is not None}
 
 
 def carried(target: Target, name: str, arguments: Mapping[str, Any]) -> bool:
@@ -195,10 +198,12 @@ def in_layout(arranged: str) -> tuple[str, ...]:
     """The arrays ``fn`` receives in its layout (``bnhd`` swaps their heads and positions) in a call
     of this arrangement (`arrangement`): the ones the keyword that arranges it moves
     (`Keyword.moves`: a paged cache's k and v never move, only q), or, in a dense call, q, k, v and
-    every argument laid out as they are (`Keyword.in_layout`: a past cache)."""
+    every argument laid out as they are (`Keyword.in_layout`: a past cache); and in every
+    arrangement the arguments laid out as q (`Keyword.with_q`: ``qv``)."""
+    with_q = tuple(arg for kw in registered().values() for arg in kw.with_q)  # laid out as q: move with it
     if arranged != "dense":
-        return next(kw.moves for kw in registered().values() if kw.arrangement == arranged)
-    return ("q", "k", "v", *(arg for kw in registered().values() for arg in kw.in_layout))
+        return (*next(kw.moves for kw in registered().values() if kw.arrangement == arranged), *with_q)
+    return ("q", "k", "v", *(arg for kw in registered().values() for arg in kw.in_layout), *with_q)
 
 
 def asked_outputs(arguments: Mapping[str, Any]) -> list[Returns]:

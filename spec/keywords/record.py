@@ -172,6 +172,21 @@ class Reads:
 
 
 @dataclass(frozen=True)
+class Widens:
+    """Widens every score's product: ``query(*values)`` -> float ``[*lead, n_q, w]`` columns
+    appended to each query, the values' ``w = d_v`` columns appended to each key, so that the
+    score of query i and key j gains ``scale · query_i · v_j`` (FlashAttention 3's ``qv``,
+    absorbed MLA): attention with ``q' = [q | query]`` and ``k' = [k | v]`` at the same explicit
+    scale. `spec.oracle.meaning` applies it after every `Reads` term, so the golden, the baseline,
+    the floor (products of d_k + d_v terms) and the gradients all follow. ``grad``: the name of
+    the gradient of its first value among a backward's extras (``"dqv"``); the gradient of the
+    key columns joins dv."""
+
+    query: Callable[..., Array]
+    grad: str | None = None
+
+
+@dataclass(frozen=True)
 class Leaves:
     """Leaves the golden as it is, for the ``reason`` given (dropout: the golden is the undropped
     output, and its laws read the kept set; an output asked for changes no number)."""
@@ -212,8 +227,8 @@ def not_floats(x: Any, said: str) -> str | None:
 CAPABILITY = re.compile(r"(supports|returns)_[a-z0-9_]+")
 """How a keyword's capability is named: ``supports_window``, ``returns_lse``."""
 
-Term = Restricts | Transforms | Adds | Sinks | Realigns | Reads | Leaves
-TERMS = (Restricts, Transforms, Adds, Sinks, Realigns, Reads, Leaves)
+Term = Restricts | Transforms | Adds | Sinks | Realigns | Reads | Widens | Leaves
+TERMS = (Restricts, Transforms, Adds, Sinks, Realigns, Reads, Widens, Leaves)
 
 Arrangement = Literal["dense", "packed", "paged"]
 """How a call's arrays are arranged: the one definition (`spec.target` imports it)."""
@@ -272,6 +287,9 @@ class Keyword:
     in_layout: tuple[str, ...] = ()
     """Arguments it passes that are laid out as k and v, in the target's layout (a past cache:
     ``past_key``, ``past_value``): they move with q, k and v in a dense call (`in_layout`)."""
+    with_q: tuple[str, ...] = ()
+    """Arguments it passes that are laid out as q (``qv``: a row per query head and query): they
+    move with q in every arrangement, dense, packed or paged (`in_layout`)."""
     switch: bool = False
     """Its one argument is a switch (``return_lse``): False is the same as not giving it, and is
     never passed; it asks the forward for something, so ``grad_fn`` never receives it."""
@@ -289,7 +307,7 @@ class Keyword:
     def __post_init__(self) -> None:
         if not self.terms or not all(isinstance(t, TERMS) for t in self.terms):
             raise ValueError(f"keyword {self.name!r} needs its terms (Restricts, Transforms, Adds, Sinks, "
-                             f"Realigns, Reads or Leaves): the golden and the baseline read them, "
+                             f"Realigns, Reads, Widens or Leaves): the golden and the baseline read them, "
                              f"got {self.terms!r}")
         if not CAPABILITY.fullmatch(self.field):
             raise ValueError(f"keyword {self.name!r}: its capability must be named supports_… or returns_… "
@@ -305,7 +323,7 @@ class Keyword:
         if self.switch and len(self.passes) != 1:
             raise ValueError(f"keyword {self.name!r} is a switch: it passes one argument, "
                              f"got {self.passes!r}")
-        if set(self.in_layout) - set(self.passes) or set(self.moves) - {"q", "k", "v"}:
+        if set(self.in_layout + self.with_q) - set(self.passes) or set(self.moves) - {"q", "k", "v"}:
             raise ValueError(f"keyword {self.name!r}: in_layout names arguments it passes, moves some of "
                              f"q, k, v; got {self.in_layout!r}, {self.moves!r}")
         if self.draw is not None and self.writes is None and any(isinstance(t, Reads) for t in self.terms):

@@ -46,7 +46,7 @@ def test_a_keyword_names_its_capability_supports_or_returns():
 
 
 DECLARATION_ORDER = ["bias", "alibi", "kv_lengths", "window", "softcap", "lse", "sinks", "varlen", "paged",
-                     "fp8", "past_kv", "dropout", "chunk", "topk", "topk_blocks"]
+                     "fp8", "past_kv", "dropout", "chunk", "topk", "topk_blocks", "qv"]
 """The keywords in the order they were declared when the law modules declared them (the base of
 the one-module-per-keyword move): the cases draw, write and the oracle reads them in this order,
 so a change of it changes every run's draws."""
@@ -56,7 +56,7 @@ def test_keywords_are_declared_in_the_order_draws_depend_on():
     assert list(registered()) == DECLARATION_ORDER
     assert [m.rsplit(".", 1)[1] for m in keywords.KEYWORD_MODULES] == [
         "bias", "alibi", "kv_lengths", "window", "softcap", "lse", "sinks", "varlen", "paged", "fp8", "past",
-        "dropout", "chunk", "topk", "topk_blocks"]
+        "dropout", "chunk", "topk", "topk_blocks", "qv"]
 
 
 def test_a_target_takes_every_keywords_capability_and_no_other():
@@ -136,7 +136,8 @@ def test_a_carried_argument_must_be_passed_by_a_keyword():
 
 def test_gradient_extras_are_read_from_the_keywords_terms():
     extras = gradient_extras()
-    assert {name: kw.passes[0] for name, kw in extras.items()} == {"dbias": "bias", "dsinks": "sinks"}
+    assert {name: kw.passes[0] for name, kw in extras.items()} == {"dbias": "bias", "dsinks": "sinks",
+                                                                     "dqv": "qv"}
 
 
 def test_a_keyword_is_drawn_only_at_its_ranks():
@@ -168,7 +169,7 @@ def test_keyword_laws_skip_a_target_without_the_capability(keyword):
     """A target that declares every other keyword (and masks) is skipped, naming this one's field."""
     field = registered()[keyword].field
     others = {kw.field: True for kw in registered().values() if kw.field != field}
-    target = Target(attention, ndims=(2, 3, 4), supports_mask=True, **others)
+    target = Target(attention, ndims=(2, 3, 4), supports_mask=True, supports_scale=True, **others)
     report = spec.check(target, profile="quick", only=_laws(keyword))
     assert report.results and all(r.status == "skip" and field in r.message for r in report.results)
 

@@ -23,6 +23,7 @@ from gallery import (
     long_runs,
     lse,
     masks,
+    mla,
     pairs,
     past,
     range_edges,
@@ -35,8 +36,8 @@ from gallery import (
 )
 from gallery.base import Broken
 
-FAMILIES = (core, masks, gradients, range_edges, bias, alibi, window, chunk, softcap, sinks, lengths, cache,
-            past, dropout, lse, pairs, calls, edges, stateful, long_runs, scale, topk)
+FAMILIES = (core, masks, gradients, range_edges, bias, alibi, window, chunk, mla, softcap, sinks, lengths,
+            cache, past, dropout, lse, pairs, calls, edges, stateful, long_runs, scale, topk)
 
 BROKEN: list[Broken] = [b for family in FAMILIES for b in family.BROKEN]
 CORRECT = [t for family in FAMILIES for t in family.CORRECT]
