@@ -2,9 +2,8 @@
 
 - ``reference`` — `impl.attention`; ``flash`` — `impl.flash_attention`;
 - ``torch``, ``jax``, ``mlx``, ``torch_flex_paged``, ``torch_flex_topk``, ``onnxruntime``,
-  ``onnx_reference`` — each
-  framework adapter's targets (`spec.adapters`), its module imported only when one is asked for,
-  so the suite needs no framework;
+  ``onnx_reference`` — each framework adapter's targets (`spec.adapters`), its module imported
+  only when one is asked for, so the suite needs no framework;
 - ``pallas_mha``, ``pallas_decode``, ``pallas_gpu_paged``, ``pallas_tpu_flash``, ``pallas_tpu_paged``,
   ``pallas_splash`` — JAX's Pallas attention kernels under the Pallas interpreters
   (`spec.adapters.pallas`, the jax adapter's);
