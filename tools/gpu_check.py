@@ -191,8 +191,8 @@ def flash_mla_sparse_target(device: str, dtype: str) -> Any:
     indices [s_q, h_kv, topk], sm_scale, d_v=512)``, given the suite's 3-D ``(heads, n, d)`` arrays
     transposed to its token-major order (a copy), ``sm_scale`` 1/√d_k unless ``scale=``, each row's
     entries past ``topk_length`` given as −1 (its prefill has no length), every row padded with −1
-    to a multiple of 64 entries, and every key listed where the call gives no list; returns its base-2 LSE (``lse_base=2``); a row
-    with no valid index gives zeros and an LSE of +inf."""
+    to a multiple of 64 entries, and every key listed where the call gives no list; returns its
+    base-2 LSE (``lse_base=2``); a row with no valid index gives zeros and an LSE of +inf."""
     import numpy as np
     import torch
 

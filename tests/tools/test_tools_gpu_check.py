@@ -20,7 +20,7 @@ def test_the_gpu_script_dry_run_on_the_cpu():
     assert run.returncode == 0, run.stdout + run.stderr
     lines = run.stdout.splitlines()
     assert lines[0].endswith("on cpu, profile quick")
-    rows = [line for line in lines if line.startswith("| math") or line.startswith("| flash")]
+    rows = [line for line in lines if line.startswith("| math") or line.startswith("| flash ")]
     assert len(rows) == 4 and all("| True" in row for row in rows)
     assert "efficient -: not available: no efficient kernel on cpu" in run.stdout
     for kernel in ("flash_mla_decode", "flash_mla_sparse", "fa3_qv"):  # not installed here (or no Hopper GPU)
@@ -103,7 +103,8 @@ def _fake_fa3():
         h, g = q.shape[2], k.shape[2]
         qq, kk, vv = (x.double().transpose(1, 2) for x in (q, k, v))
         kk, vv = kk.repeat_interleave(h // g, 1), vv.repeat_interleave(h // g, 1)
-        scale = (q.shape[-1] + (0 if qv is None else qv.shape[-1])) ** -0.5 if softmax_scale is None else softmax_scale
+        width = q.shape[-1] + (0 if qv is None else qv.shape[-1])
+        scale = width ** -0.5 if softmax_scale is None else softmax_scale
         s = qq @ kk.transpose(-1, -2)
         if qv is not None:
             s = s + qv.double().transpose(1, 2) @ vv.transpose(-1, -2)
