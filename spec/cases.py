@@ -156,6 +156,11 @@ class Case:
         root = np.sqrt(self.amplitude)
         if self.score_max is not None and (products := largest_products(q, k, self.heads, self.kv_heads)) > 0:
             root = np.sqrt(self.score_max) / np.sqrt(products)  # two roots: their ratio never overflows
+        if root != 1.0 and self.v_prefix:  # the latent's values are its keys: q takes the whole factor
+            with np.errstate(over="ignore"):
+                scaled = (q.astype(np.float64) * root * root).astype(self.np_dtype)
+            if np.all(np.isfinite(scaled)):
+                q, root = scaled, 1.0
         if root != 1.0:
             q, k = ((x * root).astype(self.np_dtype) for x in (q, k))
         k, v = self._to_max(k, self.k_max), self._to_max(v, self.v_max)

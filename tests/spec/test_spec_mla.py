@@ -287,3 +287,18 @@ def test_qv_moves_with_q_in_a_bnhd_layout_forward_and_backward(latent):
                         only=["qv_matches_golden", "qv_with_causal", "qv_gradients_match_golden"])
     assert report.ok, [(r.name, r.message) for r in report.failures]
     assert all(r.status == "pass" for r in report.results)
+
+
+def test_a_latent_case_at_the_range_edge_scales_the_queries_alone():
+    """Scores drawn to float64's edge for a latent target: q takes the whole factor, so the values
+    (the keys' prefix) stay at their own scale and the golden's floor stays finite — scaling k
+    too made V ~1e152 and the floor infinite, judging nothing."""
+    from spec import oracle
+    from spec.cases import Case
+
+    case = Case(dtype="float64", ndim=2, batch=1, heads=1, n_q=5, n_k=5, d_k=3, d_v=2, seed=0,
+                score_max=4.494232837155789e+304, v_prefix=True)
+    inputs = case.inputs()
+    assert np.abs(inputs.v).max() < 10 and np.abs(inputs.q).max() > 1e300
+    target = spec.Target(lambda q, k, v, **kw: q, v_from_k=True)
+    assert np.isfinite(oracle.expected(target, inputs).floor)
