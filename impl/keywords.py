@@ -7,9 +7,10 @@ and take the keywords of the groups they understand as ``**keywords: Unpack[...]
 
     group             keywords                                              taken by
     CommonKeywords    causal scale window softcap kv_lengths alibi_slopes   all three
-                        attention_chunk
+                        attention_chunk topk_indices topk_length
+                        topk_blocks topk_block_size
     Keywords          + mask bias align sinks cu_seqlens_q cu_seqlens_k     attention, its backward
-                        dropout_p seed
+                        dropout_p seed qv d_v
     CacheKeywords     block_table k_descale v_descale                       attention, flash
 
 (and `impl.flash.Tiling`, flash's ``block`` and ``threads``), so adding a keyword is one line
@@ -42,6 +43,10 @@ class CommonKeywords(TypedDict, total=False):
     softcap: float | None
     kv_lengths: Any
     alibi_slopes: Any
+    topk_indices: Any
+    topk_length: Any
+    topk_blocks: Any
+    topk_block_size: int | None
 
 
 class Keywords(CommonKeywords, total=False):
@@ -55,6 +60,8 @@ class Keywords(CommonKeywords, total=False):
     cu_seqlens_k: Any
     dropout_p: float
     seed: int | None
+    qv: Any
+    d_v: int | None
 
 
 class CacheKeywords(TypedDict, total=False):
