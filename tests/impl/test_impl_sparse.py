@@ -2,10 +2,12 @@
 reference: each mask against a loop written from its definition, each keyword against the call it
 abbreviates (a boolean mask, concatenated queries and keys, explicit values), gradients included."""
 
+import tracemalloc
+
 import numpy as np
 import pytest
 
-from impl import attention, attention_backward, gradcheck
+from impl import attention, attention_backward, flash_attention, flash_attention_backward, gradcheck
 from impl.masks import topk_block_mask, topk_mask
 
 RNG = np.random.default_rng
@@ -194,3 +196,122 @@ def test_topk_gradients_equal_those_of_the_boolean_mask():
     for got, want in zip(attention_backward(q, k, v, d_out, topk_indices=indices, window=(2, 1)),
                          attention_backward(q, k, v, d_out, mask=mask, window=(2, 1)), strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+# --- flash_attention's sparse path: a gather ------------------------------------------------------
+
+FLASH_KEYWORDS = [
+    {},
+    {"causal": True},
+    {"causal": True, "window": (4, 0), "softcap": 2.5},
+    {"window": (3, 5), "attention_chunk": 7, "scale": 0.7},
+    {"causal": True, "alibi_slopes": np.array([0.5, 0.25, 0.125, 0.0625])},
+]
+
+
+def distinct_lists(rng, shape, n_k, topk):  # [*shape, topk]: each row distinct keys, some entries invalid
+    rows = np.argsort(rng.random((*shape, n_k)), axis=-1)[..., :topk]
+    return np.where(rng.random(rows.shape) < 0.2, rng.choice([-1, n_k, n_k + 3]), rows)
+
+
+@pytest.mark.parametrize("keywords", FLASH_KEYWORDS, ids=lambda kw: "-".join(kw) or "plain")
+@pytest.mark.parametrize("block", [(5, 3), (256, 2048)])
+def test_flash_sparse_equals_the_reference_when_no_row_lists_a_key_twice(keywords, block):
+    rng = RNG(6)
+    q, k, v = problem(rng, n_q=23, n_k=19)
+    indices = distinct_lists(rng, (2, 2, 23), 19, 7)
+    length = rng.integers(0, 8, (2, 23))
+    kw = {"topk_indices": indices, "topk_length": length, **keywords}
+    want, want_lse = attention(q, k, v, return_lse=True, **kw)
+    got, lse = flash_attention(q, k, v, return_lse=True, block=block, **kw)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-13)
+    np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(want_lse))
+    np.testing.assert_allclose(lse[np.isfinite(lse)], want_lse[np.isfinite(want_lse)], rtol=1e-12)
+    d_out = rng.standard_normal(want.shape)
+    grads = flash_attention_backward(q, k, v, got, lse, d_out, block=block, **kw)
+    for g, w in zip(grads, attention_backward(q, k, v, d_out, **kw), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
+
+
+def gather_golden(q, k, v, indices, *, causal=False):  # 2-D; each entry counts each time it is listed
+    n_k = k.shape[0]
+    out = np.zeros((q.shape[0], v.shape[1]))
+    for i, row in enumerate(indices):
+        picked = [j for j in row if 0 <= j < n_k and (not causal or j <= i)]
+        if picked:
+            scores = np.array([q[i] @ k[j] for j in picked]) / np.sqrt(q.shape[1])
+            weights = np.exp(scores - scores.max())
+            out[i] = (weights / weights.sum()) @ v[picked]
+    return out
+
+
+def test_flash_sparse_counts_a_key_listed_twice_twice():
+    rng = RNG(7)
+    q, k, v = problem(rng, lead=(), n_q=9, n_k=6)
+    indices = rng.integers(-1, 7, (9, 5))
+    indices[:, 0] = indices[:, 1] = 2  # every row lists key 2 at least twice
+    got = flash_attention(q, k, v, topk_indices=indices, causal=True, block=(4, 2))
+    np.testing.assert_allclose(got, gather_golden(q, k, v, indices, causal=True), rtol=1e-12, atol=1e-13)
+    assert not np.allclose(got[3:], attention(q, k, v, topk_indices=indices, causal=True)[3:])
+
+
+def test_flash_sparse_gradients_accumulate_over_every_query_and_entry_that_picked_a_key():
+    rng = RNG(8)
+    q, k, v = problem(rng, lead=(1, 2), g=1, n_q=7, n_k=5)  # two query heads share one K/V head
+    indices = np.tile(np.array([0, 3, 3, 1]), (1, 1, 7, 1))  # every query picks keys 0 and 1, key 3 twice
+    d_out = rng.standard_normal((1, 2, 7, v.shape[-1]))
+    kw = {"topk_indices": indices, "softcap": 3.0}
+    out, lse = flash_attention(q, k, v, return_lse=True, block=(3, 2), **kw)
+    dq, dk, dv = flash_attention_backward(q, k, v, out, lse, d_out, block=(3, 2), **kw)
+
+    def loss(p):
+        return float(np.sum(flash_attention(p["q"], p["k"], p["v"], block=(3, 2), **kw) * d_out))
+
+    check = gradcheck(loss, {"q": q, "k": k, "v": v}, {"q": dq, "k": dk, "v": dv}, n_samples=None)
+    assert check.max_rel_diff < 1e-6
+    assert not dk[..., [2, 4], :].any() and not dv[..., [2, 4], :].any()  # keys no query picked
+
+
+def test_flash_topk_blocks_equal_the_reference_a_block_listed_twice_counting_once():
+    rng = RNG(9)
+    q, k, v = problem(rng, n_q=13, n_k=11)
+    blocks = rng.integers(-1, 5, (2, 2, 13, 3))
+    blocks[..., 1] = blocks[..., 0]  # every row lists its first block twice
+    kw = {"topk_blocks": blocks, "topk_block_size": 3, "causal": True}
+    want = attention(q, k, v, **kw)
+    got, lse = flash_attention(q, k, v, return_lse=True, block=(4, 5), **kw)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-13)
+    d_out = rng.standard_normal(want.shape)
+    for g, w in zip(flash_attention_backward(q, k, v, got, lse, d_out, block=(4, 5), **kw),
+                    attention_backward(q, k, v, d_out, **kw), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize(("keywords", "error", "words"), [
+    ({"topk_indices": np.zeros((2, 2, 6, 3), int), "topk_blocks": np.zeros((2, 2, 6, 3), int),
+      "topk_block_size": 2}, ValueError, "topk_indices or topk_blocks, not both"),
+    ({"topk_indices": np.zeros((2, 2, 6, 3), np.float32)}, TypeError, "topk_indices must be an integer"),
+    ({"topk_length": np.zeros((2, 6), int)}, ValueError, "topk_length is given only with topk_indices"),
+    ({"topk_indices": np.zeros((2, 2, 6, 3), int), "topk_length": np.full((2, 6), 4)}, ValueError,
+     "topk_length must lie in"),
+    ({"topk_indices": np.zeros((2, 2, 6, 3), int), "block_table": np.zeros((2, 1), np.int32)}, ValueError,
+     "block_table"),
+])
+def test_flash_refuses_a_bad_selection_naming_the_argument(keywords, error, words):
+    q, k, v = problem(RNG(0))
+    with pytest.raises(error, match=words):
+        flash_attention(q, k, v, **keywords)
+
+
+def test_flash_sparse_memory_grows_with_the_list_not_with_n_q_times_n_k():
+    rng = RNG(10)
+    n, topk, d = 4096, 8, 8
+    q, k, v = (rng.standard_normal((n, d)).astype(np.float32) for _ in range(3))
+    indices = rng.integers(0, n, (n, topk)).astype(np.int32)
+    tracemalloc.start()
+    try:
+        flash_attention(q, k, v, topk_indices=indices, causal=True, threads=1)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < n * n // 4, f"{peak} bytes: a dense n × n mask alone is {n * n}"
