@@ -855,8 +855,8 @@ def flash_attention_backward(
 # --- the sparse path: a top-k list's keys gathered a block of entries at a time ---------------------
 
 # List entries per gathered tile: a tile holds rows × entries × d of keys (and as many of values),
-# so it is kept far narrower than a dense tile of keys.
-SPARSE_ENTRIES = 64
+# so it is kept far narrower than a dense tile of keys: 256 rows × 16 entries × 128 floats is 2 MiB.
+SPARSE_ENTRIES = 16
 
 
 def _sparse_given(keywords: Any) -> bool:
@@ -913,7 +913,7 @@ def _gathered_scores(
     ALiBi's term at the keys' positions, −∞ for an entry that lists no key or a key a restriction
     hides (causal, window, chunk, evaluated at the gathered positions). The forward and the
     backward both form their scores here."""
-    keys = k[j]  # [rows, entries, d_k]: the gather
+    keys = np.take(k, j, axis=0)  # [rows, entries, d_k]: the gather
     s = np.matmul(keys, q_t[:, :, None])[..., 0]  # [rows, entries, d_k] @ [rows, d_k, 1]
     t = None
     if softcap is not None:
@@ -949,7 +949,8 @@ def _sparse_rows(
         m_new = np.maximum(m, shift)
         before, tile = np.exp(m - m_new), np.exp(shift - m_new)
         l = l * before + s.sum(axis=1) * tile
-        pv = np.matmul(s[:, None, :], v[j])[:, 0]  # [rows, 1, entries] @ [rows, entries, d_v]
+        values = np.take(v, j, axis=0)  # [rows, entries, d_v]
+        pv = np.matmul(s[:, None, :], values)[:, 0]  # [rows, 1, entries] @ [rows, entries, d_v]
         acc = acc * before[:, None] + pv * tile[:, None]
         m = m_new
     empty = l == 0  # no listed key seen: zeros and a logsumexp of −∞, as impl.attention
@@ -1069,7 +1070,7 @@ def _sparse_backward(
                                               seen=seen, n_k=n_k, tanh=True)
                 p = np.exp(s - lse_h[q0:q1, None])
                 p[dead[q0:q1]] = 0  # a row that saw nothing in the forward gets no gradient
-                values = vh[j]  # [rows, entries, d_v]
+                values = np.take(vh, j, axis=0)  # [rows, entries, d_v]
                 np.add.at(dv_h, j, p[..., None] * do[idx][q0:q1, None, :])
                 dp = np.matmul(values, do[idx][q0:q1, :, None])[..., 0]  # [rows, entries]
                 ds = p * (dp - d_row[idx][q0:q1, None])
