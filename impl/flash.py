@@ -966,9 +966,10 @@ class _Sparse:
     list of keys."""
 
     def __init__(self, q: Any, k: Any, v: Any, keywords: Any) -> None:
-        if keywords.get("block_table") is not None:
-            raise ValueError("block_table: flash_attention's top-k path takes contiguous keys, "
-                             "not a paged cache")
+        for name in ("block_table", "kv_lengths", "k_descale", "v_descale"):
+            if keywords.get(name) is not None:
+                raise ValueError(f"{name}: flash_attention's top-k path takes contiguous keys, "
+                                 "not a paged (or float8) cache")
         q, k, v, batch = check_qkv(q, k, v, grouped=True)
         self.batch, self.dtype = batch, q.dtype
         work = compute_dtype(q.dtype)

@@ -296,6 +296,7 @@ def test_flash_topk_blocks_equal_the_reference_a_block_listed_twice_counting_onc
      "topk_length must lie in"),
     ({"topk_indices": np.zeros((2, 2, 6, 3), int), "block_table": np.zeros((2, 1), np.int32)}, ValueError,
      "block_table"),
+    ({"topk_indices": np.zeros((2, 2, 6, 3), int), "kv_lengths": np.full(2, 9)}, ValueError, "kv_lengths"),
 ])
 def test_flash_refuses_a_bad_selection_naming_the_argument(keywords, error, words):
     q, k, v = problem(RNG(0))
@@ -315,3 +316,24 @@ def test_flash_sparse_memory_grows_with_the_list_not_with_n_q_times_n_k():
     finally:
         tracemalloc.stop()
     assert peak < n * n // 4, f"{peak} bytes: a dense n × n mask alone is {n * n}"
+
+
+@pytest.mark.parametrize(("lead", "g"), [((4,), 1), ((4,), 4), ((), None)])
+def test_flash_sparse_takes_3d_and_2d_inputs_as_the_reference(lead, g):
+    rng = RNG(11)
+    q, k, v = problem(rng, lead=lead, g=g, n_q=10, n_k=8)
+    shape = (g, 10) if lead else (10,)
+    indices = distinct_lists(rng, shape, 8, 5)
+    length = rng.integers(0, 6, 10)
+    kw = {"topk_indices": indices, "topk_length": length, "causal": True}
+    np.testing.assert_allclose(flash_attention(q, k, v, block=(3, 2), **kw), attention(q, k, v, **kw),
+                               rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize(("n_q", "n_k"), [(0, 5), (4, 0)])
+def test_flash_sparse_with_no_queries_or_no_keys_gives_the_empty_or_zero_result(n_q, n_k):
+    q, k, v = problem(RNG(12), lead=(), n_q=n_q, n_k=n_k)
+    indices = np.zeros((n_q, 3), np.int32)
+    out, lse = flash_attention(q, k, v, topk_indices=indices, return_lse=True)
+    assert out.shape == (n_q, 3) and not out.any() and np.isneginf(lse).all()
+    np.testing.assert_array_equal(out, attention(q, k, v, topk_indices=indices))
