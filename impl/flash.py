@@ -56,14 +56,16 @@ from impl.attention import (
     _as_float_array,
     check_alibi_slopes,
     check_qkv,
+    check_qv,
     check_scale,
     check_softcap,
     compute_dtype,
     kv_groups,
+    latent_values,
     selection_shape,
 )
 from impl.grad import _check_d_out, _unbroadcast
-from impl.keywords import CacheKeywords, CommonKeywords, WithLse, WithoutLse, given, takes
+from impl.keywords import CacheKeywords, CommonKeywords, LatentKeywords, WithLse, WithoutLse, given, takes
 from impl.masks import _diagonal, check_block_size, check_chunk, check_topk, check_window
 
 # Query rows × keys per tile. A 256 × 2048 float32 score tile is 2 MiB: big enough that each matmul
@@ -403,7 +405,7 @@ class Tiling(TypedDict, total=False):
     threads: int | None
 
 
-class FlashKeywords(CommonKeywords, CacheKeywords, Tiling, total=False):
+class FlashKeywords(CommonKeywords, LatentKeywords, CacheKeywords, Tiling, total=False):
     """Every keyword of `flash_attention` but ``return_lse``."""
 
 
@@ -463,6 +465,10 @@ def flash_attention(
       topk_blocks, topk_block_size: block-sparse selection, as in `impl.attention`, by the same
         gather over each listed block's keys; a block listed twice is gathered once. Not with
         ``topk_indices`` in the same call.
+      qv: float ``[..., h, n_q, d_v]``, q's dtype: as in `impl.attention`, the score gains
+        ``scale·qv·vᵀ``, computed as q' = [q, qv] against k' = [k, v] (a copy of the keys joined to
+        the values); contiguous keys only. `flash_attention_backward` does not take it.
+      d_v: with ``v=None``, MLA's shared latent: the values are ``k[..., :d_v]``.
       threads: the most threads the row blocks run on; default (None) one per CPU this process may
         run on. ``1`` runs every block in the calling thread and leaves BLAS's own thread count
         as it is (``python -m impl.bench --profile`` runs so, under a one-thread BLAS, since a line
@@ -472,6 +478,9 @@ def flash_attention(
     float32 and are cast back; NaN and Inf propagate. No keys (n_k = 0) gives zeros.
     """
     keywords = given(flash_attention, keywords)
+    v = latent_values(k, v, keywords["d_v"])
+    if keywords["qv"] is not None:
+        q, k, keywords["scale"] = _absorbed(q, k, v, keywords)
     if _sparse_given(keywords):
         return _sparse(q, k, v, keywords, return_lse=return_lse)
     if keywords["block_table"] is not None:
@@ -510,6 +519,21 @@ def flash_attention(
     _in_parallel(run, jobs, _threads(len(jobs), len(heads) * n_q * n_k, most))
     result = out.astype(np.asarray(q).dtype, copy=False)
     return (result, lse) if lse is not None else result
+
+
+def _absorbed(q: Any, k: Any, v: Any, keywords: FlashKeywords) -> tuple[Array, Array, float]:
+    # q [..., n_q, d_k], k [..., n_k, d_k], v [..., n_k, d_v] -> q' [..., d_k + d_v], k' [..., d_k + d_v]
+    """``qv`` (absorbed MLA): ``scale·(q·kᵀ + qv·vᵀ)`` is the score of q' = [q, qv] against
+    k' = [k, v] at the same scale (the default still 1/√d_k of q's own width), so every path,
+    dense or sparse, takes it as it is. Contiguous keys only."""
+    for name in ("block_table", "k_descale", "v_descale"):
+        if keywords[name] is not None:
+            raise ValueError(f"qv: flash_attention takes it with contiguous keys only, not with {name}")
+    q, k, v, _ = check_qkv(q, k, v, grouped=True)
+    qv = check_qv(keywords["qv"], q, v.shape[-1])
+    assert qv is not None
+    return (np.concatenate([q, qv], axis=-1), np.concatenate([k, v], axis=-1),
+            check_scale(keywords["scale"], q.shape[-1]))
 
 
 def _paged(
@@ -742,12 +766,15 @@ def flash_attention_backward(
     topk_length: Any = None,
     topk_blocks: Any = None,
     topk_block_size: int | None = None,
-) -> tuple[Array, Array, Array]:  # q, k, v, out [..., n_q, d_v], lse [..., n_q], d_out [..., n_q, d_v]
+    d_v: int | None = None,
+) -> tuple[Array, Array, Array | None]:  # q, k, v, out [..., n_q, d_v], lse [..., n_q], d_out [..., n_q, d_v]
     """Gradients ``(dq, dk, dv)`` of `flash_attention`, tile by tile (FlashAttention-2).
 
     Args:
       q, k, v, causal, scale, window, attention_chunk, softcap, alibi_slopes: as given to the
         forward call.
+      d_v: with ``v=None`` (MLA's shared latent, ``v = k[..., :d_v]``): returns ``(dq, dk, None)``,
+        dk the latent's gradient with the values' gradient added into its first d_v columns.
       topk_indices, topk_length, topk_blocks, topk_block_size: as given to the forward: the sparse
         path's backward, tile by tile over rows and list entries, its dk and dv ACCUMULATED
         (scatter-added) over every query and every entry that gathered a key, grouped heads
@@ -771,6 +798,17 @@ def flash_attention_backward(
     every score of it overflowed to −∞) gets no gradient, even where a tiling other than the
     forward's sums a score in another order and so to a finite value, or +∞.
     """
+    if v is None:  # MLA's shared latent: v = k[..., :d_v], whose gradient folds into the latent's
+        dq, dk, dv = flash_attention_backward(
+            q, k, latent_values(k, v, d_v), out, lse, d_out, causal=causal, scale=scale, window=window,
+            attention_chunk=attention_chunk, softcap=softcap, block=block, alibi_slopes=alibi_slopes,
+            threads=threads, topk_indices=topk_indices, topk_length=topk_length, topk_blocks=topk_blocks,
+            topk_block_size=topk_block_size)
+        assert dv is not None
+        dk = dk.copy()
+        dk[..., : dv.shape[-1]] += dv
+        return dq, dk, None
+    latent_values(k, v, d_v)  # refuses d_v beside v
     sparse = {"topk_indices": topk_indices, "topk_length": topk_length, "topk_blocks": topk_blocks,
               "topk_block_size": topk_block_size}
     if _sparse_given(sparse):

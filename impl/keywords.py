@@ -9,8 +9,9 @@ and take the keywords of the groups they understand as ``**keywords: Unpack[...]
     CommonKeywords    causal scale window softcap kv_lengths alibi_slopes   all three
                         attention_chunk topk_indices topk_length
                         topk_blocks topk_block_size
+    LatentKeywords    qv d_v                                                all three
     Keywords          + mask bias align sinks cu_seqlens_q cu_seqlens_k     attention, its backward
-                        dropout_p seed qv d_v
+                        dropout_p seed (and LatentKeywords)
     CacheKeywords     block_table k_descale v_descale                       attention, flash
 
 (and `impl.flash.Tiling`, flash's ``block`` and ``threads``), so adding a keyword is one line
@@ -49,7 +50,14 @@ class CommonKeywords(TypedDict, total=False):
     topk_block_size: int | None
 
 
-class Keywords(CommonKeywords, total=False):
+class LatentKeywords(TypedDict, total=False):
+    """MLA: ``qv`` (absorbed queries' value part) and ``d_v`` (values read from the keys' latent)."""
+
+    qv: Any
+    d_v: int | None
+
+
+class Keywords(CommonKeywords, LatentKeywords, total=False):
     """The keywords of the maths: every one that `impl.attention` and `impl.attention_backward` take."""
 
     mask: Any
@@ -60,8 +68,6 @@ class Keywords(CommonKeywords, total=False):
     cu_seqlens_k: Any
     dropout_p: float
     seed: int | None
-    qv: Any
-    d_v: int | None
 
 
 class CacheKeywords(TypedDict, total=False):

@@ -25,7 +25,7 @@ SIGNATURES = {
     attention_backward: MATHS | SPARSE | {"align": "top_left", "return_extras": False},
     flash_attention: {"causal": False, "scale": None, "block": (256, 2048), "window": None, "softcap": None,
                       "return_lse": False, "alibi_slopes": None, "threads": None,
-                      "attention_chunk": None} | SPARSE | CACHE
+                      "attention_chunk": None, "qv": None, "d_v": None} | SPARSE | CACHE
                      | {"kv_lengths": None},
 }
 

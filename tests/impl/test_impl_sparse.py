@@ -337,3 +337,29 @@ def test_flash_sparse_with_no_queries_or_no_keys_gives_the_empty_or_zero_result(
     out, lse = flash_attention(q, k, v, topk_indices=indices, return_lse=True)
     assert out.shape == (n_q, 3) and not out.any() and np.isneginf(lse).all()
     np.testing.assert_array_equal(out, attention(q, k, v, topk_indices=indices))
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_flash_takes_qv_and_the_shared_latent_as_the_reference_does(sparse):
+    rng = RNG(13)
+    q, k, v = problem(rng, g=4, n_q=13, n_k=11, d_k=6)
+    qv = rng.standard_normal((*q.shape[:-1], v.shape[-1]))
+    kw = {"causal": True, **({"topk_indices": distinct_lists(rng, (2, 4, 13), 11, 5)} if sparse else {})}
+    np.testing.assert_allclose(flash_attention(q, k, v, qv=qv, scale=0.3, block=(4, 3), **kw),
+                               attention(q, k, v, qv=qv, scale=0.3, **kw), rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(flash_attention(q, k, v, qv=qv, **kw),  # the default scale: 1/√d_k of q's own
+                               attention(q, k, v, qv=qv, scale=6 ** -0.5, **kw), rtol=1e-12, atol=1e-13)
+    out, lse = flash_attention(q, k, None, d_v=3, return_lse=True, block=(4, 3), **kw)
+    np.testing.assert_allclose(out, attention(q, k, None, d_v=3, **kw), rtol=1e-12, atol=1e-13)
+    d_out = rng.standard_normal(out.shape)
+    dq, dk, dv = flash_attention_backward(q, k, None, out, lse, d_out, d_v=3, block=(4, 3), **kw)
+    want_dq, want_dk, _ = attention_backward(q, k, None, d_out, d_v=3, **kw)
+    assert dv is None
+    np.testing.assert_allclose(dq, want_dq, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(dk, want_dk, rtol=1e-10, atol=1e-12)
+
+
+def test_flash_refuses_qv_with_a_paged_cache():
+    q, k, v = problem(RNG(0), g=4)
+    with pytest.raises(ValueError, match="not with block_table"):
+        flash_attention(q, k, v, qv=np.zeros((2, 4, 6, 3)), block_table=np.zeros((2, 1), np.int32))
