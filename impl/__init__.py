@@ -10,7 +10,15 @@ from impl.flash import flash_attention
 from impl.flash import flash_attention_backward as flash_attention_backward  # re-exported
 from impl.grad import attention_backward, gradcheck
 from impl.layers import multi_head_attention, self_attention
-from impl.masks import causal_mask, chunk_mask, packed_mask, padding_mask, sliding_window_mask
+from impl.masks import (
+    causal_mask,
+    chunk_mask,
+    packed_mask,
+    padding_mask,
+    sliding_window_mask,
+    topk_block_mask,
+    topk_mask,
+)
 
 __all__ = [
     "attention",
@@ -25,4 +33,6 @@ __all__ = [
     "self_attention",
     "sliding_window_mask",
     "softmax",
+    "topk_block_mask",
+    "topk_mask",
 ]

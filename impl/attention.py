@@ -9,9 +9,10 @@ Dimension letters, used in every shape code of this package:
 
     attention(Q, K, V) = softmax(Q Kᵀ · scale + mask) V,   scale = 1/√d_k by default
 
-and with every keyword, in this order: ``s = scale·q·kᵀ`` → softcap ``c·tanh(s/c)`` → ``+ bias``
-and ALiBi's ``−slope·|i + n_k − n_q − j|`` → ``-inf`` where hidden (causal ∧ window ∧ chunk ∧ mask ∧
-kv_lengths ∧ same packed sequence) → softmax with the sinks in its denominator → dropout → ``@ v``.
+and with every keyword, in this order: ``s = scale·q·kᵀ`` (``+ scale·qv·vᵀ``) → softcap
+``c·tanh(s/c)`` → ``+ bias`` and ALiBi's ``−slope·|i + n_k − n_q − j|`` → ``-inf`` where hidden
+(causal ∧ window ∧ chunk ∧ mask ∧ top-k ∧ kv_lengths ∧ same packed sequence) → softmax with the
+sinks in its denominator → dropout → ``@ v``.
 Three layers, as JAX's: `attention` validates (through ``_checked``, which the backward in
 ``impl.grad`` shares), `_grouped` maps grouped K/V heads, `_core` is the maths. The keywords are
 declared once, in `impl.keywords`, for `attention`, its backward and `impl.flash_attention` alike.
@@ -46,7 +47,9 @@ from impl.masks import (
     ALIGNMENTS,
     Align,
     causal_mask,
+    check_block_size,
     check_chunk,
+    check_topk,
     check_window,
     chunk_mask,
     key_distance,
@@ -54,6 +57,8 @@ from impl.masks import (
     padding_mask,
     per_sequence,
     sliding_window_mask,
+    topk_block_mask,
+    topk_mask,
 )
 
 Array = np.ndarray
@@ -366,6 +371,79 @@ def check_align(align: Any, kv_lengths: Any = None) -> Align:
     return align
 
 
+def selection_shape(q_shape: tuple[int, ...], k_shape: tuple[int, ...], v_shape: tuple[int, ...],
+                    batch: tuple[int, ...]) -> tuple[int, ...]:
+    # -> (batch, g, n_q) for 4-D inputs, (g, n_q) for 3-D, (n_q,) for 2-D
+    """The shape of a top-k list (``topk_indices``, ``topk_blocks``) but its last axis: a row per
+    query of each K/V head, g = k's heads (1 when k has no head axis)."""
+    n_q = q_shape[-2]
+    if not batch:
+        return (n_q,)
+    return (*batch[:-1], kv_groups(q_shape, k_shape, v_shape) or 1, n_q)
+
+
+def _per_head(length: Array, shape: tuple[int, ...]) -> Array:  # [..., n_q] -> [..., 1, n_q] (4-D)
+    """``topk_length`` ``[batch, n_q]`` made to broadcast over a list's heads axis."""
+    return np.expand_dims(length, -2) if len(shape) > 2 else length
+
+
+def to_query_heads(x: Array, batch: tuple[int, ...]) -> Array:  # [..., g, n_q, ·] -> [..., h, n_q, ·]
+    """A per-K/V-head array repeated for each query head it serves: head i reads ``i // (h // g)``."""
+    if not batch:
+        return x
+    g = x.shape[-3]
+    return np.repeat(x, batch[-1] // g, axis=-3) if g else x
+
+
+def check_selection(
+    keywords: Any, shape: tuple[int, ...], n_k: int,
+) -> Array | None:  # -> [*shape, n_k] bool (K/V heads), or None without a list
+    """Top-k keys and top-k blocks as one mask over K/V heads: ``topk_mask`` ∧ ``topk_block_mask``."""
+    indices, length = check_topk(keywords["topk_indices"], keywords["topk_length"], shape)
+    blocks, _ = check_topk(keywords["topk_blocks"], None, shape, names=("topk_blocks", "topk_length"))
+    size = keywords["topk_block_size"]
+    if (blocks is None) != (size is None):
+        raise ValueError("topk_blocks and topk_block_size are given together, got "
+                         f"topk_blocks {'absent' if blocks is None else 'given'} and "
+                         f"topk_block_size {size!r}")
+    listed = None if indices is None else topk_mask(
+        indices, n_k, None if length is None else _per_head(length, shape))
+    chosen = None if blocks is None else topk_block_mask(blocks, check_block_size(size), n_k)
+    return _all(listed, chosen)
+
+
+def latent_values(k: Any, v: Any, d_v: Any) -> Any:  # k [..., n_k, d_k] -> v [..., n_k, d_v]
+    """v as given; or, with ``v=None``, MLA's shared latent ``v = k[..., :d_v]`` (FlashMLA reads the
+    values as the first d_v columns of the keys' latent)."""
+    if v is not None:
+        if d_v is not None:
+            raise ValueError("d_v is given only with v=None (the values are then k[..., :d_v]), "
+                             f"got d_v={d_v!r} and v of shape {np.shape(v)}")
+        return v
+    if d_v is None:
+        raise TypeError("v is None: d_v= must give the width of the values read as k[..., :d_v]")
+    if isinstance(d_v, bool) or not isinstance(d_v, (int, np.integer)):
+        raise TypeError(f"d_v must be an integer, got {type(d_v).__name__}")
+    k = _as_float_array("k", k)
+    if not 0 < d_v <= k.shape[-1]:
+        raise ValueError(f"d_v must lie in [1, d_k={k.shape[-1]}] (the values are k[..., :d_v]), got {d_v}")
+    return k[..., :d_v]
+
+
+def check_qv(qv: Any, q: Array, d_v: int) -> Array | None:  # -> [..., n_q, d_v] or None
+    """``qv`` (FlashAttention 3's, absorbed MLA): q's shape with width d_v, and q's dtype."""
+    if qv is None:
+        return None
+    arr = np.asarray(qv)
+    if arr.dtype != q.dtype:
+        raise TypeError(f"qv must have q's dtype {q.dtype}, got {arr.dtype}")
+    want = (*q.shape[:-1], d_v)
+    if arr.shape != want:
+        raise ValueError(f"qv must have shape (..., n_q, d_v) = {want} (q's, with v's width), "
+                         f"got {arr.shape}")
+    return arr
+
+
 def _all(*masks: Array | None) -> Array | None:  # broadcastable masks -> their AND (None if none)
     present = [m for m in masks if m is not None]
     return reduce(np.logical_and, present) if present else None
@@ -440,13 +518,21 @@ def _weights(
     return softmax_lse(scores, sinks)
 
 
+def _raw_scores(q: Array, k: Array, v: Array, qv: Array | None, scale: float) -> Array:
+    # [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v], qv [..., n_q, d_v] -> [..., n_q, n_k]
+    """``scale·q·kᵀ``, and with ``qv`` (absorbed MLA) ``+ scale·qv·vᵀ``: attention with
+    q' = [q, qv] and k' = [k, v] concatenated, at the same scale."""
+    scores = _scores(_full_rows(q, k, v), k, scale)
+    return scores if qv is None else scores + _scores(_full_rows(qv, k, v), v, scale)
+
+
 def _core(
-    q: Array, k: Array, v: Array, *, scale: float, softcap: float | None, bias: Array | None,
-    keep: Array | None, sinks: Array | float, dropout: tuple[float, int | None],
+    q: Array, k: Array, v: Array, *, qv: Array | None, scale: float, softcap: float | None,
+    bias: Array | None, keep: Array | None, sinks: Array | float, dropout: tuple[float, int | None],
 ) -> tuple[Array, Array, Array]:
     # [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v]; bias, keep [..., n_q, n_k]; sinks [..., 1, 1]
     # -> out [..., n_q, d_v], weights [..., n_q, n_k], lse [..., n_q, 1]
-    scores = _cap(_scores(_full_rows(q, k, v), k, scale), softcap)  # c·tanh(scale·q·kᵀ / c)
+    scores = _cap(_raw_scores(q, k, v, qv, scale), softcap)  # c·tanh(scale·(q·kᵀ + qv·vᵀ) / c)
     weights, lse = _weights(scores, bias=bias, keep=keep, sinks=sinks)
     weights = _dropout(weights, *dropout)
     return weights @ v, weights, lse  # [..., n_q, n_k] @ [..., n_k, d_v]
@@ -503,11 +589,13 @@ def _checked(
     align = check_align(keywords["align"], kv_lengths)
     padding = check_kv_lengths(kv_lengths, batch, n_k)
     lengths = None if kv_lengths is None else np.asarray(kv_lengths)
+    selected = check_selection(keywords, selection_shape(q.shape, k.shape, v.shape, batch), n_k)
+    selected = None if selected is None else to_query_heads(selected, batch)
     keep = visible(
         n_q, n_k, causal=keywords["causal"], align=align,
         window=None if window is None else check_window(window),
         chunk=None if keywords["attention_chunk"] is None else check_chunk(keywords["attention_chunk"]),
-        mask=None if mask is None else check_mask(mask, shape),
+        mask=_all(None if mask is None else check_mask(mask, shape), selected),
         kv_lengths=padding, packed=packed, lengths=lengths,
     )
     bias = check_bias(keywords["bias"], shape, work)
@@ -515,7 +603,9 @@ def _checked(
     if slopes is not None:  # ALiBi joins the bias: added after the softcap, before the masks
         alibi = alibi_bias(slopes, n_q, n_k, packed, lengths if align == "kv_lengths" else None)
         bias = alibi if bias is None else bias + alibi
-    core = dict(scale=check_scale(keywords["scale"], d_k), softcap=check_softcap(keywords["softcap"]),
+    qv = check_qv(keywords["qv"], q, v.shape[-1])
+    core = dict(qv=None if qv is None else qv.astype(work, copy=False),
+                scale=check_scale(keywords["scale"], d_k), softcap=check_softcap(keywords["softcap"]),
                 bias=bias, keep=keep, sinks=check_sinks(keywords["sinks"], batch, work),
                 dropout=check_dropout(keywords["dropout_p"], keywords["seed"]))
     return q, k, v, batch, core
@@ -555,8 +645,9 @@ def attention(
 ) -> _Results:
     """Scaled dot-product attention, ``softmax(q kᵀ · scale) v``, with the keywords real kernels take.
 
-    In order: ``s = scale·q·kᵀ`` → ``c·tanh(s/c)`` (softcap) → ``+ bias`` and ALiBi's term → hidden
-    keys to ``-inf`` (causal ∧ window ∧ chunk ∧ mask ∧ kv_lengths ∧ same packed sequence) → softmax
+    In order: ``s = scale·q·kᵀ`` (``+ scale·qv·vᵀ``) → ``c·tanh(s/c)`` (softcap) → ``+ bias`` and
+    ALiBi's term → hidden keys to ``-inf`` (causal ∧ window ∧ chunk ∧ mask ∧ top-k ∧ kv_lengths ∧
+    same packed sequence) → softmax
     with the sinks in the denominator → dropout → ``@ v``.
 
     Args:
@@ -600,6 +691,20 @@ def attention(
         ``align`` defaults to ``"kv_lengths"``; ``"bottom_right"`` is refused. With
         ``align="kv_lengths"`` a query before its sequence's first key (i < n_q − kv_lengths[b])
         sees nothing under ``causal`` and gets zeros. The weights have ``n_k = max(kv_lengths)``.
+      topk_indices: int ``[batch, g, n_q, topk]`` (3-D inputs ``[g, n_q, topk]``, 2-D ``[n_q, topk]``):
+        top-k sparse attention; query i of query head h sees only the keys listed in row i of its
+        K/V head's list (``impl.masks.topk_mask``). Entries ``< 0`` or ``>= n_k`` are ignored, and a
+        key listed twice counts once (a mask), ANDed with every other restriction.
+      topk_length: int ``[batch, n_q]`` (``[n_q]`` for 3-D and 2-D inputs), each in ``[0, topk]``:
+        only the first ``topk_length[b, i]`` entries of row i are read; only with ``topk_indices``.
+      topk_blocks, topk_block_size: int ``[batch, g, n_q, n_blocks]`` (3-D and 2-D as
+        ``topk_indices``) and an int > 0: query i sees key j when ``j // topk_block_size`` is listed
+        (``impl.masks.topk_block_mask``); entries ``< 0`` or ``>= ceil(n_k / topk_block_size)`` are
+        ignored, a block listed twice counts once. Given together.
+      qv: float ``[..., h, n_q, d_v]``, q's dtype (FlashAttention 3's ``qv``, absorbed MLA): the
+        score of query i and key j gains ``scale·qv_i·v_j`` (attention with q' = [q, qv] and
+        k' = [k, v] at the same scale); pass ``scale`` with it, as kernels differ on its default.
+      d_v: with ``v=None``, MLA's shared latent: the values are ``k[..., :d_v]`` (FlashMLA's).
       k_descale, v_descale: float ``[batch, g]``: k and v are ``float8_e4m3fn`` (ml_dtypes), contiguous
         4-D or paged, and mean ``k.astype(float32) · k_descale[b, g]`` (and so for v; float64 for
         float64 q). The maths runs in the compute dtype; the output has q's dtype.
@@ -621,6 +726,7 @@ def attention(
     (array([[10.]]), array([1.60943791]))
     """
     keywords = given(attention, keywords)
+    v = latent_values(k, v, keywords["d_v"])
     q = _as_float_array("q", q)
     dtype = q.dtype  # the output's, even where a float8 cache widens q to the compute dtype
     # A cache read into contiguous keys: its lengths and their alignment are then the maths' own.

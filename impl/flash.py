@@ -56,13 +56,17 @@ from impl.attention import (
     _as_float_array,
     check_alibi_slopes,
     check_qkv,
+    check_qv,
     check_scale,
     check_softcap,
     compute_dtype,
+    kv_groups,
+    latent_values,
+    selection_shape,
 )
 from impl.grad import _check_d_out, _unbroadcast
-from impl.keywords import CacheKeywords, CommonKeywords, WithLse, WithoutLse, given, takes
-from impl.masks import _diagonal, check_chunk, check_window
+from impl.keywords import CacheKeywords, CommonKeywords, LatentKeywords, WithLse, WithoutLse, given, takes
+from impl.masks import _diagonal, check_block_size, check_chunk, check_topk, check_window
 
 # Query rows × keys per tile. A 256 × 2048 float32 score tile is 2 MiB: big enough that each matmul
 # runs near full sgemm speed and Python's per-tile cost vanishes, small enough to stay in cache.
@@ -175,6 +179,18 @@ class Visibility:
         first, last = (q0 + self.offset) // c, (q1 - 1 + self.offset) // c
         return not (first == last == k0 // c == (k1 - 1) // c)
 
+    def sees(self, i: Array, j: Array) -> Array:  # query positions i, key positions j (broadcast) -> bool
+        """Whether query i sees key j, pair by pair: the bounds and the chunk at any positions (the
+        sparse path's gathered keys, which no tile's rectangle holds)."""
+        seen = np.ones(np.broadcast_shapes(np.shape(i), np.shape(j)), dtype=bool)
+        if self.right is not None:
+            seen &= j <= i + self.right
+        if self.left is not None:
+            seen &= j >= i - self.left
+        if self.chunk is not None:
+            seen &= (i + self.offset) // self.chunk == j // self.chunk
+        return seen
+
     def crosses(self, q0: int, q1: int, k0: int, k1: int) -> bool:
         """Whether the tile rows ``q0:q1`` × keys ``k0:k1`` holds any hidden pair."""
         over = self.right is not None and k1 - 1 > q0 + self.right
@@ -190,6 +206,12 @@ class Alibi:
     def __init__(self, slopes: Array, batch: tuple[int, ...], n_q: int, n_k: int) -> None:
         self.slopes = np.broadcast_to(slopes, batch)
         self.diagonal = _diagonal(n_q, n_k, "bottom_right")[0]  # [n_q, 1]: each query's diagonal key
+
+    def add_at(self, s: Array, head: tuple[int, ...], q0: int, j: Array) -> None:  # s, j [rows, entries]
+        """Add ALiBi's term to the scores of rows ``q0…`` against the keys at positions ``j``, in place."""
+        distance = np.abs(self.diagonal[q0 : q0 + s.shape[0]] - j).astype(s.dtype)
+        distance *= self.slopes[head]
+        s -= distance
 
     def add(self, s: Array, head: tuple[int, ...], q0: int, k0: int) -> None:  # [rows, cols] at (q0, k0)
         """Add ALiBi's term to a score tile, in place."""
@@ -383,7 +405,7 @@ class Tiling(TypedDict, total=False):
     threads: int | None
 
 
-class FlashKeywords(CommonKeywords, CacheKeywords, Tiling, total=False):
+class FlashKeywords(CommonKeywords, LatentKeywords, CacheKeywords, Tiling, total=False):
     """Every keyword of `flash_attention` but ``return_lse``."""
 
 
@@ -431,6 +453,22 @@ def flash_attention(
       k_descale, v_descale: float ``[batch, g]``: a paged cache in ``float8_e4m3fn`` meaning
         ``k.astype(float32) · k_descale[b, g]`` (only with ``block_table``). With a paged cache,
         ALiBi's distances are measured from each sequence's diagonal, i + kv_lengths[b] − n_q.
+      topk_indices, topk_length: top-k sparse attention, the shapes and meaning of `impl.attention`'s,
+        computed by gathering: each block of query rows gathers the keys and values its list names,
+        ``min(block[1], SPARSE_ENTRIES)`` list entries at a time, with the online softmax, so memory is
+        O(n_q · topk) (never n_q × n_k, nor a dense mask), and a key listed twice in a row counts
+        TWICE (a gather, where `impl.attention`'s mask counts it once). ``causal``, ``window``,
+        ``attention_chunk`` (top-left aligned), ``softcap``, ``alibi_slopes`` and ``scale`` apply at
+        the gathered keys' positions; K/V may have g heads where q has h (query head i reads K/V
+        head and list ``i // (h // g)``). Only keys some list names are read, so a NaN in a value no
+        row lists reaches no row. Not with a paged cache (``block_table`` is refused).
+      topk_blocks, topk_block_size: block-sparse selection, as in `impl.attention`, by the same
+        gather over each listed block's keys; a block listed twice is gathered once. Not with
+        ``topk_indices`` in the same call.
+      qv: float ``[..., h, n_q, d_v]``, q's dtype: as in `impl.attention`, the score gains
+        ``scale·qv·vᵀ``, computed as q' = [q, qv] against k' = [k, v] (a copy of the keys joined to
+        the values); contiguous keys only. `flash_attention_backward` does not take it.
+      d_v: with ``v=None``, MLA's shared latent: the values are ``k[..., :d_v]``.
       threads: the most threads the row blocks run on; default (None) one per CPU this process may
         run on. ``1`` runs every block in the calling thread and leaves BLAS's own thread count
         as it is (``python -m impl.bench --profile`` runs so, under a one-thread BLAS, since a line
@@ -440,6 +478,11 @@ def flash_attention(
     float32 and are cast back; NaN and Inf propagate. No keys (n_k = 0) gives zeros.
     """
     keywords = given(flash_attention, keywords)
+    v = latent_values(k, v, keywords["d_v"])
+    if keywords["qv"] is not None:
+        q, k, keywords["scale"] = _absorbed(q, k, v, keywords)
+    if _sparse_given(keywords):
+        return _sparse(q, k, v, keywords, return_lse=return_lse)
     if keywords["block_table"] is not None:
         return _paged(q, k, v, keywords, return_lse=return_lse)
     for name in ("kv_lengths", "k_descale", "v_descale"):
@@ -476,6 +519,21 @@ def flash_attention(
     _in_parallel(run, jobs, _threads(len(jobs), len(heads) * n_q * n_k, most))
     result = out.astype(np.asarray(q).dtype, copy=False)
     return (result, lse) if lse is not None else result
+
+
+def _absorbed(q: Any, k: Any, v: Any, keywords: FlashKeywords) -> tuple[Array, Array, float]:
+    # q [..., n_q, d_k], k [..., n_k, d_k], v [..., n_k, d_v] -> q' [..., d_k + d_v], k' [..., d_k + d_v]
+    """``qv`` (absorbed MLA): ``scale·(q·kᵀ + qv·vᵀ)`` is the score of q' = [q, qv] against
+    k' = [k, v] at the same scale (the default still 1/√d_k of q's own width), so every path,
+    dense or sparse, takes it as it is. Contiguous keys only."""
+    for name in ("block_table", "k_descale", "v_descale"):
+        if keywords[name] is not None:
+            raise ValueError(f"qv: flash_attention takes it with contiguous keys only, not with {name}")
+    q, k, v, _ = check_qkv(q, k, v, grouped=True)
+    qv = check_qv(keywords["qv"], q, v.shape[-1])
+    assert qv is not None
+    return (np.concatenate([q, qv], axis=-1), np.concatenate([k, v], axis=-1),
+            check_scale(keywords["scale"], q.shape[-1]))
 
 
 def _paged(
@@ -704,12 +762,23 @@ def flash_attention_backward(
     block: int | tuple[int, int] = DEFAULT_BACKWARD_BLOCK,
     alibi_slopes: Any = None,
     threads: int | None = None,
-) -> tuple[Array, Array, Array]:  # q, k, v, out [..., n_q, d_v], lse [..., n_q], d_out [..., n_q, d_v]
+    topk_indices: Any = None,
+    topk_length: Any = None,
+    topk_blocks: Any = None,
+    topk_block_size: int | None = None,
+    d_v: int | None = None,
+) -> tuple[Array, Array, Array | None]:  # q, k, v, out [..., n_q, d_v], lse [..., n_q], d_out [..., n_q, d_v]
     """Gradients ``(dq, dk, dv)`` of `flash_attention`, tile by tile (FlashAttention-2).
 
     Args:
       q, k, v, causal, scale, window, attention_chunk, softcap, alibi_slopes: as given to the
         forward call.
+      d_v: with ``v=None`` (MLA's shared latent, ``v = k[..., :d_v]``): returns ``(dq, dk, None)``,
+        dk the latent's gradient with the values' gradient added into its first d_v columns.
+      topk_indices, topk_length, topk_blocks, topk_block_size: as given to the forward: the sparse
+        path's backward, tile by tile over rows and list entries, its dk and dv ACCUMULATED
+        (scatter-added) over every query and every entry that gathered a key, grouped heads
+        summed into their K/V head (``threads`` is not read: it runs in the calling thread).
       out, lse: what ``flash_attention(q, k, v, ..., return_lse=True)`` returned.
       d_out: ``∂loss/∂out``, the shape of ``out`` and the dtype of q.
       block: tile shape (query rows, keys). Key blocks are shared between cores; each tile's
@@ -729,6 +798,23 @@ def flash_attention_backward(
     every score of it overflowed to −∞) gets no gradient, even where a tiling other than the
     forward's sums a score in another order and so to a finite value, or +∞.
     """
+    if v is None:  # MLA's shared latent: v = k[..., :d_v], whose gradient folds into the latent's
+        dq, dk, dv = flash_attention_backward(
+            q, k, latent_values(k, v, d_v), out, lse, d_out, causal=causal, scale=scale, window=window,
+            attention_chunk=attention_chunk, softcap=softcap, block=block, alibi_slopes=alibi_slopes,
+            threads=threads, topk_indices=topk_indices, topk_length=topk_length, topk_blocks=topk_blocks,
+            topk_block_size=topk_block_size)
+        assert dv is not None
+        dk = dk.copy()
+        dk[..., : dv.shape[-1]] += dv
+        return dq, dk, None
+    latent_values(k, v, d_v)  # refuses d_v beside v
+    sparse = {"topk_indices": topk_indices, "topk_length": topk_length, "topk_blocks": topk_blocks,
+              "topk_block_size": topk_block_size}
+    if _sparse_given(sparse):
+        return _sparse_backward(q, k, v, out, lse, d_out, {
+            **sparse, "causal": causal, "scale": scale, "window": window, "attention_chunk": attention_chunk,
+            "softcap": softcap, "block": block, "alibi_slopes": alibi_slopes})
     qs, ks, vs, batch, scale = _prepare(q, k, v, scale)
     block_q, block_k = _tile_shape(block)
     seen = Visibility(causal=bool(causal), window=None if window is None else check_window(window),
@@ -802,3 +888,244 @@ def flash_attention_backward(
     return tuple(  # type: ignore[return-value]
         _unbroadcast(g, np.shape(x)).astype(dtype, copy=False) for g, x in ((dq, q), (dk, k), (dv, v))
     )
+
+
+# --- the sparse path: a top-k list's keys gathered a block of entries at a time ---------------------
+
+# List entries per gathered tile: a tile holds rows × entries × d of keys (and as many of values),
+# so it is kept far narrower than a dense tile of keys: 256 rows × 16 entries × 128 floats is 2 MiB.
+SPARSE_ENTRIES = 16
+
+
+def _sparse_given(keywords: Any) -> bool:
+    return any(keywords.get(name) is not None
+               for name in ("topk_indices", "topk_length", "topk_blocks", "topk_block_size"))
+
+
+def _distinct(blocks: Array) -> Array:  # [..., n_blocks] int -> same, sorted, a repeat as −1
+    """A row's listed blocks, each once: sorted, and every repeat of the entry before it made −1."""
+    ordered = np.sort(blocks, axis=-1)
+    repeat = np.zeros(ordered.shape, dtype=bool)
+    repeat[..., 1:] = ordered[..., 1:] == ordered[..., :-1]
+    return np.where(repeat, -1, ordered)
+
+
+def listed_keys(keywords: Any, shape: tuple[int, ...], n_k: int) -> Array:
+    # -> [*shape, entries] int64: a key position, or n_k where the entry lists no key
+    """The keys each list entry gathers, ``n_k`` (a zero row past the last key) for an entry that
+    lists none: ``topk_indices`` read up to ``topk_length``, each entry out of ``[0, n_k)`` made
+    n_k; or the keys of each listed block of ``topk_blocks``, a block listed twice read once (so
+    the gather counts it once, as the mask does). Memory O(n_q · entries), never n_q × n_k."""
+    indices, length = check_topk(keywords["topk_indices"], keywords["topk_length"], shape)
+    blocks, _ = check_topk(keywords["topk_blocks"], None, shape, names=("topk_blocks", "topk_length"))
+    size = keywords["topk_block_size"]
+    if (blocks is None) != (size is None):
+        raise ValueError("topk_blocks and topk_block_size are given together, got "
+                         f"topk_blocks {'absent' if blocks is None else 'given'} and "
+                         f"topk_block_size {size!r}")
+    if indices is not None and blocks is not None:
+        raise ValueError("flash_attention takes topk_indices or topk_blocks, not both "
+                         "(impl.attention takes both, ANDed)")
+    if blocks is not None:
+        size = check_block_size(size)
+        n_blocks = -(-n_k // size)
+        first = _distinct(blocks.astype(np.int64))
+        first = np.where((first >= 0) & (first < n_blocks), first * size, -n_k - size)
+        indices = (first[..., :, None] + np.arange(size)).reshape(*shape, -1)  # each block's keys
+    assert indices is not None
+    keys = indices.astype(np.int64)
+    listed = (keys >= 0) & (keys < n_k)
+    if length is not None:
+        per_head = np.expand_dims(length, -2) if len(shape) > 2 else length
+        listed &= np.arange(keys.shape[-1]) < per_head[..., None]
+    return np.where(listed, keys, n_k)
+
+
+def _gathered_scores(
+    q_t: Array, k: Array, j: Array, q0: int, *, head: tuple[int, ...], softcap: float | None,
+    alibi: Alibi | None, seen: Visibility, n_k: int, tanh: bool = False,
+) -> tuple[Array, Array, Array | None]:
+    # q_t [rows, d_k] (q·scale, /c under a softcap), k [n_k + 1, d_k], j [rows, entries]
+    # -> scores [rows, entries], the keys gathered [rows, entries, d_k], tanh(s/c) or None
+    """The final scores of rows ``q0…`` against their listed keys ``j``: ``q_t·k_j``, the softcap,
+    ALiBi's term at the keys' positions, −∞ for an entry that lists no key or a key a restriction
+    hides (causal, window, chunk, evaluated at the gathered positions). The forward and the
+    backward both form their scores here."""
+    keys = np.take(k, j, axis=0)  # [rows, entries, d_k]: the gather
+    s = np.matmul(keys, q_t[:, :, None])[..., 0]  # [rows, entries, d_k] @ [rows, d_k, 1]
+    t = None
+    if softcap is not None:
+        np.tanh(s, out=s)
+        t = s.copy() if tanh else None
+        s *= s.dtype.type(softcap)
+    if alibi is not None:
+        alibi.add_at(s, head, q0, j)
+    i = np.arange(q0, q0 + j.shape[0])[:, None]
+    s[(j == n_k) | ~seen.sees(i, j)] = -np.inf
+    return s, keys, t
+
+
+def _sparse_rows(
+    q: Array, k: Array, v: Array, j_all: Array, out: Array, lse: Array | None, q0: int, q1: int, *,
+    head: tuple[int, ...], seen: Visibility, scale: float, softcap: float | None, alibi: Alibi | None,
+    entries: int,
+) -> None:  # q [n_q, d_k], k [n_k + 1, d_k], v [n_k + 1, d_v], j_all [n_q, topk] -> out[q0:q1], lse[q0:q1]
+    """Sparse attention for rows ``q0:q1`` of one head: the online softmax of the module's law over
+    the listed keys, ``entries`` list entries at a time. An entry counts each time it is listed."""
+    work = out.dtype
+    rows, n_k = q1 - q0, k.shape[0] - 1
+    q_t = q[q0:q1] * _query_factor(scale, softcap, work)
+    m = np.full(rows, -np.inf, dtype=work)
+    l = np.zeros(rows, dtype=work)
+    acc = np.zeros((rows, v.shape[-1]), dtype=work)
+    for t0 in range(0, j_all.shape[-1], entries):
+        j = j_all[q0:q1, t0 : t0 + entries]
+        s, _, _ = _gathered_scores(q_t, k, j, q0, head=head, softcap=softcap, alibi=alibi, seen=seen, n_k=n_k)
+        shift = _tile_shift(np.maximum.reduce(s, axis=1), shift_free=False)
+        assert shift is not None
+        np.exp(s - shift[:, None], out=s)
+        m_new = np.maximum(m, shift)
+        before, tile = np.exp(m - m_new), np.exp(shift - m_new)
+        l = l * before + s.sum(axis=1) * tile
+        values = np.take(v, j, axis=0)  # [rows, entries, d_v]
+        pv = np.matmul(s[:, None, :], values)[:, 0]  # [rows, 1, entries] @ [rows, entries, d_v]
+        acc = acc * before[:, None] + pv * tile[:, None]
+        m = m_new
+    empty = l == 0  # no listed key seen: zeros and a logsumexp of −∞, as impl.attention
+    np.divide(acc, np.where(empty, work.type(1), l)[:, None], out=out[q0:q1])
+    if lse is not None:
+        with np.errstate(divide="ignore"):
+            lse[q0:q1] = np.where(empty, -np.inf, m + np.log(l))
+
+
+class _Sparse:
+    """One sparse call's inputs, validated: per head (an index of the leading dims) its queries, its
+    K/V head's keys and values with a zero row appended (where an unlisted entry points), and its
+    list of keys."""
+
+    def __init__(self, q: Any, k: Any, v: Any, keywords: Any) -> None:
+        for name in ("block_table", "kv_lengths", "k_descale", "v_descale"):
+            if keywords.get(name) is not None:
+                raise ValueError(f"{name}: flash_attention's top-k path takes contiguous keys, "
+                                 "not a paged (or float8) cache")
+        q, k, v, batch = check_qkv(q, k, v, grouped=True)
+        self.batch, self.dtype = batch, q.dtype
+        work = compute_dtype(q.dtype)
+        self.n_q, self.n_k = q.shape[-2], k.shape[-2]
+        self.scale = check_scale(keywords["scale"], q.shape[-1])
+        shape = selection_shape(q.shape, k.shape, v.shape, batch)
+        self.listed = listed_keys(keywords, shape, self.n_k)  # [*shape, entries]
+        g = kv_groups(q.shape, k.shape, v.shape)
+        kv_batch = batch if g is None else (*batch[:-1], g)
+        self.q = np.broadcast_to(q.astype(work, copy=False), (*batch, *q.shape[-2:]))
+
+        def padded(x: Array) -> Array:  # [..., n_k, d] -> [*kv_batch, n_k + 1, d], the last row zeros
+            full = np.broadcast_to(x, (*kv_batch, *x.shape[-2:]))
+            return np.concatenate([full, np.zeros((*kv_batch, 1, x.shape[-1]), dtype=x.dtype)], axis=-2
+                                  ).astype(work, copy=False)
+
+        self.k, self.v = padded(k), padded(v)
+        self.heads = list(np.ndindex(*batch))
+        self.grouped = g is not None
+
+    def of(self, idx: tuple[int, ...]) -> tuple[Array, Array, Array, Array]:
+        """Head ``idx``'s queries, K/V head (query head i reads ``i // (h // g)``) and list."""
+        if not idx:
+            return self.q, self.k, self.v, self.listed
+        h = self.batch[-1]
+        per_list = h // self.listed.shape[-3] if self.listed.shape[-3] else 1
+        listed = self.listed[(*idx[:-1], idx[-1] // per_list)]
+        kv = (*idx[:-1], idx[-1] // (h // self.k.shape[-3])) if self.grouped else idx
+        return self.q[idx], self.k[kv], self.v[kv], listed
+
+
+def _sparse(q: Any, k: Any, v: Any, keywords: Any, *, return_lse: bool) -> Array | tuple[Array, Array]:
+    """`flash_attention` with a top-k list: each row gathers its listed keys, a block of list entries
+    at a time, with the online softmax; memory O(n_q · topk), never n_q × n_k nor a dense mask."""
+    call = _Sparse(q, k, v, keywords)
+    seen = Visibility(causal=bool(keywords["causal"]), window=None if keywords["window"] is None
+                      else check_window(keywords["window"]), chunk=_chunk(keywords["attention_chunk"]))
+    softcap = check_softcap(keywords["softcap"])
+    block_q, block_k = _tile_shape(keywords["block"])
+    most = _check_threads(keywords["threads"])
+    work = call.q.dtype
+    alibi = _alibi(keywords["alibi_slopes"], call.batch, call.n_q, call.n_k, work)
+    out = np.empty((*call.batch, call.n_q, call.v.shape[-1]), dtype=work)
+    lse = np.empty((*call.batch, call.n_q), dtype=work) if return_lse else None
+
+    def run(job: tuple[int, int, int]) -> None:
+        h, q0, q1 = job
+        idx = call.heads[h]
+        qh, kh, vh, listed = call.of(idx)
+        _sparse_rows(qh, kh, vh, listed, out[idx], None if lse is None else lse[idx], q0, q1, head=idx,
+                     seen=seen, scale=call.scale, softcap=softcap, alibi=alibi,
+                     entries=min(block_k, SPARSE_ENTRIES))
+
+    jobs = list(_jobs(len(call.heads), call.n_q, block_q, False))
+    # Each gathered score also gathers a key of d_k: as much work as d_k dense scores.
+    work_size = len(call.heads) * call.n_q * call.listed.shape[-1] * call.q.shape[-1]
+    _in_parallel(run, jobs, _threads(len(jobs), work_size, most))
+    result = out.astype(call.dtype, copy=False)
+    return (result, lse) if lse is not None else result
+
+
+def _sparse_backward(
+    q: Any, k: Any, v: Any, out: Any, lse: Any, d_out: Any, keywords: Any,
+) -> tuple[Array, Array, Array]:
+    """`flash_attention_backward` of the sparse path: per tile of rows and list entries, the scores
+    formed again as the forward formed them and ``P = e^(S − lse)``; then
+
+        dV[j] += P dO,   dP = dO·V[j],   dS = P ∘ (dP − D),   dQ += dS K[j]·scale,   dK[j] += dS Q·scale
+
+    where the two scatters ACCUMULATE (``np.add.at``): a key listed by many queries, or twice in one
+    row, gathers a term from each entry that picked it (a fancy-index assignment would keep one)."""
+    call = _Sparse(q, k, v, keywords)
+    seen = Visibility(causal=bool(keywords["causal"]), window=None if keywords["window"] is None
+                      else check_window(keywords["window"]), chunk=_chunk(keywords["attention_chunk"]))
+    softcap = check_softcap(keywords["softcap"])
+    block_q, block_k = _tile_shape(keywords["block"])
+    entries = min(block_k, SPARSE_ENTRIES)
+    batch, n_q, n_k, work = call.batch, call.n_q, call.n_k, call.q.dtype
+    d_v = call.v.shape[-1]
+    out_ = _check_d_out(out, call.dtype, (*batch, n_q, d_v), name="out").astype(work, copy=False)
+    do = _check_d_out(d_out, call.dtype, (*batch, n_q, d_v)).astype(work, copy=False)
+    lse_ = _check_lse(lse, work, (*batch, n_q))
+    alibi = _alibi(keywords["alibi_slopes"], batch, n_q, n_k, work)
+    d_row = np.einsum("...ij,...ij->...i", do, out_)  # D = rowsum(dO ∘ O)
+    dq = np.zeros(call.q.shape, dtype=work)
+    dk, dv = np.zeros(call.k.shape, dtype=work), np.zeros(call.v.shape, dtype=work)  # with the zero row
+    factor = _query_factor(call.scale, softcap, work)
+    for idx in call.heads:
+        qh, kh, vh, listed = call.of(idx)
+        dk_h, dv_h = _kv_grad(dk, dv, call, idx)
+        dead = np.isneginf(lse_[idx])  # as in the dense backward: +∞ makes every P of the row 0
+        lse_h = np.where(dead, work.type(np.inf), lse_[idx])
+        for q0 in range(0, n_q, block_q):
+            q1 = min(q0 + block_q, n_q)
+            q_t = qh[q0:q1] * factor
+            for t0 in range(0, listed.shape[-1], entries):
+                j = listed[q0:q1, t0 : t0 + entries]
+                s, keys, t = _gathered_scores(q_t, kh, j, q0, head=idx, softcap=softcap, alibi=alibi,
+                                              seen=seen, n_k=n_k, tanh=True)
+                p = np.exp(s - lse_h[q0:q1, None])
+                p[dead[q0:q1]] = 0  # a row that saw nothing in the forward gets no gradient
+                values = np.take(vh, j, axis=0)  # [rows, entries, d_v]
+                np.add.at(dv_h, j, p[..., None] * do[idx][q0:q1, None, :])
+                dp = np.matmul(values, do[idx][q0:q1, :, None])[..., 0]  # [rows, entries]
+                ds = p * (dp - d_row[idx][q0:q1, None])
+                if t is not None:
+                    ds *= 1 - t * t  # through c·tanh(u/c)
+                dq[idx][q0:q1] += np.matmul(ds[:, None, :], keys)[:, 0] * work.type(call.scale)
+                np.add.at(dk_h, j, ds[..., None] * (qh[q0:q1, None, :] * work.type(call.scale)))
+    dk, dv = dk[..., :-1, :], dv[..., :-1, :]  # the zero row past the last key takes no gradient
+    return tuple(  # type: ignore[return-value]
+        _unbroadcast(g, np.shape(x)).astype(call.dtype, copy=False)
+        for g, x in ((dq, q), (dk, k), (dv, v)))
+
+
+def _kv_grad(dk: Array, dv: Array, call: _Sparse, idx: tuple[int, ...]) -> tuple[Array, Array]:
+    """The rows of dk and dv that query head ``idx``'s K/V head accumulates into (views)."""
+    if not idx:
+        return dk, dv
+    kv = (*idx[:-1], idx[-1] // (call.batch[-1] // call.k.shape[-3])) if call.grouped else idx
+    return dk[kv], dv[kv]

@@ -11,6 +11,7 @@ upstream gradient ``dO`` flows back as
     dq = dR k · scale,   dk = dRᵀ q · scale
     dbias = dS (summed over the axes the bias was broadcast along)
     dσ_h = −Σ p_sink · D             p_sink = e^(σ_h − lse), the sink's share of its row
+    dqv = dR v · scale,  dv += dRᵀ qv · scale      with qv: R = (q kᵀ + qv vᵀ) · scale
 
 ``dS`` is ``dP`` pushed through the softmax Jacobian ``diag(p) − p pᵀ`` of each row; writing its
 ``pᵀ dP`` term as ``D = rowsum(dO ∘ O)`` is the form of FlashAttention-2 (Dao, 2023, Algorithm 2),
@@ -36,9 +37,10 @@ from impl.attention import (
     _dropout,
     _full_rows,
     _grouped,
-    _scores,
+    _raw_scores,
     _weights,
     compute_dtype,
+    latent_values,
 )
 from impl.keywords import Keywords, given, takes
 
@@ -74,15 +76,16 @@ def _check_d_out(d_out: Any, dtype: np.dtype, shape: tuple[int, ...], *, name: s
 
 
 def _core_backward(
-    q: Array, k: Array, v: Array, *, d_out: Array, scale: float, softcap: float | None, bias: Array | None,
-    keep: Array | None, sinks: Array | float, dropout: tuple[float, int | None],
-) -> tuple[Array, Array, Array, Array, Array]:
+    q: Array, k: Array, v: Array, *, d_out: Array, qv: Array | None, scale: float, softcap: float | None,
+    bias: Array | None, keep: Array | None, sinks: Array | float, dropout: tuple[float, int | None],
+) -> tuple[Array, Array, Array, Array, Array, Array]:
     # [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v], d_out [..., n_q, d_v]; the rest as _core's
-    # -> dq, dk, dv in the shapes of q, k, v; dS [..., n_q, n_k] (the bias's); dσ per row [..., n_q, 1]
+    # -> dq, dk, dv in the shapes of q, k, v; dS [..., n_q, n_k] (the bias's); dσ per row [..., n_q, 1];
+    # dqv in qv's shape ([..., n_q, 0] without qv)
     """The backward of ``impl.attention``'s core (the law above), its forward recomputed by the
     forward's own helpers."""
     rows = _full_rows(q, k, v)
-    raw = _scores(rows, k, scale)  # R
+    raw = _raw_scores(q, k, v, qv, scale)  # R
     p, lse = _weights(_cap(raw, softcap), bias=bias, keep=keep, sinks=sinks)
     w = _dropout(p, *dropout)
     dv = _swap(w) @ d_out  # [..., n_k, n_q] @ [..., n_q, d_v]
@@ -94,7 +97,12 @@ def _core_backward(
     d_raw = ds if softcap is None else ds * (1 - np.tanh(raw / raw.dtype.type(softcap)) ** 2)
     dq = (d_raw @ k) * q.dtype.type(scale)  # [..., n_q, n_k] @ [..., n_k, d_k]
     dk = (_swap(d_raw) @ rows) * q.dtype.type(scale)  # [..., n_k, n_q] @ [..., n_q, d_k]
-    return _unbroadcast(dq, q.shape), _unbroadcast(dk, k.shape), _unbroadcast(dv, v.shape), ds, d_sinks
+    dqv = q[..., :0]
+    if qv is not None:  # R gains scale·qv·vᵀ: qv and v are a query and a key of their own
+        dqv = _unbroadcast((d_raw @ v) * q.dtype.type(scale), qv.shape)
+        dv = dv + (_swap(d_raw) @ _full_rows(qv, k, v)) * q.dtype.type(scale)
+    return (_unbroadcast(dq, q.shape), _unbroadcast(dk, k.shape), _unbroadcast(dv, v.shape), ds, d_sinks,
+            dqv)
 
 
 @takes(Keywords, align="top_left")
@@ -114,7 +122,11 @@ def attention_backward(
       return_extras: also return a dict of the gradients of the extra inputs given in this call:
         ``"dbias"`` (the bias's shape as passed, summed over the axes it was broadcast along, and
         its dtype) when ``bias`` is given, ``"dsinks"`` (``[h]``, summed over batch and rows, the
-        sinks' dtype) when ``sinks`` is.
+        sinks' dtype) when ``sinks`` is, ``"dqv"`` (qv's shape and dtype) when ``qv`` is.
+      qv, topk_indices, topk_length, topk_blocks, topk_block_size: as given to the forward.
+      d_v: with ``v=None`` (MLA's shared latent, ``v = k[..., :d_v]``): the result is
+        ``(dq, dk, None)``, dk the gradient of the latent k, the values' gradient added into its
+        first d_v columns.
 
     Returns:
       ``dq [..., n_q, d_k]``, ``dk [..., n_k, d_k]``, ``dv [..., n_k, d_v]``, each in the shape and
@@ -132,18 +144,26 @@ def attention_backward(
     array([-0.44444444])
     """
     keywords = given(attention_backward, keywords)
-    q, k, v, batch, core = _checked(q, k, v, keywords)
+    latent = v is None
+    q, k, v, batch, core = _checked(q, k, latent_values(k, v, keywords["d_v"]), keywords)
     d_out = _check_d_out(d_out, q.dtype, (*batch, q.shape[-2], v.shape[-1]))
     work = compute_dtype(q.dtype)
-    dq, dk, dv, d_scores, d_sinks = _grouped(
+    dq, dk, dv, d_scores, d_sinks, dqv = _grouped(
         _core_backward, *(x.astype(work, copy=False) for x in (q, k, v)),
         d_out=d_out.astype(work, copy=False), **core,
     )
+    if latent:  # v = k[..., :d_v]: the latent's gradient is dk with dv added into its first d_v columns
+        dk = dk.copy()
+        dk[..., : v.shape[-1]] += dv
     grads = tuple(g.astype(x.dtype, copy=False) for g, x in ((dq, q), (dk, k), (dv, v)))
+    if latent:
+        grads = (grads[0], grads[1], None)
     if not return_extras:
         return grads
     extras = {}
-    bias, sinks = keywords["bias"], keywords["sinks"]
+    bias, sinks, qv = keywords["bias"], keywords["sinks"], keywords["qv"]
+    if qv is not None:
+        extras["dqv"] = dqv.astype(np.asarray(qv).dtype, copy=False)
     if bias is not None:
         extras["dbias"] = _unbroadcast(d_scores, np.shape(bias)).astype(np.asarray(bias).dtype, copy=False)
     if sinks is not None:  # per head: [h, 1, 1] ([1, 1] for 2-D inputs) -> [h]

@@ -7,9 +7,11 @@ and take the keywords of the groups they understand as ``**keywords: Unpack[...]
 
     group             keywords                                              taken by
     CommonKeywords    causal scale window softcap kv_lengths alibi_slopes   all three
-                        attention_chunk
+                        attention_chunk topk_indices topk_length
+                        topk_blocks topk_block_size
+    LatentKeywords    qv d_v                                                all three
     Keywords          + mask bias align sinks cu_seqlens_q cu_seqlens_k     attention, its backward
-                        dropout_p seed
+                        dropout_p seed (and LatentKeywords)
     CacheKeywords     block_table k_descale v_descale                       attention, flash
 
 (and `impl.flash.Tiling`, flash's ``block`` and ``threads``), so adding a keyword is one line
@@ -42,9 +44,20 @@ class CommonKeywords(TypedDict, total=False):
     softcap: float | None
     kv_lengths: Any
     alibi_slopes: Any
+    topk_indices: Any
+    topk_length: Any
+    topk_blocks: Any
+    topk_block_size: int | None
 
 
-class Keywords(CommonKeywords, total=False):
+class LatentKeywords(TypedDict, total=False):
+    """MLA: ``qv`` (absorbed queries' value part) and ``d_v`` (values read from the keys' latent)."""
+
+    qv: Any
+    d_v: int | None
+
+
+class Keywords(CommonKeywords, LatentKeywords, total=False):
     """The keywords of the maths: every one that `impl.attention` and `impl.attention_backward` take."""
 
     mask: Any

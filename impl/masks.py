@@ -245,3 +245,90 @@ def packed_mask(
         return True if seen is None else seen
 
     return per_sequence(cu_seqlens_q, cu_seqlens_k, block, outside=False)
+
+
+def topk_mask(indices: Any, n_k: int, length: Any = None) -> np.ndarray:
+    # [..., n_q, topk] int, length [..., n_q] -> [..., n_q, n_k] bool
+    """Top-k sparse selection (DeepSeek's sparse attention, FlashMLA's ``indices``): query i sees
+    key j exactly when j is listed in row i, ``j ∈ {indices[..., i, t] : t < length[..., i]}``.
+
+    An entry ``< 0`` or ``>= n_k`` lists no key (the padding of a short row); ``length`` (default:
+    every entry) reads only a row's first ``length[..., i]`` entries. A key listed twice is seen,
+    once: this is a mask. A row that lists no valid key sees nothing.
+
+    >>> topk_mask(np.array([[2, 0], [1, -1]]), 3).astype(int)
+    array([[1, 0, 1],
+           [0, 1, 0]])
+    >>> topk_mask(np.array([[2, 0], [1, 1]]), 3, length=np.array([1, 2])).astype(int)
+    array([[0, 0, 1],
+           [0, 1, 0]])
+    """
+    indices = np.asarray(indices)
+    listed = (indices >= 0) & (indices < n_k)
+    if length is not None:
+        listed &= np.arange(indices.shape[-1]) < np.asarray(length)[..., None]
+    # Every unlisted entry points at one extra column, n_k, which is then dropped.
+    seen = np.zeros((*indices.shape[:-1], n_k + 1), dtype=bool)
+    np.put_along_axis(seen, np.where(listed, indices, n_k), True, axis=-1)
+    return seen[..., :n_k]
+
+
+def topk_block_mask(blocks: Any, block_size: int, n_k: int) -> np.ndarray:
+    # [..., n_q, n_blocks] int -> [..., n_q, n_k] bool
+    """Block-sparse selection (NSA's selected branch): query i sees key j exactly when
+    ``j // block_size`` is listed in row i.
+
+    Key blocks are ``[b·block_size, (b + 1)·block_size)``, the last one cut at n_k; an entry ``< 0``
+    or ``>= ceil(n_k / block_size)`` lists no block, and a block listed twice is seen once.
+
+    >>> topk_block_mask(np.array([[1], [0]]), 2, 3).astype(int)
+    array([[0, 0, 1],
+           [1, 1, 0]])
+    """
+    n_blocks = -(-n_k // block_size)
+    return np.repeat(topk_mask(blocks, n_blocks), block_size, axis=-1)[..., :n_k]
+
+
+def check_topk(
+    indices: Any, length: Any, shape: tuple[int, ...], *,
+    names: tuple[str, str] = ("topk_indices", "topk_length"),
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    # indices [*shape, topk] int, length shape[:-2] + shape[-1:] int -> the two as arrays
+    """Validate a top-k list and its lengths (``TypeError``/``ValueError`` naming each).
+
+    ``shape`` is the list's shape but its last axis: ``(batch, heads_kv, n_q)`` for 4-D inputs,
+    ``(heads_kv, n_q)`` for 3-D, ``(n_q,)`` for 2-D. ``length`` has that shape without the heads
+    axis (``(batch, n_q)``, else ``(n_q,)``), values in ``[0, topk]``, and is taken only with a list.
+    No list gives ``(None, None)``.
+    """
+    name, length_name = names
+    if indices is None:
+        if length is not None:
+            raise ValueError(f"{length_name} is given only with {name}")
+        return None, None
+    arr = np.asarray(indices)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be an integer array, got dtype {arr.dtype}")
+    if arr.shape[:-1] != shape or arr.ndim != len(shape) + 1:
+        raise ValueError(f"{name} must have shape {(*shape, 'topk')}, got {arr.shape}")
+    if length is None:
+        return arr, None
+    lengths = np.asarray(length)
+    if lengths.dtype.kind not in "iu":
+        raise TypeError(f"{length_name} must be an integer array, got dtype {lengths.dtype}")
+    want = (*shape[:-2], shape[-1]) if len(shape) > 2 else shape[-1:]
+    if lengths.shape != want:
+        raise ValueError(f"{length_name} must have shape {want}, got {lengths.shape}")
+    if lengths.size and (lengths.min() < 0 or lengths.max() > arr.shape[-1]):
+        raise ValueError(f"{length_name} must lie in [0, topk={arr.shape[-1]}], got values from "
+                         f"{lengths.min()} to {lengths.max()}")
+    return arr, lengths
+
+
+def check_block_size(block_size: object) -> int:
+    """Validate ``topk_block_size``: an integer > 0 (``TypeError``/``ValueError`` naming it)."""
+    if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)):
+        raise TypeError(f"topk_block_size must be an integer > 0, got {block_size!r}")
+    if block_size <= 0:
+        raise ValueError(f"topk_block_size must be an integer > 0, got {block_size}")
+    return int(block_size)

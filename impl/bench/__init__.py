@@ -4,6 +4,8 @@
   path in words;
 * `impl.bench.measure` — the timing: interleaved rounds, samples, the sgemm floor, traced memory,
   and the record ``--json`` writes (its keys are listed in that module's docstring);
+* `impl.bench.sparse` — ``--sparse TOPK``: flash's top-k sparse path against its dense path as n
+  grows, time and traced memory;
 * `impl.bench.profiling` — ``--profile``: one thread's time in flash's tile loop, line by line;
 * `impl.bench.render` — the record as text and as a Markdown page, and the line profile's table;
 * `impl.bench.plot` — the log-log plot (matplotlib, imported only when plotting);

@@ -4,7 +4,9 @@ One head, float32, d_k = d_v = 128 by default, n doubling from 512 to 16,384 tok
 implementation and size it reports the median wall time over ``--repeat`` samples, the useful
 GFLOP/s, the time ratio per doubling (pure n² gives 4) and the peak traced memory.
 ``--backward`` times the gradients instead: ``flash_attention_backward`` against autograd of
-PyTorch's fused SDPA forward (and the dense ``attention_backward`` as "naive").
+PyTorch's fused SDPA forward (and the dense ``attention_backward`` as "naive"). ``--sparse TOPK``
+times flash's top-k sparse path against its dense path as n grows at that top-k
+(`impl.bench.sparse`; default sizes 512 … 8192).
 
 The command line: its flags, the checks that refuse a bad one before any timing (one line on
 stderr, exit status 2), and what each mode prints and writes. How it measures is in
@@ -26,9 +28,11 @@ from impl.bench.measure import NAIVE_MAX, PAUSE_S, blas_runtime, run_benchmark
 from impl.bench.plot import plot
 from impl.bench.profiling import profile_lines
 from impl.bench.render import format_profile, format_report, loads, markdown
+from impl.bench.sparse import format_sparse, run_sparse
 
 PROG = "python -m impl.bench"
 DEFAULT_SIZES = (512, 1024, 2048, 4096, 8192, 16384)
+SPARSE_SIZES = (512, 1024, 2048, 4096, 8192)
 
 
 _positive = int_at_least(1)
@@ -37,13 +41,16 @@ _seconds = seconds_between(0, 60)
 
 def _parser() -> argparse.ArgumentParser:
     p = Parser(prog=PROG, description=__doc__.splitlines()[0])
-    p.add_argument("--sizes", nargs="+", type=_positive, default=list(DEFAULT_SIZES), metavar="N",
-                   help="numbers of tokens (default: 512 … 16384, doubling)")
+    p.add_argument("--sizes", nargs="+", type=_positive, default=None, metavar="N",
+                   help="numbers of tokens (default: 512 … 16384, doubling; --sparse: 512 … 8192)")
     p.add_argument("--repeat", type=_positive, default=5, help="timed samples per size (default 5)")
     p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True,
                    help="causal mask (default on)")
     p.add_argument("--backward", action="store_true",
                    help="time the gradients: flash_attention_backward against autograd of torch's fused SDPA")
+    p.add_argument("--sparse", type=_positive, metavar="TOPK",
+                   help="time flash's top-k sparse path (TOPK keys per query) against its dense path; "
+                        "prints a table, --json writes the record")
     p.add_argument("--d-k", type=_positive, default=128, help="query/key width (default 128)")
     p.add_argument("--d-v", type=_positive, default=128, help="value width (default 128)")
     p.add_argument("--impl", action="append", dest="impls", metavar="NAME",
@@ -65,6 +72,15 @@ def _parser() -> argparse.ArgumentParser:
 
 def _check(args: argparse.Namespace) -> list[str]:
     """Refuse what would fail only after minutes of timing."""
+    if args.sparse is not None:
+        given = [flag for flag, on in (("--backward", args.backward), ("--profile", args.profile),
+                                       ("--impl", args.impls), ("--from-json", args.from_json),
+                                       ("--plot", args.plot), ("--markdown", args.markdown)) if on]
+        if given:
+            raise UsageError(f"--sparse times flash's two paths and writes --json only: not with {given[0]}")
+        if args.json:
+            check_output_dir("--json", args.json)
+        return ["sparse", "dense"]
     if args.from_json:
         if args.json or args.profile:
             raise UsageError("--from-json renders a stored record: use --markdown or --plot, "
@@ -127,6 +143,17 @@ def _profile(args: argparse.Namespace, command: str) -> int:
     return 0
 
 
+def _sparse(args: argparse.Namespace, command: str) -> int:
+    """``--sparse TOPK``: print (and with ``--json``, write) the sparse against dense record."""
+    record = run_sparse(args.sizes or list(SPARSE_SIZES), topk=args.sparse, d_k=args.d_k, d_v=args.d_v,
+                        repeat=args.repeat, causal=args.causal, pause=args.pause, command=command)
+    print(format_sparse(record))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(record, f, indent=1, allow_nan=False)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; 0 on success, 2 (and one line on stderr) on a bad one."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -138,6 +165,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as done:  # --help
         return int(done.code or 0)
     command = " ".join([PROG, *argv])
+    if args.sparse is not None:
+        return _sparse(args, command)
+    args.sizes = args.sizes or list(DEFAULT_SIZES)
     if args.profile:
         return _profile(args, command)
     if args.from_json:

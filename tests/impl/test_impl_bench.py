@@ -436,3 +436,41 @@ def test_the_one_thread_profile_leaves_impl_flash_as_it_is(monkeypatch, backward
 def test_profile_refuses_json_and_plot(capsys):
     assert main(["--profile", "--json", "x.json"]) == 2
     assert "--profile writes a report only" in capsys.readouterr().err
+
+
+def test_sparse_mode_times_both_paths_and_writes_the_documented_record(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(impl.bench.measure, "MIN_SAMPLE_S", 0.0)
+    out = tmp_path / "sparse.json"
+    argv = ["--sparse", "4", "--sizes", "32", "64", "--repeat", "2", "--pause", "0", "--d-k", "8",
+            "--d-v", "4", "--json", str(out)]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "topk 4" in text and "sparse" in text and "dense" in text
+    record = json.loads(out.read_text())
+    assert set(record) == {"command", "date", "config", "machine", "memory_method", "results"}
+    assert record["config"] | {"sizes": None} == {
+        "mode": "sparse", "sizes": None, "topk": 4, "d_k": 8, "d_v": 4, "dtype": "float32", "causal": True,
+        "repeat": 2, "pause_s": 0.0, "threads": 1}
+    rows = {(r["implementation"], r["n_tokens"]): r for r in record["results"]}
+    assert set(rows) == {(name, n) for name in ("sparse", "dense") for n in (32, 64)}
+    for (name, n), row in rows.items():
+        assert len(row["times_s"]) == 2 and row["time_s"] == statistics.median(row["times_s"])
+        assert row["peak_bytes"] > 0 and row["peak_bytes_per_token"] == row["peak_bytes"] / n
+        previous = rows.get((name, n // 2))
+        assert row["ratio"] == (None if previous is None else row["time_s"] / previous["time_s"])
+
+
+def test_sparse_lists_stay_among_the_keys_each_query_may_see():
+    from impl.bench.sparse import topk_lists
+
+    lists = topk_lists(50, 7, causal=True)
+    assert lists.shape == (50, 7) and lists.dtype == np.int32
+    assert (lists >= 0).all() and (lists <= np.arange(50)[:, None]).all()
+    assert (topk_lists(50, 7, causal=False) < 50).all()
+
+
+@pytest.mark.parametrize("extra", [["--backward"], ["--impl", "flash"], ["--plot", "x.png"], ["--profile"]])
+def test_sparse_mode_refuses_the_flags_of_the_other_modes(extra, capsys):
+    assert main(["--sparse", "8", *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"not with {extra[0]}" in err

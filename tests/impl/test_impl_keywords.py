@@ -16,14 +16,16 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "impl.md"
 # The keywords and defaults each function had when each was written out by hand (and still has).
 MATHS = {"causal": False, "mask": None, "scale": None, "bias": None, "window": None, "align": None,
          "softcap": None, "sinks": None, "kv_lengths": None, "cu_seqlens_q": None, "cu_seqlens_k": None,
-         "dropout_p": 0.0, "seed": None, "alibi_slopes": None, "attention_chunk": None}
+         "dropout_p": 0.0, "seed": None, "alibi_slopes": None, "attention_chunk": None,
+         "qv": None, "d_v": None}
+SPARSE = {"topk_indices": None, "topk_length": None, "topk_blocks": None, "topk_block_size": None}
 CACHE = {"block_table": None, "k_descale": None, "v_descale": None}
 SIGNATURES = {
-    attention: MATHS | CACHE | {"return_weights": False, "return_lse": False},
-    attention_backward: MATHS | {"align": "top_left", "return_extras": False},
+    attention: MATHS | SPARSE | CACHE | {"return_weights": False, "return_lse": False},
+    attention_backward: MATHS | SPARSE | {"align": "top_left", "return_extras": False},
     flash_attention: {"causal": False, "scale": None, "block": (256, 2048), "window": None, "softcap": None,
                       "return_lse": False, "alibi_slopes": None, "threads": None,
-                      "attention_chunk": None} | CACHE
+                      "attention_chunk": None, "qv": None, "d_v": None} | SPARSE | CACHE
                      | {"kv_lengths": None},
 }
 
