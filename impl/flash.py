@@ -902,9 +902,12 @@ def _sparse_given(keywords: Any) -> bool:
                for name in ("topk_indices", "topk_length", "topk_blocks", "topk_block_size"))
 
 
-def _distinct(blocks: Array) -> Array:  # [..., n_blocks] int -> same, sorted, a repeat as −1
-    """A row's listed blocks, each once: sorted, and every repeat of the entry before it made −1."""
-    ordered = np.sort(blocks, axis=-1)
+def _distinct(blocks: Array, n_blocks: int) -> Array:  # [..., entries] int -> same, sorted, a repeat as −1
+    """A row's listed blocks, each once: the valid ones (in [0, n_blocks)) sorted first, every
+    invalid one after them as −1 whatever its value (so the order the valid blocks are read in, and
+    with it every rounding, never depends on an invalid entry), every repeat made −1."""
+    ordered = np.sort(np.where((blocks >= 0) & (blocks < n_blocks), blocks, n_blocks), axis=-1)
+    ordered = np.where(ordered == n_blocks, -1, ordered)
     repeat = np.zeros(ordered.shape, dtype=bool)
     repeat[..., 1:] = ordered[..., 1:] == ordered[..., :-1]
     return np.where(repeat, -1, ordered)
@@ -929,7 +932,7 @@ def listed_keys(keywords: Any, shape: tuple[int, ...], n_k: int) -> Array:
     if blocks is not None:
         size = check_block_size(size)
         n_blocks = -(-n_k // size)
-        first = _distinct(blocks.astype(np.int64))
+        first = _distinct(blocks.astype(np.int64), n_blocks)
         first = np.where((first >= 0) & (first < n_blocks), first * size, -n_k - size)
         indices = (first[..., :, None] + np.arange(size)).reshape(*shape, -1)  # each block's keys
     assert indices is not None

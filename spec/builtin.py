@@ -1,6 +1,7 @@
 """Targets by name — the one module of `spec` that imports `impl`.
 
-- ``reference`` — `impl.attention`; ``flash`` — `impl.flash_attention`;
+- ``reference`` — `impl.attention`; ``flash`` — `impl.flash_attention`; ``reference_latent``,
+  ``flash_latent`` — the same called as MLA's shared latent (``v_from_k``);
 - ``torch``, ``jax``, ``mlx``, ``torch_flex_paged``, ``torch_flex_topk``, ``onnxruntime``,
   ``onnx_reference`` — each framework adapter's targets (`spec.adapters`), its module imported
   only when one is asked for, so the suite needs no framework;
@@ -53,11 +54,11 @@ def _reference() -> Target:
 
     return Target(attention, name="reference", supports_mask=True, supports_scale=True,
                   dtypes=("float16", "float32", "float64", *dt.bfloat16_if_installed()), ndims=(2, 3, 4),
-                  grad_fn=_reference_grad, grad_extras=("dbias", "dsinks"), supports_gqa=True,
+                  grad_fn=_reference_grad, grad_extras=("dbias", "dsinks", "dqv"), supports_gqa=True,
                   supports_bias=True, supports_window=True, supports_softcap=True, supports_sinks=True,
                   supports_kv_lengths=True, supports_varlen=True, supports_dropout=True, returns_lse=True,
                   supports_alibi=True, supports_paged_kv=True, supports_fp8_kv=dt.has_ml_dtypes(),
-                  supports_chunk=True,
+                  supports_chunk=True, supports_topk=True, supports_topk_blocks=True, supports_qv=True,
                   empty_keys="compute")  # no keys: zeros of the output's shape, as impl promises
 
 
@@ -79,15 +80,32 @@ def _flash() -> Target:
                   dtypes=("float16", "float32", "float64", *dt.bfloat16_if_installed()), ndims=(2, 3, 4),
                   supports_window=True, supports_softcap=True, returns_lse=True, grad_fn=_flash_grad,
                   grad_takes_residuals=True, supports_alibi=True, supports_chunk=True,
+                  # its top-k path gathers the listed keys: a key listed twice counts twice
+                  supports_topk=True, topk_duplicates="each", supports_topk_blocks=True,
                   # a paged cache, float8 or not, and its kv_lengths (carried by block_table): the
                   # float8 path and kv_lengths only with a block table, ALiBi only without
                   supports_paged_kv=True, supports_fp8_kv=dt.has_ml_dtypes(),
                   fp8_kv_paged_only=dt.has_ml_dtypes(), holds_scores=False, empty_keys="compute")
 
 
+def _latent(make: Callable[[], Target]) -> Callable[[], Target]:
+    """The built-in ``make`` gives, called as MLA's shared latent (``v_from_k``: ``v=None``, ``d_v=``,
+    V the first d_v columns of K), which `impl` takes beside every keyword but a float8 cache (its
+    codes are K's; the latent's V would be a slice of them)."""
+
+    def latent() -> Target:
+        plain = make()
+        return plain.replace(name=f"{plain.name}_latent", v_from_k=True, supports_fp8_kv=False,
+                             fp8_kv_paged_only=False)
+
+    return latent
+
+
 BUILTIN: dict[str, Callable[[], Target]] = {
     "reference": _reference,
     "flash": _flash,
+    "reference_latent": _latent(_reference),
+    "flash_latent": _latent(_flash),
     # each framework adapter's targets (spec.adapters.ADAPTERS), its module imported when asked for
     **{name: functools.partial(builtin, library, name) for library, adapter in ADAPTERS.items()
        for name in adapter.targets},

@@ -164,10 +164,8 @@ class Case:
         if root != 1.0:
             q, k = ((x * root).astype(self.np_dtype) for x in (q, k))
         k, v = self._to_max(k, self.k_max), self._to_max(v, self.v_max)
-        if self.v_prefix:  # MLA's shared latent: the values are the keys' first d_v columns
-            if self.d_v > self.d_k:
-                raise ValueError(f"a case with v_prefix needs d_v ≤ d_k, got d_v={self.d_v}, d_k={self.d_k}")
-            v = k[..., :self.d_v]
+        if self.v_prefix and self.d_v <= self.d_k:  # MLA's shared latent: v is the keys' first d_v columns
+            v = k[..., :self.d_v]  # (a law that widens d_v past d_k makes a call outside v_from_k: skipped)
         return _frozen(q), _frozen(k), _frozen(v)
 
     def _to_max(self, x: np.ndarray, largest: float | None) -> np.ndarray:

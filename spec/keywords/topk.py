@@ -186,6 +186,9 @@ TOPK = Keyword(
     terms=(Restricts(topk_visible, cause="topk"),),
     received=received,
     draw=draw,
-    excludes=("block_table", "cu_seqlens_q", "cu_seqlens_k", "past_key", "past_value"),
+    # a paged cache, packed sequences, a past cache: lists index a call's own contiguous keys;
+    # selected blocks: an alternative selection (NSA's branch), never passed with a token list
+    excludes=("block_table", "cu_seqlens_q", "cu_seqlens_k", "past_key", "past_value", "topk_blocks",
+              "topk_block_size"),
     in_layout=("topk_indices",),  # bnhd: [batch, n_q, heads_kv, topk], as FlashMLA takes them
 )

@@ -186,8 +186,8 @@ def test_lse_base_2_is_read_as_its_natural_value():
     np.testing.assert_allclose(run_lse(target, inputs, as_returned=True)[1], natural / np.log(2), rtol=1e-12)
 
 
-def test_topk_and_blocks_are_drawn_together_in_pairs():
-    assert TOPK.combines_with(TOPK_BLOCKS)
+def test_topk_and_blocks_are_alternatives_never_drawn_together():
+    assert not TOPK.combines_with(TOPK_BLOCKS) and not TOPK_BLOCKS.combines_with(TOPK)
 
 
 def test_a_bnhd_target_gets_the_lists_with_heads_and_queries_swapped():
