@@ -734,6 +734,8 @@ def attention(
         q, k, v, block_table=keywords["block_table"], kv_lengths=keywords["kv_lengths"],
         k_descale=keywords["k_descale"], v_descale=keywords["v_descale"], align=keywords["align"],
         work=compute_dtype(dtype))
+    if keywords["qv"] is not None and np.asarray(keywords["qv"]).dtype == dtype != q.dtype:
+        keywords["qv"] = np.asarray(keywords["qv"]).astype(q.dtype)  # widened as q was (a float8 cache)
     q, k, v, _, core = _checked(q, k, v, keywords)
     work = compute_dtype(q.dtype)
     out, weights, lse = _grouped(_core, *(x.astype(work, copy=False) for x in (q, k, v)), **core)

@@ -27,7 +27,7 @@ _WHERE = {
     "LAW_MODULES": "spec.registry", "LAWS": "spec.registry", "Law": "spec.registry",
     "Report": "spec.report", "Result": "spec.report", "Counterexample": "spec.report",
     "check": "spec.runner", "replay": "spec.runner",
-    "judge": "spec.judge", "Verdict": "spec.judge",
+    "judge": "spec.verdict", "Verdict": "spec.verdict",
     "Target": "spec.target", "TargetError": "spec.target",
 }
 """Where each public name lives: loaded on first use (PEP 562), so that ``import spec.golden`` —
@@ -45,12 +45,12 @@ if TYPE_CHECKING:  # the names, for type checkers and editors
     from spec.adapters.onnx import from_onnx  # noqa: F401
     from spec.adapters.torch import from_torch  # noqa: F401
     from spec.builtin import BUILTIN, as_target, load_target  # noqa: F401
-    from spec.judge import Verdict, judge  # noqa: F401
     from spec.profiles import PROFILES  # noqa: F401
     from spec.registry import LAW_MODULES, LAWS, Law  # noqa: F401
     from spec.report import Counterexample, Report, Result  # noqa: F401
     from spec.runner import check, replay  # noqa: F401
     from spec.target import Target, TargetError  # noqa: F401
+    from spec.verdict import Verdict, judge  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

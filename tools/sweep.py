@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TARGETS = ("reference", "flash", "torch")
+TARGETS = ("reference", "flash", "reference_latent", "flash_latent", "torch")
 DEFAULT = "default"  # the column of the run without --seed
 SLOW = ("jax", "torch_flex_paged", "torch_flex_topk", "pallas_mha", "pallas_decode", "pallas_gpu_paged",
         "pallas_tpu_flash", "pallas_tpu_paged", "pallas_splash")

@@ -74,7 +74,7 @@ def topk_blocks_no_leak(target: Target, case: Case) -> None:
 
 
 @law(strategy=lambda t: block_cases(t, masks=("none", "random")), needs=needs_blocks)
-def topk_blocks_ignored_entries_change_nothing(target: Target, case: Case) -> None:
+def topk_blocks_invalid_ignored(target: Target, case: Case) -> None:
     """Rewriting each invalid entry (< 0 or ≥ ceil(n_k / topk_block_size)) to another invalid value
     leaves the output bit-identical (within tolerance if the target declares exact_masking=False
     or deterministic=False).

@@ -11,7 +11,8 @@ from spec.laws.gradients import differentiable
 def test_every_differentiable_keyword_has_a_grid_case_where_it_matters():
     reference = spec.load_target("reference")
     keywords = differentiable(reference)
-    names = {"bias", "alibi", "window", "softcap", "sinks", "kv_lengths", "varlen", "chunk"}
+    names = {"bias", "alibi", "window", "softcap", "sinks", "kv_lengths", "varlen", "chunk", "topk",
+             "topk_blocks", "qv"}
     assert {kw.name for kw in keywords} == names
     grid = keyword_grid(reference)
     assert [next(iter(c.keywords)) for c in grid] == [kw.name for kw in keywords]

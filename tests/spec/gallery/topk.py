@@ -308,7 +308,7 @@ BROKEN += [
     broken(_block_bug("topk_blocks_one_key_wide", wide=True), "topk_blocks_no_leak",
            "a block's keys taken as b·size .. (b + 1)·size: the next block's first key read with it",
            **BLOCKS),
-    broken(_block_bug("topk_blocks_wrapped", wrap=True), "topk_blocks_ignored_entries_change_nothing",
+    broken(_block_bug("topk_blocks_wrapped", wrap=True), "topk_blocks_invalid_ignored",
            "an invalid block taken modulo the number of blocks", **BLOCKS),
     broken(_block_bug("topk_blocks_read_each_time", each=True), "topk_blocks_listed_twice_count_once",
            "a block listed twice read twice (its keys' weights doubled)", **BLOCKS),

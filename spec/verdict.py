@@ -1,4 +1,6 @@
-"""``spec.judge``: the suite as a benchmark's judge — one call per kernel, one verdict to store.
+"""``spec.judge`` and ``spec.Verdict``: the suite as a benchmark's judge — one call per kernel, one
+verdict to store. (The module is not named ``judge``: importing a submodule of that name would
+replace the function ``spec.judge`` by the module.)
 
 A benchmark that scores generated kernels needs what a kernel author reads in a report, as data:
 whether the kernel conforms, the laws run, each failure with the line that replays it, the power
