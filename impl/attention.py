@@ -47,9 +47,8 @@ from impl.masks import (
     ALIGNMENTS,
     Align,
     causal_mask,
-    check_block_size,
     check_chunk,
-    check_topk,
+    check_selection_keywords,
     check_window,
     chunk_mask,
     key_distance,
@@ -399,16 +398,10 @@ def check_selection(
     keywords: Any, shape: tuple[int, ...], n_k: int,
 ) -> Array | None:  # -> [*shape, n_k] bool (K/V heads), or None without a list
     """Top-k keys and top-k blocks as one mask over K/V heads: ``topk_mask`` ∧ ``topk_block_mask``."""
-    indices, length = check_topk(keywords["topk_indices"], keywords["topk_length"], shape)
-    blocks, _ = check_topk(keywords["topk_blocks"], None, shape, names=("topk_blocks", "topk_length"))
-    size = keywords["topk_block_size"]
-    if (blocks is None) != (size is None):
-        raise ValueError("topk_blocks and topk_block_size are given together, got "
-                         f"topk_blocks {'absent' if blocks is None else 'given'} and "
-                         f"topk_block_size {size!r}")
+    indices, length, blocks, size = check_selection_keywords(keywords, shape)
     listed = None if indices is None else topk_mask(
         indices, n_k, None if length is None else _per_head(length, shape))
-    chosen = None if blocks is None else topk_block_mask(blocks, check_block_size(size), n_k)
+    chosen = None if blocks is None or size is None else topk_block_mask(blocks, size, n_k)
     return _all(listed, chosen)
 
 

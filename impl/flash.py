@@ -66,7 +66,7 @@ from impl.attention import (
 )
 from impl.grad import _check_d_out, _unbroadcast
 from impl.keywords import CacheKeywords, CommonKeywords, LatentKeywords, WithLse, WithoutLse, given, takes
-from impl.masks import _diagonal, check_block_size, check_chunk, check_topk, check_window
+from impl.masks import _diagonal, check_chunk, check_selection_keywords, check_window
 
 # Query rows × keys per tile. A 256 × 2048 float32 score tile is 2 MiB: big enough that each matmul
 # runs near full sgemm speed and Python's per-tile cost vanishes, small enough to stay in cache.
@@ -919,18 +919,11 @@ def listed_keys(keywords: Any, shape: tuple[int, ...], n_k: int) -> Array:
     lists none: ``topk_indices`` read up to ``topk_length``, each entry out of ``[0, n_k)`` made
     n_k; or the keys of each listed block of ``topk_blocks``, a block listed twice read once (so
     the gather counts it once, as the mask does). Memory O(n_q · entries), never n_q × n_k."""
-    indices, length = check_topk(keywords["topk_indices"], keywords["topk_length"], shape)
-    blocks, _ = check_topk(keywords["topk_blocks"], None, shape, names=("topk_blocks", "topk_length"))
-    size = keywords["topk_block_size"]
-    if (blocks is None) != (size is None):
-        raise ValueError("topk_blocks and topk_block_size are given together, got "
-                         f"topk_blocks {'absent' if blocks is None else 'given'} and "
-                         f"topk_block_size {size!r}")
+    indices, length, blocks, size = check_selection_keywords(keywords, shape)
     if indices is not None and blocks is not None:
         raise ValueError("flash_attention takes topk_indices or topk_blocks, not both "
                          "(impl.attention takes both, ANDed)")
-    if blocks is not None:
-        size = check_block_size(size)
+    if blocks is not None and size is not None:
         n_blocks = -(-n_k // size)
         first = _distinct(blocks.astype(np.int64), n_blocks)
         first = np.where((first >= 0) & (first < n_blocks), first * size, -n_k - size)

@@ -325,6 +325,21 @@ def check_topk(
     return arr, lengths
 
 
+def check_selection_keywords(
+    keywords: Any, shape: tuple[int, ...],
+) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None, int | None]:
+    """``topk_indices`` and ``topk_length`` (`check_topk`), ``topk_blocks`` and ``topk_block_size``
+    (`check_block_size`; the two given together) from a call's keywords, each validated."""
+    indices, length = check_topk(keywords["topk_indices"], keywords["topk_length"], shape)
+    blocks, _ = check_topk(keywords["topk_blocks"], None, shape, names=("topk_blocks", "topk_length"))
+    size = keywords["topk_block_size"]
+    if (blocks is None) != (size is None):
+        raise ValueError("topk_blocks and topk_block_size are given together, got "
+                         f"topk_blocks {'absent' if blocks is None else 'given'} and "
+                         f"topk_block_size {size!r}")
+    return indices, length, blocks, None if size is None else check_block_size(size)
+
+
 def check_block_size(block_size: object) -> int:
     """Validate ``topk_block_size``: an integer > 0 (``TypeError``/``ValueError`` naming it)."""
     if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)):
