@@ -8,7 +8,8 @@ counts as local, so an editable checkout and an installed package draw other exa
 
 A target is a name ``spec check`` takes, or a group of every correct target the project has:
 
-- ``builtins`` — ``reference``, ``flash`` and each framework built-in whose library is installed
+- ``builtins`` — ``reference``, ``flash``, ``reference_latent``, ``flash_latent`` and each framework
+  built-in whose library is installed
   (`spec.adapters.ADAPTERS`), the slow ones aside;
 - ``gallery`` — every correct variant of the suite's gallery (``tests/spec/gallery``: each family's
   ``CORRECT``, the declarations the built-ins do not make among them), loaded from the checkout
@@ -82,11 +83,11 @@ class Entry:
 
 
 def installed_builtins() -> list[str]:
-    """``reference``, ``flash`` and each framework built-in whose library imports here, in the order
-    of `spec.adapters.ADAPTERS`."""
+    """``reference``, ``flash``, their latent forms and each framework built-in whose library imports
+    here, in the order of `spec.adapters.ADAPTERS`."""
     from spec.adapters import ADAPTERS
 
-    names = ["reference", "flash"]
+    names = ["reference", "flash", "reference_latent", "flash_latent"]
     for library, adapter in ADAPTERS.items():
         names += [name for name in adapter.targets
                   if importlib.util.find_spec(LIBRARY.get(name, library)) is not None]
