@@ -105,9 +105,10 @@ def list_properties(target_spec: str | None) -> str:
     target = merge or (load(target_spec) if target_spec else None)
     rows = []
     for name, prop in LAWS.items():
-        skip = prop.needs(target) if target else None
         if merge is not None and prop.family != MERGE_FAMILY:
-            skip = "an attention law (the target is a merge operator)"
+            skip: str | None = "an attention law (the target is a merge operator)"
+        else:
+            skip = prop.needs(target) if target else None
         rows.append([name, ("skipped: " + skip) if skip else prop.statement.replace("``", "")])
     return tabulate(rows, headers=["law", "statement"], tablefmt="simple", maxcolwidths=[None, 80])
 
