@@ -157,7 +157,11 @@ def load_merge_target(spec: Any) -> MergeTarget | None:
             obj = getattr(obj, part)
     except Exception:  # whatever fails, load_target fails the same way and says it
         return None
-    return obj if isinstance(obj, MergeTarget) else None
+    if not isinstance(obj, MergeTarget):
+        return None
+    named = obj.fn if obj.fn is not None else obj.fn_n
+    # named after its function only: the name it was loaded by says more (as `load_target`'s)
+    return obj.replace(name=spec) if named is not None and obj.name == _callable_name(named) else obj
 
 
 def as_target(obj: Any) -> Target:
