@@ -29,6 +29,7 @@ _WHERE = {
     "check": "spec.runner", "replay": "spec.runner",
     "judge": "spec.verdict", "Verdict": "spec.verdict",
     "Target": "spec.target", "TargetError": "spec.target",
+    "MergeTarget": "spec.merge_target",
 }
 """Where each public name lives: loaded on first use (PEP 562), so that ``import spec.golden`` —
 which imports this package first — needs NumPy alone."""
@@ -45,6 +46,7 @@ if TYPE_CHECKING:  # the names, for type checkers and editors
     from spec.adapters.onnx import from_onnx  # noqa: F401
     from spec.adapters.torch import from_torch  # noqa: F401
     from spec.builtin import BUILTIN, as_target, load_target  # noqa: F401
+    from spec.merge_target import MergeTarget  # noqa: F401
     from spec.profiles import PROFILES  # noqa: F401
     from spec.registry import LAW_MODULES, LAWS, Law  # noqa: F401
     from spec.report import Counterexample, Report, Result  # noqa: F401

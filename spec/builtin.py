@@ -8,7 +8,10 @@
 - ``pallas_mha``, ``pallas_decode``, ``pallas_gpu_paged``, ``pallas_tpu_flash``, ``pallas_tpu_paged``,
   ``pallas_splash`` — JAX's Pallas attention kernels under the Pallas interpreters
   (`spec.adapters.pallas`, the jax adapter's);
-- ``package.module:attr`` — any importable callable or `spec.Target` (an attribute path
+- ``merge`` — `impl.merge` (``merge_states``, ``merge_states_n``) and ``torch_sdpa_merger`` —
+  PyTorch's ``_SDPAMerger`` (`spec.adapters.torch_merge`): merge operators (`spec.MergeTarget`,
+  `MERGE_BUILTIN`), checked on the merge laws alone;
+- ``package.module:attr`` — any importable callable, `spec.Target` or `spec.MergeTarget` (an attribute path
   such as ``pkg.mod:Class.method`` works too);
 - ``path/to/script.py:attr`` — the same from a file, imported under a module name of its own (not
   ``__main__``, so its ``if __name__ == "__main__":`` block does not run).
@@ -39,6 +42,7 @@ from typing import Any
 
 from spec import dtypes as dt
 from spec.adapters import ADAPTERS, builtin
+from spec.merge_target import MergeTarget
 from spec.target import Target, TargetError, _callable_name
 
 
@@ -113,6 +117,53 @@ BUILTIN: dict[str, Callable[[], Target]] = {
 """Built-in targets by name; each entry builds its Target on demand."""
 
 
+def _merge() -> MergeTarget:
+    """`impl.merge`: both forms, natural lse, −inf for an empty state."""
+    from impl.merge import merge_states, merge_states_n
+
+    return MergeTarget(merge_states, fn_n=merge_states_n, name="merge",
+                       dtypes=("float16", "float32", "float64"))
+
+
+def _torch_sdpa_merger() -> MergeTarget:
+    from spec.adapters.torch_merge import torch_sdpa_merger
+
+    return torch_sdpa_merger()
+
+
+MERGE_BUILTIN: dict[str, Callable[[], MergeTarget]] = {
+    "merge": _merge,
+    "torch_sdpa_merger": _torch_sdpa_merger,
+}
+"""Built-in merge operators by name (`spec.MergeTarget`), each built on demand."""
+
+
+def load_merge_target(spec: Any) -> MergeTarget | None:
+    """The merge operator ``spec`` names (a `MergeTarget`, a built-in merge name, or a
+    ``module:attr`` / ``path.py:attr`` holding one), or None when it names anything else (an
+    attention target, or nothing that loads: `load_target` then says why)."""
+    if isinstance(spec, MergeTarget):
+        return spec
+    if not isinstance(spec, str):
+        return None
+    if spec in MERGE_BUILTIN:
+        return MERGE_BUILTIN[spec]()
+    if spec in BUILTIN or ":" not in spec:
+        return None
+    module_name, _, attr_path = spec.rpartition(":")
+    try:
+        obj: Any = _import(module_name) if _is_path(module_name) else importlib.import_module(module_name)
+        for part in attr_path.split("."):
+            obj = getattr(obj, part)
+    except Exception:  # whatever fails, load_target fails the same way and says it
+        return None
+    if not isinstance(obj, MergeTarget):
+        return None
+    named = obj.fn if obj.fn is not None else obj.fn_n
+    # named after its function only: the name it was loaded by says more (as `load_target`'s)
+    return obj.replace(name=spec) if named is not None and obj.name == _callable_name(named) else obj
+
+
 def as_target(obj: Any) -> Target:
     """A `Target` as it is; any other callable as a target with default capabilities."""
     if isinstance(obj, Target):
@@ -140,6 +191,9 @@ def load_target(spec: str | Callable[..., Any] | Target, *, device: str | None =
             raise TargetError(f"built-in target {spec!r} cannot run on {device!r}: {e}") from None
     if not isinstance(spec, str):
         return as_target(spec)
+    if spec in MERGE_BUILTIN:
+        raise TargetError(f"{spec!r} is a merge operator (spec.MergeTarget): check it with spec.check or "
+                          "python -m spec check, which run the merge laws on it")
     if spec in BUILTIN:
         return BUILTIN[spec]()
     if ":" not in spec:
@@ -296,7 +350,8 @@ def source_of(obj: Any) -> str | NoSource:
     or in any other imported module (its declarations matter, so its function alone would not
     do); a function by its qualified name. A Target named after a built-in is that built-in.
     """
-    if isinstance(obj, Target) and obj.name in BUILTIN:
+    if (isinstance(obj, Target) and obj.name in BUILTIN) or (isinstance(obj, MergeTarget)
+                                                              and obj.name in MERGE_BUILTIN):
         return obj.name
     fn = obj.fn if isinstance(obj, Target) else obj
     qualname = getattr(fn, "__qualname__", "") or ""

@@ -10,17 +10,18 @@ import argparse
 import gc
 import os
 import sys
+from typing import Any
 
 import numpy as np
 from tabulate import tabulate
 
 from cmdline import Parser, UsageError, fail, int_at_least, positive_number
-from spec.builtin import BUILTIN
+from spec.builtin import BUILTIN, load_merge_target
 from spec.html import render_html
 from spec.profiles import PROFILES
 from spec.registry import LAWS
 from spec.report import LOUD, Result, render, strict_json
-from spec.runner import check, configure, load, select
+from spec.runner import MERGE_FAMILY, check, configure, load, select
 from spec.target import TargetError
 
 _positive = int_at_least(1)
@@ -100,10 +101,14 @@ def parser() -> argparse.ArgumentParser:
 
 
 def list_properties(target_spec: str | None) -> str:
-    target = load(target_spec) if target_spec else None
+    merge = load_merge_target(target_spec) if target_spec else None
+    target = merge or (load(target_spec) if target_spec else None)
     rows = []
     for name, prop in LAWS.items():
-        skip = prop.needs(target) if target else None
+        if merge is not None and prop.family != MERGE_FAMILY:
+            skip: str | None = "an attention law (the target is a merge operator)"
+        else:
+            skip = prop.needs(target) if target else None
         rows.append([name, ("skipped: " + skip) if skip else prop.statement.replace("``", "")])
     return tabulate(rows, headers=["law", "statement"], tablefmt="simple", maxcolwidths=[None, 80])
 
@@ -173,8 +178,13 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError("--memory is the budget of --profile scale; give --profile scale")
         if args.html:
             writable(args.html, "--html")
-        target = configure(load(args.target, device=args.device), isolation=args.isolation,
-                           deadline=args.deadline, expected_failures=args.expected_failures)
+        target: Any = load_merge_target(args.target)
+        if target is not None and (args.device or args.isolation or args.deadline or args.expected_failures):
+            raise UsageError("--device, --isolation, --deadline and --expected-failures apply to attention "
+                             f"targets, not to the merge operator {args.target!r}")
+        if target is None:
+            target = configure(load(args.target, device=args.device), isolation=args.isolation,
+                               deadline=args.deadline, expected_failures=args.expected_failures)
     except (UsageError, TargetError, ValueError) as e:
         return fail("python -m spec", e)
     to_stdout = args.json == "-"

@@ -23,7 +23,8 @@ from spec.cases import Case, cases
 from spec.keywords import Keyword, registered
 from spec.target import Target
 
-Check = Callable[[Target, Case], None]
+Check = Callable[[Any, Any], None]
+"""A law's check: ``(Target, Case)``, or for a merge law ``(MergeTarget, MergeCase)`` (`spec.laws.merge`)."""
 
 LAW_MODULES: tuple[str, ...] = (
     "spec.laws.core",
@@ -50,6 +51,7 @@ LAW_MODULES: tuple[str, ...] = (
     "spec.laws.stateful",
     "spec.laws.long_runs",
     "spec.laws.scale",
+    "spec.laws.merge",
 )
 """Every module of laws, in report order. Add a family here (one line)."""
 
@@ -60,10 +62,10 @@ class Need:
     (None when it can); ``text`` names the capability (the docs' "Needs:"). Needs combine with
     ``&``: the first missing one is reported. Made by the constructors of `spec.laws._needs`."""
 
-    missing: Callable[[Target], str | None]
+    missing: Callable[[Any], str | None]
     text: str
 
-    def __call__(self, target: Target) -> str | None:
+    def __call__(self, target: Any) -> str | None:  # a Target, or a MergeTarget for a merge law
         return self.missing(target)
 
     def __and__(self, other: Need) -> Need:
@@ -86,10 +88,10 @@ class Law:
 
     name: str
     check: Check
-    strategy: Callable[[Target], st.SearchStrategy[Case]]
+    strategy: Callable[[Any], st.SearchStrategy[Any]]
     needs: Need = NOTHING  # why the target cannot be tested, or None
     reads_pattern: bool = False  # feeds V = I instead of the case's values
-    grid: Callable[[Target], list[Case]] | None = None  # boundary cases run first, in every profile
+    grid: Callable[[Any], list[Case]] | None = None  # boundary cases run first, in every profile
     scope: str = "named"  # what its failure tells (`SCOPES`): the report's order of failures
 
     @property
@@ -129,7 +131,7 @@ def _paragraphs(fn: Callable[..., Any]) -> list[str]:
 
 
 def law(
-    strategy: Callable[[Target], st.SearchStrategy[Case]] | None = None,
+    strategy: Callable[[Any], st.SearchStrategy[Any]] | None = None,
     needs: Need = NOTHING,
     reads_pattern: bool = False,
     grid: Callable[[Target], list[Case]] | None = None,

@@ -19,12 +19,13 @@ from hypothesis import HealthCheck, Phase, Verbosity, example, given, settings
 from hypothesis.errors import HypothesisException, Unsatisfiable
 
 from cmdline.blas import one_thread_blas
-from spec.builtin import NoSource, did_you_mean, load_target, source_of
+from spec.builtin import NoSource, did_you_mean, load_merge_target, load_target, source_of
 from spec.call import Call
 from spec.cases import Case, limits_text, outside_limits
 from spec.compared import Compared, compact
 from spec.context import BudgetSpent, RunContext, running
 from spec.isolation import TargetHung, TargetStopped, run_law, workers
+from spec.merge_target import MergeTarget
 from spec.power import Power
 from spec.profiles import PROFILES, Profile, checking, runs_at
 from spec.registry import LAWS, Law
@@ -252,7 +253,7 @@ def _run_in_worker(target: Target, job: tuple[str, dict[str, Any]]) -> Result:
 
 
 def _failure(
-    prop: Law, target: Target, last: list[Case], made: list[Call], examples: int, start: float,
+    prop: Law, target: Target | MergeTarget, last: list[Case], made: list[Call], examples: int, start: float,
     message: str, source: str | NoSource | None, observed: dict[str, float],
 ) -> Result:
     case = last[0] if last else None
@@ -312,6 +313,13 @@ def replay(target: str | Target | Any, name: str, **case: Any) -> None:
     """Run law ``name`` on one case (the fields of a counterexample); raises AssertionError
     if the law is broken, returns None if it holds."""
     (prop,) = select([name])
+    merge = load_merge_target(target)
+    if merge is not None or prop.family == MERGE_FAMILY:
+        from spec.laws.merge import MergeCase
+
+        with running(RunContext(deadline=None)), one_thread_blas():
+            prop.check(merge or load(target), MergeCase.from_fields(**case))
+        return
     loaded = load(target)
     with running(RunContext(deadline=PROFILES["ci"].deadline_s)), one_thread_blas(), workers():
         prop.check(loaded, Case.from_fields(**case))
@@ -549,8 +557,16 @@ def check(
                                      and math.isfinite(budget_s) and budget_s > 0):
         raise ValueError(f"budget_s must be a positive number of seconds, got {budget_s!r}")
     props = select(only)
-    if only is None:
-        props = [p for p in props if runs_at(p.family, profile) is None]
+    merge = load_merge_target(target)
+    if merge is not None:
+        if isolation is not None or deadline is not None:
+            raise TargetError("isolation and deadline apply to attention targets: a merge operator "
+                              f"({merge.name!r}) runs in the caller")
+        chosen = props if only is not None else [p for p in props if p.family == MERGE_FAMILY]
+        return check_merge(merge, chosen, profile=profile, max_examples=max_examples, seed=seed, each=each,
+                           source=target if isinstance(target, str) else source_of(merge), budget_s=budget_s)
+    if only is None:  # the merge laws judge merge operators (check_merge), not attention
+        props = [p for p in props if runs_at(p.family, profile) is None and p.family != MERGE_FAMILY]
     loaded = configure(load(target), isolation=isolation, deadline=deadline)
     if source is None:
         source = target if isinstance(target, str) else source_of(target)
@@ -567,7 +583,72 @@ def check(
     return report
 
 
-__all__ = ["PROFILES", "Report", "Result", "Stopping", "TargetError", "check", "check_law", "configure",
+MERGE_FAMILY = "merge"
+"""The law family that judges merge operators (`spec.laws.merge`), and only them."""
+
+
+def check_merge_law(prop: Law, target: MergeTarget, *, profile: str = "ci", max_examples: int | None = None,
+                    seed: int | None = None, source: str | NoSource | None = None) -> Result:
+    """One law on a merge operator (`spec.MergeTarget`), with Hypothesis, in the caller: every
+    outcome a Result, as `check_law`'s. An attention law is skipped, saying so."""
+    if prop.family != MERGE_FAMILY:
+        return Result(prop.name, "skip", 0, 0.0, "an attention law: the target is a merge operator "
+                      "(spec.MergeTarget), judged by the merge laws", law=prop.statement)
+    reason = runs_at(prop.family, profile) or prop.needs(target)
+    if reason:
+        return Result(prop.name, "skip", 0, 0.0, reason, law=prop.statement)
+    run, examples = RunContext(deadline=None), [0]
+    last: list[Any] = []  # the example being run; after a failure, the shrunk one
+
+    def test(case: Any) -> None:
+        last[:] = [case]
+        examples[0] += 1
+        prop.check(target, case)
+
+    test.__name__ = test.__qualname__ = prop.name  # derandomized streams differ per law
+    runner = _settings(PROFILES[profile], max_examples, seed)(given(prop.strategy(target))(test))
+    if seed is not None:
+        runner = hypothesis.seed(seed)(runner)
+    start = time.perf_counter()
+    try:
+        # a merge fed empty states or lse past exp's range may warn; its output is what is judged
+        with running(run), one_thread_blas(), np.errstate(all="ignore"):
+            runner()
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as error:
+        message = str(error) if isinstance(error, AssertionError) else f"{type(error).__name__}: {error}"
+        failed = _failure(prop, target, last, [], examples[0], start, message, source, run.observed)
+        failed.raised = "" if isinstance(error, AssertionError) else f"{type(error).__name__}: {error}"
+        return failed
+    return _passed(prop, examples[0], time.perf_counter() - start, None, run.observed, run.notes)
+
+
+def check_merge(target: MergeTarget, props: list[Law], *, profile: str = "ci",
+                max_examples: int | None = None, seed: int | None = None,
+                each: Callable[[Result], None] | None = None,
+                source: str | NoSource | None = None, budget_s: float | None = None) -> Report:
+    """The ``props`` (the merge laws, when `check` was given no ``only``) on a merge operator, in
+    order; the report names each law run, as for an attention target. ``budget_s``: no law starts
+    once it is spent (the laws left ``skip``, saying so)."""
+    report = Report(target=target.name, profile=profile, seed=seed, limits="", power=False, budget_s=budget_s)
+    start = time.perf_counter()
+    for prop in props:
+        if budget_s is not None and time.perf_counter() - start >= budget_s:
+            result = Result(prop.name, "skip", 0, 0.0, f"not run: the check's time budget of {budget_s:g} s "
+                            "was spent", law=prop.statement, not_run=True)
+        else:
+            result = check_merge_law(prop, target, profile=profile, max_examples=max_examples, seed=seed,
+                                     source=source)
+        report.results.append(result)
+        if each is not None:
+            each(result)
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+__all__ = ["PROFILES", "Report", "Result", "Stopping", "TargetError", "check", "check_law", "check_merge",
+           "configure",
            "load", "replay", "run_all", "select"]
 
 

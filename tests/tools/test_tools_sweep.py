@@ -56,11 +56,13 @@ def test_the_gallery_group_is_every_correct_variant_each_loadable(on_path):
     from gallery import CORRECT
 
     import spec
+    from spec.builtin import load_merge_target
 
     found = sweep.entries(["gallery"])
     assert [e.label for e in found] == [f"gallery/{t.name}" for t in CORRECT]
     assert all(e.path == (str(ROOT / "tests" / "spec"),) for e in found)
-    assert {spec.load_target(e.target).name for e in found} == {t.name for t in CORRECT}  # names unique
+    loaded = [load_merge_target(e.target) or spec.load_target(e.target) for e in found]  # merge operators too
+    assert {t.name for t in loaded} == {t.name for t in CORRECT}  # names unique
 
 
 def test_the_builtins_group_leaves_the_slow_ones_aside():

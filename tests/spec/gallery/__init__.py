@@ -23,6 +23,7 @@ from gallery import (
     long_runs,
     lse,
     masks,
+    merge,
     mla,
     pairs,
     past,
@@ -37,7 +38,7 @@ from gallery import (
 from gallery.base import Broken
 
 FAMILIES = (core, masks, gradients, range_edges, bias, alibi, window, chunk, mla, softcap, sinks, lengths,
-            cache, past, dropout, lse, pairs, calls, edges, stateful, long_runs, scale, topk)
+            cache, past, dropout, lse, pairs, calls, edges, stateful, long_runs, scale, topk, merge)
 
 BROKEN: list[Broken] = [b for family in FAMILIES for b in family.BROKEN]
 CORRECT = [t for family in FAMILIES for t in family.CORRECT]
