@@ -8,8 +8,9 @@ counts as local, so an editable checkout and an installed package draw other exa
 
 A target is a name ``spec check`` takes, or a group of every correct target the project has:
 
-- ``builtins`` — ``reference``, ``flash``, ``reference_latent``, ``flash_latent`` and each framework
-  built-in whose library is installed
+- ``builtins`` — ``reference``, ``flash``, ``reference_latent``, ``flash_latent``, the merge
+  operator ``merge`` and each framework built-in whose library is installed (``torch_sdpa_merger``
+  with torch)
   (`spec.adapters.ADAPTERS`), the slow ones aside;
 - ``gallery`` — every correct variant of the suite's gallery (``tests/spec/gallery``: each family's
   ``CORRECT``, the declarations the built-ins do not make among them), loaded from the checkout
@@ -87,11 +88,11 @@ def installed_builtins() -> list[str]:
     here, in the order of `spec.adapters.ADAPTERS`."""
     from spec.adapters import ADAPTERS
 
-    names = ["reference", "flash", "reference_latent", "flash_latent"]
+    names = ["reference", "flash", "reference_latent", "flash_latent", "merge"]
     for library, adapter in ADAPTERS.items():
         names += [name for name in adapter.targets
                   if importlib.util.find_spec(LIBRARY.get(name, library)) is not None]
-    return names
+    return names + ["torch_sdpa_merger"] * (importlib.util.find_spec("torch") is not None)
 
 
 def gallery_names() -> list[str]:
