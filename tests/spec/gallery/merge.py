@@ -120,14 +120,8 @@ def base2_as_natural(out_a: Array, lse_a: Array, out_b: Array, lse_b: Array) -> 
 
 
 def plus_inf_as_number(out_a: Array, lse_a: Array, out_b: Array, lse_b: Array) -> tuple[Array, Array]:
-    # the +inf sentinel of an empty state merged as a number: e^(inf − inf) = NaN
-    (oa, la), (ob, lb) = _work(out_a, lse_a), _work(out_b, lse_b)
-    top = np.maximum(la, lb)
-    with np.errstate(invalid="ignore"):
-        ea, eb = np.exp(la - top), np.exp(lb - top)
-        total = ea + eb
-        out = (ea[..., None] * oa + eb[..., None] * ob) / total[..., None]
-        return out.astype(out_a.dtype), (top + np.log(total)).astype(lse_a.dtype)
+    # the unguarded merge of `empty_empty_nan` given the +inf sentinel of an empty state: e^(inf − inf) = NaN
+    return empty_empty_nan(out_a, lse_a, out_b, lse_b)
 
 
 def ignores_one_weight(out_a: Array, lse_a: Array, out_b: Array, lse_b: Array) -> tuple[Array, Array]:
