@@ -39,6 +39,10 @@ if TYPE_CHECKING:
 
 Array = np.ndarray
 
+CONTIGUOUS_ONLY = ("block_table", "cu_seqlens_q", "cu_seqlens_k", "past_key", "past_value")
+"""What a selection is never passed with: a paged cache, packed sequences, a past cache (a list
+indexes the call's own contiguous keys)."""
+
 FILLS = ("valid", "minus_one", "past_n_k")
 """What fills a list beyond its valid keys (and, but for ``valid``, some entries among them): −1
 (FlashMLA's padding), or indices at and past n_k (a kernel that reads a zero-filled key there
@@ -186,9 +190,7 @@ TOPK = Keyword(
     terms=(Restricts(topk_visible, cause="topk"),),
     received=received,
     draw=draw,
-    # a paged cache, packed sequences, a past cache: lists index a call's own contiguous keys;
     # selected blocks: an alternative selection (NSA's branch), never passed with a token list
-    excludes=("block_table", "cu_seqlens_q", "cu_seqlens_k", "past_key", "past_value", "topk_blocks",
-              "topk_block_size"),
+    excludes=(*CONTIGUOUS_ONLY, "topk_blocks", "topk_block_size"),
     in_layout=("topk_indices",),  # bnhd: [batch, n_q, heads_kv, topk], as FlashMLA takes them
 )

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from spec.draws import one_of
 from spec.keywords.record import Geometry, Keyword, Restricts
-from spec.keywords.topk import FILLS, check_topk, draw_entries, listed_counts, per_query_head
+from spec.keywords.topk import CONTIGUOUS_ONLY, FILLS, check_topk, draw_entries, listed_counts, per_query_head
 
 if TYPE_CHECKING:
     from spec.cases import Case
@@ -101,6 +101,6 @@ TOPK_BLOCKS = Keyword(
     terms=(Restricts(blocks_visible, cause="topk"),),
     received=received,
     draw=draw,
-    excludes=("block_table", "cu_seqlens_q", "cu_seqlens_k", "past_key", "past_value"),
+    excludes=CONTIGUOUS_ONLY,
     in_layout=("topk_blocks",),  # bnhd: [batch, n_q, heads_kv, n_blocks]
 )

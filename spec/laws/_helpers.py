@@ -251,6 +251,20 @@ def blind_rows(target: Target, inputs: Inputs, changed: Array) -> Array:  # -> [
     return np.asarray(~(vis & at[..., None, :]).any(axis=-1))
 
 
+def assert_unchanged(target: Target, inputs: Inputs, before: Array, after: Array, *, bitwise: bool, what: str,
+                     change: str) -> None:
+    """Assert ``after`` equals ``before``: bit for bit when ``bitwise`` (up to the sign of zero, NaN
+    equal to NaN), else within twice the tolerance (`assert_same`). ``what`` names the output
+    compared, ``change`` the change made, as the failure says it."""
+    __tracebackhide__ = True
+    if not bitwise:
+        assert_same(target, inputs, before, after, what=what)
+        return
+    if (at := first_true(~same_bits(before, after, what=what))) is not None:
+        raise AssertionError(f"{change} changed output {list(at)} from {float(before[at])!r} to "
+                             f"{float(after[at])!r}")
+
+
 def assert_hidden_unmoved(
     target: Target, case: Case, inputs: Inputs, changed: Array, *, what: str, before: Array | None = None,
     queries: Array | None = None,
