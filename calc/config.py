@@ -145,6 +145,19 @@ class Config:
     n_window_layers: int = 0  # L_w: layers with the sliding window (all for Mistral-7B, half for Gemma 2)
     n_kv_heads_window: int = 0  # g_w: a windowed layer's key/value heads where not g (MiMo-V2-Flash: 2g)
     window_sinks: bool = False  # attention sinks on the windowed layers only (MiMo-V2-Flash)
+    # Gemma 4: full-attention layers with heads of their own width and key/value heads, values that are their
+    # keys, and layers that read another layer's keys and values (no K/V weights, no cache of their own)
+    d_head_full: int = 0  # d_kf: a full-attention layer's head width where not d_k (Gemma 4: 512)
+    n_kv_heads_full: int = 0  # g_f: a full-attention layer's key/value heads where not g
+    full_values_are_keys: bool = False  # a full-attention layer has no V projection: its values are its keys
+    n_kv_shared_layers: int = 0  # L_x: the last layers, which reuse the keys and values of an earlier one
+    n_kv_shared_window_layers: int = 0  # L_xw: of those, the windowed ones
+    shared_mlp_double: bool = False  # the L_x layers' MLP is 2·d_ff wide (Gemma 4's use_double_wide_mlp)
+    # Gemma 4's per-layer embeddings: a table of V_p rows of L·d_p (a d_p slice per layer), a projection of
+    # the hidden state to L·d_p and its norm, and in each layer a gate d → d_p and a projection d_p → d
+    per_layer_input: int = 0  # d_p
+    per_layer_vocab: int = 0  # V_p
+    layer_scalar: bool = False  # one saved scalar per layer that scales its output (Gemma 4)
     attention_chunk: int | None = None  # C: chunked attention, a query sees only its own chunk of C tokens
     n_chunked_layers: int = 0  # L_c: layers with chunked attention (Llama 4: three of every four)
     n_nope_layers: int = 0  # attention layers without rotary positions (no parameters, no cost change)
@@ -203,17 +216,21 @@ class Config:
                      "n_mtp_layers", "position_offset", "n_chunked_layers", "n_nope_layers",
                      "n_linear_layers",
                      "n_mamba_layers", "n_sparse_layers", "index_topk", "index_heads", "index_head_dim",
-                     "n_mlp_free_layers", "vision_parameters", "n_kv_heads_window", "n_zero_experts"):
+                     "n_mlp_free_layers", "vision_parameters", "n_kv_heads_window", "n_zero_experts",
+                     "d_head_full", "n_kv_heads_full", "n_kv_shared_layers", "n_kv_shared_window_layers",
+                     "per_layer_input", "per_layer_vocab"):
             check_count(name, getattr(self, name))
         for name in ("tied_embeddings", "router_bias", "expert_bias", "shared_expert_gate", "lm_head_bias",
                      "qk_norm", "qk_norm_per_head", "attention_sinks", "attention_output_gate",
-                     "window_sinks", "parallel_block", *LAYOUTS[self.arch]):
+                     "window_sinks", "parallel_block", "full_values_are_keys", "shared_mlp_double",
+                     "layer_scalar", *LAYOUTS[self.arch]):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, f"must be True or False, got {getattr(self, name)!r}")
         if self.activation is not None and not isinstance(self.activation, str):
             raise ConfigError("activation", f"must be a name such as 'silu', got {self.activation!r}")
         self._check_window()
         self._check_layer_kinds()
+        self._check_split()
         self._check_experts()
         if self.kv_lora_rank and not 0 < self.d_rope < self.d_head:
             raise ConfigError("d_rope", f"must be between 1 and d_head - 1 = {self.d_head - 1} for MLA, "
@@ -273,6 +290,35 @@ class Config:
             raise ConfigError("n_nope_layers", f"{self.n_nope_layers} exceeds the {self.n_attention_layers} "
                               "attention layers")
 
+    def _check_split(self) -> None:
+        """Gemma 4's fields: full layers of their own head width and K/V heads, shared K/V, per-layer
+        inputs."""
+        if self.n_kv_heads_full and self.n_heads % self.n_kv_heads_full:
+            raise ConfigError("n_kv_heads_full", f"{self.n_heads} query heads cannot share "
+                              f"{self.n_kv_heads_full} key/value heads of a full-attention layer")
+        if self.split_attention and (self.is_mla or self.d_value or self.n_kv_heads_window
+                                     or self.n_chunked_layers or self.n_sparse_layers
+                                     or self.attention_output_gate):
+            raise ConfigError("d_head_full", "full-attention layers of their own shape or shared keys and "
+                              "values are modelled beside windowed and full layers of grouped-query "
+                              "attention only")
+        if self.n_kv_shared_layers > self.n_attention_layers:
+            raise ConfigError("n_kv_shared_layers", f"{self.n_kv_shared_layers} exceeds the "
+                              f"{self.n_attention_layers} attention layers")
+        if self.n_kv_shared_window_layers > min(self.n_kv_shared_layers, self.n_window_layers):
+            raise ConfigError("n_kv_shared_window_layers", f"{self.n_kv_shared_window_layers} exceeds the "
+                              f"{self.n_kv_shared_layers} shared or the {self.n_window_layers} windowed "
+                              "layers")
+        if self.n_kv_shared_layers - self.n_kv_shared_window_layers > self.n_full_layers:
+            shared_full = self.n_kv_shared_layers - self.n_kv_shared_window_layers
+            raise ConfigError("n_kv_shared_layers", f"{shared_full} "
+                              f"shared full-attention layers exceed the {self.n_full_layers} full ones")
+        if self.shared_mlp_double and not self.n_kv_shared_layers:
+            raise ConfigError("shared_mlp_double", "is set, but no layer shares another's keys and values")
+        if bool(self.per_layer_input) != bool(self.per_layer_vocab):
+            raise ConfigError("per_layer_vocab" if self.per_layer_input else "per_layer_input",
+                              "per-layer embeddings need both their width and their vocabulary")
+
     def _check_experts(self) -> None:
         if not self.n_experts:
             for name in ("experts_per_token", "n_shared_experts", "d_expert", "d_shared_expert",
@@ -319,6 +365,14 @@ class Config:
         """Grouped-query attention whose values are not d_k wide, or whose windowed layers have their own
         number of key/value heads: counted and cached by the formulas with d_v and g_w."""
         return not self.is_mla and (self.d_v != self.d_head or bool(self.n_kv_heads_window))
+
+    @property
+    def split_attention(self) -> bool:
+        """Full-attention layers of their own head width or K/V heads, values that are their keys, or layers
+        sharing another's keys and values (Gemma 4): counted and cached by the formulas with d_kf, g_f and
+        L_x."""
+        return bool(self.d_head_full or self.n_kv_heads_full or self.full_values_are_keys
+                    or self.n_kv_shared_layers)
 
     @property
     def n_mlp_layers(self) -> int:

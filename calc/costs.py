@@ -12,7 +12,7 @@ from typing import Any
 from sympy import Expr, Integer, Rational
 
 from calc import formulas as f
-from calc.ledger import non_embedding, values
+from calc.ledger import evaluate_layers, non_embedding, values
 from calc.presets import Config
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
@@ -39,7 +39,10 @@ def _at(expr: Expr, config: Config, **extra: int) -> int:
     env.update({getattr(f, name): value for name, value in extra.items()})
     if f.n in env:
         env.update(f.chunk_values(env[f.n], env[f.C]))
-    return f.evaluate_count(expr, env)
+    result = evaluate_layers(expr, env, config)  # each attention layer at its own shape (Gemma 4)
+    if not result.is_Integer:
+        raise ValueError(f"{expr} is not a whole number for {config.name}: {result}")
+    return int(result)
 
 
 def largest_head_entries(config: Config) -> Expr:
@@ -118,6 +121,8 @@ def kv_cache_formulas(config: Config) -> tuple[Expr, Expr]:
         return f.kv_cache_bytes_per_token_mla, f.kv_cache_bytes_mla
     if config.general_gqa:
         return f.kv_cache_bytes_per_token_dv, f.kv_cache_bytes_dv
+    if config.split_attention:  # Gemma 4: each kind of layer its own K/V shape, shared layers none
+        return f.kv_cache_bytes_per_token_split, f.kv_cache_bytes_split
     return f.kv_cache_bytes_per_token, f.kv_cache_bytes
 
 

@@ -42,6 +42,13 @@ FORMULAS: tuple[tuple[str, Expr | str], ...] = (
     ("windowed layers' own K/V heads, their Q, K, V biases (MiMo-V2-Flash)",
      f.window_kv_heads + f.qkv_bias_dv),
     ("attention sinks on the windowed layers (MiMo-V2-Flash)", f.window_sinks),
+    ("attention, full layers of d_kf and g_f, the L_x reusing K/V (Gemma 4)", f.attention_split),
+    ("the same, a full layer's values its keys (Gemma 4's attention_k_eq_v)", f.attention_split_kv),
+    ("q/k norms, each layer at its head width, no k norm on the L_x (Gemma 4)", f.qk_norms_split),
+    ("the L_x layers' MLP twice as wide (Gemma 4)", f.shared_mlp_double),
+    ("per-layer embedding table (Gemma 4)", f.per_layer_embedding),
+    ("per-layer inputs: projections and their norm (Gemma 4)", f.per_layer_inputs),
+    ("a saved scalar per layer (Gemma 4)", f.layer_scalars),
     ("MLP biases, dense", f.mlp_dense_bias),
     ("MLP biases, gated", f.mlp_gated_bias),
     ("MLP biases of an MoE model's dense layers and shared experts, dense", f.moe_mlp_dense_bias),
@@ -91,6 +98,9 @@ FORMULAS: tuple[tuple[str, Expr | str], ...] = (
     ("KV cache bytes at n (windows, chunks)", f.kv_cache_bytes),
     ("KV cache bytes per token, values of d_v, g_w heads on windowed layers", f.kv_cache_bytes_per_token_dv),
     ("KV cache bytes at n, values of d_v, g_w heads on windowed layers", f.kv_cache_bytes_dv),
+    ("KV cache bytes per token, full layers of d_kf and g_f, none on the L_x (Gemma 4)",
+     f.kv_cache_bytes_per_token_split),
+    ("KV cache bytes at n, full layers of d_kf and g_f, none on the L_x (Gemma 4)", f.kv_cache_bytes_split),
     ("MLA cache bytes per token", f.kv_cache_bytes_per_token_mla),
     ("MLA cache bytes at n", f.kv_cache_bytes_mla),
     ("naive bytes moved per model", f.naive_bytes_per_model),
@@ -152,7 +162,9 @@ SYMBOLS = (
     "indexer of h_I heads of d_I scores highest). Linear attention: h_lk, h_lv heads of d_lk, d_lv, a "
     "convolution of K taps; Mamba: inner width d_in, state d_st, step rank r_dt (Mamba-2: h_m heads, G "
     "groups sharing B and C); L_0 layers without an MLP (Nemotron-H); g_w key/value heads of a windowed "
-    "layer (MiMo-V2-Flash); Z zero experts (LongCat-Flash). Training: micro-batch "
+    "layer (MiMo-V2-Flash); Z zero experts (LongCat-Flash); full-attention layers of heads of d_kf with g_f "
+    "key/value heads, L_x layers (L_xw windowed, L_xf = L_x − L_xw full) reusing an earlier layer's keys "
+    "and values, per-layer inputs of d_p from a table of V_p rows (Gemma 4). Training: micro-batch "
     "b_m, tensor-parallel degree t, N_d data-parallel devices, P parameters a tensor-parallel rank holds at "
     "b_w, b_g, b_o bytes each of weights, gradients and optimizer states (ZeRO's K). Activations kept: "
     "b bytes a value, c_up 1 where b < 4 (casts to fp32 are then copies), s_1 1 for a micro-batch of one, "

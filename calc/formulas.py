@@ -16,6 +16,9 @@
     L_0   layers without an MLP (Nemotron-H: a block holds one mixer or one MLP)
     g_w   key/value heads of a windowed layer where they are not g (MiMo-V2-Flash)
     Z     zero experts a router scores, which hold no weights (LongCat-Flash)
+    d_kf  head width of a full-attention layer, g_f its key/value heads (Gemma 4: 512, and g)
+    L_x   layers that reuse an earlier layer's keys and values (L_xw of them windowed; Gemma 4)
+    d_p   per-layer input width, V_p its vocabulary (Gemma 4's per-layer embeddings)
     b_m   micro-batch            t     tensor-parallel degree   N_d  data-parallel devices   P  parameters
     b_w, b_g, b_o  bytes a parameter of weights, gradients and optimizer states (ZeRO's K)
 
@@ -54,6 +57,10 @@ g_w = Symbol("g_w", positive=True, integer=True)
 # LongCat-Flash: Z zero experts, which its router scores and which hold no weights.
 Z = Symbol("Z", positive=True, integer=True)
 L_0 = Symbol("L_0", nonnegative=True, integer=True)
+# Gemma 4: full-attention layers with heads of d_kf and g_f key/value heads; the last L_x layers (L_xw of them
+# windowed) reuse an earlier layer's keys and values; per-layer inputs of d_p from a table of V_p rows.
+d_kf, g_f, d_p, V_p = symbols("d_kf g_f d_p V_p", positive=True, integer=True)
+L_x, L_xw = symbols("L_x L_xw", nonnegative=True, integer=True)
 # Layers by kind: L_a = L − L_lin − L_m have softmax attention (linear-attention and Mamba layers hold a
 # fixed-size state and no KV cache); of those, L_w are windowed, L_c chunked and L_s sparse (top-k), and the
 # rest see every key.
@@ -75,6 +82,28 @@ unembedding = V * d
 # windowed layer with g_w key/value heads has (g_w − g)·(d_k + d_v) more columns of K and V than a full one.
 attention_per_layer_dv = d * h * d_k + d * g * d_k + d * g * d_v + h * d_v * d
 window_kv_heads = L_w * (g_w - g) * d * (d_k + d_v)
+
+# Gemma 4 (Gemma4TextAttention): a windowed layer's Q, K, V, O of d_k and g heads; a full layer's of d_kf and
+# g_f, its V absent where its values are its keys (attention_k_eq_v: one K of g_f·d_kf serves both); the last
+# L_x layers (L_xw windowed, L_xf = L_x − L_xw full) reuse an earlier layer's keys and values: Q and O only.
+L_xf = L_x - L_xw
+attention_q_o_split = 2 * d * h * (L_w * d_k + L_full * d_kf)
+attention_split = (attention_q_o_split + (L_w - L_xw) * 2 * d * g * d_k
+                   + (L_full - L_xf) * 2 * d * g_f * d_kf)
+attention_split_kv = (attention_q_o_split + (L_w - L_xw) * 2 * d * g * d_k
+                      + (L_full - L_xf) * d * g_f * d_kf)
+# Their norms: one over each query head vector on every layer, one over each key head vector where the layer
+# computes keys (the value norm has no weight), of the layer's head width.
+qk_norms_split = L_w * d_k + L_full * d_kf + (L_w - L_xw) * d_k + (L_full - L_xf) * d_kf
+# Gemma 4's use_double_wide_mlp: the L_x layers' gated MLP is 2·d_ff wide, 3·d·d_ff more each.
+shared_mlp_double = L_x * 3 * d * d_ff
+# Per-layer embeddings (Gemma 4, Gemma 3n): a table of V_p rows of L·d_p (a lookup, like the token embedding),
+# a projection of the embedded token d → L·d_p with an RMSNorm of d_p, and in each layer a gate d → d_p and a
+# projection d_p → d (its norm after them is one of the layer's norms).
+per_layer_embedding = V_p * L * d_p
+per_layer_matrices = d * L * d_p + L * 2 * d * d_p
+per_layer_inputs = per_layer_matrices + d_p
+layer_scalars = L  # Gemma 4: one saved scalar per layer
 
 # --- Checkpoint: everything a real checkpoint stores ----------------------------------------------
 # Its parts beside the weight matrices (calc.ledger assembles a model's checkpoint from them, as its
@@ -263,6 +292,11 @@ kv_cache_bytes = 2 * g * d_k * b * keys_cached
 # g_w·(d_k + d_v) on a windowed layer.
 kv_cache_bytes_per_token_dv = ((L_a - L_w) * g + L_w * g_w) * (d_k + d_v) * b
 kv_cache_bytes_dv = (g * (keys_cached - L_w * Min(n, w)) + g_w * L_w * Min(n, w)) * (d_k + d_v) * b
+# Gemma 4: K and V of g heads of d_k on a windowed layer, of g_f heads of d_kf on a full one (where the values
+# are the keys, transformers still caches both: the keys normed and rotated, the values normed), none on the
+# L_x layers that reuse another layer's.
+kv_cache_bytes_per_token_split = ((L_w - L_xw) * 2 * g * d_k + (L_full - L_xf) * 2 * g_f * d_kf) * b
+kv_cache_bytes_split = ((L_w - L_xw) * 2 * g * d_k * Min(n, w) + (L_full - L_xf) * 2 * g_f * d_kf * n) * b
 # MLA caches one latent of r_kv and one shared rotary key of d_r per layer and token, not K and V per
 # head: the up-projections are applied to the cache (or absorbed into W_Q and W_O) at attention time. A sparse
 # layer also caches its indexer's key, d_I a token (transformers' DynamicIndexedLayer).

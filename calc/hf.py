@@ -864,6 +864,116 @@ def olmo3_window(r: Reader, fields: Fields) -> Fields:
     return _windowed(r, fields, kinds, 4096)
 
 
+def gemma4_layers(r: Reader, fields: Fields) -> Fields:
+    """Gemma 4's text model (Gemma4TextConfig, Gemma4TextModel): five windowed layers to one full by default,
+    the last always full (transformers makes it so, with a warning); a full layer's heads of
+    ``global_head_dim`` and, where its values are its keys (``attention_k_eq_v``: no V projection),
+    ``num_global_key_value_heads`` key/value heads; a saved file lists them per layer (``per_layer_config``)
+    instead. The last ``num_kv_shared_layers`` layers reuse the keys and values of the last earlier layer of
+    their kind (no K, V or key norm; no cache), with a gated MLP twice as wide where ``use_double_wide_mlp``;
+    per-layer embeddings where ``hidden_size_per_layer_input`` is not 0; q and k norms, four norms a layer and
+    a saved scalar per layer."""
+    n = fields["n_layers"]
+    kinds = r.layer_kinds(n, SLIDING_OR_FULL,
+                          lambda i: "sliding_attention" if (i + 1) % 6 else "full_attention")
+    notes: list[str] = []
+    if r.kinds and r.kinds[-1] != "full_attention":  # Gemma4TextConfig forces the last layer full
+        r.kinds = [*r.kinds[:-1], "full_attention"]
+        kinds = Counter(r.kinds)
+        notes.append("layer_types: the last layer is full attention, as Gemma4TextConfig makes it")
+    fields = _windowed(r, fields, kinds, 512)
+    if r.get("use_bidirectional_attention") == "all":
+        r.invalid("use_bidirectional_attention", "'all' (every token sees every other, a window of w/2 + 1 "
+                  "each way) is not modelled: calc's costs are causal", None)
+    values_are_keys = r.boolean("attention_k_eq_v", False)
+    full = _gemma4_full_layers(r, fields, values_are_keys)
+    shared = r.count("num_kv_shared_layers")
+    if shared >= n:
+        shared = int(r.invalid("num_kv_shared_layers", f"{shared} leaves none of the {n} layers to compute "
+                               "the keys and values the others reuse", 0))
+    kept = set((r.kinds or [])[:n - shared])
+    if shared and kept != set(r.kinds or []):
+        r.invalid("num_kv_shared_layers", f"the last {shared} layers reuse keys and values of a kind "
+                  "(sliding or full) that no earlier layer computes", None)
+    shared_window = (r.kinds or [])[n - shared:].count("sliding_attention") if shared else 0
+    double = r.boolean("use_double_wide_mlp", False) and shared > 0
+    ple = r.get("hidden_size_per_layer_input") or 0
+    if ple:
+        ple = r.integer("hidden_size_per_layer_input")
+        vocab = r.integer("vocab_size_per_layer_input")
+    else:
+        r.known("vocab_size_per_layer_input")
+        vocab = 0
+    return noted({**fields, **full, "full_values_are_keys": values_are_keys, "n_kv_shared_layers": shared,
+                  "n_kv_shared_window_layers": shared_window, "shared_mlp_double": double,
+                  "per_layer_input": ple, "per_layer_vocab": vocab,
+                  "norms_per_layer": 4 + (1 if ple else 0)}, *notes)
+
+
+def _gemma4_full_layers(r: Reader, fields: Fields, values_are_keys: bool) -> Fields:
+    """A full-attention layer's head width and key/value heads (d_kf, g_f): from ``per_layer_config`` where
+    the file lists them (what Gemma4TextConfig saves: each full layer's ``head_dim`` and, with
+    ``attention_k_eq_v``, ``num_key_value_heads``), else from ``global_head_dim`` (default 512) and
+    ``num_global_key_value_heads``, which Gemma4TextConfig reads only where the values are the keys. Every
+    full layer must have one shape, and no windowed layer one of its own."""
+    d_k, g = fields["d_head"], fields["n_kv_heads"]
+    listed = r.get("per_layer_config")
+    kinds = r.kinds or []
+    if listed is None:
+        d_kf = r.integer("global_head_dim", 512)
+        g_f = r.optional_int("num_global_key_value_heads") if values_are_keys else None
+        if not values_are_keys:
+            r.known("num_global_key_value_heads")
+        return {"d_head_full": d_kf, "n_kv_heads_full": g_f or g}
+    r.known("global_head_dim", "num_global_key_value_heads")  # popped, unread where the layers are listed
+    if not isinstance(listed, Mapping):
+        r.invalid("per_layer_config", f"must map layer indices to overrides, got {listed!r}", None)
+        return {}
+    shapes: dict[str, set[tuple[int, int]]] = {"sliding_attention": set(), "full_attention": set()}
+    overrides: dict[int, Mapping[str, Any]] = {}
+    for key, value in listed.items():
+        index = int(key) if isinstance(key, str) and key.isdigit() else None
+        if index is None or index >= len(kinds) or not isinstance(value, Mapping):
+            r.invalid("per_layer_config", f"{key!r}: must be a layer index below {len(kinds)} with an object "
+                      "of overrides", None)
+            continue
+        if unknown := sorted(set(value) - {"head_dim", "num_key_value_heads"}):
+            r.invalid("per_layer_config", f"layer {key}: overrides {', '.join(unknown)}, which calc does not "
+                      "model per layer (only head_dim and num_key_value_heads)", None)
+        overrides[index] = value
+    for i, kind in enumerate(kinds):
+        one = overrides.get(i, {})
+        shapes[kind].add((one.get("head_dim", d_k), one.get("num_key_value_heads", g)))
+    if shapes["sliding_attention"] - {(d_k, g)}:
+        r.invalid("per_layer_config", "gives a windowed layer a head width or key/value heads of its own, "
+                  "which calc does not model", None)
+    if len(shapes["full_attention"]) > 1:
+        r.invalid("per_layer_config", f"gives the full-attention layers {len(shapes['full_attention'])} "
+                  "shapes; calc models one", None)
+    d_kf, g_f = next(iter(shapes["full_attention"]), (d_k, g))
+    for name, value in (("head_dim", d_kf), ("num_key_value_heads", g_f)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            r.invalid("per_layer_config", f"{name} must be a positive integer, got {value!r}", None)
+    return {"d_head_full": d_kf, "n_kv_heads_full": g_f}
+
+
+def gemma4_experts(r: Reader, fields: Fields) -> Fields:
+    """Gemma 4's MoE block (``enable_moe_block``): beside each layer's dense MLP (counted as one shared expert
+    of d_ff: the same weights, run by every token), ``num_experts`` experts of ``moe_intermediate_size``, of
+    which ``top_k_experts`` run; a router d → E with a scale of d after its RMSNorm (counted as a norm) and a
+    scale per expert (counted as router_bias: E a layer); three more norms a layer."""
+    if not r.boolean("enable_moe_block", False):
+        r.known("num_experts", "top_k_experts", "moe_intermediate_size")
+        return fields
+    extra = {"n_shared_experts": 1, "d_shared_expert": fields["d_ff"], "router_bias": True,
+             "norms_per_layer": fields["norms_per_layer"] + 4}
+    note = ("each layer's dense MLP runs beside its experts (a shared expert of d_ff); the router's scale of "
+            "d is one of its norms, its per-expert scale its router_bias")
+    return noted({**fields, "n_experts": r.integer("num_experts"),
+                  "experts_per_token": r.integer("top_k_experts"),
+                  "d_expert": r.integer("moe_intermediate_size"), **extra}, note)
+
+
 def qwen2_bias(r: Reader, fields: Fields) -> Fields:
     # Qwen2Attention: q, k, v projections with a bias, o without; attention_bias is not a Qwen2 key.
     return {**fields, "qkv_bias": r.boolean("qkv_bias", True)}
@@ -995,6 +1105,19 @@ TYPES: dict[str, ModelType] = {
                         ignored=frozenset({"sliding_window_size"})),
     "gemma3_text": ModelType(parts=(no_extra_biases, gemma_window("sliding_window_pattern")),
                              features={"qk_norm": True}, defaults={"tie_word_embeddings": True}),
+    # Gemma 4's text model; final_logit_softcapping, use_bidirectional_attention "vision" (vision tokens only)
+    # and the RoPE per layer kind add no weights
+    "gemma4_text": ModelType(parts=(no_extra_biases, gemma4_layers, gemma4_experts),
+                             features={"qk_norm": True, "layer_scalar": True},
+                             defaults={"tie_word_embeddings": True, "head_dim": 256,
+                                       "vocab_size_per_layer_input": 262_144},
+                             keys={**LLAMA_KEYS, "d_head_full": "per_layer_config",
+                                   "n_kv_heads_full": "per_layer_config",
+                                   "n_kv_shared_layers": "num_kv_shared_layers",
+                                   "per_layer_input": "hidden_size_per_layer_input",
+                                   "per_layer_vocab": "vocab_size_per_layer_input",
+                                   "n_experts": "num_experts", "experts_per_token": "top_k_experts",
+                                   "d_expert": "moe_intermediate_size"}),
     "qwen2": ModelType(parts=(qwen2_bias, qwen_window), defaults=QWEN_WINDOW),
     "qwen2_moe": ModelType(parts=(qwen2_bias, qwen2_moe_window, qwen_experts), keys=QWEN_MOE_KEYS,
                            defaults=QWEN_WINDOW),
@@ -1118,9 +1241,10 @@ TYPES: dict[str, ModelType] = {
 # ACT2FN); it adds no parameters, but what the activation keeps for its backward is training memory.
 ACTIVATION_KEYS = {"gpt2": "activation_function", "gpt_bigcode": "activation_function",
                    "opt": "activation_function", "falcon": "activation", "gemma2": "hidden_activation",
-                   "gemma3_text": "hidden_activation", "nemotron_h": "mlp_hidden_act"}
+                   "gemma3_text": "hidden_activation", "gemma4_text": "hidden_activation",
+                   "nemotron_h": "mlp_hidden_act"}
 # Multimodal configs hold their language model in text_config.
-OUTER = {"gemma3": "gemma3_text", "llama4": "llama4_text", "qwen3_5": "qwen3_5_text",
+OUTER = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "llama4": "llama4_text", "qwen3_5": "qwen3_5_text",
          "qwen3_5_moe": "qwen3_5_moe_text", "qwen3_vl": "qwen3_vl_text", "qwen3_vl_moe": "qwen3_vl_moe_text"}
 SUPPORTED = (*TYPES, *OUTER)
 
@@ -1204,7 +1328,9 @@ def read_config(raw: Mapping[str, Any]) -> tuple[str, Reader, Fields]:
     r = Reader(raw, kind.defaults)
     rope_notes, fraction = check_rope(r)
     fields = noted(kind.read(r), *rope_notes)
-    if isinstance(fraction, (int, float)) and not isinstance(fraction, bool) and 0 < fraction < 1:
+    # Gemma 4's fraction is its full layers' (a head width of their own): no one d_rotary for every layer
+    if (isinstance(fraction, (int, float)) and not isinstance(fraction, bool) and 0 < fraction < 1
+            and not fields.get("d_head_full")):
         fields["d_rotary"] = int(fields["d_head"] * fraction)  # as transformers rounds it (GPT-NeoX)
     act = raw.get(ACTIVATION_KEYS.get(model_type, "hidden_act"))
     if act is not None:  # a name, or absent: the type's default (calc.activations)

@@ -28,6 +28,7 @@ the full layers' n² a hybrid's linear layers). Every figure is an exact integer
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -133,10 +134,32 @@ def layer_kinds(config: Config) -> dict[str, int]:
     return {name: counts[name] for name in KINDS if counts.get(name)}
 
 
+def cache_layers(config: Config) -> dict[str, int]:
+    """How many layers of each kind keep a cache of their own: all of them, less the layers that reuse an
+    earlier layer's keys and values (Gemma 4's last L_x, windowed or full)."""
+    counts = layer_kinds(config)
+    shared = {"sliding": config.n_kv_shared_window_layers,
+              "dense": config.n_kv_shared_layers - config.n_kv_shared_window_layers}
+    return {kind: layers - shared.get(kind, 0) for kind, layers in counts.items()}
+
+
+def layers_for(config: Config, kind: str, metric: str) -> int:
+    """The layers ``metric`` of ``kind`` is summed over: one head's tile for ``score_bytes_tiled``, the layers
+    with a cache of their own for ``cache_bytes``, else every layer of the kind."""
+    if metric == "score_bytes_tiled":
+        return 1
+    return (cache_layers if metric == "cache_bytes" else layer_kinds)(config)[kind]
+
+
 def kind_formula(config: Config, kind: str, metric: str) -> Expr:
     """``metric`` of one layer of ``kind`` as ``config`` builds it (a sliding or chunked layer of an MLA
     model caches the latent, as its dense layers do)."""
     one = KINDS[kind]
+    if config.split_attention and kind == "dense":  # Gemma 4's full layers: heads of d_kf, g_f K/V heads
+        return kind_formula(dataclasses.replace(config, d_head_full=0, n_kv_heads_full=0,
+                                                full_values_are_keys=False, n_kv_shared_layers=0,
+                                                n_kv_shared_window_layers=0, shared_mlp_double=False),
+                            kind, metric).xreplace({f.d_k: f.d_kf, f.d_v: f.d_kf, f.g: f.g_f})
     if metric == "cache_bytes" and one.held is not None:
         if config.general_gqa:  # K of d_k and V of d_v, a windowed layer's g_w heads
             heads = f.g_w if kind == "sliding" else f.g
@@ -170,8 +193,7 @@ def by_kind(config: Config, seqs: Sequence[int], *, dtype_bytes: int = 2, index_
         per_kind: dict[str, dict[str, int]] = {}
         for kind, layers in kinds.items():
             one = {m: f.evaluate_count(kind_formula(config, kind, m), env) for m in METRICS}
-            per_kind[kind] = {"layers": layers, **{m: one[m] * (1 if m == "score_bytes_tiled" else layers)
-                                                    for m in METRICS}}
+            per_kind[kind] = {"layers": layers, **{m: one[m] * layers_for(config, kind, m) for m in METRICS}}
         total = {m: (max if m == "score_bytes_tiled" else sum)(k[m] for k in per_kind.values())
                  for m in METRICS}
         rows.append({"n_tokens": n, "kinds": per_kind, "total": total})
@@ -198,7 +220,7 @@ def crossovers(config: Config, metric: str, n_max: int, **options: int) -> list[
     kinds = layer_kinds(config)
 
     def total(kind: str) -> Callable[[int], int]:
-        scale = 1 if metric == "score_bytes_tiled" else kinds[kind]
+        scale = layers_for(config, kind, metric)
         return lambda n: scale * at(config, kind, metric, n, **options)
 
     found = []

@@ -11,6 +11,7 @@ k_E of its E experts.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from sympy import Expr, Integer, Rational, Symbol
 
@@ -34,6 +35,9 @@ def values(config: Config) -> dict[Symbol, int]:
         f.L_lin: config.n_linear_layers, f.L_m: config.n_mamba_layers,
         f.L_s: config.n_sparse_layers, f.k_I: config.index_topk or config.n_ctx,
         f.h_I: config.index_heads or 1, f.d_I: config.index_head_dim or 1, f.L_0: config.n_mlp_free_layers,
+        f.d_kf: config.d_head_full or config.d_head, f.g_f: config.n_kv_heads_full or config.n_kv_heads,
+        f.L_x: config.n_kv_shared_layers, f.L_xw: config.n_kv_shared_window_layers,
+        f.d_p: config.per_layer_input or 1, f.V_p: config.per_layer_vocab or 1,
     }
     if config.linear_attention is not None:
         la = config.linear_attention
@@ -47,6 +51,27 @@ def values(config: Config) -> dict[Symbol, int]:
         env.update({f.d_in: m2.d_inner, f.d_st: m2.d_state, f.h_m: m2.heads, f.G: m2.groups,
                     f.K: m2.conv_kernel})
     return env
+
+
+SPLIT_SYMBOLS = frozenset({f.d_kf, f.g_f, f.L_x, f.L_xw})
+
+
+def evaluate_layers(expr: Expr, env: dict[Symbol, Any], config: Config) -> Rational:
+    """``expr`` at ``env`` with each attention layer at its own shape: for Gemma 4's split attention (windowed
+    layers of d_k and g heads, full ones of d_kf and g_f), a figure summed over layers (a formula of L_a and
+    L_w, affine in each) is the windowed layers' (L_full = 0) plus the full layers' (L_w = 0, heads of d_kf
+    and g_f) less its part that counts no layer; one that counts no layer (a head's) is the largest layer's, a
+    full one. A formula written for split attention (of d_kf, g_f, L_x) is evaluated as it stands."""
+    if not config.split_attention or expr.free_symbols & SPLIT_SYMBOLS:
+        return f.evaluate(expr, env)
+    full = {**env, f.d_k: env[f.d_kf], f.d_v: env[f.d_kf], f.g: env[f.g_f]}
+    if not expr.free_symbols & {f.L_a, f.L_w}:
+        return f.evaluate(expr, full)
+    n_full = env[f.L_a] - env[f.L_w]  # split attention has no chunked or sparse layers (Config's check)
+    windowed = f.evaluate(expr, {**env, f.L_a: env[f.L_w]})
+    fulls = f.evaluate(expr, {**full, f.L_a: n_full, f.L_w: 0})
+    neither = f.evaluate(expr, {**full, f.L_a: 0, f.L_w: 0})
+    return windowed + fulls - neither
 
 
 def _count(expr: Expr, config: Config) -> int:
@@ -64,7 +89,10 @@ def attention_per_layer_formula(config: Config) -> Expr:
 
 
 def attention_formula(config: Config) -> Expr:
-    """The attention layers' weight matrices: L_a layers, a windowed layer's own K/V heads added."""
+    """The attention layers' weight matrices: L_a layers, a windowed layer's own K/V heads added (or Gemma 4's
+    windowed and full layers each of their own shape, the shared ones without K and V)."""
+    if config.split_attention:
+        return f.attention_split_kv if config.full_values_are_keys else f.attention_split
     extra = f.window_kv_heads if config.n_kv_heads_window else Integer(0)
     return f.L_a * attention_per_layer_formula(config) + extra
 
@@ -108,12 +136,16 @@ def source_ledger(config: Config) -> dict[str, int | Rational]:
     """
     per_layer = attention_per_layer_formula(config)
     mlp = sum(mlp_formulas(config).values(), Integer(0))
+    if config.shared_mlp_double:
+        mlp += f.shared_mlp_double
     ledger: dict[str, int | Rational] = {
         "attention_per_head": f.evaluate(per_layer / f.h, values(config)),
         "attention_per_layer": _count(per_layer, config),
         "attention": _count(attention_formula(config), config),
         **{name: _count(expr, config) for name, expr in state_layer_formulas(config).items()},
         "mlp": _count(mlp, config),
+        **({"per_layer_embedding": _count(f.per_layer_embedding, config),
+            "per_layer_inputs": _count(f.per_layer_matrices, config)} if config.per_layer_input else {}),
         "embedding": _count(f.embedding, config),
         "unembedding": _count(f.unembedding, config),
     }
@@ -140,7 +172,8 @@ def checkpoint_formulas(config: Config) -> dict[str, Expr]:
     if config.attention_sinks or config.window_sinks:
         parts["attention_sinks"] = f.attention_sinks if config.attention_sinks else f.window_sinks
     if config.qk_norm:
-        parts["qk_norms"] = f.qk_norms_per_head if config.qk_norm_per_head else f.qk_norms
+        parts["qk_norms"] = (f.qk_norms_split if config.split_attention
+                             else f.qk_norms_per_head if config.qk_norm_per_head else f.qk_norms)
     if config.is_mla:
         parts["latent_norms"] = f.mla_norms if config.q_lora_rank else f.L_a * f.r_kv
     if config.n_sparse_layers:
@@ -157,6 +190,13 @@ def checkpoint_formulas(config: Config) -> dict[str, Expr]:
         if any(on for on, _ in extra2):
             parts["mamba_biases"] = f.L_m * sum((expr for on, expr in extra2 if on), Integer(0))
     parts.update(mlp_formulas(config))
+    if config.shared_mlp_double:
+        parts["shared_layers_mlp"] = f.shared_mlp_double
+    if config.per_layer_input:
+        parts["per_layer_embedding"] = f.per_layer_embedding
+        parts["per_layer_inputs"] = f.per_layer_inputs
+    if config.layer_scalar:
+        parts["layer_scalars"] = f.layer_scalars
     if config.mlp_bias:
         biases = ((f.moe_mlp_gated_bias, f.moe_mlp_dense_bias) if config.is_moe
                   else (f.mlp_gated_bias, f.mlp_dense_bias))
@@ -202,14 +242,16 @@ def active(config: Config) -> int:
 
 
 def non_embedding(config: Config, *, per_token: bool = False) -> int:
-    """N of Kaplan et al. 2020: checkpoint parameters less the token and position embeddings.
+    """N of Kaplan et al. 2020: checkpoint parameters less the token and position embeddings (and Gemma 4's
+    per-layer embedding table, a lookup too).
 
     An untied unembedding is kept (it is a matmul per token); a tied one is the embedding, excluded.
     ``per_token``: of the active parameters (a mixture-of-experts token runs k_E experts).
     """
     parts = checkpoint(config)
     whole = active(config) if per_token else parts["total"]
-    return whole - parts["token_embedding"] - parts.get("position_embedding", 0)
+    return (whole - parts["token_embedding"] - parts.get("position_embedding", 0)
+            - parts.get("per_layer_embedding", 0))
 
 
 def mtp_module(config: Config) -> int:

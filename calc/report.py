@@ -37,6 +37,9 @@ FEATURE_KEYS = (
     "n_chunked_layers", "n_nope_layers", "n_linear_layers", "linear_attention", "n_mamba_layers", "mamba",
     "d_shared_expert", "shared_expert_gate", "expert_bias", "n_sparse_layers", "index_topk", "index_heads",
     "index_head_dim", "mamba2", "n_mlp_free_layers", "n_kv_heads_window", "window_sinks",
+    "d_head_full", "n_kv_heads_full", "full_values_are_keys", "n_kv_shared_layers",
+    "n_kv_shared_window_layers",
+    "shared_mlp_double", "per_layer_input", "per_layer_vocab", "layer_scalar",
     "n_zero_experts",
     # added with the activations per layer kind (calc.activations)
     "d_rotary", "parallel_block", "activation",
@@ -309,6 +312,15 @@ def _ledger(report: dict[str, Any]) -> Table:
         attention = ("d·h·d_k + d·g·d_k + d·g·d_v + h·d_v·d"
                      + (f" (a windowed layer's K and V: g_w = {cfg['n_kv_heads_window']} heads)"
                         if cfg["n_kv_heads_window"] else ""))
+    if cfg["d_head_full"] or cfg["n_kv_shared_layers"] or cfg["full_values_are_keys"]:
+        attention = ("2·d·h·d_k + 2·d·g·d_k on a windowed layer (the per-layer rows), 2·d·h·d_kf + "
+                     + ("d·g_f·d_kf (no V)" if cfg["full_values_are_keys"] else "2·d·g_f·d_kf")
+                     + " on a full one; 2·d·h·d_k or 2·d·h·d_kf (Q and O only) on the L_x that reuse keys "
+                     "and values")
+    if cfg["shared_mlp_double"]:
+        mlp += f"; 2·d_ff on the last {cfg['n_kv_shared_layers']} layers"
+    if cfg["per_layer_input"]:
+        mlp += "; per-layer inputs: d·L·d_p + L·2·d·d_p, their table V_p·L·d_p"
     notes = [f"attention per layer = {attention}; mlp per layer = {mlp}; attention share = "
              f"{percent(led['attention_share'])} (exactly {led['attention_share']})"]
     if cfg["n_attention_layers"] != cfg["n_layers"]:
@@ -508,6 +520,9 @@ def _kv(report: dict[str, Any]) -> Table:
                      f"({cfg['kv_lora_rank']} + {cfg['d_rope']}) + {cfg['n_sparse_layers']}·"
                      f"{cfg['index_head_dim']})·{size}")
         heads += f", and the indexer's key of {cfg['index_head_dim']} per sparse layer"
+    if cfg["d_head_full"] or cfg["n_kv_shared_layers"] or cfg["full_values_are_keys"]:
+        per_token = "((L_w − L_xw)·2·g·d_k + (L_a − L_w − L_xf)·2·g_f·d_kf)·b"
+        heads = split_heads(cfg)
     return Table(
         title=f"KV cache, {kv['dtype']} ({size} bytes a value): {per_token} bytes per token",
         headers=("n", "bytes", ""),
@@ -705,7 +720,7 @@ LAYOUT_TEXT = {
 FEATURE_TEXT = {
     "attention_sinks": "attention sinks", "attention_output_gate": "gated attention output",
     "shared_expert_gate": "gated shared expert", "expert_bias": "expert biases",
-    "window_sinks": "attention sinks on the windowed layers",
+    "window_sinks": "attention sinks on the windowed layers", "layer_scalar": "a saved scalar per layer",
                 "lm_head_bias": "unembedding bias",
 }
 
@@ -726,6 +741,16 @@ def feature_lines(cfg: dict[str, Any]) -> list[str]:
         parts.append(f"sliding window {count(cfg['sliding_window'])} on {cfg['n_window_layers']} of "
                      f"{cfg['n_layers']} layers"
                      + (f", {cfg['n_kv_heads_window']} K/V heads there" if cfg["n_kv_heads_window"] else ""))
+    if cfg["d_head_full"] or cfg["n_kv_heads_full"] or cfg["full_values_are_keys"]:
+        parts.append(f"full-attention layers: heads of d_kf = {cfg['d_head_full'] or cfg['d_head']}, "
+                     f"{cfg['n_kv_heads_full'] or cfg['n_kv_heads']} K/V heads"
+                     + (", values are the keys (no V projection)" if cfg["full_values_are_keys"] else ""))
+    if cfg["n_kv_shared_layers"]:
+        parts.append(f"the last {cfg['n_kv_shared_layers']} layers reuse earlier keys and values"
+                     + (" (their MLP twice as wide)" if cfg["shared_mlp_double"] else ""))
+    if cfg["per_layer_input"]:
+        parts.append(f"per-layer embeddings of d_p = {cfg['per_layer_input']} (V_p = "
+                     f"{count(cfg['per_layer_vocab'])})")
     if cfg["n_chunked_layers"]:
         parts.append(f"chunked attention ({count(cfg['attention_chunk'])}) on {cfg['n_chunked_layers']} of "
                      f"{cfg['n_layers']} layers")
@@ -747,6 +772,23 @@ def feature_lines(cfg: dict[str, Any]) -> list[str]:
     if cfg["norms_per_layer"] != 2:
         parts.append(f"{plural(cfg['norms_per_layer'], 'norm')} per layer")
     return [f"features: {'; '.join(parts)}"] if parts else []
+
+
+def split_heads(cfg: dict[str, Any]) -> str:
+    """Gemma 4's caches: each kind of layer's K/V heads, and the layers that keep none of their own."""
+    windowed = cfg["n_window_layers"] - cfg["n_kv_shared_window_layers"]
+    full = (cfg["n_layers"] - cfg["n_window_layers"] - cfg["n_kv_shared_layers"]
+            + cfg["n_kv_shared_window_layers"])
+    text = (f"{windowed} windowed layers of g = {cfg['n_kv_heads']} K/V heads of d_k = {cfg['d_head']}, "
+            f"{full} "
+            f"full of g_f = {cfg['n_kv_heads_full'] or cfg['n_kv_heads']} of d_kf = "
+            f"{cfg['d_head_full'] or cfg['d_head']}")
+    if cfg["full_values_are_keys"]:
+        text += " (values are the keys there: no V weights, but both cached, as transformers caches them)"
+    if cfg["n_kv_shared_layers"]:
+        text += (f"; the last {cfg['n_kv_shared_layers']} layers (L_x, {cfg['n_kv_shared_window_layers']} "
+                 "windowed) reuse an earlier layer's keys and values and cache none")
+    return text
 
 
 def plural(k: int, noun: str) -> str:

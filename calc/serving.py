@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 from calc import costs
 from calc import formulas as f
 from calc.config import Config, ConfigError
-from calc.ledger import active, checkpoint, mlp_layers, non_embedding, values
+from calc.ledger import active, checkpoint, evaluate_layers, mlp_layers, non_embedding, values
 
 
 class Device(NamedTuple):
@@ -147,7 +147,9 @@ def step_bytes(config: Config, tokens: int, weight_bytes: int) -> int:
     parts = checkpoint(config)
     shared = (parts["total"] - parts["token_embedding"] - parts.get("position_embedding", 0)
               + (config.vocab_size * config.d_model if config.tied_embeddings else 0)
-              + tokens * config.d_model * (2 if config.learned_positions else 1))
+              + tokens * config.d_model * (2 if config.learned_positions else 1)
+              # Gemma 4's per-layer embedding table: the rows of L·d_p the tokens look up, as for the token's
+              - parts.get("per_layer_embedding", 0) + tokens * config.n_layers * config.per_layer_input)
     env = {**values(config), f.b_w: weight_bytes, f.t_r: tokens}
     if not config.is_moe:
         return weight_bytes * shared
@@ -174,8 +176,8 @@ def serving_time(config: Config, seqs: list[int], *, peak_tflops: float, bandwid
         env = values(config)
         env.update({f.n: n, f.b: kv_bytes, f.b_m: batch, f.N_mm: n_mm, **f.chunk_values(n, env[f.C])})
         cache = batch * f.evaluate_count(held, env)
-        prefill_flops = f.evaluate_count(f.prefill_flops, env)
-        decode_flops = f.evaluate_count(f.decode_flops, env)
+        prefill_flops = int(evaluate_layers(f.prefill_flops, env, config))  # each layer at its shape
+        decode_flops = int(evaluate_layers(f.decode_flops, env, config))
         prefill_bytes = step_bytes(config, batch * n, weight_bytes) + cache
         decode_weights = step_bytes(config, batch, weight_bytes)
         row: dict[str, Any] = {"n_tokens": n, "prefill_flops": prefill_flops, "prefill_bytes": prefill_bytes,

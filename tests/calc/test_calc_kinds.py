@@ -79,6 +79,29 @@ def test_a_windowed_layer_with_its_own_kv_heads_caches_keys_and_values_of_their_
             heads[kind] * (D_K + 3) * held[kind] * BYTES
 
 
+def test_full_layers_of_their_own_head_width_and_layers_reusing_keys_and_values_by_hand():
+    # Gemma 4's layout: 6 layers, 4 windowed with heads of 4 and one K/V head, 2 full with heads of 8 and 2
+    # K/V heads (values their keys); the last 2 layers (one windowed, one full) reuse earlier keys and values
+    config = small(n_layers=6, sliding_window=W, n_window_layers=4, d_head_full=8, n_kv_heads_full=2,
+                   full_values_are_keys=True, n_kv_shared_layers=2, n_kv_shared_window_layers=1)
+    assert kinds.layer_kinds(config) == {"dense": 2, "sliding": 4}
+    assert kinds.cache_layers(config) == {"dense": 1, "sliding": 3}
+    assert kinds.at(config, "dense", "prefill_flops", N) == flops_over_keys(lambda i: i + 1,
+                                                                            per_key_attention(8, 8))
+    assert kinds.at(config, "sliding", "prefill_flops", N) == flops_over_keys(lambda i: min(i + 1, W),
+                                                                              per_key_attention())
+    # a full layer caches K and V of its 2 heads of 8 (both, though its values are its keys), each token
+    assert kinds.at(config, "dense", "cache_bytes", N, dtype_bytes=BYTES) == N * 2 * 2 * 8 * BYTES
+    assert kinds.at(config, "dense", "decode_flops", N) == N * per_key_attention(8, 8)
+    (row,) = kinds.by_kind(config, [N], dtype_bytes=BYTES)
+    # the model's cache: 1 full layer and 3 windowed ones keep their own; the 2 reusing layers none
+    assert row["kinds"]["dense"]["cache_bytes"] == 1 * N * 2 * 2 * 8 * BYTES
+    assert row["kinds"]["sliding"]["cache_bytes"] == 3 * W * 2 * G * D_K * BYTES
+    # every layer still attends: prefill over all 2 and 4
+    assert row["kinds"]["dense"]["prefill_flops"] == 2 * flops_over_keys(lambda i: i + 1,
+                                                                         per_key_attention(8, 8))
+
+
 def test_mla_layer_caches_its_latent_and_rotary_key():
     config = small(d_head=6, **MLA)
     d_k, d_v = 6, 4

@@ -77,6 +77,8 @@ MODELS = {
                                                    (9 * 4 + 39 * 8) * (192 + 128) * 2),
     # LongCat-Flash: 28 layers of two MLA sublayers, each caching its latent of 512 and rotary key of 64
     "longcat-flash-transformers-defaults": Counted(560_664_980_480, 32_182_676_480, 56 * (512 + 64) * 2),
+    # Gemma 4's text model: 25 windowed layers of 4 K/V heads of 256, 5 full of 4 K/V heads of 512
+    "gemma4-transformers-defaults": Counted(5_077_177_886, None, (25 * 2 * 4 * 256 + 5 * 2 * 4 * 512) * 2),
     # files with keys of calc.hf.INERT (runner_max_sequence_length, use_mrope, transformers.js_config)
     "santacoder": Counted(1_124_886_528, None, 2 * 24 * 1 * 128 * 2),  # multi-query
     "qwen2.5-0.5b": Counted(494_032_768, None, 2 * 24 * 2 * 64 * 2),
@@ -112,7 +114,7 @@ def test_every_new_type_has_a_fixture_here():
            "qwen2", "llama",  # Qwen2.5 and SmolLM2: the inert keys of their files
            "olmo3", "minimax_m2", "glm_moe_dsa", "ernie4_5", "ernie4_5_moe", "qwen3_5",
            "qwen3_5_moe", "qwen3_vl", "qwen3_vl_moe", "nemotron_h", "mimo_v2_flash",
-           "longcat_flash"}
+           "longcat_flash", "gemma4"}
     assert {raw(name)["model_type"] for name in MODELS} == new
 
 
@@ -261,6 +263,69 @@ def test_mimo_v2_flash_legacy_window_is_one_more():
     # the hub files' sliding_window_size counts the keys before the query; MiMoV2FlashConfig adds 1
     config = from_config(_mimo(sliding_window_size=127, sliding_window=None))
     assert config.sliding_window == 128
+
+
+# Gemma 4 at small sizes: 4 query heads, 2 K/V heads of 16 on a windowed layer, heads of 32 on a full one
+# (global_head_dim), per-layer inputs of 8 from a table of 300 rows
+GEMMA4_SMALL = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 16, "global_head_dim": 32, "vocab_size": 500,
+                "vocab_size_per_layer_input": 300,
+                "hidden_size_per_layer_input": 8, "num_hidden_layers": 6, "sliding_window": 16}
+
+
+def _gemma4(**changes) -> dict:
+    return _variant("gemma4-transformers-defaults", drop=("layer_types", "per_layer_config"),
+                    **{**GEMMA4_SMALL, **changes})
+
+
+GEMMA4_SHARED = dict(attention_k_eq_v=True, num_global_key_value_heads=1, num_kv_shared_layers=2,
+                     use_double_wide_mlp=True, layer_types=["sliding_attention"] * 2 + ["full_attention"]
+                     + ["sliding_attention"] * 2 + ["full_attention"])
+
+
+def test_gemma4_values_as_keys_shared_kv_layers_and_per_layer_inputs_by_hand():
+    config = from_config(_gemma4(**GEMMA4_SHARED))
+    d, h, g, d_k, g_f, d_kf, d_ff, d_p, layers = 64, 4, 2, 16, 1, 32, 128, 8, 6
+    windowed = 2 * d * h * d_k + 2 * d * g * d_k + 2 * d_k  # Q, O, K, V; q and k norms
+    full = 2 * d * h * d_kf + d * g_f * d_kf + 2 * d_kf  # Q, O, K (its values are its keys); q and k norms
+    # layers 4 (windowed) and 5 (full) reuse the keys and values of layers 3 and 2: Q, O and the q norm only
+    shared_windowed, shared_full = 2 * d * h * d_k + d_k, 2 * d * h * d_kf + d_kf
+    mlp = 3 * d * d_ff  # gate, up, down; twice as wide on the 2 reusing layers
+    per_layer = 2 * d * d_p + 5 * d + 1  # input gate and projection, 5 norms, the layer's scalar
+    body = (3 * windowed + full + shared_windowed + shared_full + 4 * mlp + 2 * 2 * mlp + layers * per_layer)
+    per_layer_inputs = 300 * layers * d_p + d * layers * d_p + d_p  # table, projection, its norm
+    assert ledger.checkpoint(config)["total"] == body + per_layer_inputs + d + 500 * d  # final norm, tied
+    assert (config.n_kv_shared_layers, config.n_kv_shared_window_layers) == (2, 1)
+    # at n = 100 (w = 16) layers 0, 1, 3 hold 16 tokens of 2 heads of 16, layer 2 100 of 1 head of 32 (K and V
+    # both, as transformers caches them); layers 4 and 5 none of their own
+    (row,) = costs.kv_cache(config, [100], "bf16")["rows"]
+    assert row["bytes"] == (3 * 16 * 2 * g * d_k + 100 * 2 * g_f * d_kf) * 2
+    assert costs.kv_cache(config, [100], "bf16")["bytes_per_token"] == (3 * 2 * g * d_k + 2 * g_f * d_kf) * 2
+    # the per-layer table is a lookup, like the token embedding: no part of N
+    assert ledger.non_embedding(config) == ledger.checkpoint(config)["total"] - 500 * d - 300 * layers * d_p
+
+
+def test_gemma4_attention_figures_take_each_layer_at_its_width():
+    # the roofline's causal FLOPs and the KV cache equal the sum of the per-kind figures, each kind at its
+    # heads (the full layers' of 32, the windowed layers' of 16)
+    config = from_config(_gemma4(**GEMMA4_SHARED))
+    from calc import kinds
+
+    for n in (10, 100):
+        (row,) = kinds.by_kind(config, [n])
+        assert costs.flops(config, [n])[0]["causal_flops_per_model"] == row["total"]["prefill_flops"]
+        assert costs.kv_cache(config, [n], "bf16")["rows"][0]["bytes"] == row["total"]["cache_bytes"]
+
+
+def test_gemma4_experts_beside_the_dense_mlp_by_hand():
+    config = from_config(_gemma4(enable_moe_block=True, num_experts=4, top_k_experts=2,
+                                 moe_intermediate_size=24, hidden_size_per_layer_input=0))
+    d, d_e = 64, 24
+    # per layer: 4 experts of 3·d·d_e, the router d → 4 with a scale of d and one per expert, 3 more norms
+    moe = 4 * 3 * d * d_e + 4 * d + d + 4 + 3 * d
+    dense = from_config(_gemma4(hidden_size_per_layer_input=0))
+    assert ledger.checkpoint(config)["total"] - ledger.checkpoint(dense)["total"] == 6 * moe
+    assert ledger.checkpoint(config)["total"] - ledger.active(config) == 6 * 2 * 3 * d * d_e
 
 
 # LongCat-Flash at small sizes: 2 layers, 4 heads, MLA of ranks 32 (queries) and 16 (keys and values)
@@ -738,6 +803,16 @@ VARIANTS = {
         drop=("ffn_hidden_size", "n_routed_experts", "moe_topk", "expert_ffn_hidden_size"),
         intermediate_size=80, num_local_experts=4, num_experts_per_tok=3, moe_intermediate_size=24,
         zero_expert_num=0),
+    "gemma4, values as keys, 2 layers reusing K/V with a double-wide MLP, per-layer inputs": _gemma4(
+        **GEMMA4_SHARED),
+    "gemma4, experts, no per-layer inputs, per_layer_config listed (values as keys)": _gemma4(
+        enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=24,
+        hidden_size_per_layer_input=0, attention_k_eq_v=True, layer_types=[SLIDING, SLIDING, FULL] * 2,
+        per_layer_config={"02": {"head_dim": 32, "num_key_value_heads": 1},
+                          "05": {"head_dim": 32, "num_key_value_heads": 1}}),
+    "gemma4, experts, reusing K/V, double-wide, untied, the last layer made full": _gemma4(
+        enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=24,
+        num_kv_shared_layers=2, use_double_wide_mlp=True, tie_word_embeddings=False, num_hidden_layers=8),
     "qwen3_vl_moe, dense layers by index and by step": _variant(
         "qwen3-vl-moe-transformers-defaults", mlp_only_layers=[0], decoder_sparse_step=2, num_hidden_layers=4,
         num_local_experts=8, tie_word_embeddings=True),
@@ -789,6 +864,16 @@ def test_keys_a_config_class_carries_and_the_variant_does_not_read_are_accepted(
         ("longcat-flash-transformers-defaults", {"num_nextn_predict_layers": 1}, "num_nextn_predict_layers"),
         ("mimo-v2-flash-transformers-defaults", {"mlp_layer_types": ["dense", "moe"] * 24},
          "mlp_layer_types"),
+        # Gemma 4: bidirectional attention on every token, a per-layer override calc does not model, reusing
+        # layers with no earlier layer of their kind, biases, a key of Gemma 3n's that would add weights
+        ("gemma4-transformers-defaults", {"use_bidirectional_attention": "all"},
+         "use_bidirectional_attention"),
+        ("gemma4-transformers-defaults", {"per_layer_config": {"05": {"intermediate_size": 4}}},
+         "per_layer_config"),
+        ("gemma4-transformers-defaults", {"per_layer_config": {"04": {"head_dim": 512}}}, "per_layer_config"),
+        ("gemma4-transformers-defaults", {"num_kv_shared_layers": 25}, "num_kv_shared_layers"),
+        ("gemma4-transformers-defaults", {"attention_bias": True}, "attention_bias"),
+        ("gemma4-transformers-defaults", {"laurel_rank": 64}, "laurel_rank"),
         # the alias Qwen3VLMoeTextConfig saves for num_experts, disagreeing with it
         ("qwen3-vl-moe-transformers-defaults", {"num_experts": 8}, "num_local_experts"),
     ],
