@@ -449,7 +449,9 @@ P_s, p_e, t_r = symbols("P_s p_e t_r", positive=True, integer=True)
 experts_touched = E * (1 - (1 - k_E / E) ** t_r)
 step_weight_bytes = b_w * (P_s + (L - L_d) * experts_touched * p_e)
 
-GPT_SHAPE = {g: h, d_k: d / h, d_v: d / h, L_a: L, L_w: 0, L_c: 0, L_s: 0}  # MHA, d = h·d_k, one kind
+# MHA, d = h·d_k, one kind (and one head width, no layer reusing another's keys and values)
+GPT_SHAPE = {g: h, d_k: d / h, d_v: d / h, L_a: L, L_w: 0, L_c: 0, L_s: 0,
+             d_kf: d / h, g_f: h, L_x: 0, L_xw: 0}
 
 
 def chunk_values(n_tokens: int, chunk: int) -> dict[Symbol, int]:
