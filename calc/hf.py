@@ -882,9 +882,13 @@ def gemma4_layers(r: Reader, fields: Fields) -> Fields:
         kinds = Counter(r.kinds)
         notes.append("layer_types: the last layer is full attention, as Gemma4TextConfig makes it")
     fields = _windowed(r, fields, kinds, 512)
-    if r.get("use_bidirectional_attention") == "all":
+    bidirectional = r.get("use_bidirectional_attention")
+    if bidirectional == "all":
         r.invalid("use_bidirectional_attention", "'all' (every token sees every other, a window of w/2 + 1 "
                   "each way) is not modelled: calc's costs are causal", None)
+    elif bidirectional not in (None, "vision"):  # "vision": image tokens only, no text figure changes
+        r.invalid("use_bidirectional_attention", f"must be null, 'vision' or 'all', got {bidirectional!r}",
+                  None)
     values_are_keys = r.boolean("attention_k_eq_v", False)
     full = _gemma4_full_layers(r, fields, values_are_keys)
     shared = r.count("num_kv_shared_layers")

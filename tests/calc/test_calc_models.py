@@ -868,6 +868,8 @@ def test_keys_a_config_class_carries_and_the_variant_does_not_read_are_accepted(
         # layers with no earlier layer of their kind, biases, a key of Gemma 3n's that would add weights
         ("gemma4-transformers-defaults", {"use_bidirectional_attention": "all"},
          "use_bidirectional_attention"),
+        ("gemma4-transformers-defaults", {"use_bidirectional_attention": "text"},
+         "use_bidirectional_attention"),
         ("gemma4-transformers-defaults", {"per_layer_config": {"05": {"intermediate_size": 4}}},
          "per_layer_config"),
         ("gemma4-transformers-defaults", {"per_layer_config": {"04": {"head_dim": 512}}}, "per_layer_config"),
