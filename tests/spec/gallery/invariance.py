@@ -26,15 +26,15 @@ Array = np.ndarray
 
 
 def split_kv(q: Array, k: Array, v: Array, splits: Array, *, causal: bool = False, mask: Any = None,
-             scale: float | None = None, kv_lengths: Any = None) -> Array:
+             scale: float | None = None, kv_lengths: Any = None, align: str = "top_left") -> Array:
     # q [b, h, n_q, d_k], k [b, h, n_k, d_k], v [b, h, n_k, d_v], splits [b] -> [b, h, n_q, d_v]
     """Batch row b's keys (its first ``kv_lengths[b]``) cut into ``splits[b]`` near-equal parts,
-    each attended to (causal top-left, ``mask`` hiding keys as `impl.attention` does), merged by
-    their logsumexps."""
+    each attended to (causal aligned as ``align`` says, ``mask`` hiding keys as `impl.attention`
+    does), merged by their logsumexps."""
     n_q, n_k = q.shape[-2], k.shape[-2]
     keep = np.ones((q.shape[0], 1, n_q, n_k), dtype=bool)
     if causal:
-        keep &= causal_mask(n_q, n_k)
+        keep &= causal_mask(n_q, n_k, align=align)  # type: ignore[arg-type]
     if mask is not None:
         keep = keep & np.broadcast_to(mask, (q.shape[0], *np.shape(mask)[-3:]))
     if kv_lengths is not None:
@@ -97,6 +97,20 @@ def each_row_alone(q: Array, k: Array, v: Array, *, kv_lengths: Any = None, **kw
     return np.stack(rows)
 
 
+@_batched
+def splits_by_chunk_size(q: Array, k: Array, v: Array, **kw: Any) -> Array:
+    # a short chunk of queries leaves the machine idle, so its keys are split in two: a chunked
+    # prefill rounds differently from one call on the whole prompt
+    return split_kv(q, k, v, np.full(q.shape[0], 2 if q.shape[-2] < 4 else 1), align="bottom_right", **kw)
+
+
+def lse_base2_undeclared(q: Array, k: Array, v: Array, *, return_lse: bool = False, **kw: Any) -> Any:
+    if not return_lse:
+        return attention(q, k, v, **kw)
+    out, lse = attention(q, k, v, return_lse=True, **kw)
+    return out, lse / np.log(2.0)  # log2 Σ 2^(s·log2 e), FlashInfer's, without lse_base=2
+
+
 _DECLARED = dict(supports_mask=True, supports_scale=True, ndims=(2, 3, 4))
 
 BROKEN = [
@@ -110,6 +124,13 @@ BROKEN = [
            "split count from the call's total key count: one neighbour growing by a key re-splits every "
            "row (the tile scheduler switching)", invariant=("neighbours",), supports_kv_lengths=True,
            **_DECLARED),
+    broken(splits_by_chunk_size, "chunked_prefill_matches_one_call",
+           "split count from the chunk's query count: chunks of fewer than 4 queries split their keys in "
+           "two, the one call does not", invariant=("chunked_prefill",), causal_alignment="bottom_right",
+           **_DECLARED),
+    broken(lse_base2_undeclared, "cascade_shared_prefix",
+           "a base-2 LSE returned as the natural one: the cascade weighs prefix and suffix wrongly",
+           returns_lse=True, **_DECLARED),
 ]
 
 CORRECT = [
