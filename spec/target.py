@@ -262,8 +262,8 @@ class Target:
     merge: Any = None
     """The target's own merge operator of attention states (a `spec.MergeTarget`, or a function
     ``fn(out_a, lse_a, out_b, lse_b) -> (out, lse)`` read as ``MergeTarget(fn)`` in the target's
-    layout, LSE base and empty LSE), which the cascade law (`spec.laws.cascade`) also merges the
-    target's partial states with; None: the suite's merge alone. Needs ``returns_lse``."""
+    layout, LSE base, empty LSE and dtypes), which the cascade law (`spec.laws.cascade`) also
+    merges the target's partial states with; None: the suite's merge alone. Needs ``returns_lse``."""
     expected_failures: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False)
     """Known deviations, each with its reason: ``{"law": "reason"}`` for every dtype,
     ``{"law[float16]": "reason"}`` for one. The law still runs: a failure is XFAIL (the run still
@@ -609,19 +609,14 @@ def _check_invariant(target: Target) -> tuple[str, ...]:
 
 
 def _check_merge(target: Target) -> Any:
-    """``merge``: None, a `spec.MergeTarget`, or a function read as one (in the target's layout, LSE
-    base and empty LSE), for a target that returns an LSE to merge."""
-    from spec.merge_target import MergeTarget  # it reads this module's declarations
-
+    """``merge``: None, a `spec.MergeTarget` (read by its fields: this module is below it), or a
+    function, for a target that returns an LSE to merge."""
     given = target.merge
     if given is None:
         return None
-    if not isinstance(given, MergeTarget):
-        if not callable(given):
-            raise TargetError(f"Target merge must be a spec.MergeTarget, a function fn(out_a, lse_a, out_b, "
-                              f"lse_b) -> (out, lse) or None, got {type(given).__name__}")
-        given = MergeTarget(given, lse_base=target.lse_base, empty_lse=target.empty_lse, layout=target.layout,
-                            dtypes=target.dtypes)
+    if not callable(given) and not all(hasattr(given, name) for name in ("fn", "fn_n", "lse_base", "layout")):
+        raise TargetError(f"Target merge must be a spec.MergeTarget, a function fn(out_a, lse_a, out_b, "
+                          f"lse_b) -> (out, lse) or None, got {type(given).__name__}")
     if not target.returns_lse:
         raise TargetError("Target merge needs returns_lse=True (the states it merges carry the target's LSE)")
     return given

@@ -25,7 +25,7 @@ from spec.laws import _needs
 from spec.laws._helpers import assert_same, run, run_lse
 from spec.laws.invariance import assert_same_bits
 from spec.laws.lse import assert_lse_close, merge
-from spec.merge_target import merge_call
+from spec.merge_target import MergeTarget, merge_call
 from spec.registry import Need, law
 from spec.target import Target
 
@@ -64,6 +64,16 @@ def unfolded(x: Array, batch: int) -> Array:  # [1, h, batch·n_q, ...] -> [batc
     return np.swapaxes(x[0].reshape(h, batch, -1, *x.shape[3:]), 0, 1)
 
 
+def own_merge(target: Target) -> MergeTarget | None:
+    """The target's merge operator (``Target.merge``) as a `spec.MergeTarget`: as declared, or a
+    function read as one in the target's layout, LSE base and empty LSE; None when it declares none."""
+    given = target.merge
+    if given is None or isinstance(given, MergeTarget):
+        return given
+    return MergeTarget(given, lse_base=target.lse_base, empty_lse=target.empty_lse, layout=target.layout,
+                       dtypes=target.dtypes)
+
+
 @law(strategy=shared_prefix_cases, needs=_needs.keyword(LSE) & _needs.ndim(4))
 def cascade_shared_prefix(target: Target, case: Case) -> None:
     """Sequences sharing their first t keys: attention over the prefix (one call holding every
@@ -89,9 +99,10 @@ def cascade_shared_prefix(target: Target, case: Case) -> None:
     said = f"the shared prefix of {t} keys and the suffixes, merged by the suite's merge"
     assert_same(target, inputs, whole, out, what=f"{said}, against the one call, the output")
     assert_lse_close(target, inputs, lse, whole_lse, what=f"{said}, against the one call")
-    if target.merge is not None:
-        own, _, own_lse = merge_call(target.merge, *parts, np.dtype(inputs.q.dtype).name)
-        said = f"the shared prefix of {t} keys and the suffixes, merged by {target.merge.name}"
+    operator = own_merge(target)
+    if operator is not None:
+        own, _, own_lse = merge_call(operator, *parts, np.dtype(inputs.q.dtype).name)
+        said = f"the shared prefix of {t} keys and the suffixes, merged by {operator.name}"
         assert_same(target, inputs, whole, own.astype(np.float64),
                     what=f"{said}, against the one call, the output")
         assert_lse_close(target, inputs, own_lse, whole_lse, what=f"{said}, against the one call")
@@ -114,7 +125,7 @@ chunkable = Need(
     lambda t: None if chunk_form(t) else (
         f"needs chunks that keep their diagonal: block_table= (supports_paged_kv), or causal_alignment "
         f"'bottom_right' or 'kv_lengths' (target declares causal_alignment={t.causal_alignment!r})"),
-    "block_table= (supports_paged_kv), or causal_alignment 'bottom_right' or 'kv_lengths'")
+    "a paged cache (block_table=), or causal_alignment 'bottom_right' or 'kv_lengths'")
 
 
 @st.composite

@@ -74,9 +74,10 @@ def _takes_any(forms: tuple[str, ...], said: str) -> Need:
     return Need(missing, said)
 
 
-several_sequences = _takes_any(FORMS, "4-D inputs (ndims) or packed sequences (supports_varlen)")
-own_lengths = _takes_any(LENGTH_FORMS, "kv_lengths= (supports_kv_lengths), block_table= (supports_paged_kv) "
-                                       "or cu_seqlens_q=/cu_seqlens_k= (supports_varlen)")
+# (said without the capabilities' names in brackets: the law needs one of them, not each)
+several_sequences = _takes_any(FORMS, "4-D inputs or packed sequences (cu_seqlens_q=/cu_seqlens_k=)")
+own_lengths = _takes_any(LENGTH_FORMS, "sequences of their own lengths: kv_lengths=, block_table= or "
+                                       "cu_seqlens_q=/cu_seqlens_k=")
 
 
 # --- a call's sequences ------------------------------------------------------------------------

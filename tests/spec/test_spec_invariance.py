@@ -15,7 +15,7 @@ from impl.merge import merge_states
 from spec import MergeTarget, Target
 from spec.builtin import load_target
 from spec.cases import Case
-from spec.laws.cascade import chunk_call, chunks
+from spec.laws.cascade import chunk_call, chunks, own_merge
 from spec.laws.invariance import holding, output_of, sequences, steps
 from spec.target import INVARIANCES, TargetError
 
@@ -60,7 +60,7 @@ def test_chunked_prefill_needs_an_alignment_that_chunks_keep():
 
 
 def test_merge_is_a_merge_target_a_function_read_as_one_or_refused():
-    made = Target(_lse_attention, returns_lse=True, lse_base=2, layout="bnhd", merge=merge_states).merge
+    made = own_merge(Target(_lse_attention, returns_lse=True, lse_base=2, layout="bnhd", merge=merge_states))
     assert isinstance(made, MergeTarget) and made.fn is merge_states
     assert (made.lse_base, made.layout) == (2, "bnhd")
     given = MergeTarget(merge_states, name="mine")
