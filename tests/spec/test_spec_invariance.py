@@ -163,3 +163,36 @@ def test_a_target_computing_each_sequence_alone_keeps_every_invariance():
                     supports_mask=True, ndims=(4,))
     report = spec.check(target, profile="quick", only=INVARIANCE_LAWS, seed=6)
     assert [r.status for r in report.results] == ["pass"] * 3
+
+
+def _aligned_per_row(q, k, v, *, causal=False, kv_lengths=None, **kw):
+    align = "kv_lengths" if kv_lengths is not None else "bottom_right"
+    return attention(q, k, v, causal=causal, kv_lengths=kv_lengths, align=align, **kw)
+
+
+@pytest.mark.parametrize("form", ["paged", "kv_lengths", "bottom_right"])
+def test_chunked_prefill_holds_within_tolerance_in_each_form(form):
+    """A correct target passes the chunked-prefill law whichever way its chunks keep their diagonal."""
+    if form == "paged":
+        target = load_target("reference")
+    else:
+        target = Target(_aligned_per_row, name=f"aligned_{form}", causal_alignment=form, ndims=(4,),
+                        supports_kv_lengths=form == "kv_lengths")
+    (result,) = spec.check(target, profile="quick", only=["chunked_prefill_matches_one_call"], seed=1).results
+    assert result.status == "pass", result.message
+
+
+def test_chunked_prefill_is_skipped_where_chunks_lose_their_diagonal():
+    only = ["chunked_prefill_matches_one_call"]
+    (result,) = spec.check(Target(attention), profile="quick", only=only).results
+    assert result.status == "skip" and "causal_alignment" in result.message
+
+
+def _top_left_chunks(q, k, v, *, causal=False, **kw):  # declared bottom-right, computed top-left
+    return attention(q, k, v, causal=causal, **kw)
+
+
+def test_chunked_prefill_catches_a_chunk_that_ignores_its_cache():
+    target = Target(_top_left_chunks, causal_alignment="bottom_right", ndims=(4,))
+    (result,) = spec.check(target, profile="quick", only=["chunked_prefill_matches_one_call"], seed=1).results
+    assert result.status == "fail" and "as a chunk against the cache" in result.message
