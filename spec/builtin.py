@@ -64,10 +64,11 @@ def _reference() -> Target:
                   supports_alibi=True, supports_paged_kv=True, supports_fp8_kv=dt.has_ml_dtypes(),
                   supports_chunk=True, supports_topk=True, supports_topk_blocks=True, supports_qv=True,
                   empty_keys="compute")  # no keys: zeros of the output's shape, as impl promises
-# The reference declares no invariance: packed sequences and paged caches are one masked softmax over
-# the whole pack (or the table's capacity), the other sequences' keys hidden but their count and
-# offsets still shaping the sums' order, so a sequence's bits move with its neighbours (measured:
-# `spec.check(reference.replace(invariant=("batch", "position", "neighbours")), ...)` fails each law).
+# The reference declares no invariance (a declaration covers every form of call): its dense calls and
+# kv_lengths hold batch, position and neighbours (300 examples each), but packed sequences are one
+# masked softmax over the whole pack (the others' keys hidden, their count and offsets still shaping
+# the sums), which breaks all three, and a paged cache is gathered to the longest sequence's length
+# (impl.cache.gather), which breaks batch and neighbours: the reference.replace(invariant=...) fails.
 
 
 def _flash_grad(q: Any, k: Any, v: Any, d_out: Any, *, out: Any = None, lse: Any = None,
