@@ -196,3 +196,16 @@ def test_chunked_prefill_catches_a_chunk_that_ignores_its_cache():
     target = Target(_top_left_chunks, causal_alignment="bottom_right", ndims=(4,))
     (result,) = spec.check(target, profile="quick", only=["chunked_prefill_matches_one_call"], seed=1).results
     assert result.status == "fail" and "as a chunk against the cache" in result.message
+
+
+def test_flash_keeps_a_sequence_bits_where_the_batch_makes_it_go_threaded():
+    """The laws draw small calls; flash's declaration also covers the batch that crosses its threading
+    threshold (alone 180,000 scores: one thread; four of them 720,000: one job per thread, each with a
+    one-thread BLAS), so a sequence alone and in the batch of four must agree bit for bit."""
+    from impl import flash_attention
+
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((4, 2, 300, 128)).astype(np.float32) for _ in range(3))
+    together = flash_attention(q, k, v, causal=True)
+    alone = flash_attention(q[2:3], k[2:3], v[2:3], causal=True)
+    assert np.array_equal(together[2:3], alone)
