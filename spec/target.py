@@ -256,7 +256,7 @@ class Target:
     wherever it sits in the batch or the pack; ``"neighbours"``, whatever the other sequences' query
     and key lengths (``kv_lengths=``, packed or paged sequences); ``"chunked_prefill"``, queries in
     chunks against a growing cache give the one call's output (bottom-right or per-sequence
-    alignment: ``causal_alignment`` ``bottom_right`` or ``kv_lengths``, or a paged cache). Each
+    alignment: ``causal_alignment`` ``bottom_right`` or ``kv_lengths``, a paged or a past cache). Each
     names the laws that then compare bit for bit (vLLM's batch-invariant mode promises the first
     three); none declared, the chunked-prefill law still holds the target to its tolerance."""
     merge: Any = None
@@ -601,10 +601,11 @@ def _check_invariant(target: Target) -> tuple[str, ...]:
         raise TargetError("Target invariant promises bit-identical outputs, which deterministic=False "
                           "rules out")
     if "chunked_prefill" in given and target.causal_alignment not in ("bottom_right", "kv_lengths") and \
-            not getattr(target, "supports_paged_kv", False):
+            not target.supports_paged_kv and not target.supports_past_kv:
         raise TargetError("Target invariant='chunked_prefill' needs chunks that keep their diagonal: "
-                          "causal_alignment 'bottom_right' or 'kv_lengths', or supports_paged_kv=True "
-                          f"(target declares causal_alignment={target.causal_alignment!r})")
+                          "causal_alignment 'bottom_right' or 'kv_lengths', supports_paged_kv=True or "
+                          "supports_past_kv=True (target declares causal_alignment="
+                          f"{target.causal_alignment!r})")
     return tuple(dict.fromkeys(given))
 
 

@@ -6,8 +6,9 @@
   is the suite's (`spec.laws.lse.merge`, float64) fed by the target's own LSE, and the target's own
   merge where it declares one (``Target(merge=...)``, a `spec.MergeTarget`).
 - **Chunked prefill** (vLLM, SGLang): a prompt's queries in chunks, each against the cache of every
-  key up to its end (bottom-right or per-sequence causal alignment, so the chunk's last query sees
-  the cache's last key), give the rows of one call on the whole prompt — within tolerance for every
+  key up to its end (bottom-right or per-sequence causal alignment, or a past cache the chunk's
+  queries continue, so the chunk's last query sees the cache's last key), give the rows of one call
+  on the whole prompt — within tolerance for every
   target, bit for bit for one that declares ``invariant=("chunked_prefill",)``.
 """
 
@@ -18,13 +19,14 @@ import itertools
 import numpy as np
 from hypothesis import strategies as st
 
-from spec.cases import Case, between, cases, split_point
+from spec.cases import Case, between, cases, pick, split_point
 from spec.inputs import Inputs
 from spec.keywords.lse import LSE
 from spec.laws import _needs
 from spec.laws._helpers import assert_same, run, run_lse
 from spec.laws.invariance import assert_same_bits
 from spec.laws.lse import assert_lse_close, merge
+from spec.laws.past import run_past
 from spec.merge_target import MergeTarget, merge_call
 from spec.registry import Need, law
 from spec.target import Target
@@ -111,31 +113,38 @@ def cascade_shared_prefix(target: Target, case: Case) -> None:
 # --- chunked prefill -----------------------------------------------------------------------------
 
 
-def chunk_form(t: Target) -> str | None:
+def chunk_forms(t: Target) -> tuple[str, ...]:
     """How the target's chunks keep their diagonal: a paged cache (per sequence), contiguous keys
-    with ``kv_lengths=`` aligned per sequence, or bottom-right keys; None when none of them."""
-    if t.supports_paged_kv:
-        return "paged"
-    if t.causal_alignment == "kv_lengths" and t.supports_kv_lengths:
-        return "kv_lengths"
-    return "bottom_right" if t.causal_alignment in ("bottom_right", "kv_lengths") else None
+    with ``kv_lengths=`` aligned per sequence, a past cache (``past_key=``: the chunk's queries
+    continue it), or contiguous keys bottom-right aligned; none of them, an empty tuple."""
+    forms = {"paged": t.supports_paged_kv,
+             "kv_lengths": t.causal_alignment == "kv_lengths" and t.supports_kv_lengths,
+             "past": t.supports_past_kv,
+             "bottom_right": t.causal_alignment in ("bottom_right", "kv_lengths")}
+    return tuple(form for form, takes in forms.items() if takes)
 
 
 chunkable = Need(
-    lambda t: None if chunk_form(t) else (
-        f"needs chunks that keep their diagonal: block_table= (supports_paged_kv), or causal_alignment "
-        f"'bottom_right' or 'kv_lengths' (target declares causal_alignment={t.causal_alignment!r})"),
-    "a paged cache (block_table=), or causal_alignment 'bottom_right' or 'kv_lengths'")
+    lambda t: None if chunk_forms(t) else (
+        f"needs chunks that keep their diagonal: block_table= (supports_paged_kv), past_key= "
+        f"(supports_past_kv), or causal_alignment 'bottom_right' or 'kv_lengths' (target declares "
+        f"causal_alignment={t.causal_alignment!r})"),
+    "a paged cache (block_table=), a past cache (past_key=), or causal_alignment 'bottom_right' or "
+    "'kv_lengths'")
 
 
 @st.composite
 def prompt_cases(draw: st.DrawFn, t: Target) -> Case:
     """A causal 4-D call of 2–12 queries over a cache of the queries' own keys after a cached prefix
-    of 0–12 (every sequence the same length, paged where the target takes a paged cache)."""
+    of 0–12 (1–12 as a past cache; every sequence the same length), in one of the forms the target's
+    chunks keep their diagonal in (`chunk_forms`)."""
+    form = pick(draw, chunk_forms(t))
     base = draw(cases(t, ndims=(4,), causal=(True,), n_max=12, values=("normal",)))
     n_q = draw(between(2, 12))
-    case = base.replace(n_q=n_q, n_k=n_q + draw(between(0, 12)), mask="none")
-    form = chunk_form(t)
+    prefix = draw(between(1 if form == "past" else 0, 12))
+    case = base.replace(n_q=n_q, n_k=n_q + prefix, mask="none")
+    if form == "past":
+        return case.with_keyword("past_kv", prefix)
     if form == "bottom_right":
         return case
     case = case.with_keyword("kv_lengths", (case.n_k,) * case.batch)
@@ -155,22 +164,37 @@ def chunks(case: Case) -> list[tuple[int, int]]:
 
 def chunk_call(inputs: Inputs, start: int, stop: int) -> Inputs:
     """Queries ``start:stop`` against the cache of every key up to the chunk's last: the keys
-    before ``n_k − n_q + stop`` (key lengths cut there; contiguous keys cut there)."""
+    before ``n_k − n_q + stop`` (key lengths cut there; contiguous keys cut there; a past cache
+    holding the keys before the chunk's own)."""
     n_q = inputs.q.shape[-2]
     q = np.ascontiguousarray(inputs.q[..., start:stop, :])
     lengths = inputs.get("kv_lengths")
     if lengths is not None:  # the same keys, fewer of them visible: the cache up to the chunk's end
         return inputs.replace(q=q, kv_lengths=np.asarray(lengths) - (n_q - stop))
+    past = inputs.get("past_key")
+    if past is not None:  # the past grows by the chunks before this one; the chunk's keys are its own
+        keys = np.concatenate([past, inputs.k], axis=-2)
+        values = np.concatenate([inputs.get("past_value"), inputs.v], axis=-2)
+        before, end = past.shape[-2] + start, past.shape[-2] + stop
+        cut = [np.ascontiguousarray(x) for x in (keys[..., :before, :], values[..., :before, :],
+                                                 keys[..., before:end, :], values[..., before:end, :])]
+        return inputs.replace(q=q, past_key=cut[0], past_value=cut[1], k=cut[2], v=cut[3])
     n_k = inputs.k.shape[-2]
     end = n_k - n_q + stop
     return inputs.replace(q=q, k=np.ascontiguousarray(inputs.k[..., :end, :]),
                           v=np.ascontiguousarray(inputs.v[..., :end, :]))
 
 
+def output(target: Target, inputs: Inputs) -> Array:  # -> [..., n_q, d_v] float64
+    """The target's output for ``inputs``, the presents of a past cache left aside."""
+    return run_past(target, inputs)[0] if inputs.get("past_key") is not None else run(target, inputs)
+
+
 @law(strategy=prompt_cases, needs=chunkable & _needs.causal_mode)
 def chunked_prefill_matches_one_call(target: Target, case: Case) -> None:
     """A prompt's queries cut into 2–4 chunks, each called causal against the cache of every key up
-    to its end (a paged cache or key lengths cut there, or contiguous keys bottom-right aligned),
+    to its end (a paged cache or key lengths cut there, a past cache of the keys before the chunk's
+    own, or contiguous keys bottom-right aligned),
     give the rows of the one causal call on the whole prompt: within twice the tolerance, and bit
     for bit for a target that declares ``invariant=("chunked_prefill",)``.
 
@@ -180,11 +204,11 @@ def chunked_prefill_matches_one_call(target: Target, case: Case) -> None:
     prompt differently from one call (vLLM's batch-invariant mode forbids it).
     """
     inputs = case.inputs()
-    whole = run(target, inputs)
+    whole = output(target, inputs)
     bitwise = "chunked_prefill" in target.invariant
     for start, stop in chunks(case):
         part = chunk_call(inputs, start, stop)
-        got = run(target, part)
+        got = output(target, part)
         said = f"queries {start}:{stop} of {case.n_q} as a chunk against the cache up to its end"
         if bitwise:
             for b in range(case.batch):

@@ -209,3 +209,20 @@ def test_flash_keeps_a_sequence_bits_where_the_batch_makes_it_go_threaded():
     together = flash_attention(q, k, v, causal=True)
     alone = flash_attention(q[2:3], k[2:3], v[2:3], causal=True)
     assert np.array_equal(together[2:3], alone)
+
+
+def test_chunked_prefill_over_a_past_cache_holds_for_a_correct_one_and_catches_a_top_left_one():
+    """The past-cache form: each chunk's keys are its own, the chunks before it its past."""
+    from gallery.past import PAST, _with_past
+
+    def joined(q, k, v, **kw):
+        return _with_past(q, k, v, **kw)
+
+    def top_left(q, k, v, **kw):
+        return _with_past(q, k, v, bug="top_left", **kw)
+
+    only = ["chunked_prefill_matches_one_call"]
+    (result,) = spec.check(Target(joined, **PAST), profile="quick", only=only, seed=1).results
+    assert result.status == "pass", result.message
+    (result,) = spec.check(Target(top_left, **PAST), profile="quick", only=only, seed=1).results
+    assert result.status == "fail" and "as a chunk" in result.message
