@@ -44,6 +44,8 @@ LAW_MODULES: tuple[str, ...] = (
     "spec.laws.past",
     "spec.laws.dropout",
     "spec.laws.lse",
+    "spec.laws.invariance",
+    "spec.laws.cascade",
     "spec.laws.grad_keywords",
     "spec.laws.pairs",
     "spec.laws.calls",

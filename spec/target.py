@@ -42,6 +42,8 @@ AlibiShape = Literal["both", "heads"]
 Fp8Scale = Literal["kv_head", "tensor"]
 LseBase = Literal["e", 2]
 TopkDuplicates = Literal["once", "each"]
+INVARIANCES = ("batch", "position", "neighbours", "chunked_prefill")
+"""The bit-exact invariances a target may promise (``Target(invariant=...)``; `spec.laws.invariance`)."""
 
 FLOAT_DTYPES = ("float16", "float32", "float64", "bfloat16")
 
@@ -248,6 +250,20 @@ class Target:
     topk_duplicates: TopkDuplicates = "once"
     """A key listed twice in one row of ``topk_indices`` counts ``once`` (a mask: the default) or
     ``each`` time (a gather: its weight doubles). Needs ``supports_topk``."""
+    invariant: tuple[str, ...] = ()
+    """The bit-exact invariances the target promises (`INVARIANCES`): ``"batch"``, a sequence's output
+    equals, bit for bit, its output in a call of the same form holding it alone; ``"position"``,
+    wherever it sits in the batch or the pack; ``"neighbours"``, whatever the other sequences' query
+    and key lengths (``kv_lengths=``, packed or paged sequences); ``"chunked_prefill"``, queries in
+    chunks against a growing cache give the one call's output (bottom-right or per-sequence
+    alignment: ``causal_alignment`` ``bottom_right`` or ``kv_lengths``, a paged or a past cache). Each
+    names the laws that then compare bit for bit (vLLM's batch-invariant mode promises the first
+    three); none declared, the chunked-prefill law still holds the target to its tolerance."""
+    merge: Any = None
+    """The target's own merge operator of attention states (a `spec.MergeTarget`, or a function
+    ``fn(out_a, lse_a, out_b, lse_b) -> (out, lse)`` read as ``MergeTarget(fn)`` in the target's
+    layout, LSE base, empty LSE and dtypes), which the cascade law (`spec.laws.cascade`) also
+    merges the target's partial states with; None: the suite's merge alone. Needs ``returns_lse``."""
     expected_failures: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False)
     """Known deviations, each with its reason: ``{"law": "reason"}`` for every dtype,
     ``{"law[float16]": "reason"}`` for one. The law still runs: a failure is XFAIL (the run still
@@ -316,6 +332,8 @@ class Target:
             raise TargetError("Target topk_duplicates='each' needs supports_topk=True (it says how "
                               "topk_indices is read)")
         object.__setattr__(self, "expected_failures", _check_expected(self.expected_failures, self.dtypes))
+        object.__setattr__(self, "invariant", _check_invariant(self))
+        object.__setattr__(self, "merge", _check_merge(self))
 
     @property
     def alignment(self) -> Literal["top_left", "bottom_right", "kv_lengths", "top_left_kv_lengths"]:
@@ -566,6 +584,43 @@ def _check_grad_extras(target: Target) -> tuple[str, ...]:
             raise TargetError(f"Target grad_extras names {name!r}, the gradient of {argument}=, "
                               f"which needs {field}=True")
     return tuple(dict.fromkeys(given))
+
+
+def _check_invariant(target: Target) -> tuple[str, ...]:
+    """``invariant``: a tuple of names among `INVARIANCES` (a bare name is refused: ``("batch")`` is
+    a string, not a tuple), ``chunked_prefill`` only with an alignment that chunks keep."""
+    given = target.invariant
+    if isinstance(given, str) or not isinstance(given, (tuple, list)) or \
+            not all(isinstance(name, str) for name in given):
+        raise TargetError(f"Target invariant must be a tuple of names among {INVARIANCES}, got {given!r}")
+    for name in given:
+        if name not in INVARIANCES:
+            raise TargetError(f"Target invariant names {name!r}; the invariances are "
+                              f"{', '.join(INVARIANCES)}")
+    if given and not target.deterministic:
+        raise TargetError("Target invariant promises bit-identical outputs, which deterministic=False "
+                          "rules out")
+    if "chunked_prefill" in given and target.causal_alignment not in ("bottom_right", "kv_lengths") and \
+            not target.supports_paged_kv and not target.supports_past_kv:
+        raise TargetError("Target invariant='chunked_prefill' needs chunks that keep their diagonal: "
+                          "causal_alignment 'bottom_right' or 'kv_lengths', supports_paged_kv=True or "
+                          "supports_past_kv=True (target declares causal_alignment="
+                          f"{target.causal_alignment!r})")
+    return tuple(dict.fromkeys(given))
+
+
+def _check_merge(target: Target) -> Any:
+    """``merge``: None, a `spec.MergeTarget` (read by its fields: this module is below it), or a
+    function, for a target that returns an LSE to merge."""
+    given = target.merge
+    if given is None:
+        return None
+    if not callable(given) and not all(hasattr(given, name) for name in ("fn", "fn_n", "lse_base", "layout")):
+        raise TargetError(f"Target merge must be a spec.MergeTarget, a function fn(out_a, lse_a, out_b, "
+                          f"lse_b) -> (out, lse) or None, got {type(given).__name__}")
+    if not target.returns_lse:
+        raise TargetError("Target merge needs returns_lse=True (the states it merges carry the target's LSE)")
+    return given
 
 
 def _check_combinations(target: Target) -> None:
