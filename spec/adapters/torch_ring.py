@@ -81,8 +81,9 @@ def merge_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> 
     return wa * out_a + wb * out_b, lse
 
 
-def no_visible_key(visible: Tensor, rank: int, source: int) -> bool:
-    """The causal schedule: a block is skipped when no query of the rank sees any of its keys."""
+def no_visible_key(visible: Tensor, *, rank: int, source: int, causal: bool) -> bool:
+    """The causal schedule: a block is skipped when no query of ``rank`` sees any of the keys of
+    ``source`` (whatever the layout: a balanced one leaves few such blocks)."""
     return not bool(visible.any())
 
 
@@ -94,7 +95,7 @@ class RingParts:
     positions: Callable[[list[int], str], list[Tensor]] = layout_positions
     block: Callable[..., tuple[Tensor, Tensor]] = block_attention
     merge: Callable[..., tuple[Tensor, Tensor]] = merge_states
-    skip: Callable[[Tensor, int, int], bool] = no_visible_key
+    skip: Callable[..., bool] = no_visible_key
     mask_padding: bool = True
     local_documents: bool = False  # (a variant's bug) document ids read at local, not global, positions
     block_lse_backward: bool = False  # (a variant's bug) the backward normalises each block by its own lse
@@ -211,7 +212,7 @@ def _forward(q: Tensor, kv: Tensor, d_k: int, ring: _Ring, scale: float, group: 
             kv = _pass_on(kv, group, ring.rank)
         source = (ring.rank - step) % ring.world
         visible = ring.visible(source)
-        if ring.parts.skip(visible, ring.rank, source):
+        if ring.parts.skip(visible, rank=ring.rank, source=source, causal=ring.causal):
             continue
         o, block_lse = ring.parts.block(q, kv[..., :d_k], kv[..., d_k:], visible, scale)
         out, lse = ring.parts.merge(out, lse, o, block_lse)
@@ -260,7 +261,7 @@ def ring_attention_backward(q: Array, k: Array, v: Array, d_out: Array, *, group
             carried = _pass_on(carried, group, rank)
         source = (rank - step) % ring.world
         visible = ring.visible(source)
-        if ring.parts.skip(visible, rank, source):
+        if ring.parts.skip(visible, rank=rank, source=source, causal=ring.causal):
             continue
         kb, vb = carried[..., :d_k], carried[..., d_k:width]
         s = torch.where(visible, (qt @ kb.transpose(-1, -2)) * scale, -math.inf)
