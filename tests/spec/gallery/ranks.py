@@ -27,10 +27,10 @@ Tensor = Any
 
 def sigmoid_merge(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> tuple[Tensor, Tensor]:
     """``out − σ(lse_b − lse_a)·(out − out_b)``, ``lse − logσ(lse − lse_b)``, an empty part passed over."""
-    share = torch.where(torch.isneginf(lse_b), 0.0, torch.where(torch.isneginf(lse_a), 1.0,
-                                                                 torch.sigmoid(lse_b - lse_a)))
-    lse = torch.where(torch.isneginf(lse_b), lse_a, torch.where(torch.isneginf(lse_a), lse_b,
-                                                                 lse_a - torch.nn.functional.logsigmoid(lse_a - lse_b)))
+    a_empty, b_empty = torch.isneginf(lse_a), torch.isneginf(lse_b)
+    share = torch.where(b_empty, 0.0, torch.where(a_empty, 1.0, torch.sigmoid(lse_b - lse_a)))
+    both = lse_a - torch.nn.functional.logsigmoid(lse_a - lse_b)
+    lse = torch.where(b_empty, lse_a, torch.where(a_empty, lse_b, both))
     return out_a - share[..., None] * (out_a - out_b), lse
 
 
