@@ -12,7 +12,8 @@
   PyTorch's ``_SDPAMerger`` (`spec.adapters.torch_merge`): merge operators (`spec.MergeTarget`,
   `MERGE_BUILTIN`), checked on the merge laws alone;
 - ``ring`` — the suite's own ring attention on ``torch.distributed`` (`spec.adapters.torch_ring`): a
-  context-parallel target (`spec.RankTarget`, `RANK_BUILTIN`), checked on the rank laws alone;
+  context-parallel target (`spec.RankTarget`, `RANK_BUILTIN`), checked on the rank laws alone; and
+  ``torch_cp``, PyTorch's own ``context_parallel`` on the CPU (`spec.adapters.torch_cp`);
 - ``package.module:attr`` — any importable callable, `spec.Target` or `spec.MergeTarget` (an attribute path
   such as ``pkg.mod:Class.method`` works too);
 - ``path/to/script.py:attr`` — the same from a file, imported under a module name of its own (not
@@ -181,8 +182,16 @@ def _ring() -> RankTarget:
     return ring_target()
 
 
+def _torch_cp() -> RankTarget:
+    """`spec.adapters.torch_cp`: PyTorch's ``context_parallel`` around SDPA (math backend, non-causal)."""
+    from spec.adapters.torch_cp import torch_cp
+
+    return torch_cp()
+
+
 RANK_BUILTIN: dict[str, Callable[[], RankTarget]] = {
     "ring": _ring,
+    "torch_cp": _torch_cp,
 }
 """Built-in context-parallel targets by name (`spec.RankTarget`), each built on demand."""
 

@@ -40,7 +40,7 @@ from spec.target import FLOAT_DTYPES, TargetError, TargetFailed, _callable_name
 Array = np.ndarray
 
 LAYOUTS = ("contiguous", "zigzag", "striped")
-"""How a sequence of n tokens is sharded over W ranks (DESIGN §2g): ``contiguous``, `np.array_split`
+"""How a sequence of n tokens is sharded over W ranks: ``contiguous``, `np.array_split`
 order (uneven n allowed, a rank may hold no token); ``zigzag``, 2W equal chunks, rank r holding
 chunks r and 2W − 1 − r (PyTorch's head-tail load balancer; n a multiple of 2W); ``striped``,
 token t on rank t mod W."""
@@ -66,6 +66,9 @@ class RankTarget:
     grad_fn: Callable[..., Any] | None = None
     """``grad_fn(q, k, v, d_out, *, group, rank, layout, causal=False)`` -> this rank's shards of
     ``(dq, dk, dv)``: the backward laws run when it is given."""
+    supports_causal: bool = True
+    """False: it has no causal mode (never called with ``causal=True``); the laws that need one are
+    skipped, naming this declaration."""
     supports_varlen: bool = False
     """True: it takes ``cu_seqlens_q=`` and ``cu_seqlens_k=`` (equal, int64, the whole sequence's
     document offsets, given to every rank): attention only within a document (packed sequences)."""
@@ -94,7 +97,7 @@ class RankTarget:
             raise TargetError(f"RankTarget dtypes must be a non-empty tuple of {', '.join(FLOAT_DTYPES)}, "
                               f"got {self.dtypes!r}")
         object.__setattr__(self, "dtypes", tuple(self.dtypes))
-        for flag in ("returns_lse", "supports_varlen"):
+        for flag in ("returns_lse", "supports_causal", "supports_varlen"):
             if not isinstance(getattr(self, flag), bool):
                 raise TargetError(f"RankTarget {flag} must be True or False, got {getattr(self, flag)!r}")
         if isinstance(self.deadline_s, bool) or not isinstance(self.deadline_s, (int, float)) \

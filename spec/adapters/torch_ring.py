@@ -112,7 +112,7 @@ def _work_dtype(x: Array) -> Any:
     return torch.float64 if x.dtype == np.float64 else torch.float32
 
 
-def _lengths(n_local: int, group: Any) -> list[int]:
+def shard_lengths(n_local: int, group: Any) -> list[int]:
     """Every rank's shard length (an all-gather)."""
     torch = _torch()
     import torch.distributed as dist
@@ -122,7 +122,7 @@ def _lengths(n_local: int, group: Any) -> list[int]:
     return [int(x) for x in got]
 
 
-def _padded(x: Tensor, n: int) -> Tensor:  # [..., m, d] -> [..., n, d]
+def padded_to(x: Tensor, n: int) -> Tensor:  # [..., m, d] -> [..., n, d]
     torch = _torch()
     pad = torch.zeros((*x.shape[:-2], n - x.shape[-2], x.shape[-1]), dtype=x.dtype)
     return torch.cat([x, pad], dim=-2)
@@ -180,7 +180,7 @@ def _setup(k: Array, group: Any, rank: int, layout: str, causal: bool, parts: Ri
     import torch.distributed as dist
 
     world = dist.get_world_size(group)
-    lengths = _lengths(k.shape[-2], group)
+    lengths = shard_lengths(k.shape[-2], group)
     longest = max(lengths)
     where = parts.positions(lengths, layout)
     q_doc, k_doc = None, [None] * world
@@ -231,7 +231,7 @@ def ring_attention(q: Array, k: Array, v: Array, *, group: Any, rank: int, layou
     kv = torch.cat([torch.from_numpy(np.ascontiguousarray(k)).to(work),
                     torch.from_numpy(np.ascontiguousarray(v)).to(work)], dim=-1)
     ring = _setup(k, group, rank, layout, causal, parts, cu_seqlens_k)
-    kv = _padded(kv, ring.longest)
+    kv = padded_to(kv, ring.longest)
     out, lse = _forward(qt, kv, k.shape[-1], ring, 1 / math.sqrt(q.shape[-1]), group)
     out = out.numpy().astype(q.dtype)
     if not return_lse:
@@ -249,7 +249,7 @@ def ring_attention_backward(q: Array, k: Array, v: Array, d_out: Array, *, group
     qt, dot = (torch.from_numpy(np.ascontiguousarray(x)).to(work) for x in (q, d_out))
     d_k, scale = k.shape[-1], 1 / math.sqrt(q.shape[-1])
     ring = _setup(k, group, rank, layout, causal, parts, cu_seqlens_k)
-    kv = _padded(torch.cat([torch.from_numpy(np.ascontiguousarray(k)).to(work),
+    kv = padded_to(torch.cat([torch.from_numpy(np.ascontiguousarray(k)).to(work),
                             torch.from_numpy(np.ascontiguousarray(v)).to(work)], dim=-1), ring.longest)
     out, lse = _forward(qt, kv, d_k, ring, scale, group)
     delta = (dot * out).sum(-1, keepdim=True)  # D = rowsum(dO ∘ O)

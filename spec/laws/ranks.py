@@ -52,6 +52,8 @@ uneven = ranked & Need(lambda t: None if set(UNEVEN) & set(t.layouts) else
 two_shardings = ranked & Need(lambda t: None if len(t.world_sizes) * len(t.layouts) > 1 else
                               "needs two shardings (target declares one world size and one layout)",
                               "two world sizes or layouts")
+causal_mode = ranked & Need(lambda t: None if t.supports_causal else
+                            "needs a causal mode (target declares supports_causal=False)", "supports_causal")
 documents = ranked & Need(lambda t: None if t.supports_varlen else
                           "needs packed documents (target declares supports_varlen=False)", "supports_varlen")
 backward = ranked & Need(lambda t: None if t.grad_fn is not None else
@@ -119,6 +121,7 @@ def rank_cases(t: RankTarget, *, layouts: tuple[str, ...] | None = None,
     layout fits), 4-D ``[batch, heads, n, d]`` or, ``packed``, 3-D with 1 to 4 documents whose
     ends fall anywhere (the last one rounding n up to that multiple)."""
     unit = 2 * max(t.world_sizes)
+    causal = tuple(c for c in causal if t.supports_causal or not c) or (False,)
     chosen = tuple(x for x in (layouts or t.layouts) if x in t.layouts)
 
     @st.composite
@@ -259,9 +262,9 @@ def ranks_match_golden(target: RankTarget, case: RankCase) -> None:
 
 @law(strategy=lambda t: rank_cases(t, causal=(True,)), needs=two_shardings)
 def ranks_invariant(target: RankTarget, case: RankCase) -> None:
-    """World-size and layout invariance: the gathered causal output is the same, within the
-    rounding of each, whatever the world size and however the sequence is laid out over the ranks
-    (each also equal to the golden).
+    """World-size and layout invariance: the gathered causal output (non-causal for a target
+    without a causal mode) is the same, within the rounding of each, whatever the world size and
+    however the sequence is laid out over the ranks (each also equal to the golden).
 
     Catches: a zigzag layout whose permutation is off by one chunk (rank r's second chunk taken as
     2W − r, not 2W − 1 − r): the causal mask reads the wrong global positions, while a contiguous
@@ -280,7 +283,7 @@ def ranks_invariant(target: RankTarget, case: RankCase) -> None:
 
 @law(strategy=lambda t: rank_cases(t, layouts=BALANCED, causal=(True,),
                                    n=st.integers(1, 3).map(lambda m: m * 2 * max(t.world_sizes))),
-     needs=balanced)
+     needs=balanced & causal_mode)
 def ranks_causal_balanced(target: RankTarget, case: RankCase) -> None:
     """Causal attention with load balancing (zigzag, striped), short sequences included (one
     token per zigzag chunk): every query sees exactly the keys at or before its global position,

@@ -1,4 +1,4 @@
-"""Context-parallel targets (`spec.RankTarget`): the layouts shard as DESIGN §2g says; the rank laws
+"""Context-parallel targets (`spec.RankTarget`): the layouts shard as docs/targets.md says; the rank laws
 run on real gloo ranks, and only on such targets; the built-in ring conforms at world sizes 2 and 4,
 forward and backward; a rank that raises, hangs or dies is a failure naming it; no process outlives
 a check. Each law's gallery bug is in tests/spec/gallery/ranks.py (checked by test_spec_gallery)."""
@@ -180,3 +180,35 @@ def test_the_cli_checks_the_ring_and_refuses_attention_options(capsys):
 def test_ring_is_no_attention_target():
     with pytest.raises(TargetError, match="context-parallel target"):
         spec.load_target("ring")
+
+
+@needs_gloo
+def test_torchs_context_parallel_conforms_as_declared_and_fails_where_docs_say():
+    """PyTorch's context_parallel on the CPU: non-causal on SDPA's math backend it matches the golden
+    at world sizes 2 and 4 and every layout; causal, every rank raises PyTorch #147793's error, and
+    lengths that do not split evenly over the ranks fail (docs/targets.md has the replay lines)."""
+    from spec.builtin import load_rank_target
+
+    target = load_rank_target("torch_cp")
+    report = spec.check(target, profile="quick", seed=1, only=["ranks_match_golden", "ranks_invariant",
+                                                               "ranks_causal_balanced"])
+    assert {r.name: r.status for r in report.results} == {
+        "ranks_match_golden": "pass", "ranks_invariant": "pass", "ranks_causal_balanced": "skip"}
+    (causal,) = spec.check(target.replace(supports_causal=True), profile="quick",
+                           only=["ranks_causal_balanced"]).results
+    assert causal.status == "fail" and "got mixed torch.Tensor and DTensor" in causal.message
+    (uneven,) = spec.check(target, profile="quick", only=["ranks_uneven_and_empty"]).results
+    assert uneven.status == "fail"
+
+
+def test_a_target_without_a_causal_mode_is_never_called_causal():
+    from hypothesis import given, settings
+
+    from spec.laws.ranks import rank_cases
+
+    @settings(max_examples=30, database=None)
+    @given(rank_cases(RankTarget(print, supports_causal=False)))
+    def never_causal(case):
+        assert not case.causal
+
+    never_causal()
