@@ -212,3 +212,25 @@ def test_a_target_without_a_causal_mode_is_never_called_causal():
         assert not case.causal
 
     never_causal()
+
+
+@needs_gloo
+def test_a_rank_target_in_a_file_is_checked_by_the_command_line(tmp_path):
+    """``python -m spec check path.py:attr`` in a real process: the rank laws run on it, by its name."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "cp.py").write_text("import spec\nfrom spec.adapters.torch_ring import ring_attention\n\n"
+                                    "target = spec.RankTarget(ring_attention, world_sizes=(2,), "
+                                    "layouts=('striped',))\n", encoding="utf-8")
+    done = subprocess.run([sys.executable, "-m", "spec", "check", f"{tmp_path / 'cp.py'}:target",
+                           "--profile", "quick", "--only", "ranks_causal_balanced", "ranks_invariant"],
+                          capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = {line.split()[0]: line.split()[1] for line in done.stdout.splitlines()
+            if line.startswith("ranks_")}
+    assert rows == {"ranks_causal_balanced": "pass"}
+    skipped = "needs two shardings (target declares one world size and one layout): ranks_invariant"
+    assert skipped in done.stdout
