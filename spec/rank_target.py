@@ -185,6 +185,7 @@ def _serve(conn: Connection, target: RankTarget, rank: int, world_size: int, sto
     dist.init_process_group("gloo", store=dist.FileStore(store, world_size), rank=rank,
                             world_size=world_size, timeout=datetime.timedelta(seconds=deadline_s))
     group = dist.group.WORLD
+    conn.send(("ready", None))  # the call's deadline starts once every rank has joined
     try:
         while (message := conn.recv()) is not None:
             which, arrays, keywords = message
@@ -237,6 +238,7 @@ class RankPool:
         self.pids: list[int] = []
         self.conns: list[Connection] = []
         self.closed = False
+        self.joined = False
         sys.stdout.flush()
         sys.stderr.flush()
         for rank in range(world_size):
@@ -263,10 +265,18 @@ class RankPool:
     def call(self, which: str, arrays: list[tuple[Array, ...]], keywords: dict[str, Any]) -> list[Any]:
         """Rank r called with ``arrays[r]`` and ``keywords`` (``which``: ``forward``, the target's
         fn, or ``backward``, its grad_fn); each rank's reply in rank order. A rank that raises is a
-        `TargetFailed` naming it; one that hangs or dies, `RankLost`; either way the pool is closed."""
+        `TargetFailed` naming it; one that hangs or dies, `RankLost`; either way the pool is closed.
+        The first call first waits (up to the deadline again) for every rank to join the group."""
+        if not self.joined:
+            self._replies("join the gloo group")
+            self.joined = True
         for conn, mine in zip(self.conns, arrays, strict=True):
             with contextlib.suppress(BrokenPipeError, OSError):  # a dead rank: found below
                 conn.send((which, mine, keywords))
+        return self._replies("return")
+
+    def _replies(self, doing: str) -> list[Any]:
+        """One message from every rank, within the deadline; see `call`."""
         replies: dict[int, Any] = {}
         end = time.monotonic() + self.target.deadline_s
         while len(replies) < self.world_size:
@@ -275,7 +285,7 @@ class RankPool:
             if not ready:
                 late = sorted(waiting.values())
                 self.close(kill=True)
-                raise RankLost(f"{_ranks(late)} did not return within the {self.target.deadline_s:g} s "
+                raise RankLost(f"{_ranks(late)} did not {doing} within the {self.target.deadline_s:g} s "
                                f"deadline (world size {self.world_size}; every rank's process was killed)")
             for one in ready:
                 rank = waiting[one]  # type: ignore[index]
