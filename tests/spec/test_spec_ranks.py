@@ -22,9 +22,9 @@ needs_gloo = pytest.mark.skipif(spec.LAWS["ranks_match_golden"].needs(RankTarget
                                 reason="needs torch.distributed with gloo")
 
 
-def children() -> set[int]:
-    """The processes whose parent is this one (alive or not yet reaped), read from /proc."""
-    me, found = str(os.getpid()), set()
+def children(of: int | None = None) -> set[int]:
+    """The processes whose parent is ``of`` (this one by default), alive or not yet reaped, from /proc."""
+    me, found = str(os.getpid() if of is None else of), set()
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
@@ -115,6 +115,51 @@ def test_a_rank_that_hangs_dies_or_raises_is_a_failure_naming_it_and_no_process_
     assert result.status == "fail" and said in result.message, result.message
     assert time.monotonic() - start < 60  # a hang stops the law at once: no shrinking through deadlines
     assert children() <= before  # every rank killed and reaped
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped by its new parent, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+HANGING_CHECK = """
+import time
+import spec
+def hang(q, k, v, *, group, rank, layout, causal=False):
+    time.sleep(3600)
+target = spec.RankTarget(hang, world_sizes=(2,), deadline_s=600)
+spec.check(target, profile="quick", only=["ranks_match_golden"])
+"""
+
+
+@needs_gloo
+def test_the_ranks_die_with_a_suite_that_is_killed():
+    """A suite killed (SIGKILL: no finally, no atexit) while its ranks hang: the ranks die too."""
+    import signal
+    import subprocess
+    import sys
+
+    suite = subprocess.Popen([sys.executable, "-c", HANGING_CHECK])
+    try:
+        for _ in range(600):  # its two ranks started, within 60 s
+            ranks = children(of=suite.pid)
+            if len(ranks) >= 2:
+                break
+            time.sleep(0.1)
+        assert len(ranks) == 2, ranks
+        time.sleep(1)  # both in the call, hanging
+    finally:
+        os.kill(suite.pid, signal.SIGKILL)
+        suite.wait()
+    for _ in range(100):
+        if not any(alive(pid) for pid in ranks):
+            break
+        time.sleep(0.1)
+    assert not any(alive(pid) for pid in ranks), f"ranks {ranks} outlived the suite"
 
 
 @needs_gloo
