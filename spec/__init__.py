@@ -30,6 +30,7 @@ _WHERE = {
     "judge": "spec.verdict", "Verdict": "spec.verdict",
     "Target": "spec.target", "TargetError": "spec.target",
     "MergeTarget": "spec.merge_target",
+    "RankTarget": "spec.rank_target",
 }
 """Where each public name lives: loaded on first use (PEP 562), so that ``import spec.golden`` —
 which imports this package first — needs NumPy alone."""
@@ -48,6 +49,7 @@ if TYPE_CHECKING:  # the names, for type checkers and editors
     from spec.builtin import BUILTIN, as_target, load_target  # noqa: F401
     from spec.merge_target import MergeTarget  # noqa: F401
     from spec.profiles import PROFILES  # noqa: F401
+    from spec.rank_target import RankTarget  # noqa: F401
     from spec.registry import LAW_MODULES, LAWS, Law  # noqa: F401
     from spec.report import Counterexample, Report, Result  # noqa: F401
     from spec.runner import check, replay  # noqa: F401

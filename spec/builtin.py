@@ -11,6 +11,9 @@
 - ``merge`` — `impl.merge` (``merge_states``, ``merge_states_n``) and ``torch_sdpa_merger`` —
   PyTorch's ``_SDPAMerger`` (`spec.adapters.torch_merge`): merge operators (`spec.MergeTarget`,
   `MERGE_BUILTIN`), checked on the merge laws alone;
+- ``ring`` — the suite's own ring attention on ``torch.distributed`` (`spec.adapters.torch_ring`): a
+  context-parallel target (`spec.RankTarget`, `RANK_BUILTIN`), checked on the rank laws alone; and
+  ``torch_cp``, PyTorch's own ``context_parallel`` on the CPU (`spec.adapters.torch_cp`);
 - ``package.module:attr`` — any importable callable, `spec.Target` or `spec.MergeTarget` (an attribute path
   such as ``pkg.mod:Class.method`` works too);
 - ``path/to/script.py:attr`` — the same from a file, imported under a module name of its own (not
@@ -43,6 +46,7 @@ from typing import Any
 from spec import dtypes as dt
 from spec.adapters import ADAPTERS, builtin
 from spec.merge_target import MergeTarget
+from spec.rank_target import RankTarget
 from spec.target import Target, TargetError, _callable_name
 
 
@@ -149,17 +153,16 @@ MERGE_BUILTIN: dict[str, Callable[[], MergeTarget]] = {
 """Built-in merge operators by name (`spec.MergeTarget`), each built on demand."""
 
 
-def load_merge_target(spec: Any) -> MergeTarget | None:
-    """The merge operator ``spec`` names (a `MergeTarget`, a built-in merge name, or a
-    ``module:attr`` / ``path.py:attr`` holding one), or None when it names anything else (an
-    attention target, or nothing that loads: `load_target` then says why)."""
-    if isinstance(spec, MergeTarget):
+def _load_kind(spec: Any, kind: type[Any], table: dict[str, Callable[[], Any]]) -> Any:
+    """The target of class ``kind`` that ``spec`` names (one as it is, a name of ``table``, or a
+    ``module:attr`` / ``path.py:attr`` holding one), or None when it names anything else."""
+    if isinstance(spec, kind):
         return spec
     if not isinstance(spec, str):
         return None
-    if spec in MERGE_BUILTIN:
-        return MERGE_BUILTIN[spec]()
-    if spec in BUILTIN or ":" not in spec:
+    if spec in table:
+        return table[spec]()
+    if spec in BUILTIN or spec in MERGE_BUILTIN or spec in RANK_BUILTIN or ":" not in spec:
         return None
     module_name, _, attr_path = spec.rpartition(":")
     try:
@@ -168,11 +171,48 @@ def load_merge_target(spec: Any) -> MergeTarget | None:
             obj = getattr(obj, part)
     except Exception:  # whatever fails, load_target fails the same way and says it
         return None
-    if not isinstance(obj, MergeTarget):
+    if not isinstance(obj, kind):
         return None
-    named = obj.fn if obj.fn is not None else obj.fn_n
+    named = getattr(obj, "fn", None) or getattr(obj, "fn_n", None)
     # named after its function only: the name it was loaded by says more (as `load_target`'s)
     return obj.replace(name=spec) if named is not None and obj.name == _callable_name(named) else obj
+
+
+def load_merge_target(spec: Any) -> MergeTarget | None:
+    """The merge operator ``spec`` names (a `MergeTarget`, a built-in merge name, or a
+    ``module:attr`` / ``path.py:attr`` holding one), or None when it names anything else (an
+    attention target, or nothing that loads: `load_target` then says why)."""
+    found: MergeTarget | None = _load_kind(spec, MergeTarget, MERGE_BUILTIN)
+    return found
+
+
+def _ring() -> RankTarget:
+    """`spec.adapters.torch_ring`: the suite's own ring attention, forward, LSE and backward."""
+    from spec.adapters.torch_ring import ring_target
+
+    return ring_target()
+
+
+def _torch_cp() -> RankTarget:
+    """`spec.adapters.torch_cp`: PyTorch's ``context_parallel`` around SDPA (math backend, non-causal)."""
+    from spec.adapters.torch_cp import torch_cp
+
+    return torch_cp()
+
+
+RANK_BUILTIN: dict[str, Callable[[], RankTarget]] = {
+    "ring": _ring,
+    "torch_cp": _torch_cp,
+}
+"""Built-in context-parallel targets by name (`spec.RankTarget`), each built on demand."""
+
+
+def load_rank_target(spec: Any) -> RankTarget | None:
+    """The context-parallel target ``spec`` names (a `RankTarget`, a built-in name of
+    `RANK_BUILTIN`, or a ``module:attr`` / ``path.py:attr`` holding one), or None when it names
+    anything else."""
+    found: RankTarget | None = _load_kind(spec, RankTarget, RANK_BUILTIN)
+    return found
 
 
 def as_target(obj: Any) -> Target:
@@ -205,6 +245,9 @@ def load_target(spec: str | Callable[..., Any] | Target, *, device: str | None =
     if spec in MERGE_BUILTIN:
         raise TargetError(f"{spec!r} is a merge operator (spec.MergeTarget): check it with spec.check or "
                           "python -m spec check, which run the merge laws on it")
+    if spec in RANK_BUILTIN:
+        raise TargetError(f"{spec!r} is a context-parallel target (spec.RankTarget): check it with "
+                          "spec.check or python -m spec check, which run the rank laws on it")
     if spec in BUILTIN:
         return BUILTIN[spec]()
     if ":" not in spec:
@@ -362,7 +405,8 @@ def source_of(obj: Any) -> str | NoSource:
     do); a function by its qualified name. A Target named after a built-in is that built-in.
     """
     if (isinstance(obj, Target) and obj.name in BUILTIN) or (isinstance(obj, MergeTarget)
-                                                              and obj.name in MERGE_BUILTIN):
+                                                              and obj.name in MERGE_BUILTIN) \
+            or (isinstance(obj, RankTarget) and obj.name in RANK_BUILTIN):
         return obj.name
     fn = obj.fn if isinstance(obj, Target) else obj
     qualname = getattr(fn, "__qualname__", "") or ""

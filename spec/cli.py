@@ -16,12 +16,12 @@ import numpy as np
 from tabulate import tabulate
 
 from cmdline import Parser, UsageError, fail, int_at_least, positive_number
-from spec.builtin import BUILTIN, load_merge_target
+from spec.builtin import BUILTIN, load_merge_target, load_rank_target
 from spec.html import render_html
 from spec.profiles import PROFILES
 from spec.registry import LAWS
 from spec.report import LOUD, Result, render, strict_json
-from spec.runner import MERGE_FAMILY, check, configure, load, select
+from spec.runner import OWN_KIND_FAMILIES, check, configure, load, select
 from spec.target import TargetError
 
 _positive = int_at_least(1)
@@ -101,12 +101,14 @@ def parser() -> argparse.ArgumentParser:
 
 
 def list_properties(target_spec: str | None) -> str:
-    merge = load_merge_target(target_spec) if target_spec else None
-    target = merge or (load(target_spec) if target_spec else None)
+    own = (load_rank_target(target_spec) or load_merge_target(target_spec)) if target_spec else None
+    target = own or (load(target_spec) if target_spec else None)
+    family = next((f for f, kind in OWN_KIND_FAMILIES.items() if type(own).__name__ in kind), "")
     rows = []
     for name, prop in LAWS.items():
-        if merge is not None and prop.family != MERGE_FAMILY:
-            skip: str | None = "an attention law (the target is a merge operator)"
+        if own is not None and prop.family != family:
+            kind = f"a {prop.family} law" if prop.family in OWN_KIND_FAMILIES else "an attention law"
+            skip: str | None = f"{kind} (the target is {OWN_KIND_FAMILIES[family]})"
         else:
             skip = prop.needs(target) if target else None
         rows.append([name, ("skipped: " + skip) if skip else prop.statement.replace("``", "")])
@@ -178,10 +180,11 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError("--memory is the budget of --profile scale; give --profile scale")
         if args.html:
             writable(args.html, "--html")
-        target: Any = load_merge_target(args.target)
+        target: Any = load_rank_target(args.target) or load_merge_target(args.target)
         if target is not None and (args.device or args.isolation or args.deadline or args.expected_failures):
+            kind = "context-parallel target" if type(target).__name__ == "RankTarget" else "merge operator"
             raise UsageError("--device, --isolation, --deadline and --expected-failures apply to attention "
-                             f"targets, not to the merge operator {args.target!r}")
+                             f"targets, not to the {kind} {args.target!r}")
         if target is None:
             target = configure(load(args.target, device=args.device), isolation=args.isolation,
                                deadline=args.deadline, expected_failures=args.expected_failures)

@@ -47,7 +47,7 @@ from spec.html import render_html
 from spec.profiles import PROFILES, checking, runs_at
 from spec.registry import LAWS
 from spec.report import Report, Result, cause, failure, same_failure
-from spec.runner import MERGE_FAMILY, LawRun, Stopping, check_law, configure, judged, law_runs, load
+from spec.runner import OWN_KIND_FAMILIES, LawRun, Stopping, check_law, configure, judged, law_runs, load
 from spec.target import Target, TargetError
 
 ENV = "ATTENTION_TARGET"
@@ -161,7 +161,7 @@ class PropertySuite(pytest.Collector):
         profile = self.config.getoption("attention_profile")  # its laws (the scale laws at scale alone)
         return [LawItem.from_parent(self, name=one.name, law_run=one, source=self.source)
                 for prop in LAWS.values() if runs_at(prop.family, profile) is None
-                and prop.family != MERGE_FAMILY  # the merge laws judge merge operators alone
+                and prop.family not in OWN_KIND_FAMILIES  # the merge and rank laws judge their own kinds
                 for one in law_runs(prop, self.target)]
 
 

@@ -24,7 +24,8 @@ from spec.keywords import Keyword, registered
 from spec.target import Target
 
 Check = Callable[[Any, Any], None]
-"""A law's check: ``(Target, Case)``, or for a merge law ``(MergeTarget, MergeCase)`` (`spec.laws.merge`)."""
+"""A law's check: ``(Target, Case)``, or for a merge law ``(MergeTarget, MergeCase)`` (`spec.laws.merge`),
+for a rank law ``(RankTarget, RankCase)`` (`spec.laws.ranks`)."""
 
 LAW_MODULES: tuple[str, ...] = (
     "spec.laws.core",
@@ -54,6 +55,7 @@ LAW_MODULES: tuple[str, ...] = (
     "spec.laws.long_runs",
     "spec.laws.scale",
     "spec.laws.merge",
+    "spec.laws.ranks",
 )
 """Every module of laws, in report order. Add a family here (one line)."""
 
@@ -67,7 +69,7 @@ class Need:
     missing: Callable[[Any], str | None]
     text: str
 
-    def __call__(self, target: Any) -> str | None:  # a Target, or a MergeTarget for a merge law
+    def __call__(self, target: Any) -> str | None:  # a Target; a MergeTarget, RankTarget for their laws
         return self.missing(target)
 
     def __and__(self, other: Need) -> Need:

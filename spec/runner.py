@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, example, given, settings
 from hypothesis.errors import HypothesisException, Unsatisfiable
 
 from cmdline.blas import one_thread_blas
-from spec.builtin import NoSource, did_you_mean, load_merge_target, load_target, source_of
+from spec.builtin import NoSource, did_you_mean, load_merge_target, load_rank_target, load_target, source_of
 from spec.call import Call
 from spec.cases import Case, limits_text, outside_limits
 from spec.compared import Compared, compact
@@ -28,6 +28,7 @@ from spec.isolation import TargetHung, TargetStopped, run_law, workers
 from spec.merge_target import MergeTarget
 from spec.power import Power
 from spec.profiles import PROFILES, Profile, checking, runs_at
+from spec.rank_target import RankTarget, kept_ranks
 from spec.registry import LAWS, Law
 from spec.report import Counterexample, Report, Result, figures
 from spec.signature import SignatureMismatch
@@ -253,8 +254,8 @@ def _run_in_worker(target: Target, job: tuple[str, dict[str, Any]]) -> Result:
 
 
 def _failure(
-    prop: Law, target: Target | MergeTarget, last: list[Case], made: list[Call], examples: int, start: float,
-    message: str, source: str | NoSource | None, observed: dict[str, float],
+    prop: Law, target: Target | MergeTarget | RankTarget, last: list[Case], made: list[Call], examples: int,
+    start: float, message: str, source: str | NoSource | None, observed: dict[str, float],
 ) -> Result:
     case = last[0] if last else None
     example = None if case is None else counterexample(prop, case, made[-1] if made else None,
@@ -313,6 +314,13 @@ def replay(target: str | Target | Any, name: str, **case: Any) -> None:
     """Run law ``name`` on one case (the fields of a counterexample); raises AssertionError
     if the law is broken, returns None if it holds."""
     (prop,) = select([name])
+    ranks = load_rank_target(target)
+    if ranks is not None or prop.family == RANK_FAMILY:
+        from spec.laws.ranks import RankCase
+
+        with running(RunContext(deadline=None)), one_thread_blas(), kept_ranks():
+            prop.check(ranks or load(target), RankCase.from_fields(**case))
+        return
     merge = load_merge_target(target)
     if merge is not None or prop.family == MERGE_FAMILY:
         from spec.laws.merge import MergeCase
@@ -557,6 +565,16 @@ def check(
                                      and math.isfinite(budget_s) and budget_s > 0):
         raise ValueError(f"budget_s must be a positive number of seconds, got {budget_s!r}")
     props = select(only)
+    ranks = load_rank_target(target)
+    if ranks is not None:
+        if isolation is not None or deadline is not None:
+            raise TargetError("isolation and deadline apply to attention targets: a context-parallel target "
+                              f"({ranks.name!r}) runs on ranks of its own (its deadline_s bounds a call)")
+        chosen = props if only is not None else [p for p in props if p.family == RANK_FAMILY]
+        with kept_ranks():  # the ranks are started once per world size and kept for the whole check
+            return check_merge(ranks, chosen, profile=profile, max_examples=max_examples, seed=seed,
+                               each=each, source=target if isinstance(target, str) else source_of(ranks),
+                               budget_s=budget_s)
     merge = load_merge_target(target)
     if merge is not None:
         if isolation is not None or deadline is not None:
@@ -565,8 +583,8 @@ def check(
         chosen = props if only is not None else [p for p in props if p.family == MERGE_FAMILY]
         return check_merge(merge, chosen, profile=profile, max_examples=max_examples, seed=seed, each=each,
                            source=target if isinstance(target, str) else source_of(merge), budget_s=budget_s)
-    if only is None:  # the merge laws judge merge operators (check_merge), not attention
-        props = [p for p in props if runs_at(p.family, profile) is None and p.family != MERGE_FAMILY]
+    if only is None:  # the merge and rank laws judge their own kinds of target (check_merge), not attention
+        props = [p for p in props if runs_at(p.family, profile) is None and p.family not in OWN_KIND_FAMILIES]
     loaded = configure(load(target), isolation=isolation, deadline=deadline)
     if source is None:
         source = target if isinstance(target, str) else source_of(target)
@@ -585,15 +603,24 @@ def check(
 
 MERGE_FAMILY = "merge"
 """The law family that judges merge operators (`spec.laws.merge`), and only them."""
+RANK_FAMILY = "ranks"
+"""The law family that judges context-parallel targets (`spec.laws.ranks`), and only them."""
+OWN_KIND_FAMILIES = {MERGE_FAMILY: "a merge operator (spec.MergeTarget)",
+                     RANK_FAMILY: "a context-parallel target (spec.RankTarget)"}
+"""The law families that judge a kind of target of their own, each with that kind, and nothing else."""
 
 
-def check_merge_law(prop: Law, target: MergeTarget, *, profile: str = "ci", max_examples: int | None = None,
-                    seed: int | None = None, source: str | NoSource | None = None) -> Result:
-    """One law on a merge operator (`spec.MergeTarget`), with Hypothesis, in the caller: every
-    outcome a Result, as `check_law`'s. An attention law is skipped, saying so."""
-    if prop.family != MERGE_FAMILY:
-        return Result(prop.name, "skip", 0, 0.0, "an attention law: the target is a merge operator "
-                      "(spec.MergeTarget), judged by the merge laws", law=prop.statement)
+def check_merge_law(prop: Law, target: MergeTarget | RankTarget, *, profile: str = "ci",
+                    max_examples: int | None = None, seed: int | None = None,
+                    source: str | NoSource | None = None) -> Result:
+    """One law on a merge operator (`spec.MergeTarget`) or a context-parallel target
+    (`spec.RankTarget`), with Hypothesis, in the caller: every outcome a Result, as `check_law`'s.
+    A law of another family is skipped, saying so."""
+    family = RANK_FAMILY if isinstance(target, RankTarget) else MERGE_FAMILY
+    if prop.family != family:
+        kind = f"a {prop.family} law" if prop.family in OWN_KIND_FAMILIES else "an attention law"
+        return Result(prop.name, "skip", 0, 0.0, f"{kind}: the target is {OWN_KIND_FAMILIES[family]}, "
+                      f"judged by the {family} laws", law=prop.statement)
     reason = runs_at(prop.family, profile) or prop.needs(target)
     if reason:
         return Result(prop.name, "skip", 0, 0.0, reason, law=prop.statement)
@@ -624,13 +651,13 @@ def check_merge_law(prop: Law, target: MergeTarget, *, profile: str = "ci", max_
     return _passed(prop, examples[0], time.perf_counter() - start, None, run.observed, run.notes)
 
 
-def check_merge(target: MergeTarget, props: list[Law], *, profile: str = "ci",
+def check_merge(target: MergeTarget | RankTarget, props: list[Law], *, profile: str = "ci",
                 max_examples: int | None = None, seed: int | None = None,
                 each: Callable[[Result], None] | None = None,
                 source: str | NoSource | None = None, budget_s: float | None = None) -> Report:
-    """The ``props`` (the merge laws, when `check` was given no ``only``) on a merge operator, in
-    order; the report names each law run, as for an attention target. ``budget_s``: no law starts
-    once it is spent (the laws left ``skip``, saying so)."""
+    """The ``props`` (the merge laws, when `check` was given no ``only``) on a merge operator (the
+    rank laws on a context-parallel target), in order; the report names each law run, as for an
+    attention target. ``budget_s``: no law starts once it is spent (the laws left ``skip``, saying so)."""
     report = Report(target=target.name, profile=profile, seed=seed, limits="", power=False, budget_s=budget_s)
     start = time.perf_counter()
     for prop in props:

@@ -48,7 +48,7 @@ def test_pytest_plugin_adds_the_properties_next_to_the_projects_tests(tmp_path):
 
 def test_the_readmes_pytest_line_collects_the_laws_alone():
     """The README's pytest line, run from a checkout, collects the laws alone (those of its profile,
-    ci: every law but the scale ones and the merge ones), not the project's own tests beside them."""
+    ci: every law but the scale, merge and rank ones), not the project's own tests beside them."""
     from spec.profiles import runs_at
     from spec.registry import LAWS
 
@@ -61,7 +61,7 @@ def test_the_readmes_pytest_line_collects_the_laws_alone():
     assert run.returncode == 0, run.stdout + run.stderr
     collected = [s for s in run.stdout.splitlines() if "::" in s]
     laws = [name for name, prop in LAWS.items() if runs_at(prop.family, "ci") is None
-            and prop.family != "merge"]  # the merge laws judge merge operators alone
+            and prop.family not in ("merge", "ranks")]  # merge operators' and context-parallel targets' own
     assert collected == [f"attention-spec::{name}" for name in laws], run.stdout[-2000:]
     assert len(laws) < len(LAWS)
 

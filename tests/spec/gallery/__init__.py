@@ -29,6 +29,7 @@ from gallery import (
     pairs,
     past,
     range_edges,
+    ranks,
     scale,
     sinks,
     softcap,
@@ -40,7 +41,7 @@ from gallery.base import Broken
 
 FAMILIES = (core, masks, gradients, range_edges, bias, alibi, window, chunk, mla, softcap, sinks, lengths,
             cache, past, dropout, lse, pairs, calls, edges, stateful, long_runs, scale, topk, merge,
-            invariance)
+            invariance, ranks)
 
 BROKEN: list[Broken] = [b for family in FAMILIES for b in family.BROKEN]
 CORRECT = [t for family in FAMILIES for t in family.CORRECT]

@@ -1,0 +1,366 @@
+"""Context-parallel targets: `RankTarget`, the declaration of an attention that runs on every rank
+of a ``torch.distributed`` group with its shard of the sequence; the layouts that shard a sequence
+over the ranks; and `RankPool`, the ranks themselves, real processes on the gloo backend.
+
+    fn(q, k, v, *, group, rank, layout, causal=False, **keywords) -> out            [..., n_r, d_v]
+                                                    (return_lse=True: (out, lse))  lse [..., n_r]
+    grad_fn(q, k, v, d_out, *, group, rank, layout, causal=False, **keywords) -> (dq, dk, dv)
+
+Each rank is given the NumPy shards of q, k and v along the token axis (−2) that its layout gives
+it and returns its shard of the output (gradients: of its own q, k and v shards). Causal masking is
+top-left on global positions. The suite starts the ranks once per world size and keeps them for a
+whole check (`kept_ranks`); a rank that raises, hangs past the deadline or dies is a failure naming
+it, after which every rank of that pool is killed and reaped, and a later call starts a fresh pool.
+No rank outlives the check (nor the process: ``atexit``, and each rank dies with its parent).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import contextvars
+import ctypes
+import math
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from multiprocessing import Pipe
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+import numpy as np
+
+from spec.target import FLOAT_DTYPES, TargetError, TargetFailed, _callable_name
+
+Array = np.ndarray
+
+LAYOUTS = ("contiguous", "zigzag", "striped")
+"""How a sequence of n tokens is sharded over W ranks: ``contiguous``, `np.array_split`
+order (uneven n allowed, a rank may hold no token); ``zigzag``, 2W equal chunks, rank r holding
+chunks r and 2W − 1 − r (PyTorch's head-tail load balancer; n a multiple of 2W); ``striped``,
+token t on rank t mod W."""
+
+
+@dataclass(frozen=True)
+class RankTarget:
+    """A context-parallel attention under test: ``fn`` runs on every rank of a group."""
+
+    fn: Callable[..., Any]
+    """``fn(q, k, v, *, group, rank, layout, causal=False, **keywords)``: this rank's shard of the output."""
+    name: str = ""
+    """Shown in reports; defaults to the callable's qualified name."""
+    world_sizes: tuple[int, ...] = (2, 4)
+    """The group sizes it runs at; each is tested."""
+    layouts: tuple[str, ...] = LAYOUTS
+    """The layouts (`LAYOUTS`) it takes; each is tested."""
+    dtypes: tuple[str, ...] = ("float32", "float64")
+    """NumPy dtype names of q, k, v it accepts; each is tested."""
+    returns_lse: bool = False
+    """True: called with ``return_lse=True`` it returns ``(out, lse)``, lse float32 (float64 for
+    float64 inputs), natural log, −inf for a query that sees no key."""
+    grad_fn: Callable[..., Any] | None = None
+    """``grad_fn(q, k, v, d_out, *, group, rank, layout, causal=False)`` -> this rank's shards of
+    ``(dq, dk, dv)``: the backward laws run when it is given."""
+    supports_causal: bool = True
+    """False: it has no causal mode (never called with ``causal=True``); the laws that need one are
+    skipped, naming this declaration."""
+    supports_varlen: bool = False
+    """True: it takes ``cu_seqlens_q=`` and ``cu_seqlens_k=`` (equal, int64, the whole sequence's
+    document offsets, given to every rank): attention only within a document (packed sequences)."""
+    deadline_s: float = 60.0
+    """Seconds one call may take on every rank together; past it the call is a failure naming the
+    ranks that did not return, and the pool is killed."""
+
+    def __post_init__(self) -> None:
+        if not callable(self.fn):
+            raise TargetError(f"RankTarget fn must be callable, got {type(self.fn).__name__}")
+        if self.grad_fn is not None and not callable(self.grad_fn):
+            raise TargetError(f"RankTarget grad_fn must be callable, got {type(self.grad_fn).__name__}")
+        if not self.name:
+            object.__setattr__(self, "name", _callable_name(self.fn))
+        sizes = self.world_sizes
+        if isinstance(sizes, int) or not sizes or not all(
+                isinstance(w, int) and not isinstance(w, bool) and 1 <= w <= 16 for w in sizes):
+            raise TargetError("RankTarget world_sizes must be a non-empty tuple of integers 1..16, "
+                              f"got {sizes!r}")
+        object.__setattr__(self, "world_sizes", tuple(sizes))
+        if isinstance(self.layouts, str) or not self.layouts or not all(x in LAYOUTS for x in self.layouts):
+            raise TargetError(f"RankTarget layouts must be a non-empty tuple of {', '.join(LAYOUTS)}, "
+                              f"got {self.layouts!r}")
+        object.__setattr__(self, "layouts", tuple(self.layouts))
+        if isinstance(self.dtypes, str) or not self.dtypes or not all(d in FLOAT_DTYPES for d in self.dtypes):
+            raise TargetError(f"RankTarget dtypes must be a non-empty tuple of {', '.join(FLOAT_DTYPES)}, "
+                              f"got {self.dtypes!r}")
+        object.__setattr__(self, "dtypes", tuple(self.dtypes))
+        for flag in ("returns_lse", "supports_causal", "supports_varlen"):
+            if not isinstance(getattr(self, flag), bool):
+                raise TargetError(f"RankTarget {flag} must be True or False, got {getattr(self, flag)!r}")
+        if isinstance(self.deadline_s, bool) or not isinstance(self.deadline_s, (int, float)) \
+                or not math.isfinite(self.deadline_s) or self.deadline_s <= 0:
+            raise TargetError("RankTarget deadline_s must be a positive number of seconds, "
+                              f"got {self.deadline_s!r}")
+
+    def replace(self, **changes: Any) -> RankTarget:
+        """The same declaration with ``changes`` (validated again)."""
+        return replace(self, **changes)
+
+
+# --- layouts: which global positions each rank holds
+
+
+def positions(n: int, world_size: int, layout: str) -> list[Array]:  # -> world_size × [n_r] int
+    """The global token positions rank r holds, for each rank, in the order its shard holds them."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    every = np.arange(n)
+    if layout == "contiguous":
+        return np.array_split(every, world_size)
+    if layout == "striped":
+        return [every[r::world_size] for r in range(world_size)]
+    if n % (2 * world_size):
+        raise ValueError(f"a zigzag layout needs n a multiple of 2·world_size = {2 * world_size}, got n={n}")
+    chunks = np.array_split(every, 2 * world_size)
+    return [np.concatenate([chunks[r], chunks[2 * world_size - 1 - r]]) for r in range(world_size)]
+
+
+def fits(n: int, world_size: int, layout: str) -> bool:
+    """Whether ``layout`` can shard n tokens over ``world_size`` ranks (zigzag: n a multiple of 2W)."""
+    return layout != "zigzag" or n % (2 * world_size) == 0
+
+
+def shard(x: Array, where: list[Array]) -> list[Array]:  # [..., n, d] -> W × [..., n_r, d]
+    """Each rank's shard of ``x`` along the token axis (−2)."""
+    return [np.ascontiguousarray(np.take(x, p, axis=-2)) for p in where]
+
+
+def gather(shards: list[Array], where: list[Array], n: int, *, axis: int = -2) -> Array:
+    """The whole sequence from the ranks' shards (each at its positions along ``axis``)."""
+    first = shards[0]
+    shape = list(first.shape)
+    shape[axis] = n
+    whole = np.zeros(shape, dtype=np.result_type(*shards))
+    for x, p in zip(shards, where, strict=True):
+        index: list[Any] = [slice(None)] * whole.ndim
+        index[axis] = p
+        whole[tuple(index)] = x
+    return whole
+
+
+# --- the ranks
+
+
+class RankLost(BaseException):
+    """A rank hung past the deadline or died. A ``BaseException`` so that Hypothesis stops at once
+    instead of shrinking (each try would start the ranks again and wait out another deadline)."""
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel kills this process when its parent dies (``PR_SET_PDEATHSIG``), so a rank
+    never outlives a suite that was killed before it could reap it."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+
+
+def _as_numpy(x: Any) -> Any:
+    """What a rank returned, as NumPy (a tuple element by element; a tensor detached)."""
+    if isinstance(x, (tuple, list)):
+        return type(x)(_as_numpy(y) for y in x)
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().numpy()
+    return x
+
+
+def _serve(conn: Connection, target: RankTarget, rank: int, world_size: int, store: str,
+           deadline_s: float) -> None:
+    """A rank's loop: joins the gloo group, then runs each call (``None`` ends it)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.FileStore(store, world_size), rank=rank,
+                            world_size=world_size, timeout=datetime.timedelta(seconds=deadline_s))
+    group = dist.group.WORLD
+    conn.send(("ready", None))  # the call's deadline starts once every rank has joined
+    try:
+        while (message := conn.recv()) is not None:
+            which, arrays, keywords = message
+            fn = target.fn if which == "forward" else target.grad_fn
+            assert fn is not None  # a backward call is made only when grad_fn is declared
+            try:
+                reply: tuple[Any, ...] = ("ok", _as_numpy(fn(*arrays, group=group, rank=rank, **keywords)))
+            except BaseException as e:  # every outcome goes back to the parent
+                reply = ("error", f"{type(e).__name__}: {str(e)[:400]}")
+            try:
+                conn.send(reply)
+            except Exception as e:  # an unpicklable result
+                conn.send(("error", f"returned {type(reply[1]).__name__}, which cannot be sent back: {e}"))
+    finally:
+        dist.destroy_process_group()
+
+
+def _reap(pid: int, *, kill: bool) -> int:
+    """Wait for ``pid`` (SIGKILL when ``kill``, or when it has not left within 2 s); its exit code."""
+    if kill:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for _ in range(2000):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.001)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+_LIVE: set[RankPool] = set()
+"""Every pool not yet closed, closed at exit (`_close_all`)."""
+
+
+class RankPool:
+    """``world_size`` forked processes, each a rank of one gloo group (a FileStore in a folder of
+    its own), serving the target's calls until `close`. Fork: the target is inherited (its
+    functions need not pickle), and so is PyTorch, imported once here."""
+
+    def __init__(self, target: RankTarget, world_size: int) -> None:
+        import torch.distributed  # noqa: F401  (imported once, before the fork, for every rank)
+
+        from spec.isolation import _become_worker
+
+        self.target, self.world_size = target, world_size
+        self.folder = tempfile.mkdtemp(prefix="spec-ranks-")
+        store = os.path.join(self.folder, "store")
+        self.pids: list[int] = []
+        self.conns: list[Connection] = []
+        self.closed = False
+        self.joined = False
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for rank in range(world_size):
+            parent, child = Pipe()
+            pid = os.fork()
+            if pid == 0:  # the rank: never returns into the suite's code
+                code = 0
+                try:
+                    parent.close()
+                    for earlier in self.conns:
+                        earlier.close()
+                    _die_with_parent()
+                    _become_worker()
+                    _serve(child, target, rank, world_size, store, target.deadline_s)
+                except BaseException:  # the pipe closed, the group failed, or the suite was interrupted
+                    code = 70
+                finally:
+                    os._exit(code)
+            child.close()
+            self.pids.append(pid)
+            self.conns.append(parent)
+        _LIVE.add(self)
+
+    def call(self, which: str, arrays: list[tuple[Array, ...]], keywords: dict[str, Any]) -> list[Any]:
+        """Rank r called with ``arrays[r]`` and ``keywords`` (``which``: ``forward``, the target's
+        fn, or ``backward``, its grad_fn); each rank's reply in rank order. A rank that raises is a
+        `TargetFailed` naming it; one that hangs or dies, `RankLost`; either way the pool is closed.
+        The first call first waits (up to the deadline again) for every rank to join the group."""
+        if not self.joined:
+            self._replies("join the gloo group")
+            self.joined = True
+        for conn, mine in zip(self.conns, arrays, strict=True):
+            with contextlib.suppress(BrokenPipeError, OSError):  # a dead rank: found below
+                conn.send((which, mine, keywords))
+        return self._replies("return")
+
+    def _replies(self, doing: str) -> list[Any]:
+        """One message from every rank, within the deadline; see `call`."""
+        replies: dict[int, Any] = {}
+        end = time.monotonic() + self.target.deadline_s
+        while len(replies) < self.world_size:
+            waiting = {self.conns[r]: r for r in range(self.world_size) if r not in replies}
+            ready = wait(list(waiting), timeout=max(0.0, end - time.monotonic()))
+            if not ready:
+                late = sorted(waiting.values())
+                self.close(kill=True)
+                raise RankLost(f"{_ranks(late)} did not {doing} within the {self.target.deadline_s:g} s "
+                               f"deadline (world size {self.world_size}; every rank's process was killed)")
+            for one in ready:
+                rank = waiting[one]  # type: ignore[index]
+                try:
+                    replies[rank] = self.conns[rank].recv()
+                except (EOFError, OSError):
+                    code = _reap(self.pids[rank], kill=False)
+                    self.close(kill=True)
+                    how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+                    raise RankLost(f"rank {rank} of {self.world_size} died ({how}) during the call; "
+                                   "every rank's process was killed") from None
+                if replies[rank][0] == "error":
+                    self.close(kill=True)
+                    raise TargetFailed(f"rank {rank} of {self.world_size} raised {replies[rank][1]}",
+                                       raised=replies[rank][1])
+        return [replies[r][1] for r in range(self.world_size)]
+
+    def close(self, *, kill: bool = False) -> None:
+        """End every rank (asked to leave, or SIGKILL when ``kill``) and reap it; remove the store."""
+        if self.closed:
+            return
+        self.closed = True
+        _LIVE.discard(self)
+        if not kill:
+            for conn in self.conns:
+                with contextlib.suppress(OSError):
+                    conn.send(None)
+        for pid in self.pids:
+            with contextlib.suppress(ChildProcessError):
+                _reap(pid, kill=kill)
+        for conn in self.conns:
+            conn.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
+@atexit.register
+def _close_all() -> None:
+    for pool in list(_LIVE):
+        if pool.pids and os.getpid() not in pool.pids:  # in the suite's process, not a forked rank
+            pool.close(kill=True)
+
+
+_POOLS: contextvars.ContextVar[dict[int, RankPool] | None] = contextvars.ContextVar("spec_rank_pools",
+                                                                                   default=None)
+
+
+@contextlib.contextmanager
+def kept_ranks() -> Iterator[dict[int, RankPool]]:
+    """Pools started in this block are kept for it (one per world size) and closed when it ends,
+    however it ends."""
+    pools: dict[int, RankPool] = {}
+    token = _POOLS.set(pools)
+    try:
+        yield pools
+    finally:
+        _POOLS.reset(token)
+        for pool in pools.values():
+            pool.close(kill=True)
+
+
+def run_ranks(target: RankTarget, world_size: int, which: str, arrays: list[tuple[Array, ...]],
+              keywords: dict[str, Any]) -> list[Any]:
+    """One call on every rank (`RankPool.call`), in the pool kept by `kept_ranks` (started, or
+    started again after a failure, as needed), or in a pool of its own outside one."""
+    pools = _POOLS.get()
+    if pools is None:
+        with kept_ranks():
+            return run_ranks(target, world_size, which, arrays, keywords)
+    pool = pools.get(world_size)
+    if pool is None or pool.closed or pool.target is not target:
+        if pool is not None:
+            pool.close(kill=True)
+        pool = pools[world_size] = RankPool(target, world_size)
+    return pool.call(which, arrays, keywords)
