@@ -204,8 +204,8 @@ def pytest_door(tmp_path, name: str, *args: str) -> tuple[subprocess.CompletedPr
     installed = any(ep.value == "spec.pytest_plugin" for ep in entry_points(group="pytest11"))
     plugin = [] if installed else ["-p", "spec.pytest_plugin"]
     run = subprocess.run([sys.executable, "-m", "pytest", *plugin, "-p", "no:cacheprovider", "-q",
-                          "--attention-only", "--attention-profile=quick", f"--attention-target=recording:{name}",
-                          *args],
+                          "--attention-only", "--attention-profile=quick",
+                          f"--attention-target=recording:{name}", *args],
                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
     calls = [tuple(line.split()) for line in record.read_text().splitlines()]
     return run, calls  # type: ignore[return-value]
