@@ -205,7 +205,7 @@ def merge_main(args: argparse.Namespace) -> int:
             if getattr(args, flag) and getattr(args, flag) != "-":
                 writable(getattr(args, flag), f"--{flag}")
         reports = [read_report(path) for path in args.reports]
-        report = merge(reports)
+        report = merge(reports, args.reports)
     except (UsageError, ValueError) as e:
         return fail("python -m spec merge", e)
     return written(report, args.json, args.html, "python -m spec merge")

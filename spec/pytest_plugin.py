@@ -10,7 +10,8 @@ they are all that is collected (the project's own test files are not even import
 through the ``pytest11`` entry point, so installing the package is enough; without a target the
 plugin adds nothing. Options: ``--attention-profile quick|ci|thorough|judge|scale`` (default ci),
 ``--attention-seed N``, ``--attention-shard I/N`` (shard I of N, counted from 1: every law under the
-shard's own seed, `spec.shard`), ``--attention-max-examples N``, ``--attention-isolation thread|caller|process``
+shard's own seed, `spec.shard`), ``--attention-max-examples N``,
+``--attention-isolation thread|caller|process``
 (overrides the target's declaration; ``process`` turns a crash or a call stuck in C into that law's failure),
 ``--attention-deadline SECONDS`` (per call; overrides the profile's and the target's),
 ``--attention-keep-going`` (run every law: without it, once the target's signature is found to

@@ -150,16 +150,18 @@ def merge_results(results: list[Result]) -> Result:
                   expected=first.expected, power=told)
 
 
-def merge(reports: list[Report]) -> Report:
+def merge(reports: list[Report], names: list[str] | None = None) -> Report:
     """The shards' reports (`Report.shard`: every shard of one count, each once, any order) as one
     report of the whole check (`merge_results` per law, in run order). Raises ValueError when they are
     not the shards of one check: a report that is no shard, shards of other counts, a shard twice or
-    missing, another target, profile, seed or set of laws."""
+    missing, another target, profile, seed or set of laws. ``names``: how the messages name the
+    reports (their files; default ``report 1``, ``report 2``, ...)."""
     if not reports:
         raise ValueError("no reports to merge")
     unsharded = [i for i, r in enumerate(reports) if r.shard is None]
     if unsharded:
-        raise ValueError(f"report {unsharded[0] + 1} is not a shard (run with --shard I/N)")
+        name = names[unsharded[0]] if names else f"report {unsharded[0] + 1}"
+        raise ValueError(f"{name} is not a shard (run with --shard I/N)")
     count = reports[0].shard.count if reports[0].shard else 0
     ordered = sorted(reports, key=lambda r: r.shard.index if r.shard else 0)
     indices = [r.shard.index for r in ordered if r.shard]
@@ -173,10 +175,11 @@ def merge(reports: list[Report]) -> Report:
         said += [f"shard {', '.join(f'{i}/{count}' for i in missing)} missing"] if missing else []
         raise ValueError("; ".join(said))
     head = ordered[0]
-    for field_name in ("target", "profile", "base_seed"):
+    for field_name, said in (("target", "target"), ("profile", "profile"), ("base_seed", "seed")):
         values = {getattr(r, field_name) for r in ordered}
         if len(values) > 1:
-            raise ValueError(f"the shards are of different checks: {field_name} {sorted(map(str, values))}")
+            differ = ", ".join(sorted(map(str, values)))
+            raise ValueError(f"the shards are of different checks: {said} {differ}")
     names = [r.name for r in head.results]
     for r in ordered[1:]:
         if [x.name for x in r.results] != names:
