@@ -175,11 +175,11 @@ def merge(reports: list[Report], names: list[str] | None = None) -> Report:
         said += [f"shard {', '.join(f'{i}/{count}' for i in missing)} missing"] if missing else []
         raise ValueError("; ".join(said))
     head = ordered[0]
-    for field_name, said in (("target", "target"), ("profile", "profile"), ("base_seed", "seed")):
+    for field_name, called in (("target", "target"), ("profile", "profile"), ("base_seed", "seed")):
         values = {getattr(r, field_name) for r in ordered}
         if len(values) > 1:
             differ = ", ".join(sorted(map(str, values)))
-            raise ValueError(f"the shards are of different checks: {said} {differ}")
+            raise ValueError(f"the shards are of different checks: {called} {differ}")
     names = [r.name for r in head.results]
     for r in ordered[1:]:
         if [x.name for x in r.results] != names:
