@@ -131,6 +131,12 @@ def test_a_law_fails_if_it_failed_in_any_shard_its_counterexample_kept():
     assert merged.observed["error ratio float64"] == 0.1
 
 
+def test_a_passing_laws_note_says_the_worst_figure_of_any_shard():
+    shards = [result("pass", message=f"error/allowed: float32 {ratio}; a note",
+                     observed={"error ratio float32": ratio}) for ratio in (0.25, 0.5)]
+    assert merge_results(shards).message == "error/allowed: float32 0.5; a note"
+
+
 @pytest.mark.parametrize(("statuses", "status"), [(["pass", "skip"], "pass"), (["skip", "skip"], "skip"),
                                                   (["xpass", "xfail"], "xfail"),
                                                   (["xpass", "xpass"], "xpass")])
