@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import sys
 from typing import Any
@@ -20,14 +21,23 @@ from spec.builtin import BUILTIN, load_merge_target, load_rank_target
 from spec.html import render_html
 from spec.profiles import PROFILES
 from spec.registry import LAWS
-from spec.report import LOUD, Result, render, strict_json
+from spec.report import LOUD, Report, Result, render, strict_json
 from spec.runner import OWN_KIND_FAMILIES, check, configure, load, select
+from spec.shard import Shard, merge, parse_shard, report_from_dict
 from spec.target import TargetError
 
 _positive = int_at_least(1)
 _seed = int_at_least(0)
 _seconds = positive_number("expected a positive number of seconds")
 _gib = positive_number("expected a positive number of GiB")
+
+
+def _shard(text: str) -> Shard:
+    """An argparse type: ``I/N`` (`spec.shard.parse_shard`)."""
+    try:
+        return parse_shard(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def parser() -> argparse.ArgumentParser:
@@ -49,6 +59,10 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("--max-examples", type=_positive, metavar="N", help="examples per law")
     check.add_argument("--seed", type=_seed, metavar="N",
                        help="random seed (changes the example stream; without it ci and quick are fixed)")
+    check.add_argument("--shard", type=_shard, metavar="I/N",
+                       help="run shard I of N (counted from 1) of the check: every law, under the shard's "
+                       "own seed (shard 1: the check's; the others derived from --seed), so N shards draw N "
+                       "times the examples; python -m spec merge makes one report of the shards' --json")
     check.add_argument("--only", nargs="+", action="extend", metavar="NAME",
                        help="run only these properties (repeatable)")
     check.add_argument("--isolation", choices=["thread", "caller", "process"],
@@ -95,6 +109,13 @@ def parser() -> argparse.ArgumentParser:
     audit.add_argument("--profile", choices=list(PROFILES), default="quick",
                        help="the suite's profile for each kernel (default quick)")
     audit.add_argument("--json", metavar="FILE", help="also write the rows as JSON ('-' for stdout only)")
+    merge = commands.add_parser("merge", help="merge the --json reports of a check's shards (--shard I/N) "
+                                "into one report")
+    merge.add_argument("reports", nargs="+", metavar="REPORT",
+                       help="the shards' JSON reports, each shard of the check once, in any order")
+    merge.add_argument("--json", metavar="FILE",
+                       help="also write the merged report as JSON ('-' for stdout only)")
+    merge.add_argument("--html", metavar="FILE", help="also write the merged report as one HTML page")
     check.add_argument("--list", action="store_true", help="list the properties (and, with TARGET, "
                        "which it would skip) and exit")
     return top
@@ -164,11 +185,66 @@ def audit_main(args: argparse.Namespace) -> int:
     return 0 if all(not r.suite_ok for r in rows) else 1
 
 
+def read_report(path: str) -> Report:
+    """The JSON report at ``path`` (`spec.shard.report_from_dict`); UsageError naming it when it
+    cannot be read or is no report."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return report_from_dict(json.load(f))
+    except OSError as e:
+        raise UsageError(f"cannot read REPORT {path}: {e.strerror}") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        said = f"no {e}" if isinstance(e, KeyError) else str(e)
+        raise UsageError(f"REPORT {path}: {said}") from None
+
+
+def merge_main(args: argparse.Namespace) -> int:
+    """``python -m spec merge REPORT...``: the shards' reports as one; exit as ``check``'s (0: the
+    merged check conforms, 1: a law failed in some shard, 2: reports that are not the shards of one
+    check)."""
+    try:
+        for flag in ("json", "html"):
+            if getattr(args, flag) and getattr(args, flag) != "-":
+                writable(getattr(args, flag), f"--{flag}")
+        reports = [read_report(path) for path in args.reports]
+        report = merge(reports, args.reports)
+    except (UsageError, ValueError) as e:
+        return fail("python -m spec merge", e)
+    return written(report, args.json, args.html, "python -m spec merge")
+
+
+def written(report: Report, json_to: str | None, html_to: str | None, prog: str) -> int:
+    """Write ``report`` where ``--json`` and ``--html`` say, print it (unless the JSON goes to
+    stdout); the exit status: 0 when it conforms, 1 when not, 2 when a file cannot be written."""
+    to_stdout = json_to == "-"
+    if json_to:
+        text = report.to_json()
+        if to_stdout:
+            print(text)
+        else:
+            try:
+                with open(json_to, "w", encoding="utf-8") as f:  # UTF-8: laws use √, ≤, −
+                    f.write(text + "\n")
+            except OSError as e:
+                return fail(prog, f"cannot write --json {json_to}: {e.strerror}")
+    if html_to:
+        try:
+            with open(html_to, "w", encoding="utf-8") as f:
+                f.write(render_html(report))
+        except OSError as e:
+            return fail(prog, f"cannot write --html {html_to}: {e.strerror}")
+    if not to_stdout:
+        print(render(report))
+    return 0 if report.ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = parse(argv)
         if args.command == "audit":
             return audit_main(args)
+        if args.command == "merge":
+            return merge_main(args)
         if args.list:
             print(list_properties(args.target))
             return 0
@@ -204,26 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report = check(target, profile=args.profile, max_examples=args.max_examples, seed=args.seed,
                        only=args.only, each=progress, source=args.target, memory=args.memory,
-                       keep_going=args.keep_going, power=args.power, budget_s=args.budget_s)
+                       keep_going=args.keep_going, power=args.power, budget_s=args.budget_s,
+                       shard=args.shard)
     except KeyboardInterrupt:  # Ctrl-C: the laws done so far were listed; every worker is reaped
         print("python -m spec: interrupted", file=sys.stderr)
         return 130  # 128 + SIGINT, as a shell reports it
-    if args.json:
-        text = report.to_json()
-        if to_stdout:
-            print(text)
-        else:
-            try:
-                with open(args.json, "w", encoding="utf-8") as f:  # UTF-8: laws use √, ≤, −
-                    f.write(text + "\n")
-            except OSError as e:
-                return fail("python -m spec", f"cannot write --json {args.json}: {e.strerror}")
-    if args.html:
-        try:
-            with open(args.html, "w", encoding="utf-8") as f:
-                f.write(render_html(report))
-        except OSError as e:
-            return fail("python -m spec", f"cannot write --html {args.html}: {e.strerror}")
-    if not to_stdout:
-        print(render(report))
-    return 0 if report.ok else 1
+    return written(report, args.json, args.html, "python -m spec")

@@ -3,11 +3,15 @@
     pytest --attention-target=mypackage.kernels:attention        # or ATTENTION_TARGET=...
 
 adds one test per law, ``attention-spec::<law>``, to whatever else is collected
-(``-k`` selects among them; pytest-xdist spreads them over workers); with ``--attention-only``
+(``-k`` selects among them; pytest-xdist spreads them over workers, each
+loading the target and setting the check up once, at collection, with one process-isolation worker
+for its session); with ``--attention-only``
 they are all that is collected (the project's own test files are not even imported). Registered
 through the ``pytest11`` entry point, so installing the package is enough; without a target the
 plugin adds nothing. Options: ``--attention-profile quick|ci|thorough|judge|scale`` (default ci),
-``--attention-seed N``, ``--attention-max-examples N``, ``--attention-isolation thread|caller|process``
+``--attention-seed N``, ``--attention-shard I/N`` (shard I of N, counted from 1: every law under the
+shard's own seed, `spec.shard`), ``--attention-max-examples N``,
+``--attention-isolation thread|caller|process``
 (overrides the target's declaration; ``process`` turns a crash or a call stuck in C into that law's failure),
 ``--attention-deadline SECONDS`` (per call; overrides the profile's and the target's),
 ``--attention-keep-going`` (run every law: without it, once the target's signature is found to
@@ -44,15 +48,19 @@ import pytest
 
 from spec.cases import limits_text
 from spec.html import render_html
+from spec.isolation import workers
 from spec.profiles import PROFILES, checking, runs_at
 from spec.registry import LAWS
 from spec.report import Report, Result, cause, failure, same_failure
 from spec.runner import OWN_KIND_FAMILIES, LawRun, Stopping, check_law, configure, judged, law_runs, load
+from spec.shard import Shard, parse_shard, shard_seed
 from spec.target import Target, TargetError
 
 ENV = "ATTENTION_TARGET"
 HEADER = pytest.StashKey[str]()
 """The profile's header line of the check (`spec.profiles.checking`), once it is set up."""
+SHARD = pytest.StashKey[Shard]()
+"""The shard of the check this session runs (``--attention-shard``), when one is given."""
 CARRIED = "attention-spec result"
 """The user property of a law's test report that carries its pickled result (to the xdist controller)."""
 
@@ -68,6 +76,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="examples per law: quick, ci (default, derandomized) or thorough; scale: the "
                     "scale laws alone; judge: every ci law and the long runs")
     group.addoption("--attention-seed", type=int, default=None, metavar="N", help="random seed")
+    group.addoption("--attention-shard", default=None, metavar="I/N",
+                    help="run shard I of N (counted from 1) of the check: every law under the shard's own "
+                    "seed (shard 1: the check's), so N shards, on N machines, draw N times the examples "
+                    "(as python -m spec check --shard)")
     group.addoption("--attention-max-examples", type=int, default=None, metavar="N",
                     help="examples per law")
     group.addoption("--attention-isolation", choices=["thread", "caller", "process"], default=None,
@@ -90,6 +102,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--attention-html", metavar="FILE", default=None,
                     help="also write the laws' results as one self-contained HTML page, with a heat map "
                     "of each failure that compared arrays (as python -m spec check --html)")
+
+
+def drawing_seed(config: pytest.Config) -> int | None:
+    """The seed the laws draw with: ``--attention-seed``, or the shard's own (`spec.shard.shard_seed`)."""
+    profile = PROFILES[config.getoption("attention_profile")]
+    return shard_seed(config.stash.get(SHARD, None), config.getoption("attention_seed"),
+                      derandomized=profile.derandomize)
 
 
 class PropertyFailed(Exception):
@@ -115,8 +134,8 @@ class LawItem(pytest.Item):
         if left is not None:  # the run has ended (a signature that differs: said once, at that law)
             raise pytest.skip.Exception(left.message, _use_item_location=True)
         result = check_law(self.prop, self.target, profile=opt("attention_profile"),
-                              max_examples=opt("attention_max_examples"), seed=opt("attention_seed"),
-                              source=self.source)
+                           max_examples=opt("attention_max_examples"), seed=drawing_seed(self.config),
+                           source=self.source)
         # a copy judged as the CLI's report judges it (an expected failure is no failure), for the page
         # and for the early stop
         seen = judged(self.law_run, dataclasses.replace(result))
@@ -172,6 +191,11 @@ def pytest_configure(config: pytest.Config) -> None:
     memory = config.getoption("attention_memory")
     if memory is not None and not (math.isfinite(memory) and memory > 0):
         raise pytest.UsageError(f"--attention-memory must be a positive number of GiB, got {memory}")
+    if config.getoption("attention_shard") is not None:
+        try:
+            config.stash[SHARD] = parse_shard(config.getoption("attention_shard"), name="--attention-shard")
+        except ValueError as e:
+            raise pytest.UsageError(str(e)) from None
     page = config.getoption("attention_html")
     if page and not hasattr(config, "workerinput"):  # an xdist worker's results go to the controller
         config.pluginmanager.register(PageWriter(config, page), "attention-spec-html")
@@ -200,6 +224,9 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     config.add_cleanup(set_up.close)
     config.stash[HEADER] = set_up.enter_context(checking(config.getoption("attention_profile"), target,
                                                          memory=config.getoption("attention_memory")))
+    # process isolation: one worker process for the session (each xdist worker's), as a check has
+    # one for its run, not a fork per law
+    set_up.enter_context(workers())
     suite = PropertySuite.from_parent(session, name="attention-spec", nodeid="attention-spec",
                                       target=target, source=source)
     collected = suite.collect()
@@ -228,8 +255,9 @@ class PageWriter:
         results = sorted((r for _, _, r in self.found),
                          key=lambda r: order.get(r.name.split("[")[0], len(order)))
         opt = self.config.getoption
-        report = Report(self.found[0][0], opt("attention_profile"), opt("attention_seed"), results,
-                        limits=self.found[0][1], seconds=time.perf_counter() - self.start)
+        report = Report(self.found[0][0], opt("attention_profile"), drawing_seed(self.config), results,
+                        limits=self.found[0][1], seconds=time.perf_counter() - self.start,
+                        shard=self.config.stash.get(SHARD, None), base_seed=opt("attention_seed"))
         with open(self.where, "w", encoding="utf-8") as f:
             f.write(render_html(report))
 

@@ -19,12 +19,15 @@ import sys
 import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from spec import power, registry
 from spec.compared import Compared
+
+if TYPE_CHECKING:
+    from spec.shard import Shard
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,10 @@ class Report:
     scale: str = ""  # at --profile scale: the memory budget and the cases not run, as the header says them
     power: bool = False  # the power guard judged the laws' cases (each Result's ``power``)
     budget_s: float | None = None  # the wall-time budget the run was given (None: none)
+    shard: Shard | None = None  # the shard of a check this run is (`spec.shard`), None: the whole check
+    base_seed: int | None = None  # a shard's: the seed the whole check was given (``seed``: the shard's own)
+    merged: list[tuple[Shard, int | None]] = field(default_factory=list)
+    """A report merged from shards (`spec.shard.merge`): each shard, with the seed it drew with."""
 
     @property
     def ok(self) -> bool:
@@ -154,6 +161,9 @@ class Report:
             **({"limits": self.limits} if self.limits else {}),
             **({"scale": self.scale} if self.scale else {}),
             **({"budget_s": self.budget_s, "complete": self.complete} if self.budget_s is not None else {}),
+            **({"shard": self.shard.to_dict(self.base_seed)} if self.shard is not None else {}),
+            **({"shards": [shard.to_dict(seed, key="seed") for shard, seed in self.merged]}
+               if self.merged else {}),
             "results": [r.to_dict() | ({"power": r.power} if self.power else {}) for r in self.results],
             **({"power": self.power_table()} if self.power else {}),
         }
@@ -503,6 +513,8 @@ def summary(report: Report, seconds: float) -> str:
     verdict = "DOES NOT CONFORM" if not report.ok else "conforms" if report.complete else \
         "no failure in the laws run (incomplete)"
     seed = "" if report.seed is None else f", seed {report.seed}"
+    seed += f", shard {report.shard}" if report.shard is not None else \
+        f", {len(report.merged)} shards merged" if report.merged else ""
     expected = "".join(f", {counts[s]} {s}" for s in ("xfail", "xpass") if counts[s])
     ended = f", {not_run} not run" if not_run else ""
     return (f"{report.target}: {verdict} — {counts['pass']} passed, {counts['fail']} failed, "

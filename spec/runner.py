@@ -31,6 +31,7 @@ from spec.profiles import PROFILES, Profile, checking, runs_at
 from spec.rank_target import RankTarget, kept_ranks
 from spec.registry import LAWS, Law
 from spec.report import Counterexample, Report, Result, figures
+from spec.shard import Shard, parse_shard, shard_seed
 from spec.signature import SignatureMismatch
 from spec.target import (
     Target,
@@ -527,7 +528,7 @@ def check(
     seed: int | None = None, only: Iterable[str] | None = None, isolation: str | None = None,
     deadline: float | None = None, each: Callable[[Result], None] | None = None,
     source: str | NoSource | None = None, memory: float | None = None, keep_going: bool = False,
-    power: bool = False, budget_s: float | None = None,
+    power: bool = False, budget_s: float | None = None, shard: Shard | str | None = None,
 ) -> Report:
     """Run the properties against ``target`` (a built-in name, ``module:attr``, ``file.py:attr``, a
     callable or a `spec.Target`) and return the `Report`. ``isolation`` (``thread``, ``caller``,
@@ -552,11 +553,19 @@ def check(
     sums them up (`Report.power_table`); the verdict on the target is the same either way. A
     profile may turn it on whatever ``power`` says (``judge``: `spec.profiles.Profile.power`).
 
+    ``shard`` (``"i/N"`` or a `spec.shard.Shard`, counted from 1): this run is shard i of N of the
+    check, every law under the shard's own seed (`spec.shard.shard_seed`: shard 1 the check's,
+    the others derived from it), so N shards draw N times the examples; the report records the
+    shard, and `spec.shard.merge` makes one report of them all.
+
     Raises `spec.TargetError` when the target does not load and ValueError for an
-    unknown profile or law name, or a memory or time budget that is not a positive number.
+    unknown profile or law name, a memory or time budget that is not a positive number, or a
+    shard that is not I/N with 1 <= I <= N.
     """
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}")
+    part = None if shard is None else parse_shard(shard, name="shard")
+    base, seed = seed, shard_seed(part, seed, derandomized=PROFILES[profile].derandomize)
     if max_examples is not None and max_examples < 1:
         raise ValueError(f"max_examples must be a positive integer, got {max_examples}")
     if memory is not None and not (isinstance(memory, (int, float)) and math.isfinite(memory) and memory > 0):
@@ -572,17 +581,22 @@ def check(
                               f"({ranks.name!r}) runs on ranks of its own (its deadline_s bounds a call)")
         chosen = props if only is not None else [p for p in props if p.family == RANK_FAMILY]
         with kept_ranks():  # the ranks are started once per world size and kept for the whole check
-            return check_merge(ranks, chosen, profile=profile, max_examples=max_examples, seed=seed,
-                               each=each, source=target if isinstance(target, str) else source_of(ranks),
-                               budget_s=budget_s)
+            ranked = check_merge(ranks, chosen, profile=profile, max_examples=max_examples, seed=seed,
+                                 each=each, source=target if isinstance(target, str) else source_of(ranks),
+                                 budget_s=budget_s)
+        ranked.shard, ranked.base_seed = part, base
+        return ranked
     merge = load_merge_target(target)
     if merge is not None:
         if isolation is not None or deadline is not None:
             raise TargetError("isolation and deadline apply to attention targets: a merge operator "
                               f"({merge.name!r}) runs in the caller")
         chosen = props if only is not None else [p for p in props if p.family == MERGE_FAMILY]
-        return check_merge(merge, chosen, profile=profile, max_examples=max_examples, seed=seed, each=each,
-                           source=target if isinstance(target, str) else source_of(merge), budget_s=budget_s)
+        merged = check_merge(merge, chosen, profile=profile, max_examples=max_examples, seed=seed, each=each,
+                             source=target if isinstance(target, str) else source_of(merge),
+                             budget_s=budget_s)
+        merged.shard, merged.base_seed = part, base
+        return merged
     if only is None:  # the merge and rank laws judge their own kinds of target (check_merge), not attention
         props = [p for p in props if runs_at(p.family, profile) is None and p.family not in OWN_KIND_FAMILIES]
     loaded = configure(load(target), isolation=isolation, deadline=deadline)
@@ -590,7 +604,7 @@ def check(
         source = target if isinstance(target, str) else source_of(target)
     power = power or PROFILES[profile].power
     report = Report(target=loaded.name, profile=profile, seed=seed, limits=limits_text(loaded), power=power,
-                    budget_s=budget_s)
+                    budget_s=budget_s, shard=part, base_seed=base)
     start = time.perf_counter()
     with checking(profile, loaded, memory=memory) as header:
         report.scale = header

@@ -30,6 +30,13 @@ A target is a name ``spec check`` takes, or a group of every correct target the 
 Prints a table (target × seed: ``conforms`` or the laws that failed) and exits 1 if any cell does
 not conform, 2 if a target cannot be checked at all. ``tox -e sweep`` runs the whole sweep on a
 wheel; CI runs ``tox -e sweep-ci``, a subset.
+
+Spread over machines as a check is (`spec.shard`): ``--shard I/N`` (counted from 1) runs every N-th
+cell of the table, from the I-th, and ``--json`` writes them; ``--merge A.json B.json ...`` prints the
+table of all the shards' cells and exits as the whole sweep would::
+
+    python tools/sweep.py --targets all --shard 2/3 --json sweep-2.json    # on machine 2 of 3
+    python tools/sweep.py --merge sweep-1.json sweep-2.json sweep-3.json
 """
 
 from __future__ import annotations
@@ -45,6 +52,10 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from spec.shard import Shard
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = ("reference", "flash", "reference_latent", "flash_latent", "torch")
@@ -190,10 +201,42 @@ def where_spec_is() -> str:
 
 def table(cells: list[Cell], targets: list[str], columns: list[str]) -> str:
     """Markdown: a row per target, a column per seed; each cell ``conforms`` or what failed."""
-    by = {(c.target, c.seed): c.verdict for c in cells}
+    by = {(c.target, c.seed): c.verdict for c in cells}  # a cell another shard runs: blank
     head = ["target", *columns]
-    rows = [[t, *(by[t, s] for s in columns)] for t in targets]
+    rows = [[t, *(by.get((t, s), "") for s in columns)] for t in targets]
     return "\n".join("| " + " | ".join(row) + " |" for row in [head, ["---"] * len(head), *rows])
+
+
+def mine(cells: list[tuple[Entry, str]], shard: Shard | None) -> list[tuple[Entry, str]]:
+    """The cells (in table order) shard ``shard`` runs: every N-th from the I-th (all without one)."""
+    return cells if shard is None else cells[shard.index - 1::shard.count]
+
+
+def merged(paths: list[str]) -> tuple[list[Cell], list[str], list[str]]:
+    """The cells of the shards' ``--json`` files, with the table's targets (in the order first met)
+    and columns (the run without a seed first, then by seed); raises ArgumentTypeError naming a file
+    that cannot be read, and a cell given twice."""
+    cells: list[Cell] = []
+    for path in paths:
+        try:
+            cells += [Cell(**found) for found in json.loads(Path(path).read_text(encoding="utf-8"))]
+        except (OSError, ValueError, TypeError) as e:
+            raise argparse.ArgumentTypeError(f"--merge: cannot read the cells of {path}: {e}") from None
+    seen = [(c.target, c.seed) for c in cells]
+    twice = sorted({cell for cell in seen if seen.count(cell) > 1})
+    if twice:
+        raise argparse.ArgumentTypeError(f"--merge: a cell in two files: {twice[0][0]} seed {twice[0][1]}")
+    targets = list(dict.fromkeys(c.target for c in cells))
+    columns = sorted({c.seed for c in cells}, key=lambda s: (s != DEFAULT, int(s) if s.isdigit() else 0))
+    return cells, targets, columns
+
+
+def verdict(cells: list[Cell], targets: list[str], columns: list[str], seconds: float, jobs: int) -> int:
+    """Print the table and the count of the runs that conform; the exit status."""
+    print(table(cells, targets, columns))
+    bad = [c for c in cells if c.failed]
+    print(f"\n{len(cells) - len(bad)} of {len(cells)} runs conform ({seconds:.0f} s, {jobs} at once)")
+    return 2 if any(c.error for c in cells) else 1 if bad else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -209,11 +252,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="FILE", help="also write every cell as JSON")
     parser.add_argument("--allow-checkout", action="store_true",
                         help="run even when spec is imported from a checkout, not an installed package")
+    parser.add_argument("--shard", metavar="I/N",
+                        help="run shard I of N (counted from 1): every N-th cell of the table, from the I-th")
+    parser.add_argument("--merge", nargs="+", metavar="FILE",
+                        help="print the table of the shards' --json files (run nothing)")
     args, extra = parser.parse_known_args(argv)
     try:
+        if args.merge:
+            cells, labels, columns = merged(args.merge)
+            return verdict(cells, labels, columns, sum(c.seconds for c in cells), args.jobs)
+        if args.shard is not None:
+            from spec.shard import parse_shard  # the check's own I/N, as the installed spec reads it
+        shard = None if args.shard is None else parse_shard(args.shard, name="--shard")
         columns = seeds(args.seeds)
         targets = entries(args.targets)
-    except argparse.ArgumentTypeError as e:
+    except (argparse.ArgumentTypeError, ValueError) as e:
         print(f"python tools/sweep.py: error: {e}", file=sys.stderr)
         return 2
     source = where_spec_is()
@@ -227,20 +280,18 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as workdir, \
             concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
         jobs = [pool.submit(run_cell, t, s, args.slow_profile if t.slow else args.profile, extra, workdir)
-                for t in targets for s in columns]
+                for t, s in mine([(t, s) for t in targets for s in columns], shard)]
         cells = []
         for job in concurrent.futures.as_completed(jobs):
             cell = job.result()
             cells.append(cell)
             print(f"  {cell.target} seed {cell.seed}: {cell.verdict} ({cell.seconds:.1f} s)", file=sys.stderr,
                   flush=True)
-    print(table(cells, [t.label for t in targets], columns))
-    bad = [c for c in cells if c.failed]
-    print(f"\n{len(cells) - len(bad)} of {len(cells)} runs conform ({time.perf_counter() - start:.0f} s, "
-          f"{args.jobs} at once)")
+    order = {(t.label, s): i for i, (t, s) in enumerate((t, s) for t in targets for s in columns)}
+    cells.sort(key=lambda c: order[c.target, c.seed])  # table order, as --merge reads them
     if args.json:
         Path(args.json).write_text(json.dumps([c.__dict__ for c in cells], indent=2) + "\n", encoding="utf-8")
-    return 2 if any(c.error for c in cells) else 1 if bad else 0
+    return verdict(cells, [t.label for t in targets], columns, time.perf_counter() - start, args.jobs)
 
 
 if __name__ == "__main__":

@@ -83,3 +83,25 @@ def test_a_gallery_variant_is_swept_from_outside_the_checkout(on_path, capsys):
     assert code == 0, table
     assert "| gallery/fp8_float64_paged | conforms |" in table
     assert "| examples/my_attention.py:target | conforms |" in table
+
+
+def test_sharded_sweeps_merge_into_the_table_of_the_whole_sweep(on_path, capsys, tmp_path):
+    words = ["--targets", "examples.my_attention:target", "examples.my_attention:undeclared", "--seeds",
+             "default", "1", "--profile", "quick", "--allow-checkout", "--only", "masked_rows_policy"]
+    assert sweep.main(words) == 1
+    whole = capsys.readouterr().out.split("\n\n")[0]
+    shards = [str(tmp_path / f"sweep-{i}.json") for i in (1, 2)]
+    for i, path in enumerate(shards, 1):
+        assert sweep.main([*words, "--shard", f"{i}/2", "--json", path]) == 1  # undeclared: in each shard
+        ran = capsys.readouterr().out
+        assert "2 of 4 runs" not in ran and " of 2 runs conform" in ran  # half the cells each
+    assert sweep.main(["--merge", *reversed(shards)]) == 1
+    assert capsys.readouterr().out.split("\n\n")[0] == whole
+    assert sweep.main(["--merge", shards[0], shards[0]]) == 2
+    assert "--merge: a cell in two files" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("shard", ["3/2", "0/0", "x"])
+def test_a_bad_shard_is_refused(shard, capsys):
+    assert sweep.main(["--shard", shard]) == 2
+    assert "error: --shard: expected I/N" in capsys.readouterr().err
