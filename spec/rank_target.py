@@ -69,6 +69,9 @@ class RankTarget:
     supports_causal: bool = True
     """False: it has no causal mode (never called with ``causal=True``); the laws that need one are
     skipped, naming this declaration."""
+    supports_uneven: bool = True
+    """False: every call's n splits evenly over the ranks (no rank empty), as PyTorch's context
+    parallelism needs; the law of uneven lengths and empty shards is skipped, naming this declaration."""
     supports_varlen: bool = False
     """True: it takes ``cu_seqlens_q=`` and ``cu_seqlens_k=`` (equal, int64, the whole sequence's
     document offsets, given to every rank): attention only within a document (packed sequences)."""
@@ -97,7 +100,7 @@ class RankTarget:
             raise TargetError(f"RankTarget dtypes must be a non-empty tuple of {', '.join(FLOAT_DTYPES)}, "
                               f"got {self.dtypes!r}")
         object.__setattr__(self, "dtypes", tuple(self.dtypes))
-        for flag in ("returns_lse", "supports_causal", "supports_varlen"):
+        for flag in ("returns_lse", "supports_causal", "supports_uneven", "supports_varlen"):
             if not isinstance(getattr(self, flag), bool):
                 raise TargetError(f"RankTarget {flag} must be True or False, got {getattr(self, flag)!r}")
         if isinstance(self.deadline_s, bool) or not isinstance(self.deadline_s, (int, float)) \

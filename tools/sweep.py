@@ -9,8 +9,8 @@ counts as local, so an editable checkout and an installed package draw other exa
 A target is a name ``spec check`` takes, or a group of every correct target the project has:
 
 - ``builtins`` — ``reference``, ``flash``, ``reference_latent``, ``flash_latent``, the merge
-  operator ``merge`` and each framework built-in whose library is installed (``torch_sdpa_merger``
-  with torch)
+  operator ``merge`` and each framework built-in whose library is installed (with torch, the merge
+  operator ``torch_sdpa_merger`` and the context-parallel ``ring`` and ``torch_cp``, on gloo ranks)
   (`spec.adapters.ADAPTERS`), the slow ones aside;
 - ``gallery`` — every correct variant of the suite's gallery (``tests/spec/gallery``: each family's
   ``CORRECT``, the declarations the built-ins do not make among them), loaded from the checkout
@@ -18,7 +18,8 @@ A target is a name ``spec check`` takes, or a group of every correct target the 
 - ``examples`` — the example targets (``examples/serving_kernels.py``'s five,
   ``examples/my_attention.py:target``);
 - ``slow`` — the built-ins that take minutes a run (`SLOW`: JAX's, which compiles each shape,
-  the Pallas kernels under their interpreters, FlexAttention over a paged cache eagerly), run at
+  the Pallas kernels under their interpreters, FlexAttention over a paged cache eagerly, PyTorch's
+  context parallelism, a DTensor dispatch per call), run at
   ``--slow-profile``;
 - ``all`` — builtins, gallery and examples.
 
@@ -60,8 +61,8 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = ("reference", "flash", "reference_latent", "flash_latent", "torch")
 DEFAULT = "default"  # the column of the run without --seed
-SLOW = ("jax", "torch_flex_paged", "torch_flex_topk", "pallas_mha", "pallas_decode", "pallas_gpu_paged",
-        "pallas_tpu_flash", "pallas_tpu_paged", "pallas_splash")
+SLOW = ("jax", "torch_cp", "torch_flex_paged", "torch_flex_topk", "pallas_mha", "pallas_decode",
+        "pallas_gpu_paged", "pallas_tpu_flash", "pallas_tpu_paged", "pallas_splash")
 """Built-ins that take minutes a run (a compilation per shape, an interpreter, an eager trace; jax's
 takes 7 minutes at profile ci on two shared cores): the group ``slow``."""
 LIBRARY = {"onnxruntime": "onnxruntime", "onnx_reference": "onnx"}
@@ -103,7 +104,8 @@ def installed_builtins() -> list[str]:
     for library, adapter in ADAPTERS.items():
         names += [name for name in adapter.targets
                   if importlib.util.find_spec(LIBRARY.get(name, library)) is not None]
-    return names + ["torch_sdpa_merger"] * (importlib.util.find_spec("torch") is not None)
+    torch = importlib.util.find_spec("torch") is not None
+    return names + ["torch_sdpa_merger", "ring", "torch_cp"] * torch
 
 
 def gallery_names() -> list[str]:

@@ -81,4 +81,5 @@ def torch_context_parallel(q: Array, k: Array, v: Array, *, group: Any, rank: in
 def torch_cp() -> RankTarget:
     """The built-in: SDPA's math backend under ``context_parallel``, non-causal (what runs on the CPU)."""
     _context_parallel()  # refuse now, naming what is missing, rather than in the first law
-    return RankTarget(torch_context_parallel, name="torch_cp", supports_causal=False)
+    return RankTarget(torch_context_parallel, name="torch_cp", supports_causal=False,
+                      supports_uneven=False)

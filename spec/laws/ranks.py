@@ -48,7 +48,9 @@ balanced = ranked & Need(lambda t: None if set(BALANCED) & set(t.layouts) else
                          "a zigzag or striped layout")
 uneven = ranked & Need(lambda t: None if set(UNEVEN) & set(t.layouts) else
                        "needs a layout of any n (target declares neither contiguous nor striped)",
-                       "a contiguous or striped layout")
+                       "a contiguous or striped layout") & Need(
+    lambda t: None if t.supports_uneven else
+    "needs shards of any length (target declares supports_uneven=False)", "supports_uneven")
 two_shardings = ranked & Need(lambda t: None if len(t.world_sizes) * len(t.layouts) > 1 else
                               "needs two shardings (target declares one world size and one layout)",
                               "two world sizes or layouts")

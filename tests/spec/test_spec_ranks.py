@@ -231,7 +231,8 @@ def test_ring_is_no_attention_target():
 def test_torchs_context_parallel_conforms_as_declared_and_fails_where_docs_say():
     """PyTorch's context_parallel on the CPU: non-causal on SDPA's math backend it matches the golden
     at world sizes 2 and 4 and every layout; causal, every rank raises PyTorch #147793's error, and
-    lengths that do not split evenly over the ranks fail (docs/targets.md has the replay lines)."""
+    lengths that do not split evenly over the ranks fail, so it declares supports_uneven=False
+    (docs/targets.md has the replay lines)."""
     from spec.builtin import load_rank_target
 
     target = load_rank_target("torch_cp")
@@ -242,7 +243,10 @@ def test_torchs_context_parallel_conforms_as_declared_and_fails_where_docs_say()
     (causal,) = spec.check(target.replace(supports_causal=True), profile="quick",
                            only=["ranks_causal_balanced"]).results
     assert causal.status == "fail" and "got mixed torch.Tensor and DTensor" in causal.message
-    (uneven,) = spec.check(target, profile="quick", only=["ranks_uneven_and_empty"]).results
+    (skipped,) = spec.check(target, profile="quick", only=["ranks_uneven_and_empty"]).results
+    assert skipped.status == "skip" and "supports_uneven=False" in skipped.message
+    (uneven,) = spec.check(target.replace(supports_uneven=True), profile="quick",
+                           only=["ranks_uneven_and_empty"]).results
     assert uneven.status == "fail"
 
 

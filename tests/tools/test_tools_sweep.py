@@ -56,12 +56,13 @@ def test_the_gallery_group_is_every_correct_variant_each_loadable(on_path):
     from gallery import CORRECT
 
     import spec
-    from spec.builtin import load_merge_target
+    from spec.builtin import load_merge_target, load_rank_target
 
     found = sweep.entries(["gallery"])
     assert [e.label for e in found] == [f"gallery/{t.name}" for t in CORRECT]
     assert all(e.path == (str(ROOT / "tests" / "spec"),) for e in found)
-    loaded = [load_merge_target(e.target) or spec.load_target(e.target) for e in found]  # merge operators too
+    loaded = [load_merge_target(e.target) or load_rank_target(e.target) or spec.load_target(e.target)
+              for e in found]  # merge operators and context-parallel targets too
     assert {t.name for t in loaded} == {t.name for t in CORRECT}  # names unique
 
 
