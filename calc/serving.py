@@ -114,7 +114,9 @@ def serving(config: Config, *, memory: int, device: str, kv_dtype: str = "bf16",
         env[f.b] = kv_bytes
         weights = math.ceil(params / tp) * weight_bytes
         free = memory - weights
-        row.update(weights=weights, kv_bytes_per_token=f.evaluate_count(per_token, env),
+        per_token_bytes = f.evaluate(per_token, env)  # DeepSeek V4's: a Rational where m does not divide
+        row.update(weights=weights,
+                   kv_bytes_per_token=int(per_token_bytes) if per_token_bytes.is_Integer else per_token_bytes,
                    state_bytes_per_sequence=f.evaluate_count(costs.state_formula(config), env),
                    free=max(free, 0))
         if free <= 0:
