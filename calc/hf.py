@@ -996,9 +996,19 @@ def deepseek_v4_body(r: Reader) -> Fields:
         "vocab_size": r.integer("vocab_size"), "n_ctx": r.integer("max_position_embeddings"),
         "tied_embeddings": r.boolean("tie_word_embeddings", False), "q_lora_rank": r.integer("q_lora_rank"),
         "n_experts": r.integer("n_routed_experts"), "experts_per_token": r.integer("num_experts_per_tok"),
-        "n_shared_experts": r.count("n_shared_experts"), "d_expert": d_e, "router_bias": True,
+        "n_shared_experts": _v4_shared_experts(r), "d_expert": d_e, "router_bias": True,
         "attention_sinks": True, "qkv_bias": False, "o_bias": False, "mlp_bias": r.boolean("mlp_bias", False),
     }
+
+
+def _v4_shared_experts(r: Reader) -> int:
+    """DeepseekV4SparseMoeBlock builds one shared expert of ``moe_intermediate_size`` whatever
+    ``n_shared_experts`` says: any other count is refused rather than read as transformers does not."""
+    shared = r.count("n_shared_experts") if r.get("n_shared_experts") is not None else 1
+    if shared != 1:
+        r.invalid("n_shared_experts", f"{shared} is not modelled: DeepseekV4SparseMoeBlock builds one shared "
+                  "expert whatever this says", None)
+    return 1
 
 
 def _v4_rates(r: Reader) -> dict[str, int]:
