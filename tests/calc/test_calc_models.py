@@ -412,6 +412,17 @@ def test_deepseek_v4_costs_equal_the_sum_of_its_kinds():
         assert causal + indexers == row["total"]["prefill_flops"]
 
 
+def test_deepseek_v4_without_its_lists_follows_deepseek_v4_configs_rules():
+    # DeepseekV4Config: two HCA layers, then CSA and HCA in turn; the first 3 layers hash-routed (what the
+    # fixture's saved lists say, and what layer_types reads back)
+    saved = raw("deepseek-v4-transformers-defaults")
+    bare = from_config({k: v for k, v in saved.items() if k not in ("layer_types", "mlp_layer_types")})
+    assert bare == from_config(saved)
+    assert layer_types({k: v for k, v in saved.items() if k != "layer_types"}) == saved["layer_types"]
+    assert bare.compressed is not None
+    assert bare.compressed.hash_layers == saved["mlp_layer_types"].count("hash_moe")
+
+
 def test_deepseek_v4_legacy_keys_read_as_deepseek_v4_config_folds_them():
     # compress_ratios (0/4/128 a layer, cut to the layers), compress_rate_csa/hca and num_hash_layers: what
     # DeepseekV4Config's __post_init__ folds into layer_types, compress_rates and mlp_layer_types
