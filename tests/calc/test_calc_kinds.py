@@ -184,6 +184,38 @@ def test_compressed_layers_by_hand():
         max(4 * 4 + 2 * N, 4 * 4 + 4 * 2 * 2) * 4
 
 
+@pytest.mark.parametrize(("change", "field"), [
+    ({"n_layers": 4}, "compressed"),  # 1 windowed, 1 CSA and 1 HCA layer are not 4 layers
+    ({"n_kv_heads": 2}, "n_kv_heads"),  # one key/value head, which is also the value
+    ({"q_lora_rank": 0}, "q_lora_rank"),  # the indexer reads the query latent
+    ({"n_experts": 0, "experts_per_token": 0, "d_expert": 0}, "compressed.hash_layers"),  # experts everywhere
+    ({"index_topk": 0}, "index_topk"),  # a CSA layer's indexer keeps k_I entries
+    ({"sliding_window": None, "n_window_layers": 0, "n_layers": 2}, "sliding_window"),
+])
+def test_compressed_layout_refuses_by_field(change, field):
+    import dataclasses
+
+    from calc.config import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        dataclasses.replace(compressed(), **change)
+    assert err.value.field == field
+
+
+def test_compressed_shape_refuses_by_field():
+    from calc.config import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        CompressedAttention(csa_layers=1, hca_layers=1, csa_rate=0, hca_rate=3, out_groups=2, out_rank=4,
+                            hc_mult=2, hash_layers=0)
+    assert err.value.field == "compressed.csa_rate"
+    with pytest.raises(ConfigError) as err:
+        compressed().__class__(**{**compressed().__dict__, "compressed": CompressedAttention(
+            csa_layers=1, hca_layers=1, csa_rate=2, hca_rate=3, out_groups=3, out_rank=4, hc_mult=2,
+            hash_layers=0)})
+    assert err.value.field == "compressed.out_groups"  # 3 groups do not split 2 heads
+
+
 def delta_rule_ops(d_k: int, d_v: int) -> int:
     """FLOPs of one token of the gated delta rule on one value head, counted operation by operation:
     u = S·k, S ← α·S, S ← S + β·(v − α·u)·kᵀ, o = S·q."""
