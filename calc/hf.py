@@ -1067,6 +1067,10 @@ def deepseek_v4_layers(r: Reader, fields: Fields) -> Fields:
         notes.append(f"num_nextn_predict_layers = {r.get('num_nextn_predict_layers')}: transformers builds "
                      "no multi-token-prediction layer (its checkpoint weights are skipped), so calc counts "
                      "none")
+    if hash_layers:
+        notes.append(f"{hash_layers} hash-routed layers: a token runs the k_E experts its row of the saved "
+                     "token → experts table names (V × k_E entries, counted in the total and, like an "
+                     "embedding table, in the active count), so active counts k_E experts there as elsewhere")
     csa = kinds["compressed_sparse_attention"]
     fields = {**fields, "sliding_window": r.integer("sliding_window"),
               "n_window_layers": kinds["sliding_attention"],
