@@ -396,6 +396,21 @@ def test_deepseek_v4_kv_cache_by_hand():
     assert early["bytes"] == (2 * hca_early + 2 * csa_early + 2 * 3 * d_k) * b
 
 
+def test_deepseek_v4_largest_context_is_the_longest_whose_every_prefix_fits():
+    # the cache falls when a window closes (the tokens in progress, a key and a gate each, become one entry),
+    # so the longest context is one less than the first length that does not fit, found here by walking
+    from itertools import pairwise
+
+    from calc import serving
+
+    config = from_config(_v4())
+    bytes_at = [serving.sequence_bytes(config, n, 2, 1) for n in range(1, 200)]
+    assert any(later < earlier for earlier, later in pairwise(bytes_at))
+    for free in range(bytes_at[0], bytes_at[-1], 1009):
+        first_over = next(n for n, held in enumerate(bytes_at, start=1) if held > free)
+        assert serving.largest_context(config, free, 2, 1) == first_over - 1
+
+
 def test_deepseek_v4_costs_equal_the_sum_of_its_kinds():
     from calc import kinds
 
