@@ -106,6 +106,35 @@ class Mamba2:
 
 
 @dataclass(frozen=True)
+class CompressedAttention:
+    """DeepSeek V4's attention (DeepseekV4Attention): every layer attends to its last w tokens through one
+    key that is also the value (a head of d_k, normed, projected from d), queries through a LoRA of rank r_q,
+    and a grouped output projection (G_o groups of h/G_o heads down to r_o each, then G_o·r_o → d). Beside the
+    window, a layer may read compressed entries: a heavily compressed one (HCA) pools each m_h tokens into one
+    entry of d_k and attends to every entry; a compressed sparse one (CSA) pools 2·m_c tokens at a stride of
+    m_c and attends to the k_I entries its indexer (h_I heads of d_I, its own pooled keys) scores highest.
+    Around attention and the MLP, hyper-connections keep n_hc streams of d; the first L_hash layers route by a
+    saved token → experts table instead of a learned top-k."""
+
+    csa_layers: int  # L_csa
+    hca_layers: int  # L_hca
+    csa_rate: int  # m_c (4)
+    hca_rate: int  # m_h (128)
+    out_groups: int  # G_o
+    out_rank: int  # r_o
+    hc_mult: int  # n_hc
+    hash_layers: int  # L_hash
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("csa_layers", "hca_layers", "hash_layers"):
+                check_count(f"compressed.{f.name}", value)
+            else:
+                check_positive(f"compressed.{f.name}", value)
+
+
+@dataclass(frozen=True)
 class Config:
     """One decoder-only transformer; field names are the JSON keys of ``config``."""
 
@@ -166,6 +195,7 @@ class Config:
     mamba: Mamba | None = None  # the shape of its Mamba layers
     mamba2: Mamba2 | None = None  # or of its Mamba-2 layers (Nemotron-H)
     n_mamba_layers: int = 0  # L_m: Mamba or Mamba-2 layers (no KV cache)
+    compressed: CompressedAttention | None = None  # DeepSeek V4's windowed, compressed and sparse attention
     # L_0: layers without an MLP. Nemotron-H's blocks hold one mixer or one MLP each: calc counts a layer per
     # mixer (attention or Mamba-2) and gives its MLP blocks to as many of them, the same weights and costs
     n_mlp_free_layers: int = 0
@@ -232,6 +262,7 @@ class Config:
         self._check_layer_kinds()
         self._check_split()
         self._check_experts()
+        self._check_compressed()
         if self.kv_lora_rank and not 0 < self.d_rope < self.d_head:
             raise ConfigError("d_rope", f"must be between 1 and d_head - 1 = {self.d_head - 1} for MLA, "
                               f"got {self.d_rope}")
@@ -340,6 +371,36 @@ class Config:
             raise ConfigError("n_dense_layers", f"{self.n_dense_layers} leaves no MoE layer of the "
                               f"{self.n_mlp_layers} with an MLP")
 
+    def _check_compressed(self) -> None:
+        """DeepSeek V4: its windowed layers and its CSA and HCA layers are all its layers; one key/value head
+        (the key is the value); a query LoRA (the indexer reads it); experts on every layer."""
+        c = self.compressed
+        if c is None:
+            return
+        if self.n_window_layers + c.csa_layers + c.hca_layers != self.n_layers:
+            raise ConfigError("compressed", f"{self.n_window_layers} windowed, {c.csa_layers} CSA and "
+                              f"{c.hca_layers} HCA layers are not the {self.n_layers} layers")
+        if self.sliding_window is None:
+            raise ConfigError("sliding_window", "missing: every layer of compressed attention has a window")
+        if self.n_kv_heads != 1:
+            raise ConfigError("n_kv_heads", "compressed attention has one key/value head, got "
+                              f"{self.n_kv_heads}")
+        if not self.q_lora_rank or self.is_mla:
+            raise ConfigError("q_lora_rank", "compressed attention projects its queries through a LoRA "
+                              "(and is not MLA)")
+        if (self.n_heads * self.d_head) % c.out_groups or self.n_heads % c.out_groups:
+            raise ConfigError("compressed.out_groups", f"{c.out_groups} groups do not split the "
+                              f"{self.n_heads} heads")
+        if c.csa_layers:
+            for name in ("index_topk", "index_heads", "index_head_dim"):
+                check_positive(name, getattr(self, name))
+        if not self.is_moe or self.n_dense_layers or c.hash_layers > self.n_layers:
+            raise ConfigError("compressed.hash_layers", f"{c.hash_layers} hash-routed layers of "
+                              f"{self.n_layers}, with experts on every layer, are what is modelled")
+        if self.n_chunked_layers or self.n_sparse_layers or self.n_linear_layers or self.n_mamba_layers \
+                or self.split_attention or self.general_gqa:
+            raise ConfigError("compressed", "is modelled beside windowed layers only")
+
     @property
     def attention_width(self) -> int:
         """h·d_k, the width of the concatenated heads (= d_model for every preset but two)."""
@@ -357,8 +418,19 @@ class Config:
 
     @property
     def n_full_layers(self) -> int:
-        """Attention layers that see every earlier key: neither windowed, chunked nor sparse."""
-        return self.n_attention_layers - self.n_window_layers - self.n_chunked_layers - self.n_sparse_layers
+        """Attention layers that see every earlier key: neither windowed, chunked, sparse nor compressed."""
+        return (self.n_attention_layers - self.n_window_layers - self.n_chunked_layers - self.n_sparse_layers
+                - self.n_csa_layers - self.n_hca_layers)
+
+    @property
+    def n_csa_layers(self) -> int:
+        """DeepSeek V4's compressed sparse attention layers (L_csa)."""
+        return self.compressed.csa_layers if self.compressed is not None else 0
+
+    @property
+    def n_hca_layers(self) -> int:
+        """DeepSeek V4's heavily compressed attention layers (L_hca)."""
+        return self.compressed.hca_layers if self.compressed is not None else 0
 
     @property
     def general_gqa(self) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sympy import Expr, Integer, Rational
+from sympy import Expr, Integer, Max, Min, Rational
 
 from calc import formulas as f
 from calc.ledger import evaluate_layers, non_embedding, values
@@ -46,10 +46,15 @@ def _at(expr: Expr, config: Config, **extra: int) -> int:
 
 
 def largest_head_entries(config: Config) -> Expr:
-    """Entries of the largest head's pattern: n² where any attention layer sees every key, else
+    """Entries of the largest head's pattern: n² where any attention layer sees every key, else (DeepSeek
+    V4) n·(min(n, w) + the pooled entries a query reads), the larger of its CSA and HCA layers', else
     n·min(n, w) where layers have a window (a query sees at most w keys), else the chunks' blocks."""
     if config.n_full_layers:
         return f.entries_per_head
+    if config.n_csa_layers or config.n_hca_layers:
+        pooled = [entries for layers, entries in ((config.n_csa_layers, Min(f.csa_entries, f.k_I)),
+                                                  (config.n_hca_layers, f.hca_entries)) if layers]
+        return f.n * (Min(f.n, f.w) + Max(*pooled))
     if config.n_window_layers:
         return f.windowed_entries_per_head
     return f.chunked_entries_per_head if config.n_chunked_layers else f.sparse_entries_per_head
@@ -119,11 +124,26 @@ def kv_cache_formulas(config: Config) -> tuple[Expr, Expr]:
     of g heads per layer (GQA), or MLA's latent and rotary key; window layers hold at most w tokens."""
     if config.is_mla:
         return f.kv_cache_bytes_per_token_mla, f.kv_cache_bytes_mla
+    if config.compressed is not None:  # DeepSeek V4: the pooled entries per token; windows, entries, buffers
+        return f.kv_cache_bytes_per_token_compressed, f.kv_cache_bytes_compressed
     if config.general_gqa:
         return f.kv_cache_bytes_per_token_dv, f.kv_cache_bytes_dv
     if config.split_attention:  # Gemma 4: each kind of layer its own K/V shape, shared layers none
         return f.kv_cache_bytes_per_token_split, f.kv_cache_bytes_split
     return f.kv_cache_bytes_per_token, f.kv_cache_bytes
+
+
+def per_token_bytes(expr: Expr, config: Config, **extra: int) -> int | Rational:
+    """KV cache bytes per token: an int, or the exact Rational where DeepSeek V4's pooled entries (an entry
+    of d_k every m tokens) do not make a whole number."""
+    env = values(config)
+    env.update({getattr(f, name): value for name, value in extra.items()})
+    result = evaluate_layers(expr, env, config)
+    if result.is_Integer:
+        return int(result)
+    if config.compressed is None:
+        raise ValueError(f"{expr} is not a whole number for {config.name}: {result}")
+    return result
 
 
 def state_formula(config: Config) -> Expr:
@@ -142,7 +162,7 @@ def kv_cache(config: Config, seqs: Sequence[int], dtype: str) -> dict[str, Any]:
     full context and at each n, sliding-window layers holding at most their window."""
     size = DTYPE_BYTES[dtype]
     per_token_expr, held = kv_cache_formulas(config)
-    per_token = _at(per_token_expr, config, b=size)
+    per_token = per_token_bytes(per_token_expr, config, b=size)
     return {
         "dtype": dtype,
         "bytes_per_value": size,

@@ -49,6 +49,14 @@ FORMULAS: tuple[tuple[str, Expr | str], ...] = (
     ("per-layer embedding table (Gemma 4)", f.per_layer_embedding),
     ("per-layer inputs: projections and their norm (Gemma 4)", f.per_layer_inputs),
     ("a saved scalar per layer (Gemma 4)", f.layer_scalars),
+    ("attention: query LoRA, one key that is the value, grouped output (DeepSeek V4)", f.v4_attention),
+    ("its query-latent and key norms (DeepSeek V4)", f.v4_attention_norms),
+    ("HCA layers' compressors (DeepSeek V4)", f.v4_hca_compressors),
+    ("CSA layers' compressors (DeepSeek V4)", f.v4_csa_compressors),
+    ("CSA layers' indexers (DeepSeek V4)", f.v4_csa_indexers),
+    ("hyper-connections, in each layer and before the head (DeepSeek V4)", f.v4_hyper_connections),
+    ("score correction on the learned-routing layers (DeepSeek V4)", f.v4_router_bias),
+    ("token → experts tables of the hash-routed layers (DeepSeek V4)", f.v4_hash_tables),
     ("MLP biases, dense", f.mlp_dense_bias),
     ("MLP biases, gated", f.mlp_gated_bias),
     ("MLP biases of an MoE model's dense layers and shared experts, dense", f.moe_mlp_dense_bias),
@@ -101,6 +109,10 @@ FORMULAS: tuple[tuple[str, Expr | str], ...] = (
     ("KV cache bytes per token, full layers of d_kf and g_f, none on the L_x (Gemma 4)",
      f.kv_cache_bytes_per_token_split),
     ("KV cache bytes at n, full layers of d_kf and g_f, none on the L_x (Gemma 4)", f.kv_cache_bytes_split),
+    ("KV cache bytes per token, the pooled entries once every window is full (DeepSeek V4)",
+     f.kv_cache_bytes_per_token_compressed),
+    ("KV cache bytes at n as DeepseekV4HCACache and DeepseekV4CSACache hold it (DeepSeek V4)",
+     f.kv_cache_bytes_compressed),
     ("MLA cache bytes per token", f.kv_cache_bytes_per_token_mla),
     ("MLA cache bytes at n", f.kv_cache_bytes_mla),
     ("naive bytes moved per model", f.naive_bytes_per_model),
@@ -164,7 +176,9 @@ SYMBOLS = (
     "groups sharing B and C); L_0 layers without an MLP (Nemotron-H); g_w key/value heads of a windowed "
     "layer (MiMo-V2-Flash); Z zero experts (LongCat-Flash); full-attention layers of heads of d_kf with g_f "
     "key/value heads, L_x layers (L_xw windowed, L_xf = L_x − L_xw full) reusing an earlier layer's keys "
-    "and values, per-layer inputs of d_p from a table of V_p rows (Gemma 4). Training: micro-batch "
+    "and values, per-layer inputs of d_p from a table of V_p rows (Gemma 4); L_csa compressed sparse and "
+    "L_hca heavily compressed attention layers pooling m_c and m_h tokens an entry, an output in G_o groups "
+    "of rank r_o, n_hc hyper-connection streams, L_hash routed by hash (DeepSeek V4). Training: micro-batch "
     "b_m, tensor-parallel degree t, N_d data-parallel devices, P parameters a tensor-parallel rank holds at "
     "b_w, b_g, b_o bytes each of weights, gradients and optimizer states (ZeRO's K). Activations kept: "
     "b bytes a value, c_up 1 where b < 4 (casts to fp32 are then copies), s_1 1 for a micro-batch of one, "

@@ -19,6 +19,9 @@
     d_kf  head width of a full-attention layer, g_f its key/value heads (Gemma 4: 512, and g)
     L_x   layers that reuse an earlier layer's keys and values (L_xw of them windowed; Gemma 4)
     d_p   per-layer input width, V_p its vocabulary (Gemma 4's per-layer embeddings)
+    L_csa, L_hca  compressed sparse and heavily compressed attention layers pooling m_c, m_h tokens an
+          entry (DeepSeek V4; G_o output groups of rank r_o, n_hc hyper-connection streams, L_hash layers
+          routed by a token's hash)
     b_m   micro-batch            t     tensor-parallel degree   N_d  data-parallel devices   P  parameters
     b_w, b_g, b_o  bytes a parameter of weights, gradients and optimizer states (ZeRO's K)
 
@@ -32,7 +35,7 @@ import itertools
 from collections import Counter
 from collections.abc import Mapping
 
-from sympy import Expr, Integer, Min, Rational, Symbol, ceiling, summation, symbols, sympify
+from sympy import Expr, Integer, Min, Mod, Rational, Symbol, ceiling, floor, summation, symbols, sympify
 
 d, h, d_k, g, d_ff, L, V, n, n_ctx, b, B = symbols(
     "d h d_k g d_ff L V n n_ctx b B", positive=True, integer=True
@@ -61,10 +64,15 @@ L_0 = Symbol("L_0", nonnegative=True, integer=True)
 # windowed) reuse an earlier layer's keys and values; per-layer inputs of d_p from a table of V_p rows.
 d_kf, g_f, d_p, V_p = symbols("d_kf g_f d_p V_p", positive=True, integer=True)
 L_x, L_xw = symbols("L_x L_xw", nonnegative=True, integer=True)
+# DeepSeek V4: L_csa compressed sparse and L_hca heavily compressed attention layers (the rest of its L are
+# windowed, L_w), pooling m_c and m_h tokens into an entry; an output projection of G_o groups of rank r_o;
+# hyper-connections of n_hc streams; the first L_hash layers routed by a saved token → experts table.
+L_csa, L_hca, L_hash = symbols("L_csa L_hca L_hash", nonnegative=True, integer=True)
+m_c, m_h, G_o, r_o, n_hc = symbols("m_c m_h G_o r_o n_hc", positive=True, integer=True)
 # Layers by kind: L_a = L − L_lin − L_m have softmax attention (linear-attention and Mamba layers hold a
 # fixed-size state and no KV cache); of those, L_w are windowed, L_c chunked and L_s sparse (top-k), and the
 # rest see every key.
-L_full = L_a - L_w - L_c - L_s
+L_full = L_a - L_w - L_c - L_s - L_csa - L_hca
 
 # --- Source ledger: weight matrices only, embedding and unembedding both counted --------------------
 # Query and output projections are h·d_k wide; key and value projections g·d_k (grouped-query
@@ -199,6 +207,26 @@ mla_norms = L_a * (r_q + r_kv)
 # each of its heads per token (d → h_I).
 indexer_per_layer = r_q * h_I * d_I + d * d_I + 2 * d_I + d * h_I
 
+# DeepSeek V4 (DeepseekV4Attention, per layer): queries down to r_q (normed) and up to h heads of d_k; one key
+# of d_k that is also the value (normed); the output grouped: G_o groups of h/G_o heads each down to r_o
+# (r_o·h·d_k in all), then G_o·r_o → d. Sinks are attention_sinks (L_a·h).
+v4_attention = L_a * (d * r_q + r_q * h * d_k + d * g * d_k + r_o * h * d_k + G_o * r_o * d)
+v4_attention_norms = L_a * (r_q + g * d_k)
+# An HCA layer's compressor: a key and a gate d → d_k, a position bias of m_h × d_k, a norm of d_k. A CSA
+# layer's: the same at 2·d_k (two overlapping series), its norm d_k; and its indexer: the same at d_I, its
+# queries from the query latent (r_q → h_I·d_I) and its heads' weights (d → h_I).
+v4_hca_compressors = L_hca * (2 * d * d_k + m_h * d_k + d_k)
+v4_csa_compressors = L_csa * (4 * d * d_k + 2 * m_c * d_k + d_k)
+v4_csa_indexers = L_csa * (4 * d * d_I + 2 * m_c * d_I + d_I + r_q * h_I * d_I + d * h_I)
+# Hyper-connections (DeepseekV4HyperConnection): before attention and before the MLP, a projection of the n_hc
+# streams (n_hc·d) to (2 + n_hc)·n_hc mixing weights, their bias and 3 scales; the head's: n_hc·d → n_hc, its
+# bias and 1 scale.
+v4_hyper_connections = (2 * L * ((2 + n_hc) * n_hc * (n_hc * d + 1) + 3) + n_hc * (n_hc * d + 1) + 1)
+# The router's score correction (a saved buffer) on the learned-routing layers only; the L_hash layers instead
+# save a table of each token's k_E experts (V × k_E, int64 in the checkpoint, counted as entries).
+v4_router_bias = (L - L_hash) * E
+v4_hash_tables = L_hash * V * k_E
+
 # Gated DeltaNet (Qwen3-Next's linear attention, per layer): the fused input projection to q, k (h_lk heads
 # of d_lk), v and the output gate z (h_lv heads of d_lv); the projection to the per-head decay a and
 # write strength b; a depthwise causal convolution of K taps over q, k and v (no bias); per-head decay
@@ -245,11 +273,18 @@ sparse_entries_per_head = n * Min(n, k_I)
 # in progress). Linear-attention and Mamba layers attend to no keys. The KV cache holds keys_cached
 # token·layers: the same, except that a sparse layer keeps every token (its indexer scores them all) and
 # attends to k_I.
-keys_seen = L_full * n + L_w * Min(n, w) + L_c * Min(n, C) + L_s * Min(n, k_I)
-keys_cached = L_full * n + L_w * Min(n, w) + L_c * Min(n, C) + L_s * n
+# DeepSeek V4: a CSA or HCA layer sees its window and the entries pooled so far, ⌊n/m⌋ (a CSA layer the k_I
+# of them its indexer selects) and caches those entries (a CSA layer its indexer's too: calc.costs).
+csa_entries = floor(n / m_c)
+hca_entries = floor(n / m_h)
+keys_seen = (L_full * n + L_w * Min(n, w) + L_c * Min(n, C) + L_s * Min(n, k_I)
+             + L_csa * (Min(n, w) + Min(csa_entries, k_I)) + L_hca * (Min(n, w) + hca_entries))
+keys_cached = (L_full * n + L_w * Min(n, w) + L_c * Min(n, C) + L_s * n
+               + L_csa * (Min(n, w) + csa_entries) + L_hca * (Min(n, w) + hca_entries))
 # One head's pattern, summed over the attention layers.
 layer_entries = (L_full * n**2 + L_w * n * Min(n, w) + L_c * chunked_entries_per_head
-                 + L_s * sparse_entries_per_head)
+                 + L_s * sparse_entries_per_head + L_csa * n * (Min(n, w) + Min(csa_entries, k_I))
+                 + L_hca * n * (Min(n, w) + hca_entries))
 entries_per_model = h * layer_entries
 # A tiled kernel holds one B×B tile of scores plus each row's running max and sum (2 values per
 # query) for the head it is working on, never the n×n pattern (Dao et al. 2022, Algorithm 1).
@@ -269,9 +304,22 @@ windowed_causal_entries = Min(n, w) * (Min(n, w) + 1) / 2 + (n - Min(n, w)) * w
 chunked_causal_entries = m_C * C * (C + 1) / 2 + r_C * (r_C + 1) / 2
 # Top-k: query i attends to min(i + 1, k_I) keys, the window's count with k_I for w.
 sparse_causal_entries = Min(n, k_I) * (Min(n, k_I) + 1) / 2 + (n - Min(n, k_I)) * k_I
+
+
+def pooled_causal_entries(rate: Expr, cap: Expr | None = None) -> Expr:
+    """Entries a causal pass reads of pooled keys (DeepSeek V4): query i sees the ⌊(i + 1)/m⌋ entries whose
+    windows have closed (at most ``cap``, the top-k a CSA layer keeps). With c = min(⌊n/m⌋, cap), queries
+    j·m − 1 … (j + 1)·m − 2 see j each for j < c, and the n − c·m + 1 from c·m − 1 on see c: m·c(c − 1)/2 +
+    c·(n − c·m + 1)."""
+    c = floor(n / rate) if cap is None else Min(floor(n / rate), cap)
+    return rate * c * (c - 1) / 2 + c * (n - c * rate + 1)
+
+
+csa_causal_entries = windowed_causal_entries + pooled_causal_entries(m_c, k_I)
+hca_causal_entries = windowed_causal_entries + pooled_causal_entries(m_h)
 causal_flops_per_model = h * (2 * d_k + 2 * d_v) * (
     L_full * n * (n + 1) / 2 + L_w * windowed_causal_entries + L_c * chunked_causal_entries
-    + L_s * sparse_causal_entries
+    + L_s * sparse_causal_entries + L_csa * csa_causal_entries + L_hca * hca_causal_entries
 )
 
 # Forward FLOPs per token with N non-embedding parameters (a symbol of its own, since N is itself
@@ -297,6 +345,21 @@ kv_cache_bytes_dv = (g * (keys_cached - L_w * Min(n, w)) + g_w * L_w * Min(n, w)
 # L_x layers that reuse another layer's.
 kv_cache_bytes_per_token_split = ((L_w - L_xw) * 2 * g * d_k + (L_full - L_xf) * 2 * g_f * d_kf) * b
 kv_cache_bytes_split = ((L_w - L_xw) * 2 * g * d_k * Min(n, w) + (L_full - L_xf) * 2 * g_f * d_kf * n) * b
+# DeepSeek V4 as transformers caches it (DeepseekV4HCACache, DeepseekV4CSACache): a windowed layer keeps its
+# last w − 1 keys and values (2·d_k a token, one head); a CSA or HCA layer its last w − 1 keys, which are its
+# values (one tensor, d_k a token), the entries pooled so far (d_k each; a CSA layer also its indexer's, d_I),
+# the n mod m tokens of the window in progress (a key and a gate each: 2·d_k an HCA layer, 2·2·d_k and 2·2·d_I
+# a CSA layer) and, once a window closed, a CSA layer's overlap with the next: m_c keys at b bytes and m_c
+# gates in fp32 (the gates plus the fp32 position bias), of d_k and of d_I.
+v4_window_cached = Min(n, w - 1)
+hca_layer_cache = b * d_k * (v4_window_cached + hca_entries + 2 * Mod(n, m_h))
+csa_layer_cache = (b * (d_k * v4_window_cached + (d_k + d_I) * (csa_entries + 4 * Mod(n, m_c)))
+                   + m_c * (d_k + d_I) * (b + 4) * Min(csa_entries, 1))
+kv_cache_bytes_compressed = (L_w * 2 * d_k * v4_window_cached * b + L_hca * hca_layer_cache
+                             + L_csa * csa_layer_cache)
+# Per token, once every window is full: the pooled entries, d_k every m_h tokens an HCA layer, d_k + d_I every
+# m_c tokens a CSA layer (a Rational where m does not divide them).
+kv_cache_bytes_per_token_compressed = (L_hca * d_k / m_h + L_csa * (d_k + d_I) / m_c) * b
 # MLA caches one latent of r_kv and one shared rotary key of d_r per layer and token, not K and V per
 # head: the up-projections are applied to the cache (or absorbed into W_Q and W_O) at attention time. A sparse
 # layer also caches its indexer's key, d_I a token (transformers' DynamicIndexedLayer).
@@ -451,7 +514,7 @@ step_weight_bytes = b_w * (P_s + (L - L_d) * experts_touched * p_e)
 
 # MHA, d = h·d_k, one kind (and one head width, no layer reusing another's keys and values)
 GPT_SHAPE = {g: h, d_k: d / h, d_v: d / h, L_a: L, L_w: 0, L_c: 0, L_s: 0,
-             d_kf: d / h, g_f: h, L_x: 0, L_xw: 0}
+             d_kf: d / h, g_f: h, L_x: 0, L_xw: 0, L_csa: 0, L_hca: 0}
 
 
 def chunk_values(n_tokens: int, chunk: int) -> dict[Symbol, int]:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from calc.config import Config, ConfigError, GatedDeltaNet, Mamba, Mamba2
+from calc.config import CompressedAttention, Config, ConfigError, GatedDeltaNet, Mamba, Mamba2
 from calc.vision import vision_tower
 
 _MISSING = object()
@@ -978,6 +978,128 @@ def gemma4_experts(r: Reader, fields: Fields) -> Fields:
                   "d_expert": r.integer("moe_intermediate_size"), **extra}, note)
 
 
+V4_KINDS = ("sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention")
+V4_LEGACY_RATES = {0: "sliding_attention", 4: "compressed_sparse_attention",
+                   128: "heavily_compressed_attention"}
+
+
+def deepseek_v4_body(r: Reader) -> Fields:
+    """DeepSeek V4 (DeepseekV4Config): one key/value head of ``head_dim`` (the key is the value), a query LoRA
+    of ``q_lora_rank``, ``n_routed_experts`` experts and ``n_shared_experts`` shared ones of
+    ``moe_intermediate_size`` on every layer (a router with a score correction, saved), sinks on every
+    layer."""
+    d, n_heads = r.integer("hidden_size"), r.integer("num_attention_heads")
+    d_e = r.integer("moe_intermediate_size")
+    return {
+        "arch": "llama", "n_layers": r.integer("num_hidden_layers"), "d_model": d, "n_heads": n_heads,
+        "d_head": r.integer("head_dim"), "n_kv_heads": r.integer("num_key_value_heads"), "d_ff": d_e,
+        "vocab_size": r.integer("vocab_size"), "n_ctx": r.integer("max_position_embeddings"),
+        "tied_embeddings": r.boolean("tie_word_embeddings", False), "q_lora_rank": r.integer("q_lora_rank"),
+        "n_experts": r.integer("n_routed_experts"), "experts_per_token": r.integer("num_experts_per_tok"),
+        "n_shared_experts": _v4_shared_experts(r), "d_expert": d_e, "router_bias": True,
+        "attention_sinks": True, "qkv_bias": False, "o_bias": False, "mlp_bias": r.boolean("mlp_bias", False),
+    }
+
+
+def _v4_shared_experts(r: Reader) -> int:
+    """DeepseekV4SparseMoeBlock builds one shared expert of ``moe_intermediate_size`` whatever
+    ``n_shared_experts`` says: any other count is refused rather than read as transformers does not."""
+    shared = r.count("n_shared_experts") if r.get("n_shared_experts") is not None else 1
+    if shared != 1:
+        r.invalid("n_shared_experts", f"{shared} is not modelled: DeepseekV4SparseMoeBlock builds one shared "
+                  "expert whatever this says", None)
+    return 1
+
+
+def _v4_rates(r: Reader) -> dict[str, int]:
+    """``compress_rates`` (each compressed kind's tokens an entry), or the legacy ``compress_rate_csa`` and
+    ``compress_rate_hca`` DeepseekV4Config folds into it."""
+    rates = dict(r.get("compress_rates") or {})
+    if not isinstance(r.get("compress_rates") or {}, Mapping):
+        r.invalid("compress_rates", f"must map layer kinds to rates, got {r.get('compress_rates')!r}", None)
+        rates = {}
+    rates = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128, **rates}
+    for kind, legacy in (("compressed_sparse_attention", "compress_rate_csa"),
+                         ("heavily_compressed_attention", "compress_rate_hca")):
+        if r.get(legacy) is not None:
+            rates[kind] = r.integer(legacy)
+    if unknown := sorted(set(rates) - set(V4_KINDS[1:])):
+        r.invalid("compress_rates", f"names {', '.join(unknown)}: only {', '.join(V4_KINDS[1:])} pool", None)
+    for kind in V4_KINDS[1:]:
+        value = rates[kind]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            rates[kind] = int(r.invalid("compress_rates", f"{kind} must be a positive integer, got {value!r}",
+                                        1))
+    return rates
+
+
+def deepseek_v4_layers(r: Reader, fields: Fields) -> Fields:
+    """DeepSeek V4's layers (DeepseekV4Config, DeepseekV4DecoderLayer): ``layer_types`` (or the legacy
+    ``compress_ratios``, 0/4/128 a layer; by default two HCA layers, then CSA and HCA in turn) says which pool
+    their keys (CSA: every ``compress_rates`` tokens into an entry, its indexer of ``index_n_heads`` heads of
+    ``index_head_dim`` keeping ``index_topk``; HCA: every 128 into one, all read); every layer also sees its
+    last ``sliding_window`` tokens. ``o_groups`` and ``o_lora_rank`` shape the grouped output projection,
+    ``hc_mult`` the hyper-connections; ``mlp_layer_types`` (or the legacy ``num_hash_layers``, by default 3)
+    says which layers route by a saved token → experts table (``hash_moe``). The multi-token-prediction layer
+    (``num_nextn_predict_layers``) is not in transformers' model: calc counts none."""
+    n = fields["n_layers"]
+    legacy = r.int_list("compress_ratios", n) if r.get("layer_types") is None else None
+    if legacy is not None:
+        if len(legacy) < n or any(v not in V4_LEGACY_RATES for v in legacy):
+            r.invalid("compress_ratios", f"must give each of the {n} layers 0, 4 or 128, got {legacy!r}",
+                      None)
+            legacy = None
+    else:
+        r.known("compress_ratios")
+    # DeepseekV4Config's rule: two HCA layers, then CSA and HCA in turn (or the legacy rates, cut to n)
+    rule = ([V4_LEGACY_RATES[v] for v in legacy[:n]] if legacy is not None else
+            ["heavily_compressed_attention" if i < 2 or (i - 2) % 2 == 0 else "compressed_sparse_attention"
+             for i in range(n)])
+    kinds = r.layer_kinds(n, V4_KINDS, rule.__getitem__)
+    rates = _v4_rates(r)
+    hash_layers = _v4_hash_layers(r, n)
+    r.refuse("attention_bias", True, "DeepseekV4Attention's projections have no bias whatever it says")
+    r.known("hc_sinkhorn_iters", "hc_eps", "compress_rope_theta", "qk_rope_head_dim",
+            "num_nextn_predict_layers")
+    notes = ["the key is the value: one head of head_dim, projected once, cached once on the compressed "
+             "layers"]
+    if r.get("num_nextn_predict_layers"):
+        notes.append(f"num_nextn_predict_layers = {r.get('num_nextn_predict_layers')}: transformers builds "
+                     "no multi-token-prediction layer (its checkpoint weights are skipped), so calc counts "
+                     "none")
+    if hash_layers:
+        notes.append(f"{hash_layers} hash-routed layers: a token runs the k_E experts its row of the saved "
+                     "token → experts table names (V × k_E entries, counted in the total and, like an "
+                     "embedding table, in the active count), so active counts k_E experts there as elsewhere")
+    csa = kinds["compressed_sparse_attention"]
+    fields = {**fields, "sliding_window": r.integer("sliding_window"),
+              "n_window_layers": kinds["sliding_attention"],
+              "compressed": CompressedAttention(
+                  csa_layers=csa, hca_layers=kinds["heavily_compressed_attention"],
+                  csa_rate=rates["compressed_sparse_attention"],
+                  hca_rate=rates["heavily_compressed_attention"],
+                  out_groups=r.integer("o_groups"), out_rank=r.integer("o_lora_rank"),
+                  hc_mult=r.integer("hc_mult"), hash_layers=hash_layers)}
+    if csa:
+        fields.update(index_topk=r.integer("index_topk"), index_heads=r.integer("index_n_heads"),
+                      index_head_dim=r.integer("index_head_dim"))
+    else:
+        r.known("index_topk", "index_n_heads", "index_head_dim")
+    return noted(fields, *notes)
+
+
+def _v4_hash_layers(r: Reader, n: int) -> int:
+    """Layers routed by the token → experts table: ``hash_moe`` entries of ``mlp_layer_types``, else the first
+    ``num_hash_layers`` (3)."""
+    types = r.get("mlp_layer_types")
+    if types is None:
+        return min(n, r.count("num_hash_layers") if r.get("num_hash_layers") is not None else 3)
+    r.known("num_hash_layers")
+    if not isinstance(types, list) or len(types) != n or set(types) - {"hash_moe", "moe"}:
+        return int(r.invalid("mlp_layer_types", f"must list {n} of 'hash_moe' or 'moe', got {types!r}", 0))
+    return types.count("hash_moe")
+
+
 def qwen2_bias(r: Reader, fields: Fields) -> Fields:
     # Qwen2Attention: q, k, v projections with a bias, o without; attention_bias is not a Qwen2 key.
     return {**fields, "qkv_bias": r.boolean("qkv_bias", True)}
@@ -1216,6 +1338,16 @@ TYPES: dict[str, ModelType] = {
     # GLM-5 (GlmMoeDsaConfig): DeepSeek V3.2's layout with its own sizes
     "glm_moe_dsa": ModelType(parts=(mla, deepseek_experts, dsa_indexer, mla_derived, glm_indexers),
                              features={"router_bias": True}, keys=DSA_KEYS),
+    # DeepSeek V4 (DeepseekV4Config): windowed, CSA and HCA layers, hyper-connections, hash-routed layers
+    "deepseek_v4": ModelType(deepseek_v4_body, parts=(deepseek_v4_layers,),
+                             keys={**LLAMA_KEYS, "d_ff": "moe_intermediate_size",
+                                   "n_experts": "n_routed_experts",
+                                   "experts_per_token": "num_experts_per_tok",
+                                   "d_expert": "moe_intermediate_size", "q_lora_rank": "q_lora_rank",
+                                   "compressed": "layer_types", "compressed.out_groups": "o_groups",
+                                   "compressed.hash_layers": "mlp_layer_types",
+                                   "index_topk": "index_topk", "index_heads": "index_n_heads",
+                                   "index_head_dim": "index_head_dim"}),
     # OLMo 3: OLMo 2 with three sliding-window layers to one full (Olmo3Config's rule; layer_types lists them)
     "olmo3": ModelType(parts=(no_extra_biases, olmo3_window),
                        features={"qk_norm": True, "qk_norm_per_head": True}),

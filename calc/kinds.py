@@ -2,9 +2,10 @@
 
 A layer's kind says how its queries see earlier tokens: every key (``dense``; ``mla`` when it caches MLA's
 latent), the last w (``sliding``), its own chunk of C (``chunked``), the k_I its indexer selects (``sparse``,
-with the indexer, a kind of its own: ``indexer``), or none, through a fixed-size state (``linear``: Gated
-DeltaNet; ``mamba``, ``mamba2``). For each kind, per layer and one sequence, five formulas of
-`calc.formulas`' symbols:
+with the indexer, a kind of its own: ``indexer``), the last w and pooled entries (DeepSeek V4: ``csa``,
+the k_I of the entries of m_c tokens its indexer selects, indexer included; ``hca``, every entry of m_h
+tokens), or none, through a fixed-size state (``linear``: Gated DeltaNet; ``mamba``, ``mamba2``). For each
+kind, per layer and one sequence, five formulas of `calc.formulas`' symbols:
 
 - ``prefill_flops``: the sequence-mixing FLOPs of a causal forward pass over n tokens (QKᵀ and AV of the
   entries a query sees; the indexer's scores; the recurrent state's updates and readouts and the short
@@ -33,7 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sympy import Expr, Integer, Min, Symbol
+from sympy import Expr, Integer, Max, Min, Symbol
 
 from calc import formulas as f
 from calc.config import Config
@@ -110,6 +111,20 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          prefill_flops=indexer_per_entry * causal_entries, score_bytes_naive=f.h_I * f.n**2 * b_I,
          score_bytes_tiled=TILE_BYTES * indexer_tile, cache_bytes=f.d_I * f.n * f.b,
          decode_flops=indexer_per_entry * f.n),
+    Kind("csa", "DeepSeek V4's compressed sparse attention: the last w keys, the k_I of the ⌊n/m_c⌋ pooled "
+         "entries its indexer selects, and the indexer over them all (n·(w + k_I) + n²/m_c)",
+         prefill_flops=per_entry * f.csa_causal_entries + indexer_per_entry * f.pooled_causal_entries(f.m_c),
+         score_bytes_naive=f.h * f.n * (Min(f.n, f.w) + Min(f.csa_entries, f.k_I)) * f.b
+         + f.h_I * f.n * f.csa_entries * b_I,
+         score_bytes_tiled=TILE_BYTES * Max(tile, indexer_tile), cache_bytes=f.csa_layer_cache,
+         decode_flops=per_entry * (Min(f.n, f.w) + Min(f.csa_entries, f.k_I))
+         + indexer_per_entry * f.csa_entries),
+    Kind("hca", "DeepSeek V4's heavily compressed attention: the last w keys and every one of the ⌊n/m_h⌋ "
+         "pooled entries (n·w + n²/m_h)",
+         prefill_flops=per_entry * f.hca_causal_entries,
+         score_bytes_naive=f.h * f.n * (Min(f.n, f.w) + f.hca_entries) * f.b,
+         score_bytes_tiled=TILE_BYTES * tile, cache_bytes=f.hca_layer_cache,
+         decode_flops=per_entry * (Min(f.n, f.w) + f.hca_entries)),
     Kind("linear", "a state of d_lk × d_lv per value head (Gated DeltaNet, O(n))",
          prefill_flops=f.n * deltanet_token, score_bytes_naive=Integer(0), score_bytes_tiled=Integer(0),
          cache_bytes=f.deltanet_state * f.b, decode_flops=deltanet_token),
@@ -128,7 +143,7 @@ def layer_kinds(config: Config) -> dict[str, int]:
     full = "mla" if config.is_mla else "dense"
     counts = {full: config.n_full_layers, "sliding": config.n_window_layers,
               "chunked": config.n_chunked_layers, "sparse": config.n_sparse_layers,
-              "indexer": config.n_sparse_layers,
+              "indexer": config.n_sparse_layers, "csa": config.n_csa_layers, "hca": config.n_hca_layers,
               "linear": config.n_linear_layers,
               "mamba2" if config.mamba2 is not None else "mamba": config.n_mamba_layers}
     return {name: counts[name] for name in KINDS if counts.get(name)}
@@ -161,6 +176,8 @@ def kind_formula(config: Config, kind: str, metric: str) -> Expr:
                                                 n_kv_shared_window_layers=0, shared_mlp_double=False),
                             kind, metric).xreplace({f.d_k: f.d_kf, f.d_v: f.d_kf, f.g: f.g_f})
     if metric == "cache_bytes" and one.held is not None:
+        if config.compressed is not None:  # DeepSeek V4's windowed layers keep w − 1 keys and values
+            return 2 * f.d_k * f.v4_window_cached * f.b
         if config.general_gqa:  # K of d_k and V of d_v, a windowed layer's g_w heads
             heads = f.g_w if kind == "sliding" else f.g
             return heads * (f.d_k + f.d_v) * one.held * f.b

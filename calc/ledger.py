@@ -38,7 +38,12 @@ def values(config: Config) -> dict[Symbol, int]:
         f.d_kf: config.d_head_full or config.d_head, f.g_f: config.n_kv_heads_full or config.n_kv_heads,
         f.L_x: config.n_kv_shared_layers, f.L_xw: config.n_kv_shared_window_layers,
         f.d_p: config.per_layer_input or 1, f.V_p: config.per_layer_vocab or 1,
+        f.L_csa: config.n_csa_layers, f.L_hca: config.n_hca_layers,
     }
+    if config.compressed is not None:
+        c = config.compressed
+        env.update({f.m_c: c.csa_rate, f.m_h: c.hca_rate, f.G_o: c.out_groups, f.r_o: c.out_rank,
+                    f.n_hc: c.hc_mult, f.L_hash: c.hash_layers})
     if config.linear_attention is not None:
         la = config.linear_attention
         env.update({f.h_lk: la.key_heads, f.h_lv: la.value_heads, f.d_lk: la.d_key, f.d_lv: la.d_value,
@@ -83,6 +88,8 @@ def attention_per_layer_formula(config: Config) -> Expr:
     MLA's down and up projections."""
     if config.is_mla:
         return (f.mla_q if config.q_lora_rank else f.mla_q_full) + f.mla_kv + f.mla_o
+    if config.compressed is not None:
+        return f.v4_attention / f.L_a
     if config.attention_output_gate:
         return f.attention_per_layer + f.attention_output_gate
     return f.attention_per_layer_dv if config.general_gqa else f.attention_per_layer
@@ -93,6 +100,8 @@ def attention_formula(config: Config) -> Expr:
     windowed and full layers each of their own shape, the shared ones without K and V)."""
     if config.split_attention:
         return f.attention_split_kv if config.full_values_are_keys else f.attention_split
+    if config.compressed is not None:
+        return f.v4_attention
     extra = f.window_kv_heads if config.n_kv_heads_window else Integer(0)
     return f.L_a * attention_per_layer_formula(config) + extra
 
@@ -178,6 +187,11 @@ def checkpoint_formulas(config: Config) -> dict[str, Expr]:
         parts["latent_norms"] = f.mla_norms if config.q_lora_rank else f.L_a * f.r_kv
     if config.n_sparse_layers:
         parts["indexer"] = f.L_s * f.indexer_per_layer
+    if config.compressed is not None:
+        parts["latent_norms"] = f.v4_attention_norms
+        parts.update({"hca_compressors": f.v4_hca_compressors, "csa_compressors": f.v4_csa_compressors,
+                      "csa_indexers": f.v4_csa_indexers, "hyper_connections": f.v4_hyper_connections,
+                      "hash_tables": f.v4_hash_tables})
     parts.update(state_layer_formulas(config))
     if config.mamba is not None:
         extra = ((config.mamba.conv_bias, f.mamba_conv_bias), (config.mamba.proj_bias, f.mamba_proj_bias),
@@ -201,7 +215,8 @@ def checkpoint_formulas(config: Config) -> dict[str, Expr]:
         biases = ((f.moe_mlp_gated_bias, f.moe_mlp_dense_bias) if config.is_moe
                   else (f.mlp_gated_bias, f.mlp_dense_bias))
         parts["mlp_bias"] = mlp_layers(config, biases[0] if config.mlp_gated else biases[1])
-    for on, name, expr in ((config.router_bias, "router_bias", f.moe_router_bias),
+    router_bias = f.v4_router_bias if config.compressed is not None else f.moe_router_bias
+    for on, name, expr in ((config.router_bias, "router_bias", router_bias),
                            (bool(config.n_zero_experts), "zero_experts_router", f.moe_zero_experts),
                            (config.expert_bias, "expert_biases", f.moe_expert_biases),
                            (config.shared_expert_gate, "shared_expert_gate", f.moe_shared_expert_gate)):

@@ -40,7 +40,7 @@ FEATURE_KEYS = (
     "d_head_full", "n_kv_heads_full", "full_values_are_keys", "n_kv_shared_layers",
     "n_kv_shared_window_layers",
     "shared_mlp_double", "per_layer_input", "per_layer_vocab", "layer_scalar",
-    "n_zero_experts",
+    "n_zero_experts", "compressed",
     # added with the activations per layer kind (calc.activations)
     "d_rotary", "parallel_block", "activation",
 )
@@ -175,8 +175,11 @@ def to_json(report: dict[str, Any]) -> str:
 
 
 # --- human units -----------------------------------------------------------------------------------
-def count(x: int) -> str:
-    return f"{x:,}"
+def count(x: int | Rational) -> str:
+    """x with thousands separators; an exact fraction (DeepSeek V4's cache bytes a token) to two places."""
+    if isinstance(x, Rational) and not x.is_Integer:
+        return f"{float(x):,.2f}"
+    return f"{int(x):,}" if isinstance(x, Rational) else f"{x:,}"
 
 
 def _trim(x: float, digits: int) -> str:
@@ -317,6 +320,10 @@ def _ledger(report: dict[str, Any]) -> Table:
                      + ("d·g_f·d_kf (no V)" if cfg["full_values_are_keys"] else "2·d·g_f·d_kf")
                      + " on a full one; 2·d·h·d_k or 2·d·h·d_kf (Q and O only) on the L_x that reuse keys "
                      "and values")
+    if cfg["compressed"]:
+        attention = ("d·r_q + r_q·h·d_k (Q) + d·d_k (one key, the value) + r_o·h·d_k + G_o·r_o·d "
+                     "(grouped O); the compressors, indexers and hyper-connections are in the checkpoint's "
+                     "rows")
     if cfg["shared_mlp_double"]:
         mlp += f"; 2·d_ff on the last {cfg['n_kv_shared_layers']} layers"
     if cfg["per_layer_input"]:
@@ -523,6 +530,10 @@ def _kv(report: dict[str, Any]) -> Table:
     if cfg["d_head_full"] or cfg["n_kv_shared_layers"] or cfg["full_values_are_keys"]:
         per_token = "((L_w − L_xw)·2·g·d_k + (L_a − L_w − L_xf)·2·g_f·d_kf)·b"
         heads = split_heads(cfg)
+    if cfg["compressed"]:
+        per_token = ("(L_hca·d_k/m_h + L_csa·(d_k + d_I)/m_c)·b (the pooled entries, once every window is "
+                     "full)")
+        heads = compressed_cache(cfg)
     return Table(
         title=f"KV cache, {kv['dtype']} ({size} bytes a value): {per_token} bytes per token",
         headers=("n", "bytes", ""),
@@ -751,6 +762,16 @@ def feature_lines(cfg: dict[str, Any]) -> list[str]:
     if cfg["per_layer_input"]:
         parts.append(f"per-layer embeddings of d_p = {cfg['per_layer_input']} (V_p = "
                      f"{count(cfg['per_layer_vocab'])})")
+    if cfg["compressed"]:
+        c = cfg["compressed"]
+        parts.append(f"compressed attention (DeepSeek V4): a window of {count(cfg['sliding_window'])} on "
+                     f"every layer; {c['csa_layers']} CSA layers (an entry every {c['csa_rate']} tokens, the "
+                     f"top {count(cfg['index_topk'])} by an indexer of {cfg['index_heads']} heads of "
+                     f"{cfg['index_head_dim']}), {c['hca_layers']} HCA layers (an entry every "
+                     f"{c['hca_rate']}), "
+                     f"{cfg['n_window_layers']} windowed only; one key that is the value; output in "
+                     f"{c['out_groups']} groups of rank {c['out_rank']}; hyper-connections of {c['hc_mult']} "
+                     f"streams; {c['hash_layers']} hash-routed layers")
     if cfg["n_chunked_layers"]:
         parts.append(f"chunked attention ({count(cfg['attention_chunk'])}) on {cfg['n_chunked_layers']} of "
                      f"{cfg['n_layers']} layers")
@@ -772,6 +793,17 @@ def feature_lines(cfg: dict[str, Any]) -> list[str]:
     if cfg["norms_per_layer"] != 2:
         parts.append(f"{plural(cfg['norms_per_layer'], 'norm')} per layer")
     return [f"features: {'; '.join(parts)}"] if parts else []
+
+
+def compressed_cache(cfg: dict[str, Any]) -> str:
+    """DeepSeek V4's caches as transformers keeps them (DeepseekV4HCACache, DeepseekV4CSACache)."""
+    c = cfg["compressed"]
+    return (f"each layer's last w − 1 = {cfg['sliding_window'] - 1} keys of d_k = {cfg['d_head']}, its "
+            f"values (one tensor on the {c['csa_layers'] + c['hca_layers']} compressed layers, two on the "
+            f"{cfg['n_window_layers']} windowed); an entry of d_k every m_h = {c['hca_rate']} tokens on "
+            f"{c['hca_layers']} HCA layers, of d_k + d_I = {cfg['d_head']} + {cfg['index_head_dim']} every "
+            f"m_c = {c['csa_rate']} on {c['csa_layers']} CSA layers; the tokens of the window in progress (a "
+            "key and a gate each) and a CSA layer's overlap with the next window (its gates in fp32)")
 
 
 def split_heads(cfg: dict[str, Any]) -> str:

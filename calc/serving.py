@@ -91,7 +91,40 @@ def largest_context(config: Config, free: int, kv_bytes: int, tp: int) -> int | 
     while high - low > 1:
         mid = (low + high) // 2
         low, high = (mid, high) if sequence_bytes(config, mid, kv_bytes, tp) <= free else (low, mid)
-    return low
+    return _every_prefix_fits(config, free, kv_bytes, tp, low)
+
+
+def _every_prefix_fits(config: Config, free: int, kv_bytes: int, tp: int, found: int) -> int:
+    """``found`` (sequence_bytes(found) ≤ free < sequence_bytes(found + 1)), or less where an earlier
+    prefix does not fit: DeepSeek V4's cache falls when a window closes (its tokens in progress, a key and a
+    gate each, become one entry), so the bytes grow only between closes, and a sequence must fit at every
+    length on its way. The tokens in progress and the overlap hold at most S bytes, and the entries grow by at
+    least R bytes a period of P tokens (the rates' least common multiple): an earlier overflow lies within
+    (⌈S/R⌉ + 1)·P tokens of ``found``, at the end of a stretch between closes, and the first one within its
+    stretch is found by bisection, the bytes rising there."""
+    c = config.compressed
+    rates = [rate for layers, rate in ((config.n_csa_layers, c.csa_rate), (config.n_hca_layers, c.hca_rate))
+             if layers] if c is not None else []
+    if not rates:
+        return found
+    period = math.lcm(*rates)
+    env = {**_split(config, tp), f.b: kv_bytes}
+    growth = f.evaluate(f.kv_cache_bytes_per_token_compressed * period, env)
+    held_most = f.evaluate(f.L_hca * 2 * f.d_k * (f.m_h - 1) * f.b + f.L_csa * (
+        4 * (f.d_k + f.d_I) * (f.m_c - 1) * f.b + f.m_c * (f.d_k + f.d_I) * (f.b + 4)), env)
+    start = max(1, found - (math.ceil(held_most / growth) + 1) * period)
+    previous = start - 1
+    for end in range(start, found + 1):  # each stretch ends where a window closes with the next token
+        if all((end + 1) % rate for rate in rates):
+            continue
+        if sequence_bytes(config, end, kv_bytes, tp) > free:
+            low, high = previous, end  # bytes(low) ≤ free (or low = start − 1), bytes(high) > free
+            while high - low > 1:
+                mid = (low + high) // 2
+                low, high = (mid, high) if sequence_bytes(config, mid, kv_bytes, tp) <= free else (low, mid)
+            return low
+        previous = end
+    return found
 
 
 def serving(config: Config, *, memory: int, device: str, kv_dtype: str = "bf16", weight_dtype: str = "bf16",
@@ -114,7 +147,9 @@ def serving(config: Config, *, memory: int, device: str, kv_dtype: str = "bf16",
         env[f.b] = kv_bytes
         weights = math.ceil(params / tp) * weight_bytes
         free = memory - weights
-        row.update(weights=weights, kv_bytes_per_token=f.evaluate_count(per_token, env),
+        per_token_bytes = f.evaluate(per_token, env)  # DeepSeek V4's: a Rational where m does not divide
+        row.update(weights=weights,
+                   kv_bytes_per_token=int(per_token_bytes) if per_token_bytes.is_Integer else per_token_bytes,
                    state_bytes_per_sequence=f.evaluate_count(costs.state_formula(config), env),
                    free=max(free, 0))
         if free <= 0:

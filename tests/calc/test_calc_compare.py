@@ -159,7 +159,7 @@ def test_verify_names_presets_files_and_folders():
     fixtures = sorted(str(p) for p in (ROOT / "tests" / "calc" / "configs").glob("*.json"))
     assert expand([]) == expand(["--presets"]) == list(PRESETS)
     assert expand(["gpt2", str(ROOT / "tests" / "calc" / "configs")]) == ["gpt2", *fixtures]
-    assert len(fixtures) == 47
+    assert len(fixtures) == 48
 
 
 def test_verify_without_transformers_says_what_to_install(capsys, monkeypatch):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from calc import kinds
-from calc.config import Config, GatedDeltaNet, Mamba, Mamba2
+from calc.config import CompressedAttention, Config, GatedDeltaNet, Mamba, Mamba2
 from calc.hf import from_config
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
@@ -132,6 +132,88 @@ def test_sparse_layer_and_its_indexer_by_hand():
     assert kinds.at(config, "indexer", "decode_flops", N) == N * per_key
     # tiled: a 4×4 tile and the 4 queries' running top-3 values and indices, 4 bytes each
     assert kinds.at(config, "indexer", "score_bytes_tiled", N, block=4) == (4 * 4 + 4 * 3 * 2) * 4
+
+
+def compressed(n_window_layers: int = 1, csa: int = 1, hca: int = 1, **fields) -> Config:
+    """DeepSeek V4's layout at small sizes: a window of 3, CSA pooling every 2 tokens with a top-2 indexer of
+    3 heads of 5, HCA pooling every 3; one K/V head of 4 (the key is the value)."""
+    return small(n_layers=n_window_layers + csa + hca, sliding_window=W, n_window_layers=n_window_layers,
+                 q_lora_rank=8, n_experts=2, experts_per_token=1, d_expert=4, index_topk=2, index_heads=3,
+                 index_head_dim=5, compressed=CompressedAttention(
+                     csa_layers=csa, hca_layers=hca, csa_rate=2, hca_rate=3, out_groups=2, out_rank=4,
+                     hc_mult=2, hash_layers=0), **fields)
+
+
+def test_compressed_layers_by_hand():
+    config = compressed()
+    assert kinds.layer_kinds(config) == {"sliding": 1, "csa": 1, "hca": 1}
+    d_i, h_i, top = 5, 3, 2
+    indexer_per_key = sum(2 * d_i + 2 for _ in range(h_i))  # as V3.2's: a dot product and a weight a head
+    for n in range(1, 30):
+        # query i sees its last min(i + 1, w) keys and the entries of the windows closed by then,
+        # (i + 1) // m: an HCA layer all of them, a CSA layer the top 2; the CSA indexer scores every one
+        queries = range(n)
+        hca = sum(per_key_attention() * (min(i + 1, W) + (i + 1) // 3) for i in queries)
+        csa = sum(per_key_attention() * (min(i + 1, W) + min((i + 1) // 2, top))
+                  + indexer_per_key * ((i + 1) // 2) for i in queries)
+        assert kinds.at(config, "hca", "prefill_flops", n) == hca
+        assert kinds.at(config, "csa", "prefill_flops", n) == csa
+        assert kinds.at(config, "hca", "decode_flops", n) == per_key_attention() * (min(n, W) + n // 3)
+        csa_step = per_key_attention() * (min(n, W) + min(n // 2, top)) + indexer_per_key * (n // 2)
+        assert kinds.at(config, "csa", "decode_flops", n) == csa_step
+        # the scores within reach: each row its window and its pooled entries; the indexer's at 1 byte
+        hca_scores = H * sum(min(n, W) + n // 3 for _ in queries)
+        csa_scores = H * sum(min(n, W) + min(n // 2, top) for _ in queries)
+        assert kinds.at(config, "hca", "score_bytes_naive", n, dtype_bytes=BYTES) == hca_scores * BYTES
+        assert kinds.at(config, "csa", "score_bytes_naive", n, dtype_bytes=BYTES, index_bytes=1) == \
+            csa_scores * BYTES + h_i * n * (n // 2)
+        # the cache, tensor by tensor: the last w − 1 keys (the values: one tensor), the entries pooled, the
+        # tokens of the window in progress (a key and a gate each), and a CSA layer's overlap with the next
+        # window once one closed (2 keys at b bytes and 2 gates in fp32, the compressor's and the indexer's)
+        kept = min(n, W - 1)
+        hca_cache = (kept * D_K + n // 3 * D_K + n % 3 * 2 * D_K) * BYTES
+        csa_cache = ((kept * D_K + n // 2 * (D_K + d_i) + n % 2 * 2 * 2 * (D_K + d_i)) * BYTES
+                     + (2 * (D_K + d_i) * (BYTES + 4) if n >= 2 else 0))
+        assert kinds.at(config, "hca", "cache_bytes", n, dtype_bytes=BYTES) == hca_cache
+        assert kinds.at(config, "csa", "cache_bytes", n, dtype_bytes=BYTES) == csa_cache
+        # a windowed-only layer of this layout keeps w − 1 keys and values, as transformers' sliding layer
+        assert kinds.at(config, "sliding", "cache_bytes", n, dtype_bytes=BYTES) == 2 * kept * D_K * BYTES
+    # tiled: one 4×4 tile and 2 running values a query; the CSA layer's indexer keeps the 4 queries' top 2
+    assert kinds.at(config, "hca", "score_bytes_tiled", N, block=4) == (4 * 4 + 2 * N) * 4
+    assert kinds.at(config, "csa", "score_bytes_tiled", N, block=4) == \
+        max(4 * 4 + 2 * N, 4 * 4 + 4 * 2 * 2) * 4
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"n_layers": 4}, "compressed"),  # 1 windowed, 1 CSA and 1 HCA layer are not 4 layers
+    ({"n_kv_heads": 2}, "n_kv_heads"),  # one key/value head, which is also the value
+    ({"q_lora_rank": 0}, "q_lora_rank"),  # the indexer reads the query latent
+    ({"n_experts": 0, "experts_per_token": 0, "d_expert": 0}, "compressed.hash_layers"),  # experts everywhere
+    ({"index_topk": 0}, "index_topk"),  # a CSA layer's indexer keeps k_I entries
+    ({"sliding_window": None, "n_window_layers": 0, "n_layers": 2}, "sliding_window"),
+])
+def test_compressed_layout_refuses_by_field(change, field):
+    import dataclasses
+
+    from calc.config import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        dataclasses.replace(compressed(), **change)
+    assert err.value.field == field
+
+
+def test_compressed_shape_refuses_by_field():
+    from calc.config import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        CompressedAttention(csa_layers=1, hca_layers=1, csa_rate=0, hca_rate=3, out_groups=2, out_rank=4,
+                            hc_mult=2, hash_layers=0)
+    assert err.value.field == "compressed.csa_rate"
+    with pytest.raises(ConfigError) as err:
+        compressed().__class__(**{**compressed().__dict__, "compressed": CompressedAttention(
+            csa_layers=1, hca_layers=1, csa_rate=2, hca_rate=3, out_groups=3, out_rank=4, hc_mult=2,
+            hash_layers=0)})
+    assert err.value.field == "compressed.out_groups"  # 3 groups do not split 2 heads
 
 
 def delta_rule_ops(d_k: int, d_v: int) -> int:

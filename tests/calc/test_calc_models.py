@@ -79,6 +79,10 @@ MODELS = {
     "longcat-flash-transformers-defaults": Counted(560_664_980_480, 32_182_676_480, 56 * (512 + 64) * 2),
     # Gemma 4's text model: 25 windowed layers of 4 K/V heads of 256, 5 full of 4 K/V heads of 512
     "gemma4-transformers-defaults": Counted(5_077_177_886, None, (25 * 2 * 4 * 256 + 5 * 2 * 4 * 512) * 2),
+    # DeepSeek V4: per token, once every window is full, the pooled entries: 23 HCA layers one key of 512
+    # every 128 tokens, 20 CSA layers one of 512 and the indexer's of 128 every 4 (the windows are bounded)
+    "deepseek-v4-transformers-defaults": Counted(284_328_206_295, 13_795_598_295,
+                                                 (23 * 512 // 128 + 20 * (512 + 128) // 4) * 2),
     # files with keys of calc.hf.INERT (runner_max_sequence_length, use_mrope, transformers.js_config)
     "santacoder": Counted(1_124_886_528, None, 2 * 24 * 1 * 128 * 2),  # multi-query
     "qwen2.5-0.5b": Counted(494_032_768, None, 2 * 24 * 2 * 64 * 2),
@@ -102,9 +106,11 @@ def test_totals_and_active_equal_transformers_count(name):
 
 @pytest.mark.parametrize("name", MODELS)
 def test_kv_bytes_per_token_by_hand(name):
-    kv = costs.kv_cache(_load(name), [128], "bf16")
+    config = _load(name)
+    kv = costs.kv_cache(config, [128], "bf16")
     assert kv["bytes_per_token"] == MODELS[name].kv_per_token
-    assert kv["rows"][0]["bytes"] == 128 * MODELS[name].kv_per_token  # no window (gpt-oss: 128) is over-full
+    if config.compressed is None:  # DeepSeek V4's windows and entries: test_deepseek_v4_kv_cache_by_hand
+        assert kv["rows"][0]["bytes"] == 128 * MODELS[name].kv_per_token  # no window (gpt-oss: 128) over-full
 
 
 def test_every_new_type_has_a_fixture_here():
@@ -114,7 +120,7 @@ def test_every_new_type_has_a_fixture_here():
            "qwen2", "llama",  # Qwen2.5 and SmolLM2: the inert keys of their files
            "olmo3", "minimax_m2", "glm_moe_dsa", "ernie4_5", "ernie4_5_moe", "qwen3_5",
            "qwen3_5_moe", "qwen3_vl", "qwen3_vl_moe", "nemotron_h", "mimo_v2_flash",
-           "longcat_flash", "gemma4"}
+           "longcat_flash", "gemma4", "deepseek_v4"}
     assert {raw(name)["model_type"] for name in MODELS} == new
 
 
@@ -326,6 +332,120 @@ def test_gemma4_experts_beside_the_dense_mlp_by_hand():
     dense = from_config(_gemma4(hidden_size_per_layer_input=0))
     assert ledger.checkpoint(config)["total"] - ledger.checkpoint(dense)["total"] == 6 * moe
     assert ledger.checkpoint(config)["total"] - ledger.active(config) == 6 * 2 * 3 * d * d_e
+
+
+# DeepSeek V4 at small sizes: 5 layers (HCA, CSA, windowed only, CSA, HCA), the first routed by its hash table
+CSA, HCA = "compressed_sparse_attention", "heavily_compressed_attention"
+V4_SMALL = {"vocab_size": 97, "hidden_size": 64, "moe_intermediate_size": 32, "num_hidden_layers": 5,
+            "num_attention_heads": 4, "head_dim": 32, "q_lora_rank": 24, "num_experts_per_tok": 2,
+            "n_routed_experts": 4, "sliding_window": 8, "o_groups": 2, "o_lora_rank": 16, "index_n_heads": 2,
+            "index_head_dim": 16, "index_topk": 3, "hc_mult": 2, "max_position_embeddings": 256,
+            "layer_types": [HCA, CSA, "sliding_attention", CSA, HCA],
+            "compress_rates": {CSA: 4, HCA: 16}, "mlp_layer_types": ["hash_moe"] + ["moe"] * 4}
+
+
+def _v4(drop: tuple[str, ...] = (), **changes) -> dict:
+    """DeepseekV4Config's saved defaults at V4_SMALL's sizes, ``changes`` made, ``drop``'s keys left out."""
+    merged = {k: v for k, v in {**V4_SMALL, **changes}.items() if k not in drop}
+    return _variant("deepseek-v4-transformers-defaults", drop=("qk_rope_head_dim", *drop), **merged)
+
+
+def test_deepseek_v4_by_hand():
+    config = from_config(_v4())
+    d, h, d_k, r_q, vocab, d_e, experts, k = 64, 4, 32, 24, 97, 32, 4, 2
+    w_o, r_o, h_i, d_i, streams = 2, 16, 2, 16, 2
+    # every layer: q_a and its norm, q_b, one key (the value) and its norm, o_a (each of the 2 groups: 2 heads
+    # of 32 → 16), o_b (2·16 → d), a sink per head
+    attention = (d * r_q + r_q + r_q * h * d_k + d * d_k + d_k + w_o * (h * d_k // w_o) * r_o
+                 + w_o * r_o * d + h)
+    hca = 2 * d * d_k + 16 * d_k + d_k  # key and gate d → d_k, a position bias of 16 × d_k, a norm
+    csa = 2 * d * 2 * d_k + 4 * 2 * d_k + d_k  # the same at 2·d_k (its norm d_k)
+    indexer = 2 * d * 2 * d_i + 4 * 2 * d_i + d_i + r_q * h_i * d_i + d * h_i  # own pool, queries, weights
+    # two hyper-connections a layer: (2 + 2)·2 = 8 mixing weights from the 2·d streams, their bias, 3 scales
+    hyper = 2 * (8 * streams * d + 8 + 3)
+    moe = experts * 3 * d * d_e + 3 * d * d_e + experts * d  # 4 experts, the shared one, the router
+    layers = 5 * (attention + hyper + moe + 2 * d) + 2 * hca + 2 * (csa + indexer)
+    saved = 4 * experts + 1 * vocab * k  # the score correction on 4 layers; layer 0's token → experts table
+    head = streams * streams * d + streams + 1  # the hyper-connections' head
+    total = layers + saved + head + d + 2 * vocab * d  # final norm, untied embedding and unembedding
+    assert ledger.checkpoint(config)["total"] == total
+    assert ledger.active(config) == total - 5 * (experts - k) * 3 * d * d_e  # hash-routed layers run k too
+
+
+def test_deepseek_v4_kv_cache_by_hand():
+    # As DeepseekV4HCACache and DeepseekV4CSACache hold it after 37 tokens (w = 8, bf16), tensor by tensor;
+    # transformers 5.25.0's own cache, summed over its tensors (one storage once), holds the same 9,024 bytes
+    config = from_config(_v4())
+    n, w, d_k, d_i, b = 37, 8, 32, 16, 2
+    window = min(n, w - 1)  # the last w − 1 keys
+    hca = (window * d_k  # its keys, which are its values (one tensor)
+           + n // 16 * d_k  # 2 entries pooled
+           + n % 16 * 2 * d_k) * b  # 5 tokens of the window in progress: a key and a gate each
+    csa = ((window * d_k + n // 4 * (d_k + d_i)  # 9 entries, the compressor's and the indexer's
+            + n % 4 * (2 * 2 * d_k + 2 * 2 * d_i)) * b  # 1 token in progress: key and gate of 2·d_k, of 2·d_i
+           + 4 * (d_k + d_i) * (b + 4))  # the overlap with the next window: 4 keys at b, 4 gates in fp32
+    windowed = 2 * window * d_k * b  # a windowed-only layer: keys and values apart
+    (row,) = costs.kv_cache(config, [n], "bf16")["rows"]
+    assert row["bytes"] == 2 * hca + 2 * csa + windowed
+    # per token once the windows are full: an entry of d_k every 16 tokens (2 layers), of d_k + d_i every 4
+    per_token = (2 * d_k // 16 + 2 * (d_k + d_i) // 4) * b
+    assert costs.kv_cache(config, [n], "bf16")["bytes_per_token"] == per_token
+    # before any window closes: the window's keys and the tokens in progress, no entry, no overlap
+    (early,) = costs.kv_cache(config, [3], "bf16")["rows"]
+    hca_early, csa_early = 3 * d_k + 3 * 2 * d_k, 3 * d_k + 3 * 4 * (d_k + d_i)
+    assert early["bytes"] == (2 * hca_early + 2 * csa_early + 2 * 3 * d_k) * b
+
+
+def test_deepseek_v4_largest_context_is_the_longest_whose_every_prefix_fits():
+    # the cache falls when a window closes (the tokens in progress, a key and a gate each, become one entry),
+    # so the longest context is one less than the first length that does not fit, found here by walking
+    from itertools import pairwise
+
+    from calc import serving
+
+    config = from_config(_v4())
+    bytes_at = [serving.sequence_bytes(config, n, 2, 1) for n in range(1, 200)]
+    assert any(later < earlier for earlier, later in pairwise(bytes_at))
+    for free in range(bytes_at[0], bytes_at[-1], 1009):
+        first_over = next(n for n, held in enumerate(bytes_at, start=1) if held > free)
+        assert serving.largest_context(config, free, 2, 1) == first_over - 1
+
+
+def test_deepseek_v4_costs_equal_the_sum_of_its_kinds():
+    from calc import kinds
+
+    config = from_config(_v4())
+    for n in (3, 37, 100):
+        (row,) = kinds.by_kind(config, [n])
+        assert {k: v["layers"] for k, v in row["kinds"].items()} == {"sliding": 1, "csa": 2, "hca": 2}
+        assert costs.kv_cache(config, [n], "bf16")["rows"][0]["bytes"] == row["total"]["cache_bytes"]
+        # the causal pass over the windows and the pooled entries, plus (in the kinds) the CSA layers'
+        # indexers, which score every closed entry: query i the (i + 1) // 4 of them, 2 heads of 16 (2·16 + 2
+        # FLOPs a head)
+        indexers = 2 * sum(2 * (2 * 16 + 2) * ((i + 1) // 4) for i in range(n))
+        causal = costs.flops(config, [n])[0]["causal_flops_per_model"]
+        assert causal + indexers == row["total"]["prefill_flops"]
+
+
+def test_deepseek_v4_without_its_lists_follows_deepseek_v4_configs_rules():
+    # DeepseekV4Config: two HCA layers, then CSA and HCA in turn; the first 3 layers hash-routed (what the
+    # fixture's saved lists say, and what layer_types reads back)
+    saved = raw("deepseek-v4-transformers-defaults")
+    bare = from_config({k: v for k, v in saved.items() if k not in ("layer_types", "mlp_layer_types")})
+    assert bare == from_config(saved)
+    assert layer_types({k: v for k, v in saved.items() if k != "layer_types"}) == saved["layer_types"]
+    assert bare.compressed is not None
+    assert bare.compressed.hash_layers == saved["mlp_layer_types"].count("hash_moe")
+
+
+def test_deepseek_v4_legacy_keys_read_as_deepseek_v4_config_folds_them():
+    # compress_ratios (0/4/128 a layer, cut to the layers), compress_rate_csa/hca and num_hash_layers: what
+    # DeepseekV4Config's __post_init__ folds into layer_types, compress_rates and mlp_layer_types
+    legacy = _v4(compress_ratios=[128, 4, 0, 4, 128, 4], compress_rate_csa=4, compress_rate_hca=16,
+                 num_hash_layers=1)
+    for key in ("layer_types", "compress_rates", "mlp_layer_types"):
+        del legacy[key]
+    assert ledger.checkpoint(from_config(legacy)) == ledger.checkpoint(from_config(_v4()))
 
 
 # LongCat-Flash at small sizes: 2 layers, 4 heads, MLA of ranks 32 (queries) and 16 (keys and values)
@@ -813,6 +933,13 @@ VARIANTS = {
     "gemma4, experts, reusing K/V, double-wide, untied, the last layer made full": _gemma4(
         enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=24,
         num_kv_shared_layers=2, use_double_wide_mlp=True, tie_word_embeddings=False, num_hidden_layers=8),
+    "deepseek_v4, small: HCA, CSA, a windowed-only layer, the first layer hash-routed": _v4(),
+    "deepseek_v4, no CSA layer, shared-expert biases, tied, 3 streams, 4 output groups, 2 hash layers": _v4(
+        layer_types=[HCA, "sliding_attention", HCA, "sliding_attention", HCA], mlp_bias=True,
+        tie_word_embeddings=True, hc_mult=3, o_groups=4, mlp_layer_types=["hash_moe"] * 2 + ["moe"] * 3),
+    "deepseek_v4, legacy compress_ratios, rates and hash layers, no hash layer": _v4(
+        drop=("layer_types", "compress_rates", "mlp_layer_types"), compress_ratios=[4, 4, 128, 0, 4, 0],
+        compress_rate_csa=2, compress_rate_hca=8, num_hash_layers=0),
     "qwen3_vl_moe, dense layers by index and by step": _variant(
         "qwen3-vl-moe-transformers-defaults", mlp_only_layers=[0], decoder_sparse_step=2, num_hidden_layers=4,
         num_local_experts=8, tie_word_embeddings=True),
@@ -876,6 +1003,17 @@ def test_keys_a_config_class_carries_and_the_variant_does_not_read_are_accepted(
         ("gemma4-transformers-defaults", {"num_kv_shared_layers": 25}, "num_kv_shared_layers"),
         ("gemma4-transformers-defaults", {"attention_bias": True}, "attention_bias"),
         ("gemma4-transformers-defaults", {"laurel_rank": 64}, "laurel_rank"),
+        # DeepSeek V4: a bias its attention never builds, more than its one K/V head, a layer kind or pool it
+        # does not have, a shared-expert count transformers does not read, output groups that split no head
+        ("deepseek-v4-transformers-defaults", {"attention_bias": True}, "attention_bias"),
+        ("deepseek-v4-transformers-defaults", {"num_key_value_heads": 2}, "num_key_value_heads"),
+        ("deepseek-v4-transformers-defaults", {"layer_types": ["full_attention"] * 43}, "layer_types"),
+        ("deepseek-v4-transformers-defaults", {"mlp_layer_types": ["dense"] * 43}, "mlp_layer_types"),
+        ("deepseek-v4-transformers-defaults", {"compress_rates": {"full_attention": 2}}, "compress_rates"),
+        ("deepseek-v4-transformers-defaults", {"compress_rates": {CSA: 0}}, "compress_rates"),
+        ("deepseek-v4-transformers-defaults", {"n_shared_experts": 2}, "n_shared_experts"),
+        ("deepseek-v4-transformers-defaults", {"o_groups": 3}, "o_groups"),
+        ("deepseek-v4-transformers-defaults", {"qk_nope_head_dim": 448}, "qk_nope_head_dim"),
         # the alias Qwen3VLMoeTextConfig saves for num_experts, disagreeing with it
         ("qwen3-vl-moe-transformers-defaults", {"num_experts": 8}, "num_local_experts"),
     ],
