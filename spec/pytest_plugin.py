@@ -2,7 +2,9 @@
 
     pytest --attention-target=mypackage.kernels:attention        # or ATTENTION_TARGET=...
 
-adds one test per law, ``attention-spec::<law>``, to whatever else is collected
+adds one test per law, ``attention-spec::<law>``, to whatever else is collected (a merge operator,
+`spec.MergeTarget`, or a context-parallel target, `spec.RankTarget`: its own family's laws, its
+ranks started once per world size for the session)
 (``-k`` selects among them; pytest-xdist spreads them over workers, each
 loading the target and setting the check up once, at collection, with one process-isolation worker
 for its session); with ``--attention-only``
@@ -46,13 +48,28 @@ from typing import Any
 
 import pytest
 
+from spec.builtin import load_merge_target, load_rank_target
 from spec.cases import limits_text
 from spec.html import render_html
 from spec.isolation import workers
+from spec.merge_target import MergeTarget
 from spec.profiles import PROFILES, checking, runs_at
+from spec.rank_target import RankTarget, kept_ranks
 from spec.registry import LAWS
 from spec.report import Report, Result, cause, failure, same_failure
-from spec.runner import OWN_KIND_FAMILIES, LawRun, Stopping, check_law, configure, judged, law_runs, load
+from spec.runner import (
+    MERGE_FAMILY,
+    OWN_KIND_FAMILIES,
+    RANK_FAMILY,
+    LawRun,
+    Stopping,
+    check_law,
+    check_merge_law,
+    configure,
+    judged,
+    law_runs,
+    load,
+)
 from spec.shard import Shard, parse_shard, shard_seed
 from spec.target import Target, TargetError
 
@@ -133,14 +150,17 @@ class LawItem(pytest.Item):
         left = stopping.not_run(self.law_run, opt("attention_profile")) if stopping is not None else None
         if left is not None:  # the run has ended (a signature that differs: said once, at that law)
             raise pytest.skip.Exception(left.message, _use_item_location=True)
-        result = check_law(self.prop, self.target, profile=opt("attention_profile"),
-                           max_examples=opt("attention_max_examples"), seed=drawing_seed(self.config),
-                           source=self.source)
+        target: Any = self.target
+        judge = check_law if isinstance(target, Target) else check_merge_law  # a kind of its own
+        result = judge(self.prop, target, profile=opt("attention_profile"),
+                       max_examples=opt("attention_max_examples"), seed=drawing_seed(self.config),
+                       source=self.source)
         # a copy judged as the CLI's report judges it (an expected failure is no failure), for the page
         # and for the early stop
         seen = judged(self.law_run, dataclasses.replace(result))
         if self.config.getoption("attention_html"):
-            carried = pickle.dumps((self.target.name, limits_text(self.target), seen))
+            limits = limits_text(self.target) if isinstance(self.target, Target) else ""
+            carried = pickle.dumps((self.target.name, limits, seen))
             self.user_properties.append((CARRIED, base64.b64encode(carried).decode("ascii")))
         if stopping is not None:
             stopping.see(seen)
@@ -169,7 +189,7 @@ class LawItem(pytest.Item):
 class PropertySuite(pytest.Collector):
     """The properties, as a collector node of the session."""
 
-    def __init__(self, *, target: Target, source: str, **kwargs: Any) -> None:
+    def __init__(self, *, target: Target | MergeTarget | RankTarget, source: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.target, self.source = target, source
         self.shown: dict[str, str] = {}  # each failure's cause (spec.report.cause): the law shown with it
@@ -177,11 +197,17 @@ class PropertySuite(pytest.Collector):
                                  hint="--attention-keep-going runs every law")
 
     def collect(self) -> list[pytest.Item | pytest.Collector]:
+        own: Any = self.target
+        if not isinstance(own, Target):  # a merge operator or a context-parallel target: its family's laws
+            family = RANK_FAMILY if isinstance(own, RankTarget) else MERGE_FAMILY
+            return [LawItem.from_parent(self, name=prop.name, law_run=LawRun(prop.name, prop, own, None),
+                                        source=self.source)
+                    for prop in LAWS.values() if prop.family == family]
         profile = self.config.getoption("attention_profile")  # its laws (the scale laws at scale alone)
         return [LawItem.from_parent(self, name=one.name, law_run=one, source=self.source)
                 for prop in LAWS.values() if runs_at(prop.family, profile) is None
                 and prop.family not in OWN_KIND_FAMILIES  # the merge and rank laws judge their own kinds
-                for one in law_runs(prop, self.target)]
+                for one in law_runs(prop, own)]
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -214,14 +240,17 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     source = config.getoption("attention_target") or os.environ.get(ENV)
     if not source:
         return
+    set_up = contextlib.ExitStack()  # the check's set-up, as spec.check's, until the session ends
+    config.add_cleanup(set_up.close)
     try:
+        own = load_merge_target(source) or load_rank_target(source)
+        if own is not None:
+            return _collect_own_kind(session, config, items, own, source, set_up)
         target = configure(load(source), isolation=config.getoption("attention_isolation"),
                            deadline=config.getoption("attention_deadline"),
                            expected_failures=config.getoption("attention_expected_failures"))
     except TargetError as e:
         raise pytest.UsageError(f"--attention-target: {e}") from None
-    set_up = contextlib.ExitStack()  # the check's set-up, as spec.check's, until the session ends
-    config.add_cleanup(set_up.close)
     config.stash[HEADER] = set_up.enter_context(checking(config.getoption("attention_profile"), target,
                                                          memory=config.getoption("attention_memory")))
     # process isolation: one worker process for the session (each xdist worker's), as a check has
@@ -231,6 +260,25 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
                                       target=target, source=source)
     collected = suite.collect()
     # Tell the reporters, so that "collected N items" counts the properties too.
+    config.hook.pytest_collectreport(report=pytest.CollectReport(suite.nodeid, "passed", None, collected))
+    items.extend(collected)
+
+
+def _collect_own_kind(session: pytest.Session, config: pytest.Config, items: list[Any],
+                      target: MergeTarget | RankTarget, source: str, set_up: contextlib.ExitStack) -> None:
+    """A merge operator's or a context-parallel target's laws (their family's alone), as `spec.check`
+    runs them: in the caller, and a context-parallel target's ranks started once per world size
+    for the session (`spec.rank_target.kept_ranks`)."""
+    kind = OWN_KIND_FAMILIES[RANK_FAMILY if isinstance(target, RankTarget) else MERGE_FAMILY]
+    for option in ("attention_isolation", "attention_deadline", "attention_expected_failures"):
+        if config.getoption(option) is not None:
+            flag = "--" + option.replace("_", "-")
+            raise pytest.UsageError(f"{flag} applies to attention targets, not to {source!r}: it is {kind}")
+    if isinstance(target, RankTarget):
+        set_up.enter_context(kept_ranks())
+    suite = PropertySuite.from_parent(session, name="attention-spec", nodeid="attention-spec",
+                                      target=target, source=source)
+    collected = suite.collect()
     config.hook.pytest_collectreport(report=pytest.CollectReport(suite.nodeid, "passed", None, collected))
     items.extend(collected)
 

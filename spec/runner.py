@@ -495,7 +495,7 @@ class LawRun:
 
     name: str  # the law's, with [dtype] when the expected failures give that dtype a run of its own
     prop: Law
-    target: Target
+    target: Target  # or a MergeTarget or RankTarget, in the pytest door: one run of their family's law
     expected: str | None
 
 

@@ -11,6 +11,8 @@ import textwrap
 from importlib.metadata import entry_points
 from pathlib import Path
 
+import pytest
+
 import spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -200,3 +202,28 @@ def test_attention_html_writes_the_page_of_the_laws_run_under_xdist_too(tmp_path
         assert "FAIL causal_no_leak" in text and text.count('class="heatmap ratio"') == 1
         assert text.index(">rows_sum_to_one<") < text.index(">causal_no_leak<")  # the registry's order
         assert "skipped laws (2)" in text  # bias_per_head and grad_bias_per_head, folded
+
+
+def test_the_pytest_door_runs_a_merge_operators_own_laws(tmp_path):
+    """A merge operator (a spec.MergeTarget, built-in or in a file) gets its family's laws, as
+    spec.check runs them: the right one passes them, the unguarded merge fails empty ⊕ empty."""
+    merge_laws = [p.name for p in spec.LAWS.values() if p.family == "merge"]
+    run = _pytest(tmp_path, "--attention-only", "--attention-target=merge", "--collect-only")
+    assert [line.split("::")[-1] for line in run.stdout.splitlines() if "::" in line] == merge_laws
+    run = _pytest(tmp_path, "--attention-only", "--attention-target=merge")
+    report = spec.check("merge", profile="quick")
+    passed, skipped = (sum(r.status == s for r in report.results) for s in ("pass", "skip"))
+    assert run.returncode == 0 and f"{passed} passed, {skipped} skipped" in run.stdout, run.stdout
+    (tmp_path / "ops.py").write_text("import spec\nfrom gallery.merge import empty_empty_nan\n"
+                                     "unguarded = spec.MergeTarget(empty_empty_nan)\n")
+    run = _pytest(tmp_path, "--attention-only", "--attention-target=ops.py:unguarded", "-k", "empty")
+    assert run.returncode == 1 and "FAIL merge_empty_empty_is_empty" in run.stdout, run.stdout
+    run = _pytest(tmp_path, "--attention-only", "--attention-target=merge", "--attention-isolation=process")
+    assert run.returncode == 4 and "--attention-isolation applies to attention targets" in run.stderr
+
+
+@pytest.mark.skipif(spec.LAWS["ranks_match_golden"].needs(spec.RankTarget(print)) is not None,
+                    reason="needs torch.distributed with gloo")
+def test_the_pytest_door_runs_a_context_parallel_targets_laws_on_ranks_kept_for_the_session(tmp_path):
+    run = _pytest(tmp_path, "--attention-only", "--attention-target=ring", "-k", "match_golden or invariant")
+    assert run.returncode == 0 and "2 passed" in run.stdout, run.stdout
