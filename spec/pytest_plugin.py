@@ -58,9 +58,7 @@ from spec.rank_target import RankTarget, kept_ranks
 from spec.registry import LAWS
 from spec.report import Report, Result, cause, failure, same_failure
 from spec.runner import (
-    MERGE_FAMILY,
     OWN_KIND_FAMILIES,
-    RANK_FAMILY,
     LawRun,
     Stopping,
     check_law,
@@ -69,6 +67,7 @@ from spec.runner import (
     judged,
     law_runs,
     load,
+    own_family,
 )
 from spec.shard import Shard, parse_shard, shard_seed
 from spec.target import Target, TargetError
@@ -199,10 +198,9 @@ class PropertySuite(pytest.Collector):
     def collect(self) -> list[pytest.Item | pytest.Collector]:
         own: Any = self.target
         if not isinstance(own, Target):  # a merge operator or a context-parallel target: its family's laws
-            family = RANK_FAMILY if isinstance(own, RankTarget) else MERGE_FAMILY
             return [LawItem.from_parent(self, name=prop.name, law_run=LawRun(prop.name, prop, own, None),
                                         source=self.source)
-                    for prop in LAWS.values() if prop.family == family]
+                    for prop in LAWS.values() if prop.family == own_family(own)]
         profile = self.config.getoption("attention_profile")  # its laws (the scale laws at scale alone)
         return [LawItem.from_parent(self, name=one.name, law_run=one, source=self.source)
                 for prop in LAWS.values() if runs_at(prop.family, profile) is None
@@ -245,17 +243,10 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     try:
         own = load_merge_target(source) or load_rank_target(source)
         if own is not None:
-            return _collect_own_kind(session, config, items, own, source, set_up)
-        target = configure(load(source), isolation=config.getoption("attention_isolation"),
-                           deadline=config.getoption("attention_deadline"),
-                           expected_failures=config.getoption("attention_expected_failures"))
+            _set_up_own_kind(config, own, source, set_up)
+        target: Target | MergeTarget | RankTarget = own or _set_up(config, source, set_up)
     except TargetError as e:
         raise pytest.UsageError(f"--attention-target: {e}") from None
-    config.stash[HEADER] = set_up.enter_context(checking(config.getoption("attention_profile"), target,
-                                                         memory=config.getoption("attention_memory")))
-    # process isolation: one worker process for the session (each xdist worker's), as a check has
-    # one for its run, not a fork per law
-    set_up.enter_context(workers())
     suite = PropertySuite.from_parent(session, name="attention-spec", nodeid="attention-spec",
                                       target=target, source=source)
     collected = suite.collect()
@@ -264,23 +255,31 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     items.extend(collected)
 
 
-def _collect_own_kind(session: pytest.Session, config: pytest.Config, items: list[Any],
-                      target: MergeTarget | RankTarget, source: str, set_up: contextlib.ExitStack) -> None:
-    """A merge operator's or a context-parallel target's laws (their family's alone), as `spec.check`
-    runs them: in the caller, and a context-parallel target's ranks started once per world size
+def _set_up(config: pytest.Config, source: str, set_up: contextlib.ExitStack) -> Target:
+    """An attention target's check, as `spec.check` sets it up: the target configured by the
+    options, the profile's set-up, and process isolation's one worker process for the session
+    (each xdist worker's), as a check has one for its run, not a fork per law."""
+    target = configure(load(source), isolation=config.getoption("attention_isolation"),
+                       deadline=config.getoption("attention_deadline"),
+                       expected_failures=config.getoption("attention_expected_failures"))
+    config.stash[HEADER] = set_up.enter_context(checking(config.getoption("attention_profile"), target,
+                                                         memory=config.getoption("attention_memory")))
+    set_up.enter_context(workers())
+    return target
+
+
+def _set_up_own_kind(config: pytest.Config, target: MergeTarget | RankTarget, source: str,
+                     set_up: contextlib.ExitStack) -> None:
+    """A merge operator's or a context-parallel target's check, as `spec.check` sets it up: its
+    laws run in the caller, and a context-parallel target's ranks are started once per world size
     for the session (`spec.rank_target.kept_ranks`)."""
-    kind = OWN_KIND_FAMILIES[RANK_FAMILY if isinstance(target, RankTarget) else MERGE_FAMILY]
     for option in ("attention_isolation", "attention_deadline", "attention_expected_failures"):
         if config.getoption(option) is not None:
             flag = "--" + option.replace("_", "-")
-            raise pytest.UsageError(f"{flag} applies to attention targets, not to {source!r}: it is {kind}")
+            raise pytest.UsageError(f"{flag} applies to attention targets, not to {source!r}: it is "
+                                    f"{OWN_KIND_FAMILIES[own_family(target)]}")
     if isinstance(target, RankTarget):
         set_up.enter_context(kept_ranks())
-    suite = PropertySuite.from_parent(session, name="attention-spec", nodeid="attention-spec",
-                                      target=target, source=source)
-    collected = suite.collect()
-    config.hook.pytest_collectreport(report=pytest.CollectReport(suite.nodeid, "passed", None, collected))
-    items.extend(collected)
 
 
 class PageWriter:

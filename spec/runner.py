@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import shlex
 import time
@@ -574,29 +575,21 @@ def check(
                                      and math.isfinite(budget_s) and budget_s > 0):
         raise ValueError(f"budget_s must be a positive number of seconds, got {budget_s!r}")
     props = select(only)
-    ranks = load_rank_target(target)
-    if ranks is not None:
+    own = load_rank_target(target) or load_merge_target(target)
+    if own is not None:  # a merge operator or a context-parallel target: its own family's laws
+        family = own_family(own)
         if isolation is not None or deadline is not None:
-            raise TargetError("isolation and deadline apply to attention targets: a context-parallel target "
-                              f"({ranks.name!r}) runs on ranks of its own (its deadline_s bounds a call)")
-        chosen = props if only is not None else [p for p in props if p.family == RANK_FAMILY]
-        with kept_ranks():  # the ranks are started once per world size and kept for the whole check
-            ranked = check_merge(ranks, chosen, profile=profile, max_examples=max_examples, seed=seed,
-                                 each=each, source=target if isinstance(target, str) else source_of(ranks),
+            raise TargetError(f"isolation and deadline apply to attention targets, not to {own.name!r}: "
+                              f"it is {OWN_KIND_FAMILIES[family]} (a merge runs in the caller, ranks on "
+                              "their own, a call bounded by deadline_s)")
+        chosen = props if only is not None else [p for p in props if p.family == family]
+        # a context-parallel target's ranks are started once per world size and kept for the whole check
+        with kept_ranks() if isinstance(own, RankTarget) else contextlib.nullcontext():
+            report = check_merge(own, chosen, profile=profile, max_examples=max_examples, seed=seed,
+                                 each=each, source=target if isinstance(target, str) else source_of(own),
                                  budget_s=budget_s)
-        ranked.shard, ranked.base_seed = part, base
-        return ranked
-    merge = load_merge_target(target)
-    if merge is not None:
-        if isolation is not None or deadline is not None:
-            raise TargetError("isolation and deadline apply to attention targets: a merge operator "
-                              f"({merge.name!r}) runs in the caller")
-        chosen = props if only is not None else [p for p in props if p.family == MERGE_FAMILY]
-        merged = check_merge(merge, chosen, profile=profile, max_examples=max_examples, seed=seed, each=each,
-                             source=target if isinstance(target, str) else source_of(merge),
-                             budget_s=budget_s)
-        merged.shard, merged.base_seed = part, base
-        return merged
+        report.shard, report.base_seed = part, base
+        return report
     if only is None:  # the merge and rank laws judge their own kinds of target (check_merge), not attention
         props = [p for p in props if runs_at(p.family, profile) is None and p.family not in OWN_KIND_FAMILIES]
     loaded = configure(load(target), isolation=isolation, deadline=deadline)
@@ -624,13 +617,18 @@ OWN_KIND_FAMILIES = {MERGE_FAMILY: "a merge operator (spec.MergeTarget)",
 """The law families that judge a kind of target of their own, each with that kind, and nothing else."""
 
 
+def own_family(target: MergeTarget | RankTarget) -> str:
+    """The law family that judges ``target``'s kind (a key of `OWN_KIND_FAMILIES`)."""
+    return RANK_FAMILY if isinstance(target, RankTarget) else MERGE_FAMILY
+
+
 def check_merge_law(prop: Law, target: MergeTarget | RankTarget, *, profile: str = "ci",
                     max_examples: int | None = None, seed: int | None = None,
                     source: str | NoSource | None = None) -> Result:
     """One law on a merge operator (`spec.MergeTarget`) or a context-parallel target
     (`spec.RankTarget`), with Hypothesis, in the caller: every outcome a Result, as `check_law`'s.
     A law of another family is skipped, saying so."""
-    family = RANK_FAMILY if isinstance(target, RankTarget) else MERGE_FAMILY
+    family = own_family(target)
     if prop.family != family:
         kind = f"a {prop.family} law" if prop.family in OWN_KIND_FAMILIES else "an attention law"
         return Result(prop.name, "skip", 0, 0.0, f"{kind}: the target is {OWN_KIND_FAMILIES[family]}, "
