@@ -44,12 +44,13 @@ def as_4d(x: Array) -> Array:  # [n, d] or [h, n, d] or [b, h, n, d] -> [b, h, n
 
 
 def torch_flex_mods_attention(
-    q: Array, k: Array, v: Array, *, causal: bool = False, scale: float | None = None,
-    mask_mod: Any = None, score_mod: Any = None, compiled: bool = False,
+    q: Array, k: Array, v: Array, *, causal: bool = False, mask: Array | None = None,
+    scale: float | None = None, mask_mod: Any = None, score_mod: Any = None, compiled: bool = False,
 ) -> Array:  # [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v] -> [..., n_q, d_v]
     """FlexAttention on NumPy arrays: inputs of 2 or 3 dimensions are read as batch (and heads) of
-    one, so the functions see b = 0 (and h = 0); ``mask_mod`` (ANDed with ``q_idx >= kv_idx`` for
-    ``causal``: top-left) becomes a block mask by ``create_block_mask`` over the call's batch and
+    one, so the functions see b = 0 (and h = 0); ``mask_mod``, ANDed with ``q_idx >= kv_idx`` for
+    ``causal`` (top-left) and with ``mask=`` read as a table (as FlexAttention users pass a
+    boolean mask), becomes a block mask by ``create_block_mask`` over the call's batch and
     heads (FlexAttention's default block of 128 positions), and ``score_mod`` goes to
     ``flex_attention`` as it is; the functions receive torch tensors. Grouped K/V heads turn on
     ``enable_gqa``.
@@ -67,13 +68,13 @@ def torch_flex_mods_attention(
     batch, heads, n_q, _ = q4.shape
     n_k = k4.shape[2]
     block_mask = None
-    if mask_mod is not None or causal:
+    table = None if mask is None else _to_torch(np.broadcast_to(as_4d(mask), (batch, heads, n_q, n_k)))
+    if mask_mod is not None or causal or table is not None:
         def combined(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
-            keep = q_idx >= kv_idx if causal else None
-            if mask_mod is not None:
-                given = mask_mod(b, h, q_idx, kv_idx)
-                keep = given if keep is None else keep & given
-            return keep
+            keep = q_idx >= kv_idx if causal else q_idx >= 0
+            if table is not None:
+                keep = keep & table[b, h, q_idx, kv_idx]
+            return keep if mask_mod is None else keep & mask_mod(b, h, q_idx, kv_idx)
 
         block_mask = create_block_mask(combined, batch, heads, n_q, n_k, device="cpu")
     with warnings.catch_warnings(), _compiling() if compiled else contextlib.nullcontext():
@@ -94,8 +95,8 @@ def torch_flex_compiled(q: Array, k: Array, v: Array, **kwargs: Any) -> Array:
 
 
 DECLARED = {"dtypes": ("float32", "float64"), "ndims": (2, 3, 4), "supports_scale": True,
-            "supports_gqa": True, "masked_rows": "zeros", "empty_keys": "raise", "supports_mask_mod": True,
-            "supports_score_mod": True}
+            "supports_mask": True, "supports_gqa": True, "masked_rows": "zeros", "empty_keys": "raise",
+            "supports_mask_mod": True, "supports_score_mod": True}
 """What both paths were measured to do on torch 2.13.0+cpu
 (tests/spec/test_spec_adapters_torch_flex_mods.py re-measures it): top-left causal, zeros for a
 row that sees no key, grouped K/V heads, d_v ≠ d_k; a call with no keys (n_k = 0) raises; no
