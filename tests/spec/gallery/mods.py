@@ -68,7 +68,8 @@ def mods_attention(q: Array, k: Array, v: Array, *, causal: bool = False, mask: 
         keep = keep & (q_idx >= kv_idx)
     if mask_mod is not None:
         at = (b * 0, h * 0) if head_zero else (b, h)  # a block mask built for batch row 0, head 0
-        rows = np.where(q_idx == n_q - 1, q_idx - 1, q_idx) if last_row_off else q_idx  # an epilogue row
+        last = (b == batch - 1) & (h == heads - 1) & (q_idx == n_q - 1)  # the launch's last row: an epilogue
+        rows = np.where(last, 0, q_idx) if last_row_off else q_idx
         found = (mask_mod(*(x.astype(np.uint32) for x in (*at, rows, kv_idx))) if unsigned
                  else mask_mod(*at, rows, kv_idx))
         keep = keep & found
@@ -124,8 +125,9 @@ BROKEN = [
            "the indices handed to the mask function as uint32: a difference of indices wraps, so "
            "(q − kv) % 3 and (kv − q) % 3, or kv ≥ q − w and q − kv ≤ w, disagree (#165838)", **MODS),
     broken(_bug("mods_last_row_off", last_row_off=True), "mask_mod_matches_golden",
-           "the last query row, handled by an epilogue, evaluates the mask at the row before: one wrong row, "
-           "which a mean-error tolerance (PyTorch's own tests) dilutes by 1/n and passes", **MODS),
+           "the last query row of the call (of its last batch row and head), handled by an epilogue, "
+           "evaluates the mask for row 0: one wrong row, which a mean-error tolerance (PyTorch's own tests) "
+           "dilutes by 1/(batch · heads · n_q) and passes", **MODS),
     broken(_bug("mods_score_after_mask", score_after_mask=True), "score_mod_matches_golden",
            "the score function applied after the mask: a softcap turns a hidden key's −inf into −c, and "
            "the key is seen", **MODS),
