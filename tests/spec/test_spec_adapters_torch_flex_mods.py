@@ -103,3 +103,11 @@ def test_compiled_flex_agrees_past_its_block_of_128_keys():
         kw = {"mask_mod": mask_mod(masks), "score_mod": None if scores is None else score_mod(scores)}
         np.testing.assert_allclose(torch_flex_compiled(q, k, v, **kw), golden(q, k, v, **kw), rtol=2e-5,
                                    atol=2e-5)
+
+
+def test_compiled_flex_refuses_float64_so_its_built_in_declares_float32_only():
+    q, k, v = problem((1, 1), 3, 5)
+    assert load_target("torch_flex_compiled").dtypes == ("float32",)
+    with pytest.raises(Exception, match="supported in FlexAttention for CPU"):
+        torch_flex_compiled(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64),
+                            mask_mod=mask_mod(("causal", ())))
