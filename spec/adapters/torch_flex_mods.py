@@ -24,7 +24,7 @@ def _flex(compiled: bool) -> Any:
     import torch
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention, fullgraph=True) if compiled else flex_attention
+    return torch.compile(flex_attention, fullgraph=True, dynamic=False) if compiled else flex_attention
 
 
 def _compiling() -> Any:
@@ -55,8 +55,10 @@ def torch_flex_mods_attention(
     ``flex_attention`` as it is; the functions receive torch tensors. Grouped K/V heads turn on
     ``enable_gqa``.
 
-    ``compiled=True`` runs ``torch.compile(flex_attention, fullgraph=True)`` (`_compiling`): the
-    fused kernel that visits only the blocks the block mask keeps and applies the mask inside
+    ``compiled=True`` runs ``torch.compile(flex_attention, fullgraph=True, dynamic=False)``
+    (`_compiling`; static shapes: with a second key length dynamo compiles for dynamic shapes, and
+    the CPU kernel it generates does not compile, ``‘cur_kvSplitSize9’ was not declared``, torch
+    2.13.0+cpu): the fused kernel that visits only the blocks the block mask keeps and applies the mask inside
     partial blocks. ``compiled=False``
     is FlexAttention's eager path, which (its own warning says) computes the whole score matrix,
     applies ``score_mod`` to every score and then the mask.

@@ -111,3 +111,13 @@ def test_compiled_flex_refuses_float64_so_its_built_in_declares_float32_only():
     with pytest.raises(Exception, match="supported in FlexAttention for CPU"):
         torch_flex_compiled(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64),
                             mask_mod=mask_mod(("causal", ())))
+
+
+def test_compiled_flex_takes_a_second_key_length_with_a_mask_table():
+    """Compiled for static shapes: compiled for dynamic ones (dynamo's default on a second key length),
+    the CPU kernel inductor generates does not compile (torch 2.13.0+cpu)."""
+    for n_k in (1, 17):
+        q, k, v = problem((1, 1), 1, n_k, d=64)
+        table = np.ones((1, 1, 1, n_k), dtype=bool)
+        np.testing.assert_allclose(torch_flex_compiled(q, k, v, mask=table), golden(q, k, v, mask=table),
+                                   rtol=2e-5, atol=2e-5)
