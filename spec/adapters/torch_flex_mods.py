@@ -55,13 +55,13 @@ def torch_flex_mods_attention(
     ``flex_attention`` as it is; the functions receive torch tensors. Grouped K/V heads turn on
     ``enable_gqa``.
 
-    ``compiled=True`` runs ``torch.compile(flex_attention, fullgraph=True, dynamic=False)``
-    (`_compiling`; static shapes: with a second key length dynamo compiles for dynamic shapes, and
-    the CPU kernel it generates does not compile, ``‘cur_kvSplitSize9’ was not declared``, torch
-    2.13.0+cpu): the fused kernel that visits only the blocks the block mask keeps and applies the mask inside
-    partial blocks. ``compiled=False``
-    is FlexAttention's eager path, which (its own warning says) computes the whole score matrix,
-    applies ``score_mod`` to every score and then the mask.
+    ``compiled=True`` runs ``torch.compile(flex_attention, fullgraph=True, dynamic=False)`` under
+    `_compiling`: the fused kernel that visits only the blocks the block mask keeps and applies the
+    mask inside partial blocks. Static shapes, because with a second key length dynamo compiles for
+    dynamic shapes and the CPU kernel it generates does not compile (``‘cur_kvSplitSize9’ was not
+    declared in this scope``, torch 2.13.0+cpu). ``compiled=False`` is FlexAttention's eager path,
+    which (its own warning says) computes the whole score matrix, applies ``score_mod`` to every
+    score and then the mask.
     """
     from torch.nn.attention.flex_attention import create_block_mask
 
