@@ -2,7 +2,8 @@
 
 - ``reference`` — `impl.attention`; ``flash`` — `impl.flash_attention`; ``reference_latent``,
   ``flash_latent`` — the same called as MLA's shared latent (``v_from_k``);
-- ``torch``, ``jax``, ``mlx``, ``torch_flex_paged``, ``torch_flex_topk``, ``onnxruntime``,
+- ``torch``, ``jax``, ``mlx``, ``torch_flex_paged``, ``torch_flex_topk``, ``torch_flex``,
+  ``torch_flex_compiled``, ``onnxruntime``,
   ``onnx_reference`` — each framework adapter's targets (`spec.adapters`), its module imported
   only when one is asked for, so the suite needs no framework;
 - ``pallas_mha``, ``pallas_decode``, ``pallas_gpu_paged``, ``pallas_tpu_flash``, ``pallas_tpu_paged``,

@@ -250,6 +250,7 @@ def terms(inputs: Inputs, geo: Geometry, dtype: np.dtype | None = None) -> golde
     transforms, added, sinks = [], [], None
     for _, term, values in bound(inputs):
         if isinstance(term, Transforms):
+            values = (geo, *values) if term.indexed else values  # a score function reads the indices
             if dtype is None:
                 transforms.append((_bind(term.golden, values), _bind(term.derivative, values)))
             else:

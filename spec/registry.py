@@ -39,6 +39,7 @@ LAW_MODULES: tuple[str, ...] = (
     "spec.laws.topk_blocks",
     "spec.laws.mla",
     "spec.laws.softcap",
+    "spec.laws.mods",
     "spec.laws.sinks",
     "spec.laws.lengths",
     "spec.laws.cache",

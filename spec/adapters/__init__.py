@@ -66,7 +66,9 @@ class Adapter:
 
 ADAPTERS: dict[str, Adapter] = {
     "torch": Adapter("spec.adapters.torch", {"torch": None, "torch_flex_paged": "spec.adapters.torch_flex",
-                                             "torch_flex_topk": "spec.adapters.torch_flex_sparse"},
+                                             "torch_flex_topk": "spec.adapters.torch_flex_sparse",
+                                             "torch_flex": "spec.adapters.torch_flex_mods",
+                                             "torch_flex_compiled": "spec.adapters.torch_flex_mods"},
                      extra="torch"),
     "jax": Adapter("spec.adapters.jax", {"jax": None, **dict.fromkeys(
         ("pallas_mha", "pallas_decode", "pallas_gpu_paged", "pallas_tpu_flash", "pallas_tpu_paged",

@@ -68,6 +68,8 @@ KEYWORD_MODULES: tuple[str, ...] = (
     "spec.keywords.topk",
     "spec.keywords.topk_blocks",
     "spec.keywords.qv",
+    "spec.keywords.mask_mod",
+    "spec.keywords.score_mod",
 )
 """Every keyword module, in declaration order. Add a keyword here (one line)."""
 

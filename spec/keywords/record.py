@@ -105,12 +105,18 @@ class Transforms:
     it carries; ``error(*values)`` is the absolute error, in units of the eps of the dtype
     computed in, that a correct float computation of the transform itself may add to each score
     (softcap: 2c, a tanh through exponentials being off by up to ~1.5·eps in [−1, 1], times c);
-    the floor counts twice it, as it counts any score error (`spec.tolerance.floor`)."""
+    the floor counts twice it, as it counts any score error (`spec.tolerance.floor`).
+
+    ``indexed``: the transform also reads where each score lies (a score function's batch, head,
+    query and key indices: ``score_mod=``): ``golden``, ``baseline`` and ``derivative`` then take
+    the call's `Geometry` after the scores, ``golden(s, geometry, *values)``, and ``s`` is shaped
+    ``[*geometry.lead, r, n_k]`` for the geometry's r query rows."""
 
     golden: Callable[..., Array]
     baseline: Callable[..., Array]
     derivative: Callable[..., Array]
     error: Callable[..., float] | None = None
+    indexed: bool = False
 
 
 @dataclass(frozen=True)

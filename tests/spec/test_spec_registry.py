@@ -11,7 +11,7 @@ from spec import registry
 def test_properties_come_from_the_explicit_module_list_in_order():
     families = [p.family for p in spec.LAWS.values()]
     order = ["core", "masks", "gradients", "bias", "alibi", "window", "chunk", "topk", "topk_blocks", "mla",
-             "softcap", "sinks", "lengths", "cache", "past", "dropout", "lse", "invariance", "cascade",
+             "softcap", "mods", "sinks", "lengths", "cache", "past", "dropout", "lse", "invariance", "cascade",
              "grad_keywords", "pairs",
              "calls", "edges", "stateful", "long_runs", "scale", "merge", "ranks"]
     assert [f for i, f in enumerate(families) if f not in families[:i]] == order

@@ -26,6 +26,7 @@ from gallery import (
     masks,
     merge,
     mla,
+    mods,
     pairs,
     past,
     range_edges,
@@ -41,7 +42,7 @@ from gallery.base import Broken
 
 FAMILIES = (core, masks, gradients, range_edges, bias, alibi, window, chunk, mla, softcap, sinks, lengths,
             cache, past, dropout, lse, pairs, calls, edges, stateful, long_runs, scale, topk, merge,
-            invariance, ranks)
+            invariance, ranks, mods)
 
 BROKEN: list[Broken] = [b for family in FAMILIES for b in family.BROKEN]
 CORRECT = [t for family in FAMILIES for t in family.CORRECT]
