@@ -62,7 +62,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TARGETS = ("reference", "flash", "reference_latent", "flash_latent", "torch")
 DEFAULT = "default"  # the column of the run without --seed
 SLOW = ("jax", "torch_cp", "torch_flex_paged", "torch_flex_topk", "torch_flex", "torch_flex_compiled",
-        "pallas_mha", "pallas_decode", "pallas_gpu_paged", "pallas_tpu_flash", "pallas_tpu_paged", "pallas_splash")
+        "pallas_mha", "pallas_decode", "pallas_gpu_paged", "pallas_tpu_flash", "pallas_tpu_paged",
+        "pallas_splash")
 """Built-ins that take minutes a run (a compilation per shape, an interpreter, an eager trace; jax's
 takes 7 minutes at profile ci on two shared cores): the group ``slow``."""
 LIBRARY = {"onnxruntime": "onnxruntime", "onnx_reference": "onnx"}

@@ -11,9 +11,9 @@ from spec import registry
 def test_properties_come_from_the_explicit_module_list_in_order():
     families = [p.family for p in spec.LAWS.values()]
     order = ["core", "masks", "gradients", "bias", "alibi", "window", "chunk", "topk", "topk_blocks", "mla",
-             "softcap", "mods", "sinks", "lengths", "cache", "past", "dropout", "lse", "invariance", "cascade",
-             "grad_keywords", "pairs",
-             "calls", "edges", "stateful", "long_runs", "scale", "merge", "ranks"]
+             "softcap", "mods", "sinks", "lengths", "cache", "past", "dropout", "lse", "invariance",
+             "cascade", "grad_keywords", "pairs", "calls", "edges", "stateful", "long_runs", "scale", "merge",
+             "ranks"]
     assert [f for i, f in enumerate(families) if f not in families[:i]] == order
     assert registry.LAW_MODULES == tuple(f"spec.laws.{f}" for f in order)
     per_module = {module: list(registry.collect((module,))) for module in registry.LAW_MODULES}
