@@ -1034,3 +1034,59 @@ def test_backward_with_a_chunk_equals_attention_backward_with_its_mask(causal, a
         for g, w, by_chunk in zip(got, want, by_keyword, strict=True):
             np.testing.assert_allclose(g, w, **GRAD_TOL[np.float64])
             np.testing.assert_allclose(by_chunk, w, **GRAD_TOL[np.float64])
+
+
+# --- split-KV: num_splits ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("num_splits", [2, 3, 7, 40])
+def test_num_splits_equals_one_split_to_rounding(dtype, causal, num_splits):
+    """Each split's state merged by its LSE gives the unsplit output and LSE, whatever the count
+    (more splits than tiles: empty splits are the merge's identity), with a partial last tile."""
+    rng = np.random.default_rng(74)
+    q, k, v = qkv(rng, 21, 45, lead_q=(2,), lead_kv=(2,), dtype=dtype)
+    want, want_lse = attention(q, k, v, causal=causal, return_lse=True)
+    one, one_lse = flash_attention(q, k, v, causal=causal, block=(8, 8), return_lse=True)
+    got, lse = flash_attention(q, k, v, causal=causal, block=(8, 8), num_splits=num_splits, return_lse=True)
+    np.testing.assert_allclose(got, want, **TOL[dtype])
+    np.testing.assert_allclose(lse, want_lse, **TOL[dtype])
+    np.testing.assert_allclose(got, one, **TOL[dtype])
+    np.testing.assert_allclose(lse, one_lse, **TOL[dtype])
+
+
+def test_split_edges_cut_the_key_tiles_into_contiguous_groups_covering_every_key():
+    from impl.flash import split_edges
+
+    assert split_edges(45, 8, 3) == [(0, 16), (16, 32), (32, 45)]
+    assert split_edges(45, 8, 1) == [(0, 45)]
+    assert split_edges(10, 8, 4) == [(0, 0), (0, 8), (8, 8), (8, 10)]  # 2 tiles over 4 splits
+
+
+def test_num_splits_over_a_paged_cache_equals_one_split_to_rounding():
+    from paged_caches import draw_seqs, lengths_of, paged
+
+    rng = np.random.default_rng(75)
+    k_seqs, v_seqs = draw_seqs(rng, [13, 30], 1, 8), draw_seqs(rng, [13, 30], 1, 8)
+    k_pool, v_pool, table = paged(k_seqs, v_seqs, 4, rng)
+    q = rng.standard_normal((2, 2, 5, 8))
+    options = dict(block_table=table, kv_lengths=lengths_of(k_seqs), causal=True, block=(4, 4))
+    one = flash_attention(q, k_pool, v_pool, **options)
+    np.testing.assert_allclose(flash_attention(q, k_pool, v_pool, **options, num_splits=3), one,
+                               **TOL[np.float64])
+
+
+@pytest.mark.parametrize("num_splits", [0, -1, 1.5, True, "2", None])
+def test_bad_num_splits_is_refused_and_named(num_splits):
+    q, k, v = qkv(np.random.default_rng(76), 3, 3)
+    with pytest.raises(ValueError, match="num_splits must be an integer >= 1"):
+        flash_attention(q, k, v, num_splits=num_splits)
+
+
+def test_num_splits_is_refused_with_a_sparse_selection():
+    q, k, v = qkv(np.random.default_rng(77), 3, 5)
+    indices = np.zeros((3, 2), dtype=np.int64)
+    assert flash_attention(q, k, v, topk_indices=indices, num_splits=1).shape == (3, 8)
+    with pytest.raises(ValueError, match="num_splits"):
+        flash_attention(q, k, v, topk_indices=indices, num_splits=2)
