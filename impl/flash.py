@@ -351,12 +351,12 @@ def check_num_splits(num_splits: Any) -> int:
     return int(num_splits)
 
 
-def split_edges(n_k: int, block_k: int, num_splits: int) -> list[tuple[int, int]]:
-    """The key ranges of ``num_splits`` splits of n_k keys: the ⌈n_k / block_k⌉ key tiles cut into
-    ``num_splits`` contiguous groups of near-equal tile counts (a group may hold no tile: more
-    splits than tiles), as a split-KV kernel cuts a row's keys."""
-    tiles = -(-n_k // block_k)
-    cuts = [min(n_k, (g * tiles // num_splits) * block_k) for g in range(num_splits + 1)]
+def split_edges(n: int, num_splits: int) -> list[tuple[int, int]]:
+    """The ranges of ``num_splits`` splits of n keys (of a sparse call, n list entries): contiguous,
+    of near-equal sizes ⌊g·n / num_splits⌋ .. ⌊(g + 1)·n / num_splits⌋, covering every key once (a
+    split is empty where there are more splits than keys), as a split-KV kernel cuts a row's keys.
+    Each split is then tiled on its own, from its first key."""
+    cuts = [g * n // num_splits for g in range(num_splits + 1)]
     return [(cuts[g], cuts[g + 1]) for g in range(num_splits)]
 
 
@@ -373,7 +373,7 @@ def _split_rows(
     rows, d_v = q1 - q0, v.shape[-1]
     outs = np.empty((num_splits, q1, d_v), dtype=out.dtype)  # rows q0:q1 of each are written
     lses = np.empty((num_splits, q1), dtype=out.dtype)
-    for g, keys in enumerate(split_edges(k.shape[0], block_k, num_splits)):
+    for g, keys in enumerate(split_edges(k.shape[0], num_splits)):
         _row_block(q, k, v, outs[g], lses[g], q0, q1, block_k=block_k, keys=keys, **rest)
     merged, merged_lse = merge_states_n(outs[:, q0:q1], lses[:, q0:q1])
     out[q0:q1] = merged.reshape(rows, d_v)
@@ -447,7 +447,7 @@ def _alibi(alibi_slopes: Any, batch: tuple[int, ...], n_q: int, n_k: int, work: 
 
 class Tiling(TypedDict, total=False):
     """How `flash_attention` tiles its work: ``block`` (query rows, keys), ``threads`` and
-    ``num_splits`` (each row's key tiles cut into that many splits, merged by their LSEs)."""
+    ``num_splits`` (each row's keys cut into that many splits, merged by their LSEs)."""
 
     block: int | tuple[int, int]
     threads: int | None
@@ -518,10 +518,11 @@ def flash_attention(
         ``scale·qv·vᵀ``, computed as q' = [q, qv] against k' = [k, v] (a copy of the keys joined to
         the values); contiguous keys only. `flash_attention_backward` does not take it.
       d_v: with ``v=None``, MLA's shared latent: the values are ``k[..., :d_v]``.
-      num_splits: an int ≥ 1: each row's key tiles are cut into this many contiguous groups (split-KV
+      num_splits: an int ≥ 1: each row's keys are cut into this many contiguous near-equal splits (split-KV
         decoding's splits: FlashAttention's ``flash_attn_with_kvcache(num_splits=)``), each its own
         online softmax, the groups' states then merged by their logsumexps (`impl.merge`). Equal
-        to one split up to rounding, not bit for bit. Not with top-k or block-sparse selection.
+        to one split up to rounding, not bit for bit. With top-k or block-sparse selection the
+        splits cut each row's list entries (FlashMLA's sparse split-KV).
       threads: the most threads the row blocks run on; default (None) one per CPU this process may
         run on. ``1`` runs every block in the calling thread and leaves BLAS's own thread count
         as it is (``python -m impl.bench --profile`` runs so, under a one-thread BLAS, since a line
@@ -536,9 +537,6 @@ def flash_attention(
     if keywords["qv"] is not None:
         q, k, keywords["scale"] = _absorbed(q, k, v, keywords)
     if _sparse_given(keywords):
-        if splits != 1:
-            raise ValueError(f"num_splits: flash_attention splits contiguous or paged keys only, not a "
-                             f"top-k or block-sparse selection; got num_splits={splits}")
         return _sparse(q, k, v, keywords, return_lse=return_lse)
     if keywords["block_table"] is not None:
         return _paged(q, k, v, keywords, return_lse=return_lse)
@@ -1097,6 +1095,7 @@ def _sparse(q: Any, k: Any, v: Any, keywords: Any, *, return_lse: bool) -> Array
     """`flash_attention` with a top-k list: each row gathers its listed keys, a block of list entries
     at a time, with the online softmax; memory O(n_q · topk), never n_q × n_k nor a dense mask."""
     call = _Sparse(q, k, v, keywords)
+    splits = check_num_splits(keywords["num_splits"])
     seen = Visibility(causal=bool(keywords["causal"]), window=None if keywords["window"] is None
                       else check_window(keywords["window"]), chunk=_chunk(keywords["attention_chunk"]))
     softcap = check_softcap(keywords["softcap"])
@@ -1111,9 +1110,20 @@ def _sparse(q: Any, k: Any, v: Any, keywords: Any, *, return_lse: bool) -> Array
         h, q0, q1 = job
         idx = call.heads[h]
         qh, kh, vh, listed = call.of(idx)
-        _sparse_rows(qh, kh, vh, listed, out[idx], None if lse is None else lse[idx], q0, q1, head=idx,
-                     seen=seen, scale=call.scale, softcap=softcap, alibi=alibi,
-                     entries=min(block_k, SPARSE_ENTRIES))
+        entries = min(block_k, SPARSE_ENTRIES)
+        rest: dict[str, Any] = dict(head=idx, seen=seen, scale=call.scale, softcap=softcap, alibi=alibi,
+                                    entries=entries)
+        if splits == 1:
+            _sparse_rows(qh, kh, vh, listed, out[idx], None if lse is None else lse[idx], q0, q1, **rest)
+            return
+        outs = np.empty((splits, q1, out.shape[-1]), dtype=work)  # rows q0:q1 of each are written
+        lses = np.empty((splits, q1), dtype=work)
+        for g, (a, b) in enumerate(split_edges(listed.shape[-1], splits)):  # a split of entries
+            _sparse_rows(qh, kh, vh, listed[:, a:b], outs[g], lses[g], q0, q1, **rest)
+        merged, merged_lse = merge_states_n(outs[:, q0:q1], lses[:, q0:q1])
+        out[idx][q0:q1] = merged
+        if lse is not None:
+            lse[idx][q0:q1] = merged_lse
 
     jobs = list(_jobs(len(call.heads), call.n_q, block_q, False))
     # Each gathered score also gathers a key of d_k: as much work as d_k dense scores.

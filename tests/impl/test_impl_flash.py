@@ -1056,12 +1056,13 @@ def test_num_splits_equals_one_split_to_rounding(dtype, causal, num_splits):
     np.testing.assert_allclose(lse, one_lse, **TOL[dtype])
 
 
-def test_split_edges_cut_the_key_tiles_into_contiguous_groups_covering_every_key():
+def test_split_edges_cut_the_keys_into_contiguous_near_equal_splits_covering_every_key():
     from impl.flash import split_edges
 
-    assert split_edges(45, 8, 3) == [(0, 16), (16, 32), (32, 45)]
-    assert split_edges(45, 8, 1) == [(0, 45)]
-    assert split_edges(10, 8, 4) == [(0, 0), (0, 8), (8, 8), (8, 10)]  # 2 tiles over 4 splits
+    assert split_edges(45, 3) == [(0, 15), (15, 30), (30, 45)]
+    assert split_edges(10, 3) == [(0, 3), (3, 6), (6, 10)]
+    assert split_edges(45, 1) == [(0, 45)]
+    assert split_edges(2, 4) == [(0, 0), (0, 1), (1, 1), (1, 2)]  # more splits than keys: some empty
 
 
 def test_num_splits_over_a_paged_cache_equals_one_split_to_rounding():
@@ -1084,9 +1085,11 @@ def test_bad_num_splits_is_refused_and_named(num_splits):
         flash_attention(q, k, v, num_splits=num_splits)
 
 
-def test_num_splits_is_refused_with_a_sparse_selection():
-    q, k, v = qkv(np.random.default_rng(77), 3, 5)
-    indices = np.zeros((3, 2), dtype=np.int64)
-    assert flash_attention(q, k, v, topk_indices=indices, num_splits=1).shape == (3, 8)
-    with pytest.raises(ValueError, match="num_splits"):
-        flash_attention(q, k, v, topk_indices=indices, num_splits=2)
+@pytest.mark.parametrize("num_splits", [2, 5])
+def test_num_splits_with_a_sparse_selection_splits_the_list_entries(num_splits):
+    rng = np.random.default_rng(77)
+    q, k, v = qkv(rng, 6, 40, lead_q=(2,), lead_kv=(2,))
+    indices = rng.integers(-1, 40, size=(2, 6, 20))
+    one = flash_attention(q, k, v, topk_indices=indices, block=(4, 4))
+    got = flash_attention(q, k, v, topk_indices=indices, block=(4, 4), num_splits=num_splits)
+    np.testing.assert_allclose(got, one, **TOL[np.float64])
