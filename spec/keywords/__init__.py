@@ -61,6 +61,7 @@ KEYWORD_MODULES: tuple[str, ...] = (
     "spec.keywords.sinks",
     "spec.keywords.varlen",
     "spec.keywords.paged",
+    "spec.keywords.num_splits",
     "spec.keywords.fp8",
     "spec.keywords.past",
     "spec.keywords.dropout",
