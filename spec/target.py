@@ -215,10 +215,9 @@ class Target:
     block_multiple: int | None = None
     """Paged block sizes are multiples of this (a kernel whose tiles hold 16 keys: 16); None: any.
     Needs ``supports_paged_kv``."""
-    num_splits_values: tuple[int, ...] = ()
-    """The split counts ``num_splits=`` takes, each an int ≥ 1: ``(1, 2, 4)`` (a split-KV kernel,
-    FlashAttention's ``num_splits``); a case draws one of them. Needed with, and needs,
-    ``supports_num_splits``."""
+    num_splits_values: tuple[int, ...] | None = None
+    """The split counts ``num_splits=`` takes, each an int ≥ 1: ``(1, 2, 4)``; None: any (the cases
+    draw 1, 2, 3, 4 and 8). A case draws one of them. Needs ``supports_num_splits``."""
     deterministic: bool = True
     """Two identical calls give bit-identical outputs."""
     isolation: Isolation = "thread"
@@ -262,7 +261,7 @@ class Target:
     chunks against a growing cache give the one call's output (bottom-right or per-sequence
     alignment: ``causal_alignment`` ``bottom_right`` or ``kv_lengths``, a paged or a past cache);
     ``"splits"``, the same call gives the same bits at every split count the target takes
-    (``num_splits_values``, two at least). Each names the laws that then compare bit for bit (vLLM's
+    (``num_splits_values``: two at least). Each names the laws that then compare bit for bit (vLLM's
     batch-invariant mode promises the first three); none declared, the chunked-prefill law still
     holds the target to its tolerance."""
     merge: Any = None
@@ -593,8 +592,8 @@ def _check_grad_extras(target: Target) -> tuple[str, ...]:
     return tuple(dict.fromkeys(given))
 
 
-def _check_num_splits_values(given: Any) -> tuple[int, ...]:
-    """``num_splits_values``: a tuple of ints ≥ 1 (`spec.keywords.num_splits.check_values`)."""
+def _check_num_splits_values(given: Any) -> tuple[int, ...] | None:
+    """``num_splits_values``: None or a tuple of ints ≥ 1 (`spec.keywords.num_splits.check_values`)."""
     from spec.keywords.num_splits import check_values
 
     try:
@@ -623,10 +622,11 @@ def _check_invariant(target: Target) -> tuple[str, ...]:
                           "causal_alignment 'bottom_right' or 'kv_lengths', supports_paged_kv=True or "
                           "supports_past_kv=True (target declares causal_alignment="
                           f"{target.causal_alignment!r})")
-    if "splits" in given and len(target.num_splits_values) < 2:
+    if "splits" in given and (not target.supports_num_splits or len(target.num_splits_values or (1, 2)) < 2):
         raise TargetError("Target invariant='splits' promises one output across the split counts it takes: "
-                          "it needs supports_num_splits=True and two or more num_splits_values (target "
-                          f"declares num_splits_values={target.num_splits_values!r})")
+                          "it needs supports_num_splits=True and two or more counts (target declares "
+                          f"supports_num_splits={target.supports_num_splits}, "
+                          f"num_splits_values={target.num_splits_values!r})")
     return tuple(dict.fromkeys(given))
 
 

@@ -61,7 +61,6 @@ KEYWORD_MODULES: tuple[str, ...] = (
     "spec.keywords.sinks",
     "spec.keywords.varlen",
     "spec.keywords.paged",
-    "spec.keywords.num_splits",
     "spec.keywords.fp8",
     "spec.keywords.past",
     "spec.keywords.dropout",
@@ -69,6 +68,7 @@ KEYWORD_MODULES: tuple[str, ...] = (
     "spec.keywords.topk",
     "spec.keywords.topk_blocks",
     "spec.keywords.qv",
+    "spec.keywords.num_splits",
 )
 """Every keyword module, in declaration order. Add a keyword here (one line)."""
 

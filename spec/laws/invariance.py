@@ -38,7 +38,7 @@ from hypothesis import strategies as st
 from spec.cases import Case, between, cases, pick
 from spec.inputs import Inputs
 from spec.keywords.kv_lengths import KV_LENGTHS
-from spec.keywords.num_splits import NUM_SPLITS
+from spec.keywords.num_splits import NUM_SPLITS, counts
 from spec.keywords.paged import PAGED
 from spec.keywords.varlen import VARLEN, offsets
 from spec.laws import _needs
@@ -299,10 +299,10 @@ def neighbours_invariant(target: Target, case: Case) -> None:
 
 @st.composite
 def split_cases(draw: st.DrawFn, t: Target) -> Case:
-    """A case with one of the target's split counts (``num_splits_values``), at a tile edge one time
-    in `spec.cases.TILE_ODDS` (where a split's last tile is partial), and half the time one other
-    keyword the target declares drawn with it (a window, a softcap, a paged cache ...): a split-KV
-    kernel splits what the other keyword leaves it."""
+    """A case with one of the split counts the target takes (`spec.keywords.num_splits.counts`), at a
+    tile edge one time in `spec.cases.TILE_ODDS` (where a split's last tile is partial), and half the
+    time one other keyword the target declares drawn with it (a window, a softcap, a paged cache ...):
+    a split-KV kernel splits what the other keyword leaves it."""
     others = [kw for kw in forward_keywords(t) if kw.combines_with(NUM_SPLITS, t.ndims)]
     other = draw(st.sampled_from([None, None, *others])) if others else None
     masks = ("none", "random") if t.supports_mask else ("none",)
@@ -322,14 +322,15 @@ def num_splits_matches_golden(target: Target, case: Case) -> None:
     twice); a combine that weighs the splits by their row sums without their max shifts.
     """
     inputs = case.inputs()
-    assert_matches(target, inputs, run(target, inputs), what=f"output with num_splits={inputs.get('num_splits')}")
+    said = f"output with num_splits={inputs.get('num_splits')}"
+    assert_matches(target, inputs, run(target, inputs), what=said)
 
 
-@law(strategy=split_cases, needs=declares("splits") & _needs.keyword(NUM_SPLITS))
+@law(strategy=split_cases, needs=_needs.keyword(NUM_SPLITS) & declares("splits"))
 def splits_invariant(target: Target, case: Case) -> None:
     """For a target that declares ``invariant=("splits",)``: the same call at each split count it
-    takes (``num_splits_values``) gives the same output, bit for bit; the failure names the two
-    counts and the first entry that differs.
+    takes (``num_splits_values``, else `spec.keywords.num_splits.COUNTS`) gives the same output, bit
+    for bit; the failure names the two counts and the first entry that differs.
 
     Catches: a split-KV combine whose order of additions follows the split count (the splits'
     states merged in a tree or one by one as they finish), so that the batch-invariant mode that
@@ -337,8 +338,8 @@ def splits_invariant(target: Target, case: Case) -> None:
     promises one result for every count and silently picks its own (num_splits=0's heuristic).
     """
     inputs = case.inputs()
-    counts = target.num_splits_values
-    first = run(target, inputs.replace(num_splits=counts[0]))
-    for n in counts[1:]:
+    taken = counts(target)
+    first = run(target, inputs.replace(num_splits=taken[0]))
+    for n in taken[1:]:
         assert_unchanged(target, inputs, first, run(target, inputs.replace(num_splits=n)), bitwise=True,
-                         what=f"output with num_splits={n}", change=f"num_splits={counts[0]} → {n}")
+                         what=f"output with num_splits={n}", change=f"num_splits={taken[0]} → {n}")
