@@ -67,6 +67,7 @@ from impl.attention import (
 from impl.grad import _check_d_out, _unbroadcast
 from impl.keywords import CacheKeywords, CommonKeywords, LatentKeywords, WithLse, WithoutLse, given, takes
 from impl.masks import _diagonal, check_chunk, check_selection_keywords, check_window
+from impl.merge import merge_states_n
 
 # Query rows × keys per tile. A 256 × 2048 float32 score tile is 2 MiB: big enough that each matmul
 # runs near full sgemm speed and Python's per-tile cost vanishes, small enough to stay in cache.
@@ -275,9 +276,10 @@ def _tile_shift(tile_max: Array, shift_free: bool) -> Array | None:  # [rows] ->
 def _row_block(
     q: Array, k: Array, v: Array, out: Array, lse: Array | None, q0: int, q1: int, *,
     head: tuple[int, ...], seen: Visibility, scale: float, softcap: float | None, alibi: Alibi | None,
-    block_k: int, skip_hidden: bool, shift_free: bool,
+    block_k: int, skip_hidden: bool, shift_free: bool, keys: tuple[int, int] | None = None,
 ) -> None:  # [n_q, d_k], [n_k, d_k], [n_k, d_v] -> writes out[q0:q1]: [q1 - q0, d_v], lse[q0:q1]
-    """Attention for query rows ``q0:q1`` of one head, one key tile at a time (the law above).
+    """Attention for query rows ``q0:q1`` of one head, one key tile at a time (the law above);
+    ``keys = (lo, hi)``: over keys lo..hi − 1 only (one split of `_split_rows`).
 
     Per tile, outside the two matmuls: one max and one exp over the scores (and a subtraction
     only when `_tile_shift` asks for one), in place; the row sums come from a matrix-vector
@@ -289,6 +291,13 @@ def _row_block(
     rows = q1 - q0
     # Keys no row of the block sees are skipped (exact for finite values; see flash_attention).
     k_lo, k_hi = seen.keys(q0, q1, n_k) if skip_hidden else (0, n_k)
+    if keys is not None:
+        k_lo, k_hi = max(k_lo, keys[0]), min(k_hi, keys[1])
+        if k_lo >= k_hi:  # no key of this split: the empty state, the merge's identity
+            out[q0:q1] = 0
+            if lse is not None:
+                lse[q0:q1] = -np.inf
+            return
     q_t = q[q0:q1] * _query_factor(scale, softcap, work)  # [rows, d_k]: the scale folded into q once
     m = np.full(rows, -np.inf, dtype=work)  # running reference shift
     l = np.zeros(rows, dtype=work)  # running softmax denominator
@@ -331,7 +340,45 @@ def _row_block(
         for i in np.flatnonzero(~(np.isfinite(l) & np.isfinite(acc).all(axis=1))).tolist():
             _row_block(q, k, v, out, lse, q0 + i, q0 + i + 1, head=head, seen=seen, scale=scale,
                        softcap=softcap, alibi=alibi, block_k=block_k, skip_hidden=skip_hidden,
-                       shift_free=False)
+                       shift_free=False, keys=keys)
+
+
+def check_num_splits(num_splits: Any) -> int:
+    """``num_splits``: an int ≥ 1 (a bool is refused), else ValueError naming it."""
+    if isinstance(num_splits, (bool, np.bool_)) or not isinstance(num_splits, (int, np.integer)) \
+            or num_splits < 1:
+        raise ValueError(f"num_splits must be an integer >= 1, got {num_splits!r}")
+    return int(num_splits)
+
+
+def split_edges(n: int, num_splits: int) -> list[tuple[int, int]]:
+    """The ranges of ``num_splits`` splits of n keys (of a sparse call, n list entries): contiguous,
+    of near-equal sizes ⌊g·n / num_splits⌋ .. ⌊(g + 1)·n / num_splits⌋, covering every key once (a
+    split is empty where there are more splits than keys), as a split-KV kernel cuts a row's keys.
+    Each split is then tiled on its own, from its first key."""
+    cuts = [g * n // num_splits for g in range(num_splits + 1)]
+    return [(cuts[g], cuts[g + 1]) for g in range(num_splits)]
+
+
+def _split_rows(
+    q: Array, k: Array, v: Array, out: Array, lse: Array | None, q0: int, q1: int, *, num_splits: int,
+    block_k: int, **rest: Any,
+) -> None:  # as _row_block
+    """`_row_block` for rows ``q0:q1``, its keys cut into ``num_splits`` splits (`split_edges`),
+    each its own state (out, lse), merged by their logsumexps (`impl.merge.merge_states_n`: the
+    split-KV combine); ``num_splits=1`` is `_row_block` itself."""
+    if num_splits == 1:
+        _row_block(q, k, v, out, lse, q0, q1, block_k=block_k, **rest)
+        return
+    rows, d_v = q1 - q0, v.shape[-1]
+    outs = np.empty((num_splits, q1, d_v), dtype=out.dtype)  # rows q0:q1 of each are written
+    lses = np.empty((num_splits, q1), dtype=out.dtype)
+    for g, keys in enumerate(split_edges(k.shape[0], num_splits)):
+        _row_block(q, k, v, outs[g], lses[g], q0, q1, block_k=block_k, keys=keys, **rest)
+    merged, merged_lse = merge_states_n(outs[:, q0:q1], lses[:, q0:q1])
+    out[q0:q1] = merged.reshape(rows, d_v)
+    if lse is not None:
+        lse[q0:q1] = merged_lse
 
 
 def _cores() -> int:
@@ -399,10 +446,12 @@ def _alibi(alibi_slopes: Any, batch: tuple[int, ...], n_q: int, n_k: int, work: 
 
 
 class Tiling(TypedDict, total=False):
-    """How `flash_attention` tiles its work: ``block`` (query rows, keys) and ``threads``."""
+    """How `flash_attention` tiles its work: ``block`` (query rows, keys), ``threads`` and
+    ``num_splits`` (each row's keys cut into that many splits, merged by their LSEs)."""
 
     block: int | tuple[int, int]
     threads: int | None
+    num_splits: int
 
 
 class FlashKeywords(CommonKeywords, LatentKeywords, CacheKeywords, Tiling, total=False):
@@ -419,7 +468,7 @@ class _OutLse(FlashKeywords, WithLse): ...  # -> (out, lse)
 def flash_attention(q: Any, k: Any, v: Any, **keywords: Unpack[_Out]) -> Array: ...
 @overload
 def flash_attention(q: Any, k: Any, v: Any, **keywords: Unpack[_OutLse]) -> tuple[Array, Array]: ...
-@takes(FlashKeywords, block=DEFAULT_BLOCK)
+@takes(FlashKeywords, block=DEFAULT_BLOCK, num_splits=1)
 def flash_attention(
     q: Any, k: Any, v: Any, *, return_lse: bool = False, **keywords: Unpack[FlashKeywords],
 ) -> Array | tuple[Array, Array]:  # [..., n_q, d_k], [..., n_k, d_k], [..., n_k, d_v] -> [..., n_q, d_v]
@@ -469,6 +518,11 @@ def flash_attention(
         ``scale·qv·vᵀ``, computed as q' = [q, qv] against k' = [k, v] (a copy of the keys joined to
         the values); contiguous keys only. `flash_attention_backward` does not take it.
       d_v: with ``v=None``, MLA's shared latent: the values are ``k[..., :d_v]``.
+      num_splits: an int ≥ 1: each row's keys are cut into this many contiguous near-equal splits (split-KV
+        decoding's splits: FlashAttention's ``flash_attn_with_kvcache(num_splits=)``), each its own
+        online softmax, the groups' states then merged by their logsumexps (`impl.merge`). Equal
+        to one split up to rounding, not bit for bit. With top-k or block-sparse selection the
+        splits cut each row's list entries (FlashMLA's sparse split-KV).
       threads: the most threads the row blocks run on; default (None) one per CPU this process may
         run on. ``1`` runs every block in the calling thread and leaves BLAS's own thread count
         as it is (``python -m impl.bench --profile`` runs so, under a one-thread BLAS, since a line
@@ -478,6 +532,7 @@ def flash_attention(
     float32 and are cast back; NaN and Inf propagate. No keys (n_k = 0) gives zeros.
     """
     keywords = given(flash_attention, keywords)
+    splits = check_num_splits(keywords["num_splits"])
     v = latent_values(k, v, keywords["d_v"])
     if keywords["qv"] is not None:
         q, k, keywords["scale"] = _absorbed(q, k, v, keywords)
@@ -511,9 +566,9 @@ def flash_attention(
     def run(job: tuple[int, int, int]) -> None:
         h, q0, q1 = job
         idx = heads[h]
-        _row_block(qs[idx], ks[idx], vs[idx], out[idx], None if lse is None else lse[idx], q0, q1,
-                   head=idx, seen=seen, scale=scale, softcap=softcap, alibi=alibi, block_k=block_k,
-                   skip_hidden=skip_hidden, shift_free=skip_hidden)
+        _split_rows(qs[idx], ks[idx], vs[idx], out[idx], None if lse is None else lse[idx], q0, q1,
+                    head=idx, seen=seen, scale=scale, softcap=softcap, alibi=alibi, block_k=block_k,
+                    skip_hidden=skip_hidden, shift_free=skip_hidden, num_splits=splits)
 
     jobs = list(_jobs(len(heads), n_q, block_q, causal))
     _in_parallel(run, jobs, _threads(len(jobs), len(heads) * n_q * n_k, most))
@@ -583,9 +638,10 @@ def _paged(
     def run(job: tuple[int, int, int, int]) -> None:
         b, h, q0, q1 = job
         kv = h // (heads // g)  # grouped-query attention: query head h reads K/V head h // (h/g)
-        _row_block(qs[b, h], keys[b][kv], values[b][kv], out[b, h], None if lse is None else lse[b, h],
-                   q0, q1, head=(b, h), seen=seen[b], scale=scale, softcap=softcap, alibi=alibi[b],
-                   block_k=block_k, skip_hidden=finite[b], shift_free=finite[b])
+        _split_rows(qs[b, h], keys[b][kv], values[b][kv], out[b, h], None if lse is None else lse[b, h],
+                    q0, q1, head=(b, h), seen=seen[b], scale=scale, softcap=softcap, alibi=alibi[b],
+                    block_k=block_k, skip_hidden=finite[b], shift_free=finite[b],
+                    num_splits=keywords["num_splits"])
 
     jobs = [(b, h, q0, q1) for b in range(batch) for h, q0, q1 in _jobs(heads, n_q, block_q, causal)]
     _in_parallel(run, jobs, _threads(len(jobs), heads * n_q * int(lengths.sum()), most))
@@ -1039,6 +1095,7 @@ def _sparse(q: Any, k: Any, v: Any, keywords: Any, *, return_lse: bool) -> Array
     """`flash_attention` with a top-k list: each row gathers its listed keys, a block of list entries
     at a time, with the online softmax; memory O(n_q · topk), never n_q × n_k nor a dense mask."""
     call = _Sparse(q, k, v, keywords)
+    splits = check_num_splits(keywords["num_splits"])
     seen = Visibility(causal=bool(keywords["causal"]), window=None if keywords["window"] is None
                       else check_window(keywords["window"]), chunk=_chunk(keywords["attention_chunk"]))
     softcap = check_softcap(keywords["softcap"])
@@ -1053,9 +1110,20 @@ def _sparse(q: Any, k: Any, v: Any, keywords: Any, *, return_lse: bool) -> Array
         h, q0, q1 = job
         idx = call.heads[h]
         qh, kh, vh, listed = call.of(idx)
-        _sparse_rows(qh, kh, vh, listed, out[idx], None if lse is None else lse[idx], q0, q1, head=idx,
-                     seen=seen, scale=call.scale, softcap=softcap, alibi=alibi,
-                     entries=min(block_k, SPARSE_ENTRIES))
+        entries = min(block_k, SPARSE_ENTRIES)
+        rest: dict[str, Any] = dict(head=idx, seen=seen, scale=call.scale, softcap=softcap, alibi=alibi,
+                                    entries=entries)
+        if splits == 1:
+            _sparse_rows(qh, kh, vh, listed, out[idx], None if lse is None else lse[idx], q0, q1, **rest)
+            return
+        outs = np.empty((splits, q1, out.shape[-1]), dtype=work)  # rows q0:q1 of each are written
+        lses = np.empty((splits, q1), dtype=work)
+        for g, (a, b) in enumerate(split_edges(listed.shape[-1], splits)):  # a split of entries
+            _sparse_rows(qh, kh, vh, listed[:, a:b], outs[g], lses[g], q0, q1, **rest)
+        merged, merged_lse = merge_states_n(outs[:, q0:q1], lses[:, q0:q1])
+        out[idx][q0:q1] = merged
+        if lse is not None:
+            lse[idx][q0:q1] = merged_lse
 
     jobs = list(_jobs(len(call.heads), call.n_q, block_q, False))
     # Each gathered score also gathers a key of d_k: as much work as d_k dense scores.

@@ -42,7 +42,7 @@ AlibiShape = Literal["both", "heads"]
 Fp8Scale = Literal["kv_head", "tensor"]
 LseBase = Literal["e", 2]
 TopkDuplicates = Literal["once", "each"]
-INVARIANCES = ("batch", "position", "neighbours", "chunked_prefill")
+INVARIANCES = ("batch", "position", "neighbours", "chunked_prefill", "splits")
 """The bit-exact invariances a target may promise (``Target(invariant=...)``; `spec.laws.invariance`)."""
 
 FLOAT_DTYPES = ("float16", "float32", "float64", "bfloat16")
@@ -215,6 +215,9 @@ class Target:
     block_multiple: int | None = None
     """Paged block sizes are multiples of this (a kernel whose tiles hold 16 keys: 16); None: any.
     Needs ``supports_paged_kv``."""
+    num_splits_values: tuple[int, ...] | None = None
+    """The split counts ``num_splits=`` takes, each an int ≥ 1: ``(1, 2, 4)``; None: any (the cases
+    draw 1, 2, 3, 4 and 8). A case draws one of them. Needs ``supports_num_splits``."""
     deterministic: bool = True
     """Two identical calls give bit-identical outputs."""
     isolation: Isolation = "thread"
@@ -256,9 +259,11 @@ class Target:
     wherever it sits in the batch or the pack; ``"neighbours"``, whatever the other sequences' query
     and key lengths (``kv_lengths=``, packed or paged sequences); ``"chunked_prefill"``, queries in
     chunks against a growing cache give the one call's output (bottom-right or per-sequence
-    alignment: ``causal_alignment`` ``bottom_right`` or ``kv_lengths``, a paged or a past cache). Each
-    names the laws that then compare bit for bit (vLLM's batch-invariant mode promises the first
-    three); none declared, the chunked-prefill law still holds the target to its tolerance."""
+    alignment: ``causal_alignment`` ``bottom_right`` or ``kv_lengths``, a paged or a past cache);
+    ``"splits"``, the same call gives the same bits at every split count the target takes
+    (``num_splits_values``: two at least). Each names the laws that then compare bit for bit (vLLM's
+    batch-invariant mode promises the first three); none declared, the chunked-prefill law still
+    holds the target to its tolerance."""
     merge: Any = None
     """The target's own merge operator of attention states (a `spec.MergeTarget`, or a function
     ``fn(out_a, lse_a, out_b, lse_b) -> (out, lse)`` read as ``MergeTarget(fn)`` in the target's
@@ -316,6 +321,7 @@ class Target:
             raise TargetError(f"Target deadline_s must be positive or None, got {self.deadline_s}")
         object.__setattr__(self, "grad_extras", _check_grad_extras(self))
         _check_declarations(self)
+        object.__setattr__(self, "num_splits_values", _check_num_splits_values(self.num_splits_values))
         for keyword in registered().values():  # what each keyword needs of the other declarations
             wrong = keyword.check_target(self) if keyword.check_target is not None else None
             if wrong:
@@ -586,6 +592,16 @@ def _check_grad_extras(target: Target) -> tuple[str, ...]:
     return tuple(dict.fromkeys(given))
 
 
+def _check_num_splits_values(given: Any) -> tuple[int, ...] | None:
+    """``num_splits_values``: None or a tuple of ints ≥ 1 (`spec.keywords.num_splits.check_values`)."""
+    from spec.keywords.num_splits import check_values
+
+    try:
+        return check_values(given)
+    except ValueError as e:
+        raise TargetError(f"Target {e}") from None
+
+
 def _check_invariant(target: Target) -> tuple[str, ...]:
     """``invariant``: a tuple of names among `INVARIANCES` (a bare name is refused: ``("batch")`` is
     a string, not a tuple), ``chunked_prefill`` only with an alignment that chunks keep."""
@@ -606,6 +622,11 @@ def _check_invariant(target: Target) -> tuple[str, ...]:
                           "causal_alignment 'bottom_right' or 'kv_lengths', supports_paged_kv=True or "
                           "supports_past_kv=True (target declares causal_alignment="
                           f"{target.causal_alignment!r})")
+    if "splits" in given and (not target.supports_num_splits or len(target.num_splits_values or (1, 2)) < 2):
+        raise TargetError("Target invariant='splits' promises one output across the split counts it takes: "
+                          "it needs supports_num_splits=True and two or more counts (target declares "
+                          f"supports_num_splits={target.supports_num_splits}, "
+                          f"num_splits_values={target.num_splits_values!r})")
     return tuple(dict.fromkeys(given))
 
 

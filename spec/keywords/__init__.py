@@ -70,6 +70,7 @@ KEYWORD_MODULES: tuple[str, ...] = (
     "spec.keywords.qv",
     "spec.keywords.mask_mod",
     "spec.keywords.score_mod",
+    "spec.keywords.num_splits",
 )
 """Every keyword module, in declaration order. Add a keyword here (one line)."""
 

@@ -14,6 +14,13 @@ promises, bit for bit:
   moved by one, up and down, so the smallest change that breaks it is the one reported (any change
   of a length is a chain of such steps, and a chain that changes the bits has a step that does).
 
+- ``splits``: whatever split count of those it takes (``num_splits=``, `spec.keywords.num_splits`)
+  the call is made with.
+
+The split counts have a law of their own besides, whatever a target promises: every count a target
+takes matches the golden (`num_splits_matches_golden`: the count changes how the keys are
+reduced, never what the output means).
+
 A call's sequences (`sequences`) are the batch rows of a 4-D call (dense, with ``kv_lengths=``, or
 over a paged cache) or the packed sequences of a 3-D one (``cu_seqlens_q=``/``cu_seqlens_k=``).
 The fourth invariance, ``chunked_prefill``, is `spec.laws.cascade`'s (its law also holds a target
@@ -31,9 +38,12 @@ from hypothesis import strategies as st
 from spec.cases import Case, between, cases, pick
 from spec.inputs import Inputs
 from spec.keywords.kv_lengths import KV_LENGTHS
+from spec.keywords.num_splits import NUM_SPLITS, counts
 from spec.keywords.paged import PAGED
 from spec.keywords.varlen import VARLEN, offsets
-from spec.laws._helpers import first_true, run, same_bits
+from spec.laws import _needs
+from spec.laws._helpers import assert_matches, assert_unchanged, first_true, run, same_bits
+from spec.laws.pairs import companions, forward_keywords
 from spec.registry import Need, law
 from spec.target import Target
 
@@ -282,3 +292,54 @@ def neighbours_invariant(target: Target, case: Case) -> None:
             for s in (s for s in range(n) if s != neighbour):
                 assert_same_bits(output_of(inputs, out, s), output_of(changed, got, s),
                                  change=f"neighbour {neighbour}'s {said}", sequence=s)
+
+
+# --- split counts ------------------------------------------------------------------------------
+
+
+@st.composite
+def split_cases(draw: st.DrawFn, t: Target) -> Case:
+    """A case with one of the split counts the target takes (`spec.keywords.num_splits.counts`), at a
+    tile edge one time in `spec.cases.TILE_ODDS` (where a split's last tile is partial), and half the
+    time one other keyword the target declares drawn with it (a window, a softcap, a paged cache ...):
+    a split-KV kernel splits what the other keyword leaves it."""
+    others = [kw for kw in forward_keywords(t) if kw.combines_with(NUM_SPLITS, t.ndims)]
+    other = draw(st.sampled_from([None, None, *others])) if others else None
+    masks = ("none", "random") if t.supports_mask else ("none",)
+    if other is None:  # the tile edges' cases are drawn at ranks of their own: for the keyword alone
+        return draw(cases(t, masks=masks, scale=True, tiles=True, keywords=(NUM_SPLITS,)))
+    keywords = (NUM_SPLITS, other, *companions(t, (NUM_SPLITS, other)))
+    return draw(cases(t, n_max=48, masks=masks, scale=True, keywords=keywords))
+
+
+@law(strategy=split_cases, needs=_needs.keyword(NUM_SPLITS))
+def num_splits_matches_golden(target: Target, case: Case) -> None:
+    """With ``num_splits=n``, each of the counts the target declares, the output matches the float64
+    golden (which the count does not change), alone or with another declared keyword.
+
+    Catches: a split-KV combine that drops the last split when n_k is not a multiple of the split
+    count (its keys never reach the output); splits that overlap at their edges (a key counted
+    twice); a combine that weighs the splits by their row sums without their max shifts.
+    """
+    inputs = case.inputs()
+    said = f"output with num_splits={inputs.get('num_splits')}"
+    assert_matches(target, inputs, run(target, inputs), what=said)
+
+
+@law(strategy=split_cases, needs=_needs.keyword(NUM_SPLITS) & declares("splits"))
+def splits_invariant(target: Target, case: Case) -> None:
+    """For a target that declares ``invariant=("splits",)``: the same call at each split count it
+    takes (``num_splits_values``, else `spec.keywords.num_splits.COUNTS`) gives the same output, bit
+    for bit; the failure names the two counts and the first entry that differs.
+
+    Catches: a split-KV combine whose order of additions follows the split count (the splits'
+    states merged in a tree or one by one as they finish), so that the batch-invariant mode that
+    fixes the count still changes the bits when the count is configured otherwise; a kernel that
+    promises one result for every count and silently picks its own (num_splits=0's heuristic).
+    """
+    inputs = case.inputs()
+    taken = counts(target)
+    first = run(target, inputs.replace(num_splits=taken[0]))
+    for n in taken[1:]:
+        assert_unchanged(target, inputs, first, run(target, inputs.replace(num_splits=n)), bitwise=True,
+                         what=f"output with num_splits={n}", change=f"num_splits={taken[0]} → {n}")

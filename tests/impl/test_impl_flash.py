@@ -1034,3 +1034,62 @@ def test_backward_with_a_chunk_equals_attention_backward_with_its_mask(causal, a
         for g, w, by_chunk in zip(got, want, by_keyword, strict=True):
             np.testing.assert_allclose(g, w, **GRAD_TOL[np.float64])
             np.testing.assert_allclose(by_chunk, w, **GRAD_TOL[np.float64])
+
+
+# --- split-KV: num_splits ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("num_splits", [2, 3, 7, 40])
+def test_num_splits_equals_one_split_to_rounding(dtype, causal, num_splits):
+    """Each split's state merged by its LSE gives the unsplit output and LSE, whatever the count
+    (more splits than tiles: empty splits are the merge's identity), with a partial last tile."""
+    rng = np.random.default_rng(74)
+    q, k, v = qkv(rng, 21, 45, lead_q=(2,), lead_kv=(2,), dtype=dtype)
+    want, want_lse = attention(q, k, v, causal=causal, return_lse=True)
+    one, one_lse = flash_attention(q, k, v, causal=causal, block=(8, 8), return_lse=True)
+    got, lse = flash_attention(q, k, v, causal=causal, block=(8, 8), num_splits=num_splits, return_lse=True)
+    np.testing.assert_allclose(got, want, **TOL[dtype])
+    np.testing.assert_allclose(lse, want_lse, **TOL[dtype])
+    np.testing.assert_allclose(got, one, **TOL[dtype])
+    np.testing.assert_allclose(lse, one_lse, **TOL[dtype])
+
+
+def test_split_edges_cut_the_keys_into_contiguous_near_equal_splits_covering_every_key():
+    from impl.flash import split_edges
+
+    assert split_edges(45, 3) == [(0, 15), (15, 30), (30, 45)]
+    assert split_edges(10, 3) == [(0, 3), (3, 6), (6, 10)]
+    assert split_edges(45, 1) == [(0, 45)]
+    assert split_edges(2, 4) == [(0, 0), (0, 1), (1, 1), (1, 2)]  # more splits than keys: some empty
+
+
+def test_num_splits_over_a_paged_cache_equals_one_split_to_rounding():
+    from paged_caches import draw_seqs, lengths_of, paged
+
+    rng = np.random.default_rng(75)
+    k_seqs, v_seqs = draw_seqs(rng, [13, 30], 1, 8), draw_seqs(rng, [13, 30], 1, 8)
+    k_pool, v_pool, table = paged(k_seqs, v_seqs, 4, rng)
+    q = rng.standard_normal((2, 2, 5, 8))
+    options = dict(block_table=table, kv_lengths=lengths_of(k_seqs), causal=True, block=(4, 4))
+    one = flash_attention(q, k_pool, v_pool, **options)
+    np.testing.assert_allclose(flash_attention(q, k_pool, v_pool, **options, num_splits=3), one,
+                               **TOL[np.float64])
+
+
+@pytest.mark.parametrize("num_splits", [0, -1, 1.5, True, "2", None])
+def test_bad_num_splits_is_refused_and_named(num_splits):
+    q, k, v = qkv(np.random.default_rng(76), 3, 3)
+    with pytest.raises(ValueError, match="num_splits must be an integer >= 1"):
+        flash_attention(q, k, v, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("num_splits", [2, 5])
+def test_num_splits_with_a_sparse_selection_splits_the_list_entries(num_splits):
+    rng = np.random.default_rng(77)
+    q, k, v = qkv(rng, 6, 40, lead_q=(2,), lead_kv=(2,))
+    indices = rng.integers(-1, 40, size=(2, 6, 20))
+    one = flash_attention(q, k, v, topk_indices=indices, block=(4, 4))
+    got = flash_attention(q, k, v, topk_indices=indices, block=(4, 4), num_splits=num_splits)
+    np.testing.assert_allclose(got, one, **TOL[np.float64])

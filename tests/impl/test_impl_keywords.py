@@ -24,7 +24,7 @@ SIGNATURES = {
     attention: MATHS | SPARSE | CACHE | {"return_weights": False, "return_lse": False},
     attention_backward: MATHS | SPARSE | {"align": "top_left", "return_extras": False},
     flash_attention: {"causal": False, "scale": None, "block": (256, 2048), "window": None, "softcap": None,
-                      "return_lse": False, "alibi_slopes": None, "threads": None,
+                      "return_lse": False, "alibi_slopes": None, "threads": None, "num_splits": 1,
                       "attention_chunk": None, "qv": None, "d_v": None} | SPARSE | CACHE
                      | {"kv_lengths": None},
 }

@@ -4,19 +4,23 @@ and the laws that hold a target to them (`spec.laws.invariance`, `spec.laws.casc
 from __future__ import annotations
 
 import itertools
+import re
 
 import numpy as np
 import pytest
-from gallery.invariance import BROKEN, each_row_alone
+from gallery.invariance import BROKEN, each_row_alone, one_split_whatever_asked
+from hypothesis import HealthCheck, given, settings
 
 import spec
 from impl import attention
 from impl.merge import merge_states
-from spec import MergeTarget, Target
+from spec import MergeTarget, Target, oracle
 from spec.builtin import load_target
 from spec.cases import Case
+from spec.keywords import registered
+from spec.keywords.num_splits import COUNTS, NUM_SPLITS
 from spec.laws.cascade import chunk_call, chunks, own_merge
-from spec.laws.invariance import holding, output_of, sequences, steps
+from spec.laws.invariance import holding, output_of, sequences, split_cases, steps
 from spec.target import INVARIANCES, TargetError
 
 INVARIANCE_LAWS = ["batch_invariant", "position_invariant", "neighbours_invariant"]
@@ -226,3 +230,105 @@ def test_chunked_prefill_over_a_past_cache_holds_for_a_correct_one_and_catches_a
     assert result.status == "pass", result.message
     (result,) = spec.check(Target(top_left, **PAST), profile="quick", only=only, seed=1).results
     assert result.status == "fail" and "as a chunk" in result.message
+
+
+# --- split counts: num_splits= and invariant=("splits",) -------------------------------------------
+
+
+def _splitting(q, k, v, *, num_splits=1, **kw):
+    return attention(q, k, v, **kw)
+
+
+SPLITS = dict(supports_num_splits=True, num_splits_values=(1, 2, 4))
+NOT_COUNTS = "num_splits_values must be None .any count. or a non-empty tuple of integers"
+
+
+def test_num_splits_values_keep_the_counts_in_order_once_each():
+    target = Target(_splitting, supports_num_splits=True, num_splits_values=[4, 1, 4, 2])
+    assert target.num_splits_values == (4, 1, 2)
+    assert Target(_splitting, supports_num_splits=True).num_splits_values is None  # any count
+
+
+@pytest.mark.parametrize(("declared", "said"), [
+    (dict(num_splits_values=(1, 2)), r"num_splits_values=\(1, 2\) needs supports_num_splits=True"),
+    (dict(supports_num_splits=True, num_splits_values=(0, 2)), NOT_COUNTS),
+    (dict(supports_num_splits=True, num_splits_values=(True,)), NOT_COUNTS),
+    (dict(supports_num_splits=True, num_splits_values=2), NOT_COUNTS),
+    (dict(supports_num_splits=True, num_splits_values=(1.0, 2)), NOT_COUNTS),
+    (dict(supports_num_splits=True, num_splits_values=()), NOT_COUNTS),
+    (dict(invariant=("splits",)), "invariant='splits'.*supports_num_splits=True and two or more"),
+    (dict(invariant=("splits",), supports_num_splits=True, num_splits_values=(2,)), "two or more"),
+])
+def test_a_split_declaration_that_cannot_hold_is_refused_naming_the_field(declared, said):
+    with pytest.raises(TargetError, match=said):
+        Target(_splitting, **declared)
+
+
+def test_splits_is_an_invariance_a_split_kernel_may_declare():
+    assert "splits" in INVARIANCES
+    assert Target(_splitting, invariant=("splits",), **SPLITS).invariant == ("splits",)
+    assert Target(_splitting, invariant=("splits",), supports_num_splits=True).invariant == ("splits",)
+
+
+def _drawn_counts(target: Target) -> set[int]:
+    """The split counts the split laws' cases draw for ``target``, each checked passed as drawn and
+    leaving the golden as it is."""
+    seen = set()
+
+    @settings(max_examples=80, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(split_cases(target))
+    def drawn(case):
+        n = case.param("num_splits")
+        seen.add(n)
+        inputs = case.inputs()
+        assert inputs.get("num_splits") == n
+        golden = oracle.expected(target, inputs).out
+        np.testing.assert_array_equal(golden, oracle.expected(target, inputs.replace(num_splits=None)).out)
+
+    drawn()
+    return seen
+
+
+def test_the_keyword_passes_a_declared_count_and_leaves_the_golden_as_it_is():
+    assert registered()["num_splits"] is NUM_SPLITS and NUM_SPLITS.passes == ("num_splits",)
+    assert _drawn_counts(Target(_splitting, **SPLITS)) == {1, 2, 4}
+    assert _drawn_counts(Target(_splitting, supports_num_splits=True)) == set(COUNTS)  # any count
+
+
+def test_the_split_laws_are_skipped_naming_what_is_missing():
+    (result,) = spec.check("reference", profile="quick", only=["num_splits_matches_golden"]).results
+    assert result.status == "skip" and "num_splits=" in result.message
+    (result,) = spec.check("flash", profile="quick", only=["splits_invariant"]).results
+    assert result.status == "skip" and "invariant=('splits',)" in result.message
+
+
+def test_flash_matches_the_golden_at_every_count_it_takes_but_not_bit_for_bit_across_them():
+    """Why flash does not declare "splits": its splits' states are merged by their LSEs, which rounds."""
+    flash = load_target("flash")
+    assert flash.supports_num_splits and flash.num_splits_values is None
+    (result,) = spec.check(flash, profile="ci", only=["num_splits_matches_golden"], seed=1).results
+    assert result.status == "pass"
+    promised = flash.replace(invariant=(*flash.invariant, "splits"))
+    (result,) = spec.check(promised, profile="ci", only=["splits_invariant"], seed=1).results
+    assert result.status == "fail"
+
+
+def test_a_splits_failure_names_the_two_counts_and_the_first_entry_they_differ_at():
+    merged_in_turn = next(b.target for b in BROKEN if b.catches == "splits_invariant")
+    (result,) = spec.check(merged_in_turn, profile="ci", only=["splits_invariant"], seed=0).results
+    assert result.status == "fail"
+    assert re.search(r"num_splits=1 → [24] changed output \[[0-9, ]+\] from \S+ to \S+", result.message), \
+        result.message
+
+
+def test_a_kernel_that_drops_its_last_split_fails_the_golden_at_that_count():
+    dropping = next(b.target for b in BROKEN if b.catches == "num_splits_matches_golden")
+    (result,) = spec.check(dropping, profile="ci", only=["num_splits_matches_golden"], seed=0).results
+    assert result.status == "fail" and "num_splits=" in result.message
+
+
+def test_a_kernel_that_ignores_the_count_holds_splits_and_the_golden():
+    target = Target(one_split_whatever_asked, invariant=("splits",), supports_mask=True, supports_scale=True,
+                    **SPLITS)
+    report = spec.check(target, profile="ci", only=["splits_invariant", "num_splits_matches_golden"], seed=3)
+    assert [r.status for r in report.results] == ["pass"] * 2

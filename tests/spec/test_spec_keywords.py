@@ -47,7 +47,7 @@ def test_a_keyword_names_its_capability_supports_or_returns():
 
 DECLARATION_ORDER = ["bias", "alibi", "kv_lengths", "window", "softcap", "lse", "sinks", "varlen", "paged",
                      "fp8", "past_kv", "dropout", "chunk", "topk", "topk_blocks", "qv", "mask_mod",
-                     "score_mod"]
+                     "score_mod", "num_splits"]
 """The keywords in the order they were declared when the law modules declared them (the base of
 the one-module-per-keyword move): the cases draw, write and the oracle reads them in this order,
 so a change of it changes every run's draws."""
@@ -57,7 +57,7 @@ def test_keywords_are_declared_in_the_order_draws_depend_on():
     assert list(registered()) == DECLARATION_ORDER
     assert [m.rsplit(".", 1)[1] for m in keywords.KEYWORD_MODULES] == [
         "bias", "alibi", "kv_lengths", "window", "softcap", "lse", "sinks", "varlen", "paged", "fp8", "past",
-        "dropout", "chunk", "topk", "topk_blocks", "qv", "mask_mod", "score_mod"]
+        "dropout", "chunk", "topk", "topk_blocks", "qv", "mask_mod", "score_mod", "num_splits"]
 
 
 def test_a_target_takes_every_keywords_capability_and_no_other():

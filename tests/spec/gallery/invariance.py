@@ -6,7 +6,9 @@ on its own and keeps them all.
 A split-KV kernel cuts each row's keys into parts, attends to each part and merges the parts by
 their logsumexps: the result is right to rounding whatever the split count, but not bit for bit —
 so a split count chosen from anything but the sequence itself makes its output depend on its
-neighbours.
+neighbours. The kernels that take the split count as ``num_splits=`` (`spec.keywords.num_splits`)
+are held to the golden at every count they declare, and, declaring ``invariant=("splits",)``, to
+one output across them.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numpy as np
 from gallery.base import broken
 from impl import attention
 from impl.masks import causal_mask
-from impl.merge import merge_states_n
+from impl.merge import merge_states, merge_states_n
 from spec import Target
 
 Array = np.ndarray
@@ -104,6 +106,46 @@ def splits_by_chunk_size(q: Array, k: Array, v: Array, **kw: Any) -> Array:
     return split_kv(q, k, v, np.full(q.shape[0], 2 if q.shape[-2] < 4 else 1), align="bottom_right", **kw)
 
 
+def split_parts(q: Array, k: Array, v: Array, num_splits: int, *, causal: bool = False, mask: Any = None,
+                scale: float | None = None) -> list[tuple[Array, Array]]:
+    # q [..., n_q, d_k], k [..., n_k, d_k], v [..., n_k, d_v] -> num_splits × (out, lse)
+    """Each of ``num_splits`` near-equal contiguous parts of the keys attended to on its own, as a
+    ``(out, lse)`` state (causal top-left and ``mask`` applied at the keys' own positions; a part
+    with no key the empty state)."""
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    keep = causal_mask(n_q, n_k) if causal else None
+    if mask is not None:
+        keep = np.asarray(mask) if keep is None else keep & np.asarray(mask)
+    cuts = [g * n_k // num_splits for g in range(num_splits + 1)]
+    return [attention(q, k[..., lo:hi, :], v[..., lo:hi, :], mask=None if keep is None else keep[..., lo:hi],
+                      scale=scale, return_lse=True) for lo, hi in itertools.pairwise(cuts)]
+
+
+def splits_merged_in_turn(q: Array, k: Array, v: Array, *, num_splits: int = 1, **kw: Any) -> Array:
+    # the splits' states folded into a running state one by one as they finish: each merge rounds,
+    # so the count of merges (the split count) changes the last bits; it still promises one output
+    out, lse = (parts := split_parts(q, k, v, num_splits, **kw))[0]
+    for part_out, part_lse in parts[1:]:
+        out, lse = merge_states(out, lse, part_out, part_lse)
+    return out
+
+
+def drops_last_split(q: Array, k: Array, v: Array, *, num_splits: int = 1, **kw: Any) -> Array:
+    # the combine reads the splits of a full grid only: with n_k not a multiple of the count, the
+    # last (shorter) split's state is never merged and its keys never reach the output
+    parts = split_parts(q, k, v, num_splits, **kw)
+    if k.shape[-2] % num_splits and len(parts) > 1:
+        parts = parts[:-1]
+    out, _ = merge_states_n(np.stack([p[0] for p in parts]), np.stack([p[1] for p in parts]))
+    return out
+
+
+def one_split_whatever_asked(q: Array, k: Array, v: Array, *, num_splits: int = 1, **kw: Any) -> Array:
+    """Takes ``num_splits=`` and computes every call in one pass (a batch-invariant mode that fixes
+    the split count): the same bits at every count."""
+    return attention(q, k, v, **kw)
+
+
 def lse_base2_undeclared(q: Array, k: Array, v: Array, *, return_lse: bool = False, **kw: Any) -> Any:
     if not return_lse:
         return attention(q, k, v, **kw)
@@ -112,6 +154,7 @@ def lse_base2_undeclared(q: Array, k: Array, v: Array, *, return_lse: bool = Fal
 
 
 _DECLARED = dict(supports_mask=True, supports_scale=True, ndims=(2, 3, 4))
+_SPLITS = dict(supports_num_splits=True, **_DECLARED)  # any count: 1, 2, 3, 4 and 8 drawn
 
 BROKEN = [
     broken(splits_by_batch_size, "batch_invariant",
@@ -128,6 +171,13 @@ BROKEN = [
            "split count from the chunk's query count: chunks of fewer than 4 queries split their keys in "
            "two, the one call does not", invariant=("chunked_prefill",), causal_alignment="bottom_right",
            **_DECLARED),
+    broken(splits_merged_in_turn, "splits_invariant",
+           "the splits' states merged one by one into a running state: each merge rounds, so a call split "
+           "in 2 and in 4 differ in their last bits, and it declares invariant=('splits',)",
+           invariant=("splits",), **_SPLITS),
+    broken(drops_last_split, "num_splits_matches_golden",
+           "the split-KV combine merges the splits of a full grid only: when n_k is not a multiple of the "
+           "split count the last split is dropped, its keys never reach the output", **_SPLITS),
     broken(lse_base2_undeclared, "cascade_shared_prefix",
            "a base-2 LSE returned as the natural one: the cascade weighs prefix and suffix wrongly",
            returns_lse=True, **_DECLARED),
@@ -136,4 +186,5 @@ BROKEN = [
 CORRECT = [
     Target(each_row_alone, name="each_row_alone", invariant=("batch", "position", "neighbours"),
            supports_kv_lengths=True, **_DECLARED),
+    Target(one_split_whatever_asked, name="one_split_whatever_asked", invariant=("splits",), **_SPLITS),
 ]
