@@ -32,9 +32,15 @@ Prints a table (target × seed: ``conforms`` or the laws that failed) and exits 
 not conform, 2 if a target cannot be checked at all. ``tox -e sweep`` runs the whole sweep on a
 wheel; CI runs ``tox -e sweep-ci``, a subset.
 
+The cells are pytest tests (`tools.sweep_cells`), run by pytest-xdist on ``--jobs`` workers (the
+machine's cores by default): a worker takes the next cell when its own is done, so the slow ones
+balance out. It needs ``pip install pytest-xdist`` (the ``test`` extra, which the tox environments
+install); ``--jobs 1`` runs the cells one after another in pytest alone, without it.
+
 Spread over machines as a check is (`spec.shard`): ``--shard I/N`` (counted from 1) runs every N-th
-cell of the table, from the I-th, and ``--json`` writes them; ``--merge A.json B.json ...`` prints the
-table of all the shards' cells and exits as the whole sweep would::
+cell of the table, from the I-th (on its ``--jobs`` workers), and ``--json`` writes them;
+``--merge A.json B.json ...`` prints the table of all the shards' cells and exits as the whole sweep
+would::
 
     python tools/sweep.py --targets all --shard 2/3 --json sweep-2.json    # on machine 2 of 3
     python tools/sweep.py --merge sweep-1.json sweep-2.json sweep-3.json
@@ -294,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"seeds, ranges A-B, and {DEFAULT!r} for the run without a seed (default 0-19)")
     parser.add_argument("--profile", default="ci")
     parser.add_argument("--slow-profile", default="quick", help="the profile of the slow built-ins (SLOW)")
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="cells run at once")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="cells run at once: pytest-xdist's workers (1: without xdist)")
     parser.add_argument("--json", metavar="FILE", help="also write every cell as JSON")
     parser.add_argument("--allow-checkout", action="store_true",
                         help="run even when spec is imported from a checkout, not an installed package")
