@@ -226,8 +226,8 @@ def run_cells(planned: list[tuple[Entry, str]], profile: str, slow_profile: str,
             {**asdict(entry), "seed": seed, "profile": slow_profile if entry.slow else profile}
             for entry, seed in planned]}), encoding="utf-8")
         # each cell's line on stderr as it finishes (`tools.sweep_cells`); pytest's own summary kept here
-        done = subprocess.run(pytest_command(plan, out, jobs), cwd=ROOT, stdout=subprocess.PIPE, text=True,
-                              check=False, env=_env(()))
+        command = pytest_command(plan, out, min(jobs, len(planned)))  # no worker without a cell
+        done = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, text=True, check=False, env=_env(()))
         found = json.loads(out.read_text(encoding="utf-8")) if out.exists() else []
     cells = [Cell(**cell) for cell in found]
     if done.returncode not in (0, 1):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -176,3 +177,12 @@ def test_jobs_without_xdist_is_refused(monkeypatch, capsys):
                         lambda name, *rest: None if name == "xdist" else find_spec(name, *rest))
     assert sweep.main(["--targets", "reference", "--seeds", "0", "--jobs", "2"]) == 2
     assert "--jobs 2: the cells run under pytest-xdist, which is not installed" in capsys.readouterr().err
+
+
+def test_a_cell_pytest_never_ran_is_an_error_naming_pytests_last_words(on_path, monkeypatch, capsys):
+    fails = [sys.executable, "-c", "print('ERROR: the sweep plugin did not load'); raise SystemExit(4)"]
+    monkeypatch.setattr(sweep, "pytest_command", lambda plan, out, jobs: fails)
+    assert sweep.main(["--targets", "reference", "--seeds", "0", "1", "--allow-checkout", "--jobs", "2"]) == 2
+    out = capsys.readouterr()
+    said = "error: not run (pytest exit 4: ERROR: the sweep plugin did not load)"
+    assert f"| reference | {said} | {said} |" in out.out and "did not load" in out.err
