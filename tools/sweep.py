@@ -32,9 +32,15 @@ Prints a table (target × seed: ``conforms`` or the laws that failed) and exits 
 not conform, 2 if a target cannot be checked at all. ``tox -e sweep`` runs the whole sweep on a
 wheel; CI runs ``tox -e sweep-ci``, a subset.
 
+The cells are pytest tests (`tools.sweep_cells`), run by pytest-xdist on ``--jobs`` workers (the
+machine's cores by default): a worker takes the next cell when its own is done, so the slow ones
+balance out. It needs ``pip install pytest-xdist`` (the ``test`` extra, which the tox environments
+install); ``--jobs 1`` runs the cells one after another in pytest alone, without it.
+
 Spread over machines as a check is (`spec.shard`): ``--shard I/N`` (counted from 1) runs every N-th
-cell of the table, from the I-th, and ``--json`` writes them; ``--merge A.json B.json ...`` prints the
-table of all the shards' cells and exits as the whole sweep would::
+cell of the table, from the I-th (on its ``--jobs`` workers), and ``--json`` writes them;
+``--merge A.json B.json ...`` prints the table of all the shards' cells and exits as the whole sweep
+would::
 
     python tools/sweep.py --targets all --shard 2/3 --json sweep-2.json    # on machine 2 of 3
     python tools/sweep.py --merge sweep-1.json sweep-2.json sweep-3.json
@@ -43,7 +49,6 @@ table of all the shards' cells and exits as the whole sweep would::
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import importlib.util
 import json
 import os
@@ -51,7 +56,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -73,6 +78,12 @@ EXAMPLES = (*(f"examples/serving_kernels.py:{name}" for name in SERVING_EXAMPLES
             "examples/my_attention.py:target")
 GALLERY = ROOT / "tests" / "spec"
 """Where the gallery package is (``tests/spec/gallery``), put on the cells' path for its targets."""
+PLAN = "sweep-plan.json"
+"""The file that lists the cells for pytest, which `tools.sweep_cells` collects as a test per cell."""
+PYTEST_OWN = ("PYTEST_ADDOPTS", "PYTEST_PLUGINS", "PYTEST_DISABLE_PLUGIN_AUTOLOAD", "PYTEST_CURRENT_TEST",
+              "PYTEST_VERSION", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID")
+"""pytest's and pytest-xdist's variables: the options and plugins of a pytest that runs the sweep (not
+given to the sweep's own), and what pytest sets in a test's environment. A check reads none of them."""
 
 
 @dataclass(frozen=True)
@@ -148,8 +159,8 @@ def entries(words: list[str]) -> list[Entry]:
 
 
 def _env(path: tuple[str, ...]) -> dict[str, str]:
-    """This process's environment with ``path`` before its PYTHONPATH."""
-    env = dict(os.environ)
+    """This process's environment with ``path`` before its PYTHONPATH, less pytest's (`PYTEST_OWN`)."""
+    env = {name: value for name, value in os.environ.items() if name not in PYTEST_OWN}
     if path:
         env["PYTHONPATH"] = os.pathsep.join([*path, *filter(None, [env.get("PYTHONPATH")])])
     return env
@@ -188,6 +199,45 @@ def run_cell(entry: Entry, seed: str, profile: str, extra: list[str], workdir: s
     failing = [r["name"] for r in results if r["status"] == "fail"]
     return Cell(entry.label, seed, ", ".join(failing) or "conforms", seconds, failed=bool(failing),
                 error=False)
+
+
+def pytest_command(plan: Path, out: Path, jobs: int) -> list[str]:
+    """The pytest run of ``plan``'s cells (`tools.sweep_cells`), writing them to ``out``: ``jobs``
+    pytest-xdist workers under its load scheduling (a worker takes the next cell when its own is done,
+    so slow cells balance), or at one job pytest alone, without xdist. No configuration file, and
+    neither the project's pytest plugin nor Hypothesis' (the checks run in the cells' processes)."""
+    spread = ["-p", "no:xdist"] if jobs <= 1 else ["-n", str(jobs), "--dist", "load"]
+    plugins = ["-p", "tools.sweep_cells", "-p", "no:attention_spec", "-p", "no:hypothesispytest",
+               "-p", "no:cacheprovider"]
+    return [sys.executable, "-m", "pytest", *plugins, "-c", os.devnull, "--rootdir", str(plan.parent), "-q",
+            "--sweep-cells", str(out), *spread, str(plan)]
+
+
+def run_cells(planned: list[tuple[Entry, str]], profile: str, slow_profile: str, extra: list[str],
+              jobs: int) -> list[Cell]:
+    """The cells ``planned`` run as pytest tests, ``jobs`` at once, each its own ``spec check`` from
+    one empty folder (`run_cell`), in the order they finished; a cell pytest never reported (it could
+    not start) is an error naming pytest's last words."""
+    if not planned:
+        return []
+    with tempfile.TemporaryDirectory() as run:
+        plan, out, workdir = Path(run) / PLAN, Path(run) / "cells.json", Path(run) / "cells"
+        workdir.mkdir()
+        plan.write_text(json.dumps({"workdir": str(workdir), "extra": extra, "cells": [
+            {**asdict(entry), "seed": seed, "profile": slow_profile if entry.slow else profile}
+            for entry, seed in planned]}), encoding="utf-8")
+        # each cell's line on stderr as it finishes (`tools.sweep_cells`); pytest's own summary kept here
+        command = pytest_command(plan, out, min(jobs, len(planned)))  # no worker without a cell
+        done = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, text=True, check=False, env=_env(()))
+        found = json.loads(out.read_text(encoding="utf-8")) if out.exists() else []
+    cells = [Cell(**cell) for cell in found]
+    if done.returncode not in (0, 1):
+        print(done.stdout, file=sys.stderr, end="")
+    said = (done.stdout.strip().splitlines() or ["?"])[-1]
+    ran = {(c.target, c.seed) for c in cells}
+    return cells + [Cell(entry.label, seed, f"error: not run (pytest exit {done.returncode}: {said})", 0.0,
+                         failed=True, error=True)
+                    for entry, seed in planned if (entry.label, seed) not in ran]
 
 
 def where_spec_is() -> str:
@@ -251,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"seeds, ranges A-B, and {DEFAULT!r} for the run without a seed (default 0-19)")
     parser.add_argument("--profile", default="ci")
     parser.add_argument("--slow-profile", default="quick", help="the profile of the slow built-ins (SLOW)")
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="cells run at once")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="cells run at once: pytest-xdist's workers (1: without xdist)")
     parser.add_argument("--json", metavar="FILE", help="also write every cell as JSON")
     parser.add_argument("--allow-checkout", action="store_true",
                         help="run even when spec is imported from a checkout, not an installed package")
@@ -267,6 +318,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.shard is not None:
             from spec.shard import parse_shard  # the check's own I/N, as the installed spec reads it
         shard = None if args.shard is None else parse_shard(args.shard, name="--shard")
+        if args.jobs > 1 and importlib.util.find_spec("xdist") is None:
+            raise ValueError(f"--jobs {args.jobs}: the cells run under pytest-xdist, which is not installed "
+                             "(pip install pytest-xdist, in the test extra; or --jobs 1)")
         columns = seeds(args.seeds)
         targets = entries(args.targets)
     except (argparse.ArgumentTypeError, ValueError) as e:
@@ -280,18 +334,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"spec: {source}; profile {args.profile}; {len(targets)} targets x {len(columns)} seeds",
           file=sys.stderr, flush=True)
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory() as workdir, \
-            concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        jobs = [pool.submit(run_cell, t, s, args.slow_profile if t.slow else args.profile, extra, workdir)
-                for t, s in mine([(t, s) for t in targets for s in columns], shard)]
-        cells = []
-        for job in concurrent.futures.as_completed(jobs):
-            cell = job.result()
-            cells.append(cell)
-            print(f"  {cell.target} seed {cell.seed}: {cell.verdict} ({cell.seconds:.1f} s)", file=sys.stderr,
-                  flush=True)
-    order = {(t.label, s): i for i, (t, s) in enumerate((t, s) for t in targets for s in columns)}
-    cells.sort(key=lambda c: order[c.target, c.seed])  # table order, as --merge reads them
+    planned = mine([(t, s) for t in targets for s in columns], shard)
+    cells = run_cells(planned, args.profile, args.slow_profile, extra, args.jobs)
+    order = {(t.label, s): i for i, (t, s) in enumerate(planned)}
+    cells.sort(key=lambda c: order.get((c.target, c.seed), len(order)))  # table order, as --merge reads them
     if args.json:
         Path(args.json).write_text(json.dumps([c.__dict__ for c in cells], indent=2) + "\n", encoding="utf-8")
     return verdict(cells, [t.label for t in targets], columns, time.perf_counter() - start, args.jobs)

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
-from tools import sweep
+from tools import sweep, sweep_cells
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -106,3 +107,82 @@ def test_sharded_sweeps_merge_into_the_table_of_the_whole_sweep(on_path, capsys,
 def test_a_bad_shard_is_refused(shard, capsys):
     assert sweep.main(["--shard", shard]) == 2
     assert "error: --shard: expected I/N" in capsys.readouterr().err
+
+
+FAILING = ["--targets", "examples.my_attention:target", "examples.my_attention:undeclared",
+           "--seeds", "default", "1", "--profile", "quick", "--allow-checkout",
+           "--only", "masked_rows_policy"]
+
+
+def test_the_table_under_xdist_is_the_table_at_one_job(on_path, capsys):
+    assert sweep.main([*FAILING, "--jobs", "1"]) == 1
+    alone = capsys.readouterr().out
+    assert sweep.main([*FAILING, "--jobs", "2"]) == 1
+    spread = capsys.readouterr().out
+    assert spread.split("\n\n")[0] == alone.split("\n\n")[0]
+    assert "| examples.my_attention:undeclared | masked_rows_policy | masked_rows_policy |" in spread
+    assert "2 of 4 runs conform" in spread and "2 at once" in spread
+
+
+def test_a_cell_that_crashes_is_an_error_and_the_others_still_run(on_path, capsys, tmp_path):
+    crash = tmp_path / "crash.py"  # its check's process dies as it loads the target
+    crash.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n", encoding="utf-8")
+    code = sweep.main(["--targets", f"{crash}:target", "examples.my_attention:target", "--seeds", "0", "1",
+                       "--profile", "quick", "--allow-checkout", "--only", "rows_sum_to_one", "--jobs", "2"])
+    table = capsys.readouterr().out
+    assert code == 2, table
+    assert f"| {crash}:target | error: exit -9 | error: exit -9 |" in table
+    assert "| examples.my_attention:target | conforms | conforms |" in table
+
+
+def test_no_process_of_the_sweep_outlives_it(on_path, monkeypatch, capsys):
+    proc = Path("/proc")
+    if not (proc / str(os.getpid()) / "environ").exists():
+        pytest.skip("needs /proc to find the sweep's processes")
+    mark = f"SWEEP_MARK={os.getpid()}".encode()  # inherited by pytest, its workers and the cells
+    monkeypatch.setenv("SWEEP_MARK", str(os.getpid()))
+    assert sweep.main([*FAILING, "--jobs", "2"]) == 1
+    capsys.readouterr()
+    left = []
+    for environ in proc.glob("[0-9]*/environ"):
+        try:
+            if environ.parent.name != str(os.getpid()) and mark in environ.read_bytes().split(b"\0"):
+                left.append((proc / environ.parent.name / "cmdline").read_bytes().replace(b"\0", b" "))
+        except OSError:  # gone meanwhile, or another user's
+            continue
+    assert not left
+
+
+def test_a_lost_cell_is_an_error_named_by_its_test():
+    # what pytest-xdist reports of a test whose worker died under it
+    report = pytest.TestReport("/tmp/run/sweep-plan.json::gallery/tiled[3]", ("sweep-plan.json", None, ""),
+                               {}, "failed", "worker 'gw1' crashed while running 'gallery/tiled[3]'", "???")
+    cell = sweep_cells.lost(report)
+    assert (cell.target, cell.seed, cell.failed, cell.error) == ("gallery/tiled", "3", True, True)
+    assert cell.verdict == "error: worker 'gw1' crashed while running 'gallery/tiled[3]'"
+
+
+def test_a_cell_gets_the_sweeps_environment_not_pytests(monkeypatch):
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+    monkeypatch.setenv("PYTEST_ADDOPTS", "-x")
+    monkeypatch.setenv("SWEEP_KEPT", "1")
+    env = sweep._env(("/gallery",))
+    assert not set(env) & set(sweep.PYTEST_OWN) and "PYTEST_CURRENT_TEST" in os.environ
+    assert env["SWEEP_KEPT"] == "1" and env["PYTHONPATH"].startswith("/gallery")
+
+
+def test_jobs_without_xdist_is_refused(monkeypatch, capsys):
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(sweep.importlib.util, "find_spec",
+                        lambda name, *rest: None if name == "xdist" else find_spec(name, *rest))
+    assert sweep.main(["--targets", "reference", "--seeds", "0", "--jobs", "2"]) == 2
+    assert "--jobs 2: the cells run under pytest-xdist, which is not installed" in capsys.readouterr().err
+
+
+def test_a_cell_pytest_never_ran_is_an_error_naming_pytests_last_words(on_path, monkeypatch, capsys):
+    fails = [sys.executable, "-c", "print('ERROR: the sweep plugin did not load'); raise SystemExit(4)"]
+    monkeypatch.setattr(sweep, "pytest_command", lambda plan, out, jobs: fails)
+    assert sweep.main(["--targets", "reference", "--seeds", "0", "1", "--allow-checkout", "--jobs", "2"]) == 2
+    out = capsys.readouterr()
+    said = "error: not run (pytest exit 4: ERROR: the sweep plugin did not load)"
+    assert f"| reference | {said} | {said} |" in out.out and "did not load" in out.err
