@@ -188,20 +188,26 @@ def test_a_time_budget_bounds_the_whole_check_and_says_the_run_is_incomplete():
     """``budget_s``: once spent no call starts; the law in progress stops where it is (skip, not
     run to its end, its examples counted), the laws left are not run, the report is incomplete
     and still conforms (nothing failed), keep_going or not; the JSON says both."""
-    start = time.perf_counter()
-    report = spec.check(slow_but_right, "ci", budget_s=2.0, keep_going=True)
-    seconds = time.perf_counter() - start
-    # a call of 0.02 s and the law's own work after it, on a loaded machine; without the budget
-    # the ci profile takes minutes at 0.02 s a call
-    assert seconds < 2.0 + 8.0, seconds
-    assert report.ok and not report.complete
-    stopped = [r for r in report.results if r.message.startswith("not run to its end:")]
+    for budget in (2.0, 3.0, 4.0):  # a budget spent during a law's last call ends the check between
+        # two laws, with no law stopped in the middle: another budget then ends it elsewhere
+        start = time.perf_counter()
+        report = spec.check(slow_but_right, "ci", budget_s=budget, keep_going=True)
+        seconds = time.perf_counter() - start
+        # a call of 0.02 s and the law's own work after it, on a loaded machine; without the budget
+        # the ci profile takes minutes at 0.02 s a call
+        assert seconds < budget + 8.0, seconds
+        assert report.ok and not report.complete
+        stopped = [r for r in report.results if r.message.startswith("not run to its end:")]
+        assert len(stopped) <= 1
+        if stopped:
+            break
     assert len(stopped) == 1 and stopped[0].examples >= 1 and stopped[0].not_run
     left = _not_run(report)
-    assert left and all(r.message == "not run: the check's time budget of 2 s was spent" for r in left)
+    spent = f"not run: the check's time budget of {budget:g} s was spent"
+    assert left and all(r.message == spent for r in left)
     assert "no failure in the laws run (incomplete)" in str(report)
     data = report.to_dict()
-    assert data["budget_s"] == 2.0 and data["complete"] is False and data["ok"] is True
+    assert data["budget_s"] == budget and data["complete"] is False and data["ok"] is True
     whole = spec.check(slow_but_right, "quick", only=["rows_sum_to_one"], budget_s=600)
     assert whole.complete and "conforms —" in str(whole) and whole.to_dict()["complete"] is True
 
