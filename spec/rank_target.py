@@ -1,6 +1,7 @@
 """Context-parallel targets: `RankTarget`, the declaration of an attention that runs on every rank
 of a ``torch.distributed`` group with its shard of the sequence; the layouts that shard a sequence
-over the ranks; and `RankPool`, the ranks themselves, real processes on the gloo backend.
+over the ranks; and the ranks themselves on the gloo backend: `RankPool`, real processes, and
+`ThreadRanks`, threads of the suite's own process (PyTorch's in-process ranks).
 
     fn(q, k, v, *, group, rank, layout, causal=False, **keywords) -> out            [..., n_r, d_v]
                                                     (return_lse=True: (out, lse))  lse [..., n_r]
@@ -8,10 +9,11 @@ over the ranks; and `RankPool`, the ranks themselves, real processes on the gloo
 
 Each rank is given the NumPy shards of q, k and v along the token axis (−2) that its layout gives
 it and returns its shard of the output (gradients: of its own q, k and v shards). Causal masking is
-top-left on global positions. The suite starts the ranks once per world size and keeps them for a
-whole check (`kept_ranks`); a rank that raises, hangs past the deadline or dies is a failure naming
-it, after which every rank of that pool is killed and reaped, and a later call starts a fresh pool.
-No rank outlives the check (nor the process: ``atexit``, and each rank dies with its parent).
+top-left on global positions. The suite starts the ranks once per world size (and host) and keeps
+them for a whole check (`kept_ranks`); a rank that raises, hangs past the deadline or dies is a
+failure naming it, after which every rank of that pool is ended, and a later call starts a fresh
+pool. No rank process outlives the check (nor the process: ``atexit``, and each rank dies with its
+parent).
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from multiprocessing import Pipe
@@ -78,6 +82,10 @@ class RankTarget:
     deadline_s: float = 60.0
     """Seconds one call may take on every rank together; past it the call is a failure naming the
     ranks that did not return, and the pool is killed."""
+    in_process: bool = False
+    """True: the ranks share nothing but the group (no process-wide state of their own), so the
+    laws that vary one thing about a sharding run them as threads of the suite's process
+    (`ThreadRanks`); `ranks_match_golden` and the backward still run on real processes."""
 
     def __post_init__(self) -> None:
         if not callable(self.fn):
@@ -100,7 +108,7 @@ class RankTarget:
             raise TargetError(f"RankTarget dtypes must be a non-empty tuple of {', '.join(FLOAT_DTYPES)}, "
                               f"got {self.dtypes!r}")
         object.__setattr__(self, "dtypes", tuple(self.dtypes))
-        for flag in ("returns_lse", "supports_causal", "supports_uneven", "supports_varlen"):
+        for flag in ("returns_lse", "supports_causal", "supports_uneven", "supports_varlen", "in_process"):
             if not isinstance(getattr(self, flag), bool):
                 raise TargetError(f"RankTarget {flag} must be True or False, got {getattr(self, flag)!r}")
         if isinstance(self.deadline_s, bool) or not isinstance(self.deadline_s, (int, float)) \
@@ -178,32 +186,38 @@ def _as_numpy(x: Any) -> Any:
     return x
 
 
-def _serve(conn: Connection, target: RankTarget, rank: int, world_size: int, store: str,
+def _raised(e: BaseException) -> str:
+    """What a rank raised, and where: the innermost frame of its traceback."""
+    where = traceback.extract_tb(e.__traceback__)[-1:] if e.__traceback__ is not None else []
+    at = "".join(f" (at {os.path.basename(f.filename)}:{f.lineno} in {f.name})" for f in where)
+    return f"{type(e).__name__}: {str(e)[:400]}{at}"
+
+
+def _serve(conn: Connection, target: RankTarget, rank: int, world_size: int, store: Any,
            deadline_s: float) -> None:
-    """A rank's loop: joins the gloo group, then runs each call (``None`` ends it)."""
+    """A rank's loop: joins the gloo group through ``store``, runs each call until ``None``, then
+    leaves the group (a closed pipe, a pool abandoned, ends it with `EOFError` instead)."""
     import datetime
 
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", store=dist.FileStore(store, world_size), rank=rank,
-                            world_size=world_size, timeout=datetime.timedelta(seconds=deadline_s))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=deadline_s))
     group = dist.group.WORLD
     conn.send(("ready", None))  # the call's deadline starts once every rank has joined
-    try:
-        while (message := conn.recv()) is not None:
-            which, arrays, keywords = message
-            fn = target.fn if which == "forward" else target.grad_fn
-            assert fn is not None  # a backward call is made only when grad_fn is declared
-            try:
-                reply: tuple[Any, ...] = ("ok", _as_numpy(fn(*arrays, group=group, rank=rank, **keywords)))
-            except BaseException as e:  # every outcome goes back to the parent
-                reply = ("error", f"{type(e).__name__}: {str(e)[:400]}")
-            try:
-                conn.send(reply)
-            except Exception as e:  # an unpicklable result
-                conn.send(("error", f"returned {type(reply[1]).__name__}, which cannot be sent back: {e}"))
-    finally:
-        dist.destroy_process_group()
+    while (message := conn.recv()) is not None:
+        which, arrays, keywords = message
+        fn = target.fn if which == "forward" else target.grad_fn
+        assert fn is not None  # a backward call is made only when grad_fn is declared
+        try:
+            reply: tuple[Any, ...] = ("ok", _as_numpy(fn(*arrays, group=group, rank=rank, **keywords)))
+        except BaseException as e:  # every outcome goes back to the parent
+            reply = ("error", _raised(e))
+        try:
+            conn.send(reply)
+        except Exception as e:  # an unpicklable result
+            conn.send(("error", f"returned {type(reply[1]).__name__}, which cannot be sent back: {e}"))
+    dist.destroy_process_group()
 
 
 def _reap(pid: int, *, kill: bool) -> int:
@@ -230,6 +244,9 @@ class RankPool:
     its own), serving the target's calls until `close`. Fork: the target is inherited (its
     functions need not pickle), and so is PyTorch, imported once here."""
 
+    ended = "every rank's process was killed"
+    """How a failure's message says the pool ended."""
+
     def __init__(self, target: RankTarget, world_size: int) -> None:
         import torch.distributed  # noqa: F401  (imported once, before the fork, for every rank)
 
@@ -255,7 +272,10 @@ class RankPool:
                         earlier.close()
                     _die_with_parent()
                     _become_worker()
-                    _serve(child, target, rank, world_size, store, target.deadline_s)
+                    import torch.distributed as dist
+
+                    _serve(child, target, rank, world_size, dist.FileStore(store, world_size),
+                           target.deadline_s)
                 except BaseException:  # the pipe closed, the group failed, or the suite was interrupted
                     code = 70
                 finally:
@@ -289,22 +309,26 @@ class RankPool:
                 late = sorted(waiting.values())
                 self.close(kill=True)
                 raise RankLost(f"{_ranks(late)} did not {doing} within the {self.target.deadline_s:g} s "
-                               f"deadline (world size {self.world_size}; every rank's process was killed)")
+                               f"deadline (world size {self.world_size}; {self.ended})")
             for one in ready:
                 rank = waiting[one]  # type: ignore[index]
                 try:
                     replies[rank] = self.conns[rank].recv()
                 except (EOFError, OSError):
-                    code = _reap(self.pids[rank], kill=False)
+                    how = self._ended(rank)
                     self.close(kill=True)
-                    how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
-                    raise RankLost(f"rank {rank} of {self.world_size} died ({how}) during the call; "
-                                   "every rank's process was killed") from None
+                    raise RankLost(f"rank {rank} of {self.world_size} {how} during the call; "
+                                   f"{self.ended}") from None
                 if replies[rank][0] == "error":
                     self.close(kill=True)
                     raise TargetFailed(f"rank {rank} of {self.world_size} raised {replies[rank][1]}",
                                        raised=replies[rank][1])
         return [replies[r][1] for r in range(self.world_size)]
+
+    def _ended(self, rank: int) -> str:
+        """How rank ``rank``, whose pipe closed, ended: its exit status, once reaped."""
+        code = _reap(self.pids[rank], kill=False)
+        return f"died ({f'signal {signal.Signals(-code).name}' if code < 0 else f'exit status {code}'})"
 
     def close(self, *, kill: bool = False) -> None:
         """End every rank (asked to leave, or SIGKILL when ``kill``) and reap it; remove the store."""
@@ -324,6 +348,104 @@ class RankPool:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
+class ThreadRanks(RankPool):
+    """``world_size`` threads of the suite's own process, each a rank of one gloo group (a
+    HashStore in memory), serving the target's calls through the same pipes and messages as
+    `RankPool`'s processes. Each rank thread has a ``torch.distributed`` world of its own (PyTorch's
+    thread-local world, as its in-process test ranks have; every other thread keeps the process's
+    world) and registers its group by name in a registry of its own (PyTorch's thread isolation,
+    on while any such pool is open). A rank that raises is reported with the frame it raised in.
+    A thread cannot be killed: a rank past the deadline is reported and abandoned, and one blocked
+    in a collective leaves when gloo's timeout (the deadline) ends it."""
+
+    ended = "every rank thread was abandoned"
+
+    def __init__(self, target: RankTarget, world_size: int) -> None:
+        import torch.distributed as dist
+
+        _rank_worlds()
+        _isolation(+1)
+        self.target, self.world_size = target, world_size
+        self.pids: list[int] = []
+        self.conns: list[Connection] = []
+        self.closed = False
+        self.joined = False
+        self.failures: dict[int, str] = {}
+        store = dist.HashStore()
+        self.threads: list[threading.Thread] = []
+        for rank in range(world_size):
+            parent, child = Pipe()
+            thread = threading.Thread(target=self._rank, args=(child, rank, store), daemon=True,
+                                      name=f"spec-rank-{rank}-of-{world_size}")
+            thread.start()
+            self.threads.append(thread)
+            self.conns.append(parent)
+
+    def _rank(self, conn: Connection, rank: int, store: Any) -> None:
+        _RANK_THREAD.rank = rank
+        try:
+            _serve(conn, self.target, rank, self.world_size, store, self.target.deadline_s)
+        except BaseException as e:  # the group failed, or the pool was abandoned (its pipe closed)
+            self.failures[rank] = _raised(e)
+        finally:
+            conn.close()
+
+    def _ended(self, rank: int) -> str:
+        self.threads[rank].join(timeout=1.0)
+        return f"ended ({self.failures.get(rank, 'its thread left')})"
+
+    def close(self, *, kill: bool = False) -> None:
+        """Ask every rank to leave its group and wait for it; ``kill``: abandon the threads
+        (their pipes closed, a rank still running ends when it next reads or writes one)."""
+        if self.closed:
+            return
+        self.closed = True
+        if not kill:
+            for conn in self.conns:
+                with contextlib.suppress(OSError):
+                    conn.send(None)
+            for thread in self.threads:
+                thread.join(timeout=self.target.deadline_s)
+        for conn in self.conns:
+            conn.close()
+        _isolation(-1)
+
+
+_RANK_THREAD = threading.local()
+"""``rank``: set in a `ThreadRanks` rank's thread."""
+_ISOLATED = [0]
+"""How many `ThreadRanks` pools are open (PyTorch's thread isolation is on while any is)."""
+_ISOLATION_LOCK = threading.Lock()
+
+
+def _rank_worlds() -> None:
+    """Once: ``torch.distributed``'s world becomes one per `ThreadRanks` rank thread (PyTorch's
+    `ThreadLocalWorld`, which its in-process test ranks run on), while every other thread keeps
+    the world it had, so a process group the suite's caller made stays theirs."""
+    import torch.distributed.distributed_c10d as c10d
+    from torch.testing._internal.distributed.multi_threaded_pg import ThreadLocalWorld
+
+    if isinstance(c10d._world, ThreadLocalWorld):
+        return
+    outside = c10d._world
+
+    class RankWorlds(ThreadLocalWorld):
+        def _get_world(self) -> Any:
+            return super()._get_world() if hasattr(_RANK_THREAD, "rank") else outside
+
+    c10d._world = RankWorlds()  # type: ignore[assignment]
+
+
+def _isolation(change: int) -> None:
+    """Count a `ThreadRanks` pool opened (+1) or closed (−1); PyTorch's thread isolation (each
+    thread's process groups registered by name apart) is on while the count is above 0."""
+    import torch
+
+    with _ISOLATION_LOCK:
+        _ISOLATED[0] += change
+        torch._C._distributed_c10d._set_thread_isolation_mode(_ISOLATED[0] > 0)  # type: ignore[attr-defined]
+
+
 def _ranks(ranks: list[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
 
@@ -335,35 +457,43 @@ def _close_all() -> None:
             pool.close(kill=True)
 
 
-_POOLS: contextvars.ContextVar[dict[int, RankPool] | None] = contextvars.ContextVar("spec_rank_pools",
-                                                                                   default=None)
+_POOLS: contextvars.ContextVar[dict[tuple[int, bool], RankPool] | None] = contextvars.ContextVar(
+    "spec_rank_pools", default=None)
 
 
 @contextlib.contextmanager
-def kept_ranks() -> Iterator[dict[int, RankPool]]:
-    """Pools started in this block are kept for it (one per world size) and closed when it ends,
-    however it ends."""
-    pools: dict[int, RankPool] = {}
+def kept_ranks() -> Iterator[dict[tuple[int, bool], RankPool]]:
+    """Pools started in this block are kept for it (one per world size and host, keyed
+    ``(world_size, in_process)``) and closed when it ends, however it ends."""
+    pools: dict[tuple[int, bool], RankPool] = {}
     token = _POOLS.set(pools)
+    finished = False
     try:
         yield pools
+        finished = True
     finally:
         _POOLS.reset(token)
-        for pool in pools.values():
-            pool.close(kill=True)
+        for pool in pools.values():  # rank threads leave their groups; processes are killed
+            pool.close(kill=not (finished and isinstance(pool, ThreadRanks)))
 
 
 def run_ranks(target: RankTarget, world_size: int, which: str, arrays: list[tuple[Array, ...]],
-              keywords: dict[str, Any]) -> list[Any]:
-    """One call on every rank (`RankPool.call`), in the pool kept by `kept_ranks` (started, or
-    started again after a failure, as needed), or in a pool of its own outside one."""
+              keywords: dict[str, Any], *, in_process: bool = False) -> list[Any]:
+    """One call on every rank (`RankPool.call`), on processes or, ``in_process``, on threads
+    (`ThreadRanks`), in the pool kept by `kept_ranks` (started, or started again after a failure,
+    as needed), or in a pool of its own outside one. Processes are forked only while no rank
+    thread runs (open thread pools are closed first)."""
     pools = _POOLS.get()
     if pools is None:
         with kept_ranks():
-            return run_ranks(target, world_size, which, arrays, keywords)
-    pool = pools.get(world_size)
+            return run_ranks(target, world_size, which, arrays, keywords, in_process=in_process)
+    pool = pools.get((world_size, in_process))
     if pool is None or pool.closed or pool.target is not target:
         if pool is not None:
             pool.close(kill=True)
-        pool = pools[world_size] = RankPool(target, world_size)
+        if not in_process:
+            for other in pools.values():
+                if isinstance(other, ThreadRanks):
+                    other.close()
+        pool = pools[(world_size, in_process)] = (ThreadRanks if in_process else RankPool)(target, world_size)
     return pool.call(which, arrays, keywords)

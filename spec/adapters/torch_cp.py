@@ -14,6 +14,10 @@ torch 2.13 (probed; docs/targets.md, "Declare a context-parallel target", has th
 - the CPU's default backend (``_scaled_dot_product_flash_attention_for_cpu``, which context
   parallelism does not dispatch): no rank returns within 40 s (DTensor's sharding propagation).
 
+Not declared ``in_process``: on entry ``context_parallel`` replaces ``F.scaled_dot_product_attention``
+for the whole process (its default dispatch mode, a monkey patch bound to the rank's mesh) and
+restores it on exit, so rank threads would call each other's patch and undo it under each other.
+
 Imported only when the built-in ``torch_cp`` is asked for.
 """
 

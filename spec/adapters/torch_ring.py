@@ -286,5 +286,6 @@ def ring_target(parts: RingParts = RING, *, name: str = "ring", **declared: Any)
     forward = ring_attention if parts is RING else functools.partial(ring_attention, parts=parts)
     backward = ring_attention_backward if parts is RING else functools.partial(ring_attention_backward,
                                                                                parts=parts)
-    settings: dict[str, Any] = {"returns_lse": True, "grad_fn": backward, "supports_varlen": True, **declared}
+    settings: dict[str, Any] = {"returns_lse": True, "grad_fn": backward, "supports_varlen": True,
+                                "in_process": True, **declared}
     return RankTarget(forward, name=name, **settings)

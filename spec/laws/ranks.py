@@ -1,7 +1,13 @@
 """Laws of context-parallel attention (`spec.rank_target.RankTarget`): the sequence sharded over the
-ranks of a ``torch.distributed`` group (real processes on gloo, `spec.rank_target.RankPool`) by each
-declared layout and world size, the ranks' shards gathered and judged against the float64 golden of
-the unsharded attention, never against `impl`.
+ranks of a ``torch.distributed`` group on gloo by each declared layout and world size, the ranks'
+shards gathered and judged against the float64 golden of the unsharded attention, never against
+`impl`.
+
+The ranks are real processes (`spec.rank_target.RankPool`), except for a target that declares
+``in_process=True``: the laws that vary one thing about a sharding (world size and layout, load
+balance, uneven lengths, documents, the scale of the scores) then run its ranks as threads of the
+suite's process (`spec.rank_target.ThreadRanks`), while `ranks_match_golden`, the conformance
+statement, and the backward run on real processes in every check.
 """
 
 from __future__ import annotations
@@ -24,9 +30,15 @@ Array = np.ndarray
 BALANCED = ("zigzag", "striped")
 """The layouts that balance a causal mask's work over the ranks."""
 UNEVEN = ("contiguous", "striped")
+"""The layouts that shard any n, a rank holding fewer tokens than another, or none."""
 LEADS = [(1, 1), (2, 2)]
 """The leading dims (batch, heads) of unpacked cases."""
-"""The layouts that shard any n, a rank holding fewer tokens than another, or none."""
+
+
+IN_PROCESS = ("ranks_invariant", "ranks_causal_balanced", "ranks_uneven_and_empty", "ranks_documents",
+              "ranks_large_logits")
+"""The laws that run a target declared ``in_process`` on rank threads (each law's call of `_matches`
+says so); the others run on processes whatever it declares."""
 
 
 def _is_rank(t: object) -> str | None:
@@ -164,16 +176,18 @@ def _checked(x: Any, shape: tuple[int, ...], dtype: np.dtype, what: str) -> Arra
 
 
 def sharded_forward(target: RankTarget, case: RankCase, world_size: int, layout: str, q: Array, k: Array,
-                    v: Array) -> tuple[Array, Array | None]:
+                    v: Array, *, in_process: bool = False) -> tuple[Array, Array | None]:
     # [*lead, n, d] ×3 -> gathered out [*lead, n, d_v] (float64), lse [*lead, n] or None
-    """The target on ``world_size`` ranks, each given its shards by ``layout``; the shards it
-    returns checked (shape, dtype) and gathered back in sequence order."""
+    """The target on ``world_size`` ranks (threads where ``in_process`` and the target declares
+    it, processes else), each given its shards by ``layout``; the shards it returns checked
+    (shape, dtype) and gathered back in sequence order."""
     where = positions(case.n, world_size, layout)
     keywords = _keywords(target, case, layout)
     if target.returns_lse:
         keywords["return_lse"] = True
     replies = run_ranks(target, world_size, "forward", list(zip(*(shard(x, where) for x in (q, k, v)),
-                                                                strict=True)), keywords)
+                                                                strict=True)), keywords,
+                        in_process=in_process and target.in_process)
     outs, lses = [], []
     lse_dtype = np.dtype(np.float64 if case.dtype == "float64" else np.float32)
     for rank, (reply, p) in enumerate(zip(replies, where, strict=True)):
@@ -236,16 +250,18 @@ def assert_lse(got: Array, want: Array, atol: float, *, what: str) -> None:
     assert_close(np.where(empty, 0.0, got), np.where(empty, 0.0, want), atol, what=f"{what}: lse")
 
 
-def _matches(target: RankTarget, case: RankCase) -> tuple[dict[tuple[int, str], Array], float, float]:
+def _matches(target: RankTarget, case: RankCase, *,
+             in_process: bool) -> tuple[dict[tuple[int, str], Array], float, float]:
     """Every sharding's gathered output (and lse) against the golden; the outputs by sharding, the
-    largest |value| and the largest visible |score| (for `allowed`)."""
+    largest |value| and the largest visible |score| (for `allowed`). ``in_process``: on threads
+    where the target declares ``in_process`` (`sharded_forward`)."""
     __tracebackhide__ = True
     q, k, v, _ = case.arrays()
     want, want_lse, largest = _truth(case, q, k, v)
     top = float(np.max(np.abs(v.astype(np.float64)), initial=0.0))
     got: dict[tuple[int, str], Array] = {}
     for world_size, layout in case.shardings(target):
-        out, lse = sharded_forward(target, case, world_size, layout, q, k, v)
+        out, lse = sharded_forward(target, case, world_size, layout, q, k, v, in_process=in_process)
         what = f"world size {world_size}, {layout}{', causal' if case.causal else ''}"
         assert_close(out, want, allowed(case, world_size, top, largest), what=f"{what}: out")
         if lse is not None:
@@ -267,8 +283,10 @@ def ranks_match_golden(target: RankTarget, case: RankCase) -> None:
     e^(inf − inf) = NaN in every row the causal mask empties in some block (flash-attention PR
     #1936); a ring that never merges some block; ring-flash-attention's tests, which print the
     difference and assert nothing.
+
+    Always on real processes, whatever the target declares.
     """
-    _matches(target, case)
+    _matches(target, case, in_process=False)
 
 
 @law(strategy=lambda t: rank_cases(t, causal=(True,)), needs=two_shardings)
@@ -282,7 +300,7 @@ def ranks_invariant(target: RankTarget, case: RankCase) -> None:
     2W − r, not 2W − 1 − r): the causal mask reads the wrong global positions, while a contiguous
     layout is right.
     """
-    got, top, largest = _matches(target, case)
+    got, top, largest = _matches(target, case, in_process=True)
     (first, base), *others = got.items()
     for (world_size, layout), out in others:
         assert_close(out, base, agreement(case, first[0] + world_size, top, largest),
@@ -302,7 +320,7 @@ def ranks_causal_balanced(target: RankTarget, case: RankCase) -> None:
     second chunk sees every rank's keys (PyTorch #147793, #159706: causal context parallelism with
     head-tail balancing wrong on short sequences).
     """
-    _matches(target, case)
+    _matches(target, case, in_process=True)
 
 
 @law(strategy=lambda t: rank_cases(t, layouts=UNEVEN, n=st.integers(1, 2 * max(t.world_sizes) + 3)),
@@ -315,7 +333,7 @@ def ranks_uneven_and_empty(target: RankTarget, case: RankCase) -> None:
     Catches: uneven shards padded to the longest (so that every send has one shape) with the
     padding's zero keys left visible: score 0 enters every row's softmax.
     """
-    _matches(target, case)
+    _matches(target, case, in_process=True)
 
 
 @law(strategy=lambda t: rank_cases(t, packed=True), needs=documents)
@@ -327,7 +345,7 @@ def ranks_documents(target: RankTarget, case: RankCase) -> None:
     Catches: a rank that reads the document of a token at its local index in the shard rather than
     its global position: right on rank 0 of a contiguous layout, wrong on every other.
     """
-    _matches(target, case)
+    _matches(target, case, in_process=True)
 
 
 @law(strategy=lambda t: rank_cases(t, logit_scale=(300.0, 1000.0)), needs=ranked)
@@ -338,7 +356,7 @@ def ranks_large_logits(target: RankTarget, case: RankCase) -> None:
     Catches: the merge computed as exp(lse_a) + exp(lse_b): inf/inf = NaN once an lse passes the
     dtype's exponent range (EasyContext #14: ring attention's merge overflowing on long sequences).
     """
-    _matches(target, case)
+    _matches(target, case, in_process=True)
 
 
 @law(strategy=lambda t: rank_cases(t), needs=backward)
@@ -350,6 +368,8 @@ def ranks_backward(target: RankTarget, case: RankCase) -> None:
     Catches: a backward that normalises each block's weights by the block's own LSE, dropping the
     correction to the global one (exp(s − lse_block) for exp(s − lse)): right with one block, wrong
     with every ring of two or more (ring-flash-attention #42, an error growing with the ring size).
+
+    Always on real processes, whatever the target declares.
     """
     q, k, v, d_out = case.arrays()
     q64, k64, v64 = (x.astype(np.float64) for x in (q, k, v))

@@ -1,11 +1,14 @@
 """Context-parallel targets (`spec.RankTarget`): the layouts shard as docs/targets.md says; the rank laws
-run on real gloo ranks, and only on such targets; the built-in ring conforms at world sizes 2 and 4,
-forward and backward; a rank that raises, hangs or dies is a failure naming it; no process outlives
-a check. Each law's gallery bug is in tests/spec/gallery/ranks.py (checked by test_spec_gallery)."""
+run on real gloo ranks, and only on such targets; a target declared ``in_process`` has its cheap laws
+run on rank threads (and the process's own torch.distributed world stays its own); the built-in ring
+conforms at world sizes 2 and 4, forward and backward; a rank that raises, hangs or dies is a
+failure naming it; no process outlives a check. Each law's gallery bug is in
+tests/spec/gallery/ranks.py (checked by test_spec_gallery)."""
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import numpy as np
@@ -14,6 +17,7 @@ import pytest
 import spec
 from spec import rank_target
 from spec.cli import main
+from spec.laws.ranks import IN_PROCESS
 from spec.rank_target import RankTarget, gather, positions, shard
 from spec.target import TargetError
 
@@ -162,21 +166,138 @@ def test_the_ranks_die_with_a_suite_that_is_killed():
     assert not any(alive(pid) for pid in ranks), f"ranks {ranks} outlived the suite"
 
 
+def _counting_starts(monkeypatch) -> list[tuple[str, int]]:
+    """Every pool started from now on, as (``processes`` or ``threads``, world size)."""
+    started: list[tuple[str, int]] = []
+    for kind, cls in (("processes", rank_target.RankPool), ("threads", rank_target.ThreadRanks)):
+        def counting(self, target, world_size, *, kind=kind, real=cls.__init__):
+            started.append((kind, world_size))
+            real(self, target, world_size)
+
+        monkeypatch.setattr(cls, "__init__", counting)
+    return started
+
+
 @needs_gloo
 def test_the_ranks_are_started_once_per_world_size_for_the_whole_check(monkeypatch):
-    started = []
-    real = rank_target.RankPool.__init__
-
-    def counting(self, target, world_size):
-        started.append(world_size)
-        real(self, target, world_size)
-
-    monkeypatch.setattr(rank_target.RankPool, "__init__", counting)
+    started = _counting_starts(monkeypatch)
     before = children()
-    report = spec.check("ring", profile="quick", seed=2, only=["ranks_match_golden", "ranks_invariant"])
+    ring = spec.builtin.load_rank_target("ring").replace(in_process=False)
+    report = spec.check(ring, profile="quick", seed=2, only=["ranks_match_golden", "ranks_invariant"])
     assert report.ok, [(r.name, r.message) for r in report.failures]
-    assert sorted(started) == [2, 4]  # two laws, dozens of calls, each world size started once
+    # two laws, dozens of calls, each world size started once
+    assert sorted(started) == [("processes", 2), ("processes", 4)]
     assert children() <= before and not rank_target._LIVE
+
+
+# --- ranks in the suite's process
+
+
+@needs_gloo
+@pytest.mark.parametrize("law", RANK_LAWS)
+def test_a_target_declared_in_process_runs_the_cheap_laws_on_threads_and_the_rest_on_processes(
+        monkeypatch, law):
+    started = _counting_starts(monkeypatch)
+    report = spec.check("ring", profile="quick", seed=3, only=[law])
+    assert report.ok, [(r.name, r.message) for r in report.failures]
+    host = "threads" if law in IN_PROCESS else "processes"
+    assert sorted(started) == [(host, 2), (host, 4)], started
+    assert not [t for t in threading.enumerate() if t.name.startswith("spec-rank-")]  # every thread left
+
+
+def _all_reduced(q, k, v, *, group, rank, layout, causal=False):
+    import torch
+    import torch.distributed as dist
+
+    x = torch.from_numpy(np.ascontiguousarray(q))
+    dist.all_reduce(x, group=group)
+    return x.numpy()
+
+
+@needs_gloo
+def test_rank_threads_and_rank_processes_return_the_same_shards():
+    from spec.adapters.torch_ring import ring_attention
+
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((2, 2, 24, 8)) for _ in range(3))
+    where = positions(24, 4, "zigzag")
+    arrays = list(zip(shard(q, where), shard(k, where), shard(v, where), strict=True))
+    target = RankTarget(ring_attention, in_process=True)
+    with rank_target.kept_ranks():
+        threads = rank_target.run_ranks(target, 4, "forward", arrays, {"layout": "zigzag", "causal": True},
+                                        in_process=True)
+        processes = rank_target.run_ranks(target, 4, "forward", arrays, {"layout": "zigzag", "causal": True})
+    for a, b in zip(threads, processes, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+    assert not np.array_equal(threads[0], threads[1])  # each rank its own shard
+
+
+_RELEASE = threading.Event()
+
+
+def _thread_one_hangs(q, k, v, *, group, rank, layout, causal=False):
+    if rank == 1:
+        _RELEASE.wait(120)  # let go by the test, so that no thread is left behind
+    return _all_reduced(q, k, v, group=group, rank=rank, layout=layout)
+
+
+def _thread_one_raises(q, k, v, *, group, rank, layout, causal=False):
+    if rank == 1:
+        raise RuntimeError("no route to rank 0")
+    return _all_reduced(q, k, v, group=group, rank=rank, layout=layout)
+
+
+@needs_gloo
+@pytest.mark.parametrize(("fn", "said"), [
+    (_thread_one_hangs, "ranks 0, 1 did not return within the 2 s deadline (world size 2; every rank "
+                        "thread was abandoned)"),
+    (_thread_one_raises, "rank 1 of 2 raised RuntimeError: no route to rank 0 (at test_spec_ranks.py:"),
+])
+def test_a_rank_thread_that_hangs_or_raises_is_a_failure_naming_it(fn, said):
+    """Rank 0 waits in the all-reduce for rank 1, so both are late; a rank that raises is named with
+    the frame it raised in; the next call starts fresh threads and returns."""
+    _RELEASE.clear()
+    target = RankTarget(fn, world_sizes=(2,), deadline_s=2, in_process=True)
+    arrays = [(np.full((1, 3, 2), float(r)),) * 3 for r in range(2)]
+    start = time.monotonic()
+    with rank_target.kept_ranks():
+        with pytest.raises((rank_target.RankLost, spec.target.TargetFailed)) as failed:
+            rank_target.run_ranks(target, 2, "forward", arrays, {"layout": "contiguous"}, in_process=True)
+        assert said in str(failed.value), str(failed.value)
+        assert time.monotonic() - start < 30
+        _RELEASE.set()
+        fine = RankTarget(_all_reduced, world_sizes=(2,), deadline_s=30, in_process=True)
+        got = rank_target.run_ranks(fine, 2, "forward", arrays, {"layout": "contiguous"}, in_process=True)
+    assert [float(x.ravel()[0]) for x in got] == [1.0, 1.0]
+    for _ in range(300):  # the abandoned threads leave once let go and their pipes are closed
+        if not [t for t in threading.enumerate() if t.name.startswith("spec-rank-")]:
+            break
+        time.sleep(0.1)
+    assert not [t for t in threading.enumerate() if t.name.startswith("spec-rank-")]
+
+
+@needs_gloo
+def test_the_processs_own_torch_distributed_group_is_untouched_by_rank_threads(tmp_path):
+    """A caller inside a torch.distributed job of its own (a group of one here) checks a target on
+    rank threads: its group is the same group after the check, and still works."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=30))
+    try:
+        mine = dist.group.WORLD
+        report = spec.check("ring", profile="quick", seed=1, only=["ranks_invariant"])
+        assert report.ok, [(r.name, r.message) for r in report.failures]
+        assert dist.group.WORLD is mine and dist.get_world_size() == 1 and dist.get_rank() == 0
+        x = torch.ones(3)
+        dist.all_reduce(x)
+        assert x.tolist() == [1.0, 1.0, 1.0]
+    finally:
+        dist.destroy_process_group()
+    assert not dist.is_initialized()
 
 
 @needs_gloo
