@@ -292,6 +292,8 @@ def test_the_processs_own_torch_distributed_group_is_untouched_by_rank_threads(t
         report = spec.check("ring", profile="quick", seed=1, only=["ranks_invariant"])
         assert report.ok, [(r.name, r.message) for r in report.failures]
         assert dist.group.WORLD is mine and dist.get_world_size() == 1 and dist.get_rank() == 0
+        # still registered by name (the rank threads registered and unregistered theirs apart)
+        assert dist.distributed_c10d._resolve_process_group(mine.group_name) is mine
         x = torch.ones(3)
         dist.all_reduce(x)
         assert x.tolist() == [1.0, 1.0, 1.0]
