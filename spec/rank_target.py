@@ -433,7 +433,7 @@ def _rank_worlds() -> None:
         def _get_world(self) -> Any:
             return super()._get_world() if hasattr(_RANK_THREAD, "rank") else outside
 
-    c10d._world = RankWorlds()  # type: ignore[assignment]
+    c10d._world = RankWorlds()  # type: ignore[assignment, unused-ignore]
 
 
 def _isolation(change: int) -> None:
@@ -443,7 +443,7 @@ def _isolation(change: int) -> None:
 
     with _ISOLATION_LOCK:
         _ISOLATED[0] += change
-        torch._C._distributed_c10d._set_thread_isolation_mode(_ISOLATED[0] > 0)  # type: ignore[attr-defined]
+        torch._C._distributed_c10d._set_thread_isolation_mode(_ISOLATED[0] > 0)  # type: ignore[attr-defined, unused-ignore]
 
 
 def _ranks(ranks: list[int]) -> str:
