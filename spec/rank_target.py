@@ -395,8 +395,9 @@ class ThreadRanks(RankPool):
         return f"ended ({self.failures.get(rank, 'its thread left')})"
 
     def close(self, *, kill: bool = False) -> None:
-        """Ask every rank to leave its group and wait for it; ``kill``: abandon the threads
-        (their pipes closed, a rank still running ends when it next reads or writes one)."""
+        """Ask every rank to leave its group and wait for it; ``kill``: abandon the threads (their
+        pipes closed: a rank still running ends when it next reads or writes one; one blocked in a
+        collective, when gloo's timeout, the deadline, ends the collective: `_let_ranks_leave`)."""
         if self.closed:
             return
         self.closed = True
@@ -406,9 +407,27 @@ class ThreadRanks(RankPool):
                     conn.send(None)
             for thread in self.threads:
                 thread.join(timeout=self.target.deadline_s)
+        elif any(thread.is_alive() for thread in self.threads):
+            _ABANDONED.append((time.monotonic() + self.target.deadline_s + 1.0, self.threads))
         for conn in self.conns:
             conn.close()
         _isolation(-1)
+
+
+_ABANDONED: list[tuple[float, list[threading.Thread]]] = []
+"""Abandoned rank threads, with the time by which gloo's timeout has ended any collective they
+were in."""
+
+
+@atexit.register
+def _let_ranks_leave() -> None:
+    """At exit, wait (at most until each abandoned pool's deadline has passed once more) for the
+    rank threads still running: a thread inside a gloo collective while the interpreter exits
+    aborts the process (``terminate called without an active exception``), so a check that
+    reported a hung rank would exit 134 instead of 1. A rank hung in Python code is left as it is."""
+    for by, threads in _ABANDONED:
+        for thread in threads:
+            thread.join(timeout=max(0.0, by - time.monotonic()))
 
 
 _RANK_THREAD = threading.local()

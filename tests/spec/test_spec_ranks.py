@@ -406,3 +406,38 @@ def test_a_rank_target_in_a_file_is_checked_by_the_command_line(tmp_path):
     assert rows == {"ranks_causal_balanced": "pass"}
     skipped = "needs two shardings (target declares one world size and one layout): ranks_invariant"
     assert skipped in done.stdout
+
+
+HUNG_THREAD_CHECK = """
+import time
+import spec
+from spec.adapters.torch_ring import ring_attention
+
+def hangs(q, k, v, *, group, rank, layout, causal=False, **keywords):
+    if rank == 1:  # hung in Python, while rank 0 waits for its block inside a gloo collective
+        time.sleep(3600)
+    return ring_attention(q, k, v, group=group, rank=rank, layout=layout, causal=causal, **keywords)
+
+target = spec.RankTarget(hangs, world_sizes=(2,), deadline_s=2, in_process=True)
+"""
+
+
+@needs_gloo
+def test_a_check_whose_rank_thread_hung_exits_with_its_verdict(tmp_path):
+    """A rank thread abandoned inside a gloo collective while the interpreter exits aborts the
+    process (``terminate called without an active exception``, exit 134); the suite waits at exit
+    until gloo's timeout has ended it, so the command exits 1, its verdict, within seconds."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "hung.py").write_text(HUNG_THREAD_CHECK, encoding="utf-8")
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "spec", "check", f"{tmp_path / 'hung.py'}:target",
+                           "--profile", "quick", "--only", "ranks_invariant"],
+                          capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 1, (done.returncode, done.stdout[-2000:], done.stderr[-2000:])
+    assert "terminate called" not in done.stderr
+    assert "did not return within the 2 s deadline" in done.stdout
+    assert time.monotonic() - start < 60
