@@ -410,15 +410,16 @@ def _in_parallel(run: Callable[[Any], None], items: Sequence[Any], threads: int)
     threads would be, and they wait on each other at every call), and one thread's exp overlaps
     another's matmul, since NumPy releases the GIL in both.
     """
-    if threads == 1:  # BLAS on one thread here too: a row's bits then never depend on how BLAS splits
-        # a product among its own threads, which OpenBLAS picks by the product's size (Haswell's kernels
-        # round a 300 x 300 x 128 product alone and in a batch of four differently): flash's batch invariance
-        with _blas_turn, one_thread_blas():
+    # BLAS on one thread on either path: a row's bits then never depend on how BLAS splits a product
+    # among its own threads, which OpenBLAS picks by the product's size (Haswell's kernels round a
+    # 300 x 300 x 128 product alone and in a batch of four differently): flash's batch invariance
+    with _blas_turn, one_thread_blas():
+        if threads == 1:
             for item in items:
                 run(item)
-        return
-    with _blas_turn, one_thread_blas(), ThreadPoolExecutor(threads) as pool:
-        list(pool.map(run, items))  # list() re-raises a worker's exception here
+            return
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(run, items))  # list() re-raises a worker's exception here
 
 
 def _jobs(n_heads: int, n_q: int, block_q: int, causal: bool) -> Iterator[tuple[int, int, int]]:
