@@ -239,51 +239,19 @@ _LIVE: set[RankPool] = set()
 """Every pool not yet closed, closed at exit (`_close_all`)."""
 
 
-class RankPool:
-    """``world_size`` forked processes, each a rank of one gloo group (a FileStore in a folder of
-    its own), serving the target's calls until `close`. Fork: the target is inherited (its
-    functions need not pickle), and so is PyTorch, imported once here."""
+class Ranks:
+    """``world_size`` ranks of one gloo group serving a target's calls, one pipe to each (the
+    rank's end served by `_serve`), until `close`: `RankPool`'s processes or `ThreadRanks`'
+    threads."""
 
-    ended = "every rank's process was killed"
+    ended = ""
     """How a failure's message says the pool ended."""
 
     def __init__(self, target: RankTarget, world_size: int) -> None:
-        import torch.distributed  # noqa: F401  (imported once, before the fork, for every rank)
-
-        from spec.isolation import _become_worker
-
         self.target, self.world_size = target, world_size
-        self.folder = tempfile.mkdtemp(prefix="spec-ranks-")
-        store = os.path.join(self.folder, "store")
-        self.pids: list[int] = []
-        self.conns: list[Connection] = []
+        self.conns: list[Connection] = []  # the suite's end of each rank's pipe, in rank order
         self.closed = False
         self.joined = False
-        sys.stdout.flush()
-        sys.stderr.flush()
-        for rank in range(world_size):
-            parent, child = Pipe()
-            pid = os.fork()
-            if pid == 0:  # the rank: never returns into the suite's code
-                code = 0
-                try:
-                    parent.close()
-                    for earlier in self.conns:
-                        earlier.close()
-                    _die_with_parent()
-                    _become_worker()
-                    import torch.distributed as dist
-
-                    _serve(child, target, rank, world_size, dist.FileStore(store, world_size),
-                           target.deadline_s)
-                except BaseException:  # the pipe closed, the group failed, or the suite was interrupted
-                    code = 70
-                finally:
-                    os._exit(code)
-            child.close()
-            self.pids.append(pid)
-            self.conns.append(parent)
-        _LIVE.add(self)
 
     def call(self, which: str, arrays: list[tuple[Array, ...]], keywords: dict[str, Any]) -> list[Any]:
         """Rank r called with ``arrays[r]`` and ``keywords`` (``which``: ``forward``, the target's
@@ -326,6 +294,57 @@ class RankPool:
         return [replies[r][1] for r in range(self.world_size)]
 
     def _ended(self, rank: int) -> str:
+        """How rank ``rank``, whose pipe closed, ended."""
+        raise NotImplementedError
+
+    def close(self, *, kill: bool = False) -> None:
+        """End every rank: ask each to leave, or, ``kill`` (after a failure), end them at once."""
+        raise NotImplementedError
+
+
+class RankPool(Ranks):
+    """``world_size`` forked processes, each a rank of one gloo group (a FileStore in a folder of
+    its own). Fork: the target is inherited (its functions need not pickle), and so is PyTorch,
+    imported once here."""
+
+    ended = "every rank's process was killed"
+
+    def __init__(self, target: RankTarget, world_size: int) -> None:
+        import torch.distributed  # noqa: F401  (imported once, before the fork, for every rank)
+
+        from spec.isolation import _become_worker
+
+        super().__init__(target, world_size)
+        self.folder = tempfile.mkdtemp(prefix="spec-ranks-")
+        store = os.path.join(self.folder, "store")
+        self.pids: list[int] = []
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for rank in range(world_size):
+            parent, child = Pipe()
+            pid = os.fork()
+            if pid == 0:  # the rank: never returns into the suite's code
+                code = 0
+                try:
+                    parent.close()
+                    for earlier in self.conns:
+                        earlier.close()
+                    _die_with_parent()
+                    _become_worker()
+                    import torch.distributed as dist
+
+                    _serve(child, target, rank, world_size, dist.FileStore(store, world_size),
+                           target.deadline_s)
+                except BaseException:  # the pipe closed, the group failed, or the suite was interrupted
+                    code = 70
+                finally:
+                    os._exit(code)
+            child.close()
+            self.pids.append(pid)
+            self.conns.append(parent)
+        _LIVE.add(self)
+
+    def _ended(self, rank: int) -> str:
         """How rank ``rank``, whose pipe closed, ended: its exit status, once reaped."""
         code = _reap(self.pids[rank], kill=False)
         return f"died ({f'signal {signal.Signals(-code).name}' if code < 0 else f'exit status {code}'})"
@@ -348,7 +367,7 @@ class RankPool:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-class ThreadRanks(RankPool):
+class ThreadRanks(Ranks):
     """``world_size`` threads of the suite's own process, each a rank of one gloo group (a
     HashStore in memory), serving the target's calls through the same pipes and messages as
     `RankPool`'s processes. Each rank thread has a ``torch.distributed`` world of its own (PyTorch's
@@ -365,11 +384,7 @@ class ThreadRanks(RankPool):
 
         _rank_worlds()
         _isolation(+1)
-        self.target, self.world_size = target, world_size
-        self.pids: list[int] = []
-        self.conns: list[Connection] = []
-        self.closed = False
-        self.joined = False
+        super().__init__(target, world_size)
         self.failures: dict[int, str] = {}
         store = dist.HashStore()
         self.threads: list[threading.Thread] = []
@@ -476,15 +491,15 @@ def _close_all() -> None:
             pool.close(kill=True)
 
 
-_POOLS: contextvars.ContextVar[dict[tuple[int, bool], RankPool] | None] = contextvars.ContextVar(
+_POOLS: contextvars.ContextVar[dict[tuple[int, bool], Ranks] | None] = contextvars.ContextVar(
     "spec_rank_pools", default=None)
 
 
 @contextlib.contextmanager
-def kept_ranks() -> Iterator[dict[tuple[int, bool], RankPool]]:
+def kept_ranks() -> Iterator[dict[tuple[int, bool], Ranks]]:
     """Pools started in this block are kept for it (one per world size and host, keyed
     ``(world_size, in_process)``) and closed when it ends, however it ends."""
-    pools: dict[tuple[int, bool], RankPool] = {}
+    pools: dict[tuple[int, bool], Ranks] = {}
     token = _POOLS.set(pools)
     finished = False
     try:
@@ -498,7 +513,7 @@ def kept_ranks() -> Iterator[dict[tuple[int, bool], RankPool]]:
 
 def run_ranks(target: RankTarget, world_size: int, which: str, arrays: list[tuple[Array, ...]],
               keywords: dict[str, Any], *, in_process: bool = False) -> list[Any]:
-    """One call on every rank (`RankPool.call`), on processes or, ``in_process``, on threads
+    """One call on every rank (`Ranks.call`), on processes or, ``in_process``, on threads
     (`ThreadRanks`), in the pool kept by `kept_ranks` (started, or started again after a failure,
     as needed), or in a pool of its own outside one. Processes are forked only while no rank
     thread runs (open thread pools are closed first)."""
